@@ -1,0 +1,122 @@
+// Package alloc holds offset allocators: pure algorithms that hand out
+// ranges of [0, capacity) and know nothing about GPUs (a "virtual allocator").
+// The device pool, the activation planner, the KV cache and trace replay all
+// use them through the Allocator interface.
+//
+// No allocator is safe for concurrent use; callers serialize access.
+package alloc
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Block is a range handed out by an allocator. Size is the number of bytes
+// reserved for it, which may exceed the requested size (rounding, size
+// classes); the caller may use all of it.
+type Block struct {
+	Offset uint64
+	Size   uint64
+}
+
+// End returns the first offset past the block.
+func (b Block) End() uint64 { return b.Offset + b.Size }
+
+// Segment is one contiguous range reported by Walk: either a live block or a
+// free range. Walk reports segments in increasing offset order.
+type Segment struct {
+	Offset uint64
+	Size   uint64
+	Free   bool
+}
+
+// Stats is an allocator's accounting. All sizes are bytes.
+type Stats struct {
+	Capacity uint64 // size of the managed range
+	Used     uint64 // bytes in live blocks (as reserved, including rounding)
+	// Free is Capacity-Used minus any bytes the strategy can never hand out
+	// (metadata-free strategies keep it equal to Capacity-Used).
+	Free        uint64
+	LargestFree uint64 // largest block that an Alloc with alignment 1 could return now
+	LiveBlocks  int
+	FreeRanges  int    // number of maximal free ranges
+	Allocs      uint64 // successful Alloc calls, total
+	Frees       uint64 // successful Free calls, total
+	Failures    uint64 // failed Alloc calls, total
+	// MaxAlloc is the largest size the strategy accepts at all (0 means the
+	// capacity); larger requests fail with ErrTooLarge.
+	MaxAlloc uint64
+}
+
+// FragmentationFactor is the largest free block over total free bytes: 1
+// means all free space is one range; near 0 means it is scattered. It is 1
+// when nothing is free.
+func (s Stats) FragmentationFactor() float64 {
+	if s.Free == 0 {
+		return 1
+	}
+	return float64(s.LargestFree) / float64(s.Free)
+}
+
+// Allocator hands out non-overlapping blocks of [0, Capacity()).
+type Allocator interface {
+	// Name is the strategy's name as accepted by New.
+	Name() string
+	// Alloc returns a block of at least size bytes whose offset is a
+	// multiple of align (a power of two; 0 means 1). It returns an error
+	// wrapping ErrOutOfMemory (an *OOMError) when no free range fits,
+	// ErrTooLarge when size exceeds what the strategy accepts, and
+	// ErrInvalidArgument for size 0 or a bad alignment. A failed Alloc
+	// changes nothing but the Failures count.
+	Alloc(size, align uint64) (Block, error)
+	// Free releases the block that starts at offset. An offset that is not
+	// the start of a live block (never allocated, or already freed) returns
+	// an error wrapping ErrInvalidFree and changes nothing.
+	Free(offset uint64) error
+	// Capacity returns the size of the managed range.
+	Capacity() uint64
+	// Grow extends the managed range to capacity bytes; new space is free.
+	// Strategies that cannot grow return ErrNotGrowable; shrinking returns
+	// ErrInvalidArgument.
+	Grow(capacity uint64) error
+	// Stats returns the current accounting.
+	Stats() Stats
+	// Walk calls fn for each live block and each maximal free range, in
+	// offset order, covering [0, Capacity()) exactly, until fn returns false.
+	// Strategies whose free space has structure (buddy orders, slab pages)
+	// may report adjacent free segments that cannot merge.
+	Walk(fn func(Segment) bool)
+	// Reset frees every block at once.
+	Reset()
+}
+
+// Errors returned by allocators; match with errors.Is.
+var (
+	ErrOutOfMemory     = errors.New("out of memory")
+	ErrInvalidFree     = errors.New("free of an offset that is not a live block")
+	ErrInvalidArgument = errors.New("invalid argument")
+	ErrTooLarge        = errors.New("request larger than the strategy accepts")
+	ErrNotGrowable     = errors.New("strategy cannot grow")
+)
+
+// OOMError explains a failed allocation with the numbers behind it.
+type OOMError struct {
+	Strategy    string
+	Requested   uint64
+	Align       uint64
+	Capacity    uint64
+	Free        uint64
+	LargestFree uint64
+}
+
+func (e *OOMError) Error() string {
+	why := "capacity exhausted"
+	if e.Free >= e.Requested {
+		why = "fragmentation: enough free bytes but no free range large enough"
+	}
+	return fmt.Sprintf("%s: out of memory: requested %d bytes (align %d), capacity %d, free %d, largest free %d (%s)",
+		e.Strategy, e.Requested, e.Align, e.Capacity, e.Free, e.LargestFree, why)
+}
+
+// Unwrap makes errors.Is(err, ErrOutOfMemory) true.
+func (e *OOMError) Unwrap() error { return ErrOutOfMemory }

@@ -1,0 +1,67 @@
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+
+	"github.com/memwall/memwall/device"
+)
+
+// DriverAllocTimes times the driver's own allocator, the anchor memwall's
+// pool is measured against: for each size, one allocation and its free,
+// timed separately. With async, the stream-ordered pair
+// cuMemAllocAsync/cuMemFreeAsync on one stream (the driver's pool); without,
+// cuMemAlloc/cuMemFree. The calls run back to back on one locked OS thread
+// with the context made current once, so no binding overhead is added per
+// call beyond the foreign call itself.
+func (c *Device) DriverAllocTimes(sizes []uint64, async bool) (alloc, free []time.Duration, err error) {
+	if async && !c.info.MemoryPools {
+		return nil, nil, fmt.Errorf("cuda: cuMemAllocAsync: %w", device.ErrUnsupported)
+	}
+	var s device.Stream
+	if async {
+		if s, err = c.NewStream(); err != nil {
+			return nil, nil, err
+		}
+		defer c.DestroyStream(s)
+	}
+	alloc = make([]time.Duration, 0, len(sizes))
+	free = make([]time.Duration, 0, len(sizes))
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	purego.SyscallN(c.d.cuCtxSetCurrent, c.ctx)
+	p := new(uint64)
+	for _, size := range sizes {
+		var r uintptr
+		t0 := time.Now()
+		if async {
+			r, _, _ = purego.SyscallN(c.d.cuMemAllocAsync, uintptr(unsafe.Pointer(p)), uintptr(size), uintptr(s))
+		} else {
+			r, _, _ = purego.SyscallN(c.d.cuMemAlloc, uintptr(unsafe.Pointer(p)), uintptr(size))
+		}
+		t1 := time.Now()
+		if r != 0 {
+			return alloc, free, fmt.Errorf("cuda: driver alloc of %d bytes: %w", size, c.d.err("alloc", result(r)))
+		}
+		if async {
+			r, _, _ = purego.SyscallN(c.d.cuMemFreeAsync, uintptr(*p), uintptr(s))
+		} else {
+			r, _, _ = purego.SyscallN(c.d.cuMemFree, uintptr(*p))
+		}
+		t2 := time.Now()
+		if r != 0 {
+			return alloc, free, fmt.Errorf("cuda: driver free: %w", c.d.err("free", result(r)))
+		}
+		alloc = append(alloc, t1.Sub(t0))
+		free = append(free, t2.Sub(t1))
+	}
+	if async {
+		err = c.StreamSynchronize(s)
+	}
+	runtime.KeepAlive(p)
+	return alloc, free, err
+}

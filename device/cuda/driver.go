@@ -19,22 +19,22 @@ type driver struct {
 	lib  uintptr
 	path string
 
-	cuInit, cuDriverGetVersion, cuGetErrorName, cuGetErrorString uintptr
-	cuDeviceGet, cuDeviceGetCount, cuDeviceGetName, cuDeviceTotalMem      uintptr
-	cuDeviceGetAttribute, cuDeviceGetUuid, cuDeviceGetPCIBusId            uintptr
-	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuCtxSetCurrent  uintptr
-	cuCtxSynchronize, cuMemGetInfo, cuMemAlloc, cuMemFree                 uintptr
-	cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer              uintptr
-	cuMemHostRegister, cuMemHostUnregister                                uintptr
-	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize, cuStreamQuery   uintptr
-	cuStreamWaitEvent, cuEventCreate, cuEventDestroy, cuEventRecord       uintptr
-	cuEventQuery, cuEventSynchronize, cuEventElapsedTime                  uintptr
-	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync               uintptr
-	cuMemsetD8Async, cuMemsetD32Async                                     uintptr
-	cuMemAddressReserve, cuMemAddressFree, cuMemCreate, cuMemRelease      uintptr
-	cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemGetAllocationGranularity   uintptr
+	cuInit, cuDriverGetVersion, cuGetErrorName, cuGetErrorString            uintptr
+	cuDeviceGet, cuDeviceGetCount, cuDeviceGetName, cuDeviceTotalMem        uintptr
+	cuDeviceGetAttribute, cuDeviceGetUuid, cuDeviceGetPCIBusId              uintptr
+	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuCtxSetCurrent    uintptr
+	cuCtxSynchronize, cuMemGetInfo, cuMemAlloc, cuMemFree                   uintptr
+	cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer                uintptr
+	cuMemHostRegister, cuMemHostUnregister                                  uintptr
+	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize, cuStreamQuery     uintptr
+	cuStreamWaitEvent, cuEventCreate, cuEventDestroy, cuEventRecord         uintptr
+	cuEventQuery, cuEventSynchronize, cuEventElapsedTime                    uintptr
+	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync                 uintptr
+	cuMemsetD8Async, cuMemsetD32Async                                       uintptr
+	cuMemAddressReserve, cuMemAddressFree, cuMemCreate, cuMemRelease        uintptr
+	cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemGetAllocationGranularity     uintptr
 	cuModuleLoadDataEx, cuModuleUnload, cuModuleGetFunction, cuLaunchKernel uintptr
-	cuMemAllocAsync, cuMemFreeAsync                                       uintptr
+	cuMemAllocAsync, cuMemFreeAsync                                         uintptr
 
 	// missing lists optional symbols that were not found, for Info.Disabled.
 	missing []string

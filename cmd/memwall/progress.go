@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"io"
+)
+
+// progress draws a one-line progress bar on stderr, only when stdout is a
+// terminal; otherwise it is silent.
+type progress struct {
+	w     io.Writer
+	on    bool
+	label string
+}
+
+func newProgress(e *env, label string) *progress {
+	return &progress{w: e.stderr, on: e.terminal, label: label}
+}
+
+// update shows done/total with an optional note.
+func (p *progress) update(done, total float64, note string) {
+	if !p.on || total <= 0 {
+		return
+	}
+	const width = 30
+	f := done / total
+	if f > 1 {
+		f = 1
+	}
+	n := int(f * width)
+	bar := make([]byte, width)
+	for i := range bar {
+		if i < n {
+			bar[i] = '#'
+		} else {
+			bar[i] = '.'
+		}
+	}
+	fmt.Fprintf(p.w, "\r%s [%s] %3.0f%% %-30s", p.label, bar, f*100, note)
+}
+
+// done clears the line.
+func (p *progress) done() {
+	if p.on {
+		fmt.Fprintf(p.w, "\r%-80s\r", "")
+	}
+}

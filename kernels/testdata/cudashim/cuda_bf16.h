@@ -1,0 +1,4 @@
+#pragma once
+struct __nv_bfloat16 {
+    unsigned short x;
+};

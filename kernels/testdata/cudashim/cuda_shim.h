@@ -1,0 +1,33 @@
+// Minimal stand-ins for the CUDA toolkit headers, used only to let clang
+// syntax-check kernels.cu on a machine without the toolkit
+// (scripts/build-ptx.sh --clang-check). Declarations only: nothing here is
+// compiled by nvcc, and the PTX clang emits from it is thrown away.
+#pragma once
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+#define __constant__ __attribute__((constant))
+#define __forceinline__ __inline__ __attribute__((always_inline))
+#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#define __align__(n) __attribute__((aligned(n)))
+#include "__clang_cuda_builtin_vars.h"
+
+typedef __SIZE_TYPE__ size_t;
+struct __attribute__((aligned(16))) uint4 {
+    unsigned int x, y, z, w;
+};
+
+__device__ float __uint_as_float(unsigned int);
+__device__ float fmaf(float, float, float);
+__device__ float __ldg(const float*);
+__device__ unsigned short __ldg(const unsigned short*);
+__device__ uint4 __ldg(const uint4*);
+__device__ float __shfl_down_sync(unsigned int, float, unsigned int, int = 32);
+__device__ unsigned long long __shfl_down_sync(unsigned int, unsigned long long, unsigned int,
+                                               int = 32);
+__device__ unsigned long long atomicAdd(unsigned long long*, unsigned long long);
+__device__ void __nanosleep(unsigned int);
+__device__ void __syncthreads();
+__device__ void __syncwarp(unsigned int = 0xFFFFFFFFu);
+__device__ size_t __cvta_generic_to_shared(const void*);

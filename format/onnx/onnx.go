@@ -17,15 +17,17 @@
 package onnx
 
 import (
-	"errors"
 	"fmt"
 	"os"
+
+	"github.com/memwall/memwall/format"
 )
 
 // ErrCorrupt is wrapped by every error Decode returns for malformed input:
 // bad wire encoding, a wrong wire type for a known field, a length past the
-// end of its message, nesting deeper than MaxDepth, or an invalid count.
-var ErrCorrupt = errors.New("corrupt ONNX model")
+// end of its message, nesting deeper than MaxDepth, or an invalid count. It is
+// format.ErrCorrupt, so callers can test every parser's errors the same way.
+var ErrCorrupt = format.ErrCorrupt
 
 // Limits applied while decoding. They bound work and memory for hostile input;
 // real models are far below them.

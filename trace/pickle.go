@@ -1,0 +1,1051 @@
+package trace
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+)
+
+// A PyTorch memory snapshot is a pickled dict (see SNAPSHOT.md in this
+// package's doc): {"segments": [...], "device_traces": [[entry, ...], ...],
+// "allocator_settings": {...}, ...}, each entry a dict with "action",
+// "addr", "size", "stream", "time_us", "frames" and, for OOM,
+// "device_free" in place of "addr".
+//
+// pickleDecoder is a restricted unpickler: it runs only the opcodes a
+// snapshot uses (protocols 2 to 5), refuses every opcode that imports or
+// calls code, and never builds the whole tree. Containers get a role from
+// where they are created (the snapshot schema: root dict → "segments" list
+// → segment dicts; root → "device_traces" list → one list per device →
+// entry dicts); only those keep state, and only the fields memwall needs.
+// Everything else (frames, blocks, allocator settings) is parsed and
+// dropped. Entries are emitted as the pickle appends them to their device
+// list, so the snapshot streams: memory holds the pickle stack (one batch
+// of at most 1000 entries in Python's pickler), the memo (one small value
+// per memoized object: Python memoizes every dict, list and string), and
+// nothing per emitted event.
+
+const pickleProto = 0x80
+
+// Pickle opcodes this decoder runs.
+const (
+	opMark            = '('
+	opStop            = '.'
+	opBinInt          = 'J'
+	opBinInt1         = 'K'
+	opBinInt2         = 'M'
+	opLong1           = 0x8a
+	opLong4           = 0x8b
+	opNone            = 'N'
+	opNewTrue         = 0x88
+	opNewFalse        = 0x89
+	opBinFloat        = 'G'
+	opBinUnicode      = 'X'
+	opShortBinUnicode = 0x8c
+	opBinUnicode8     = 0x8d
+	opBinBytes        = 'B'
+	opShortBinBytes   = 'C'
+	opBinBytes8       = 0x8e
+	opEmptyList       = ']'
+	opAppend          = 'a'
+	opAppends         = 'e'
+	opEmptyDict       = '}'
+	opSetItem         = 's'
+	opSetItems        = 'u'
+	opEmptyTuple      = ')'
+	opTuple           = 't'
+	opTuple1          = 0x85
+	opTuple2          = 0x86
+	opTuple3          = 0x87
+	opBinGet          = 'h'
+	opLongBinGet      = 'j'
+	opBinPut          = 'q'
+	opLongBinPut      = 'r'
+	opMemoize         = 0x94
+	opProto           = pickleProto
+	opFrame           = 0x95
+)
+
+// opNames names every opcode of pickle protocols 0 to 5, for errors.
+var opNames = [256]string{
+	'(': "MARK", '.': "STOP", '0': "POP", '1': "POP_MARK", '2': "DUP",
+	'F': "FLOAT", 'I': "INT", 'J': "BININT", 'K': "BININT1", 'L': "LONG",
+	'M': "BININT2", 'N': "NONE", 'P': "PERSID", 'Q': "BINPERSID", 'R': "REDUCE",
+	'S': "STRING", 'T': "BINSTRING", 'U': "SHORT_BINSTRING", 'V': "UNICODE",
+	'X': "BINUNICODE", 'a': "APPEND", 'b': "BUILD", 'c': "GLOBAL", 'd': "DICT",
+	'}': "EMPTY_DICT", 'e': "APPENDS", 'g': "GET", 'h': "BINGET", 'i': "INST",
+	'j': "LONG_BINGET", 'l': "LIST", ']': "EMPTY_LIST", 'o': "OBJ", 'p': "PUT",
+	'q': "BINPUT", 'r': "LONG_BINPUT", 's': "SETITEM", 't': "TUPLE",
+	')': "EMPTY_TUPLE", 'u': "SETITEMS", 'G': "BINFLOAT",
+	0x80: "PROTO", 0x81: "NEWOBJ", 0x82: "EXT1", 0x83: "EXT2", 0x84: "EXT4",
+	0x85: "TUPLE1", 0x86: "TUPLE2", 0x87: "TUPLE3", 0x88: "NEWTRUE",
+	0x89: "NEWFALSE", 0x8a: "LONG1", 0x8b: "LONG4",
+	'B': "BINBYTES", 'C': "SHORT_BINBYTES",
+	0x8c: "SHORT_BINUNICODE", 0x8d: "BINUNICODE8", 0x8e: "BINBYTES8",
+	0x8f: "EMPTY_SET", 0x90: "ADDITEMS", 0x91: "FROZENSET", 0x92: "NEWOBJ_EX",
+	0x93: "STACK_GLOBAL", 0x94: "MEMOIZE", 0x95: "FRAME",
+	0x96: "BYTEARRAY8", 0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER",
+}
+
+// forbidden reports whether op imports or calls code (or reaches outside
+// the pickle for objects): the opcodes a hostile pickle needs.
+func forbidden(op byte) bool {
+	switch op {
+	case 'c', 0x93, 'R', 'b', 'i', 'o', 0x81, 0x92, 'P', 'Q', 0x82, 0x83, 0x84:
+		return true
+	}
+	return false
+}
+
+// Limits of the decoder besides Options.MaxObjects.
+const (
+	maxPickleDepth = 64      // MARKs open at once (a snapshot nests about 7)
+	maxShortString = 40      // strings kept for error messages, in bytes
+	maxStrings     = 1 << 16 // distinct short strings kept
+	maxLong        = 1 << 20 // LONG4 length in bytes
+)
+
+type vkind uint8
+
+const (
+	kNone vkind = iota
+	kBool
+	kInt  // n is the value
+	kUint // n holds a uint64 ≥ 2^63
+	kBig  // an integer beyond 64 bits (not kept)
+	kFloat
+	kStr // atom names a known string; n indexes strs, or is -1
+	kBytes
+	kTuple
+	kList // slot and n (generation) name the state of a significant list
+	kDict
+)
+
+var kindNames = [...]string{"None", "bool", "int", "int", "int", "float", "str", "bytes", "tuple", "list", "dict"}
+
+func (k vkind) String() string { return kindNames[k] }
+
+// role is a container's place in the snapshot schema.
+type role uint8
+
+const (
+	roleOther    role = iota // anything memwall does not read
+	roleRoot                 // the snapshot dict
+	roleSegments             // root["segments"]
+	roleSegment              // one of its dicts
+	roleTraces               // root["device_traces"]
+	roleDevice               // one device's list of entries
+	roleEntry                // one TraceEntry dict
+)
+
+// atom is a known string: a key or an action name.
+type atom uint8
+
+const (
+	atomNone atom = iota
+	atomAction
+	atomAddr
+	atomSize
+	atomStream
+	atomTimeUS
+	atomDeviceFree
+	atomSegments
+	atomDeviceTraces
+	atomTotalSize
+	atomAllocatedSize
+	atomIgnoredAction
+	atomFirstAction // atomFirstAction + Action(a) names action a
+)
+
+var atomNames = [...]string{"", "action", "addr", "size", "stream", "time_us", "device_free",
+	"segments", "device_traces", "total_size", "allocated_size"}
+
+func atomOf(b []byte) atom {
+	switch string(b) {
+	case "action":
+		return atomAction
+	case "addr":
+		return atomAddr
+	case "size":
+		return atomSize
+	case "stream":
+		return atomStream
+	case "time_us":
+		return atomTimeUS
+	case "device_free":
+		return atomDeviceFree
+	case "segments":
+		return atomSegments
+	case "device_traces":
+		return atomDeviceTraces
+	case "total_size":
+		return atomTotalSize
+	case "allocated_size":
+		return atomAllocatedSize
+	}
+	if a, ok, ignored := parseActionBytes(b); ok {
+		return atomFirstAction + atom(a)
+	} else if ignored {
+		return atomIgnoredAction
+	}
+	return atomNone
+}
+
+// value is one pickle stack or memo item: 16 bytes, no pointers.
+type value struct {
+	kind vkind
+	role role
+	atom atom
+	slot uint32
+	n    int64
+}
+
+// slot is the state of one significant container.
+type slot struct {
+	gen   int64
+	role  role
+	start int64 // offset of the opcode that created it
+	index int64 // device list: device index; entry: index in its list
+	items int64 // lists: items appended so far
+
+	// Entry and segment fields.
+	set     uint8 // fields present, by bit
+	action  atom
+	strName int64 // entry: strs index of an unknown action name, or -1
+	addr    uint64
+	size    uint64
+	stream  uint64
+	timeUS  int64
+	free    uint64 // device_free, or a segment's allocated_size
+	bad     error  // the first problem with an entry's fields
+}
+
+const (
+	setAction = 1 << iota
+	setAddr
+	setSize
+	setFree
+)
+
+// pending is an event (or a record error) ready for next.
+type pending struct {
+	ev  Event
+	pos int64
+	err error
+}
+
+type pickleDecoder struct {
+	br         *bufio.Reader
+	off        int64 // bytes consumed
+	opOff      int64 // offset of the opcode being run
+	maxObjects int
+
+	stack  []value
+	marks  []int
+	memo   []value
+	sparse map[uint64]value // memo entries put out of order
+	slots  []slot
+	free   []uint32 // recycled slot indexes
+	strs   []string // short strings, for error messages
+	strIdx map[string]int64
+
+	queue    []pending
+	head     int
+	last     int64 // offset of what next returned last
+	stopped  bool  // STOP run
+	fatal    error
+	rootSeen bool
+	tracesOK bool // a device_traces list was seen
+
+	hasSegments               bool
+	segments, devices         int
+	segReserved, segAllocated uint64
+	tmp                       [256]byte
+}
+
+func newPickleDecoder(br *bufio.Reader, maxObjects int) *pickleDecoder {
+	return &pickleDecoder{br: br, maxObjects: maxObjects, strIdx: make(map[string]int64)}
+}
+
+func (d *pickleDecoder) pos() Pos        { return Pos{Offset: d.last} }
+func (d *pickleDecoder) consumed() int64 { return d.off }
+
+func (d *pickleDecoder) fillMeta(m *Meta) {
+	m.HasSegments = d.hasSegments
+	m.Segments = d.segments
+	m.SegmentsReserved = d.segReserved
+	m.SegmentsAllocated = d.segAllocated
+	m.Devices = d.devices
+}
+
+// prime runs the pickle up to its first event, so that Meta's snapshot
+// figures are known; an error is kept for next.
+func (d *pickleDecoder) prime() {
+	for d.head == len(d.queue) && !d.stopped && d.fatal == nil {
+		if err := d.step(); err != nil {
+			d.fatal = err
+		}
+	}
+}
+
+func (d *pickleDecoder) next(ev *Event) error {
+	for d.head == len(d.queue) {
+		if d.fatal != nil {
+			d.last = d.opOff
+			return d.fatal
+		}
+		if d.stopped {
+			return io.EOF
+		}
+		d.queue, d.head = d.queue[:0], 0
+		if err := d.step(); err != nil {
+			d.fatal = err
+		}
+	}
+	p := &d.queue[d.head]
+	d.head++
+	d.last = p.pos
+	if p.err != nil {
+		return p.err
+	}
+	*ev = p.ev
+	return nil
+}
+
+// truncated turns a short read into ErrTruncated naming what was read.
+func (d *pickleDecoder) truncated(err error, what string) error {
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return fmt.Errorf("%w: data ends inside %s", ErrTruncated, what)
+	}
+	return fmt.Errorf("reading %s: %w", what, err)
+}
+
+func (d *pickleDecoder) read(n int, what string) ([]byte, error) {
+	b := d.tmp[:n]
+	m, err := io.ReadFull(d.br, b)
+	d.off += int64(m)
+	if err != nil {
+		return nil, d.truncated(err, what)
+	}
+	return b, nil
+}
+
+func (d *pickleDecoder) uint(n int, what string) (uint64, error) {
+	b, err := d.read(n, what)
+	if err != nil {
+		return 0, err
+	}
+	var v uint64
+	for i := n - 1; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	return v, nil
+}
+
+// discard skips n bytes without keeping them.
+func (d *pickleDecoder) discard(n uint64, what string) error {
+	for n > 0 {
+		chunk := int(min(n, 1<<30))
+		m, err := d.br.Discard(chunk)
+		d.off += int64(m)
+		n -= uint64(m)
+		if err != nil {
+			return d.truncated(err, what)
+		}
+	}
+	return nil
+}
+
+func (d *pickleDecoder) corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+func (d *pickleDecoder) push(v value) error {
+	if len(d.stack)+len(d.memo)+len(d.sparse) >= d.maxObjects {
+		return fmt.Errorf("%w: more than %d pickle objects (Options.MaxObjects)", ErrLimit, d.maxObjects)
+	}
+	d.stack = append(d.stack, v)
+	return nil
+}
+
+// popMark pops the topmost mark and returns the items above it and the
+// mark's position. With container set, the item below the mark must be
+// above the next mark (it is the container the items go into).
+func (d *pickleDecoder) popMark(op string, container bool) ([]value, int, error) {
+	if len(d.marks) == 0 {
+		return nil, 0, d.corrupt("%s without MARK", op)
+	}
+	m := d.marks[len(d.marks)-1]
+	d.marks = d.marks[:len(d.marks)-1]
+	if container {
+		floor := 0
+		if len(d.marks) > 0 {
+			floor = d.marks[len(d.marks)-1]
+		}
+		if m-1 < floor {
+			return nil, 0, d.corrupt("%s with nothing below its MARK", op)
+		}
+	}
+	return d.stack[m:], m, nil
+}
+
+// top returns the topmost item above the last mark.
+func (d *pickleDecoder) top(n int, op string) ([]value, error) {
+	floor := 0
+	if len(d.marks) > 0 {
+		floor = d.marks[len(d.marks)-1]
+	}
+	if len(d.stack)-floor < n {
+		return nil, d.corrupt("%s needs %d stack items", op, n)
+	}
+	return d.stack[len(d.stack)-n:], nil
+}
+
+// step runs one opcode.
+func (d *pickleDecoder) step() error {
+	d.opOff = d.off
+	op, err := d.br.ReadByte()
+	if err != nil {
+		return d.truncated(err, "the pickle (no STOP opcode)")
+	}
+	d.off++
+	name := opNames[op]
+	if forbidden(op) {
+		return fmt.Errorf("%w: %s (0x%02x): a snapshot never imports or calls code", ErrForbidden, name, op)
+	}
+	switch op {
+	case opProto:
+		b, err := d.read(1, "PROTO")
+		if err != nil {
+			return err
+		}
+		if b[0] < 2 || b[0] > 5 {
+			return d.corrupt("pickle protocol %d, want 2 to 5", b[0])
+		}
+	case opFrame:
+		if _, err := d.read(8, "FRAME"); err != nil {
+			return err
+		}
+	case opMark:
+		if len(d.marks) >= maxPickleDepth {
+			return fmt.Errorf("%w: more than %d nested MARKs", ErrLimit, maxPickleDepth)
+		}
+		d.marks = append(d.marks, len(d.stack))
+	case opStop:
+		return d.stop()
+	case opNone:
+		return d.push(value{kind: kNone})
+	case opNewTrue, opNewFalse:
+		return d.push(value{kind: kBool, n: int64(op - opNewFalse)})
+	case opBinInt:
+		v, err := d.uint(4, name)
+		if err != nil {
+			return err
+		}
+		return d.push(value{kind: kInt, n: int64(int32(uint32(v)))})
+	case opBinInt1, opBinInt2:
+		n := 1
+		if op == opBinInt2 {
+			n = 2
+		}
+		v, err := d.uint(n, name)
+		if err != nil {
+			return err
+		}
+		return d.push(value{kind: kInt, n: int64(v)})
+	case opLong1, opLong4:
+		return d.long(op, name)
+	case opBinFloat:
+		v, err := d.read(8, name)
+		if err != nil {
+			return err
+		}
+		return d.push(value{kind: kFloat, n: int64(binary.BigEndian.Uint64(v))})
+	case opShortBinUnicode, opBinUnicode, opBinUnicode8, opShortBinBytes, opBinBytes, opBinBytes8:
+		return d.str(op, name)
+	case opEmptyList:
+		return d.push(d.container(kList))
+	case opEmptyDict:
+		return d.push(d.container(kDict))
+	case opEmptyTuple:
+		return d.push(value{kind: kTuple})
+	case opTuple1, opTuple2, opTuple3:
+		items, err := d.top(int(op-opTuple1)+1, name)
+		if err != nil {
+			return err
+		}
+		d.release(items...)
+		d.stack = d.stack[:len(d.stack)-len(items)]
+		return d.push(value{kind: kTuple})
+	case opTuple:
+		items, m, err := d.popMark(name, false)
+		if err != nil {
+			return err
+		}
+		d.release(items...)
+		d.stack = d.stack[:m]
+		return d.push(value{kind: kTuple})
+	case opAppend:
+		items, err := d.top(2, name)
+		if err != nil {
+			return err
+		}
+		if err := d.appendItems(items[0], items[1:]); err != nil {
+			return err
+		}
+		d.stack = d.stack[:len(d.stack)-1]
+	case opAppends:
+		items, m, err := d.popMark(name, true)
+		if err != nil {
+			return err
+		}
+		if err := d.appendItems(d.stack[m-1], items); err != nil {
+			return err
+		}
+		d.stack = d.stack[:m]
+	case opSetItem:
+		items, err := d.top(3, name)
+		if err != nil {
+			return err
+		}
+		if err := d.setItems(items[0], items[1:]); err != nil {
+			return err
+		}
+		d.stack = d.stack[:len(d.stack)-2]
+	case opSetItems:
+		items, m, err := d.popMark(name, true)
+		if err != nil {
+			return err
+		}
+		if err := d.setItems(d.stack[m-1], items); err != nil {
+			return err
+		}
+		d.stack = d.stack[:m]
+	case opMemoize:
+		return d.put(uint64(len(d.memo)+len(d.sparse)), name)
+	case opBinPut, opLongBinPut:
+		n := 1
+		if op == opLongBinPut {
+			n = 4
+		}
+		k, err := d.uint(n, name)
+		if err != nil {
+			return err
+		}
+		return d.put(k, name)
+	case opBinGet, opLongBinGet:
+		n := 1
+		if op == opLongBinGet {
+			n = 4
+		}
+		k, err := d.uint(n, name)
+		if err != nil {
+			return err
+		}
+		v, ok := d.get(k)
+		if !ok {
+			return d.corrupt("%s of memo entry %d, which was never put", name, k)
+		}
+		return d.push(v)
+	default:
+		if name == "" {
+			return d.corrupt("byte 0x%02x is not a pickle opcode", op)
+		}
+		return d.corrupt("opcode %s (0x%02x) is not used by snapshots", name, op)
+	}
+	return nil
+}
+
+// long decodes LONG1 and LONG4: a little-endian two's-complement integer.
+func (d *pickleDecoder) long(op byte, name string) error {
+	n := uint64(0)
+	var err error
+	if op == opLong1 {
+		n, err = d.uint(1, name)
+	} else {
+		n, err = d.uint(4, name)
+		if err == nil && n > maxLong {
+			err = fmt.Errorf("%w: %s of %d bytes (at most %d)", ErrLimit, name, n, maxLong)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if n > uint64(len(d.tmp)) {
+		if err := d.discard(n, name); err != nil {
+			return err
+		}
+		return d.push(value{kind: kBig})
+	}
+	b, err := d.read(int(n), name)
+	if err != nil {
+		return err
+	}
+	return d.push(decodeLong(b))
+}
+
+// decodeLong decodes a two's-complement little-endian integer.
+func decodeLong(b []byte) value {
+	if len(b) == 0 {
+		return value{kind: kInt}
+	}
+	neg := b[len(b)-1]&0x80 != 0
+	// Drop redundant sign bytes.
+	for len(b) > 1 {
+		last, prev := b[len(b)-1], b[len(b)-2]
+		if (last == 0 && prev&0x80 == 0) || (last == 0xff && prev&0x80 != 0) {
+			b = b[:len(b)-1]
+			continue
+		}
+		break
+	}
+	if len(b) > 9 || (len(b) == 9 && (neg || b[8] != 0)) {
+		return value{kind: kBig}
+	}
+	var u uint64
+	for i := min(len(b), 8) - 1; i >= 0; i-- {
+		u = u<<8 | uint64(b[i])
+	}
+	if len(b) == 9 {
+		return value{kind: kUint, n: int64(u)} // 2^63 ≤ u < 2^64
+	}
+	if neg && len(b) < 8 {
+		u |= ^uint64(0) << (8 * len(b))
+	}
+	return value{kind: kInt, n: int64(u)}
+}
+
+// str decodes the string and bytes opcodes. Only short strings are kept:
+// known keys and action names as atoms, others for error messages.
+func (d *pickleDecoder) str(op byte, name string) error {
+	var n uint64
+	var err error
+	switch op {
+	case opShortBinUnicode, opShortBinBytes:
+		n, err = d.uint(1, name)
+	case opBinUnicode, opBinBytes:
+		n, err = d.uint(4, name)
+	default:
+		n, err = d.uint(8, name)
+	}
+	if err != nil {
+		return err
+	}
+	isStr := op == opShortBinUnicode || op == opBinUnicode || op == opBinUnicode8
+	if !isStr || n > maxShortString {
+		if err := d.discard(n, name); err != nil {
+			return err
+		}
+		if !isStr {
+			return d.push(value{kind: kBytes})
+		}
+		return d.push(value{kind: kStr, n: -1})
+	}
+	b, err := d.read(int(n), name)
+	if err != nil {
+		return err
+	}
+	v := value{kind: kStr, atom: atomOf(b), n: -1}
+	if v.atom == atomNone {
+		if i, ok := d.strIdx[string(b)]; ok {
+			v.n = i
+		} else if len(d.strs) < maxStrings {
+			v.n = int64(len(d.strs))
+			s := string(b)
+			d.strs = append(d.strs, s)
+			d.strIdx[s] = v.n
+		}
+	}
+	return d.push(v)
+}
+
+// put memoizes the top of the stack under key k.
+func (d *pickleDecoder) put(k uint64, name string) error {
+	items, err := d.top(1, name)
+	if err != nil {
+		return err
+	}
+	v := items[0]
+	switch {
+	case k < uint64(len(d.memo)):
+		d.memo[k] = v
+		return nil
+	case len(d.stack)+len(d.memo)+len(d.sparse) >= d.maxObjects:
+		return fmt.Errorf("%w: more than %d pickle objects (Options.MaxObjects)", ErrLimit, d.maxObjects)
+	case k == uint64(len(d.memo)):
+		d.memo = append(d.memo, v)
+		// Entries put ahead of time now continue the dense memo.
+		for len(d.sparse) > 0 {
+			next := uint64(len(d.memo))
+			sv, ok := d.sparse[next]
+			if !ok {
+				break
+			}
+			d.memo = append(d.memo, sv)
+			delete(d.sparse, next)
+		}
+		delete(d.sparse, k)
+	default:
+		if d.sparse == nil {
+			d.sparse = make(map[uint64]value)
+		}
+		d.sparse[k] = v
+	}
+	return nil
+}
+
+func (d *pickleDecoder) get(k uint64) (value, bool) {
+	if k < uint64(len(d.memo)) {
+		return d.memo[k], true
+	}
+	v, ok := d.sparse[k]
+	return v, ok
+}
+
+// container creates an empty list or dict, with a slot when its role in
+// the schema matters.
+func (d *pickleDecoder) container(kind vkind) value {
+	v := value{kind: kind}
+	r := d.childRole(kind)
+	if r == roleOther {
+		return v
+	}
+	var id uint32
+	if n := len(d.free); n > 0 {
+		id = d.free[n-1]
+		d.free = d.free[:n-1]
+	} else {
+		d.slots = append(d.slots, slot{})
+		id = uint32(len(d.slots) - 1)
+	}
+	s := &d.slots[id]
+	*s = slot{gen: s.gen, role: r, start: d.opOff, strName: -1}
+	switch r {
+	case roleSegments:
+		d.hasSegments = true
+	case roleTraces:
+		d.tracesOK = true
+	case roleDevice:
+		s.index = int64(d.devices)
+		d.devices++
+	}
+	v.role, v.slot, v.n = r, id, s.gen
+	return v
+}
+
+// childRole decides the role of a container about to be pushed. The
+// container will end up in one of three places: the list just below it
+// (APPEND), the dict two below it under the key just below it (SETITEM),
+// or the container below the topmost MARK (APPENDS, SETITEMS). Python's
+// pickler makes the three ambiguous only when a list is still empty; the
+// schema settles it (a device list holds dicts, device_traces holds lists),
+// so the first place that gives a schema role wins.
+func (d *pickleDecoder) childRole(kind vkind) role {
+	p := len(d.stack)
+	m, marked := 0, len(d.marks) > 0
+	if marked {
+		m = d.marks[len(d.marks)-1]
+	}
+	if p == 0 && !marked && !d.rootSeen {
+		d.rootSeen = true
+		if kind == kDict {
+			return roleRoot
+		}
+		return roleOther
+	}
+	if p-1 >= m && p >= 1 && d.stack[p-1].kind == kList {
+		if r := d.schemaChild(d.stack[p-1], atomNone, kind); r != roleOther {
+			return r
+		}
+	}
+	if p-2 >= m && p >= 2 && d.stack[p-2].kind == kDict && !d.stack[p-1].isContainer() {
+		if r := d.schemaChild(d.stack[p-2], d.stack[p-1].atom, kind); r != roleOther {
+			return r
+		}
+	}
+	if marked && m >= 1 {
+		switch parent := d.stack[m-1]; parent.kind {
+		case kList:
+			return d.schemaChild(parent, atomNone, kind)
+		case kDict:
+			if (p-m)%2 == 1 {
+				return d.schemaChild(parent, d.stack[p-1].atom, kind)
+			}
+		}
+	}
+	return roleOther
+}
+
+func (v value) isContainer() bool { return v.kind == kList || v.kind == kDict }
+
+// schemaChild is the role of a kind container placed in parent (under key,
+// for a dict).
+func (d *pickleDecoder) schemaChild(parent value, key atom, kind vkind) role {
+	if d.slotOf(parent) == nil {
+		return roleOther
+	}
+	switch parent.role {
+	case roleRoot:
+		if kind == kList && key == atomSegments {
+			return roleSegments
+		}
+		if kind == kList && key == atomDeviceTraces {
+			return roleTraces
+		}
+	case roleSegments:
+		if kind == kDict {
+			return roleSegment
+		}
+	case roleTraces:
+		if kind == kList {
+			return roleDevice
+		}
+	case roleDevice:
+		if kind == kDict {
+			return roleEntry
+		}
+	}
+	return roleOther
+}
+
+// slotOf returns v's slot, or nil if v has none or the slot was recycled
+// (a memo reference to a container already consumed).
+func (d *pickleDecoder) slotOf(v value) *slot {
+	if v.role == roleOther || !v.isContainer() {
+		return nil
+	}
+	s := &d.slots[v.slot]
+	if s.gen != v.n {
+		return nil
+	}
+	return s
+}
+
+// release recycles the slots of values leaving the stack.
+func (d *pickleDecoder) release(vs ...value) {
+	for _, v := range vs {
+		if s := d.slotOf(v); s != nil {
+			s.gen++
+			d.free = append(d.free, v.slot)
+		}
+	}
+}
+
+// appendItems runs APPEND/APPENDS of items to list, emitting the entries
+// of device lists.
+func (d *pickleDecoder) appendItems(list value, items []value) error {
+	if list.kind != kList {
+		return d.corrupt("APPEND to a %s", list.kind)
+	}
+	ls := d.slotOf(list)
+	for _, it := range items {
+		if ls != nil {
+			switch list.role {
+			case roleDevice:
+				d.emit(ls, it)
+			case roleSegments:
+				if s := d.slotOf(it); s != nil && it.role == roleSegment {
+					d.segments++
+					d.segReserved += s.size
+					d.segAllocated += s.free
+				}
+			}
+			ls.items++
+		}
+		d.release(it)
+	}
+	return nil
+}
+
+// emit queues the event (or record error) of entry it, item number
+// dev.items of device list dev.
+func (d *pickleDecoder) emit(dev *slot, it value) {
+	s := d.slotOf(it)
+	p := pending{pos: d.opOff}
+	switch {
+	case s == nil || it.role != roleEntry:
+		p.err = fmt.Errorf("%w: device_traces[%d][%d] is a %s, want a dict", ErrMalformed, dev.index, dev.items, it.kind)
+	default:
+		p.pos = s.start
+		p.err = d.entryEvent(s, dev, &p.ev)
+		if p.err != nil && p.err != errIgnored {
+			p.err = fmt.Errorf("device_traces[%d][%d]: %w", dev.index, dev.items, p.err)
+		}
+	}
+	d.queue = append(d.queue, p)
+}
+
+// entryEvent builds the event of entry s.
+func (d *pickleDecoder) entryEvent(s *slot, dev *slot, ev *Event) error {
+	if s.bad != nil {
+		return s.bad
+	}
+	if s.set&setAction == 0 {
+		return fmt.Errorf("%w: entry has no \"action\"", ErrMalformed)
+	}
+	switch {
+	case s.action == atomIgnoredAction:
+		return errIgnored
+	case s.action < atomFirstAction || s.action >= atomFirstAction+atom(numActions) || s.action == atomFirstAction:
+		if s.strName >= 0 {
+			return fmt.Errorf("%w: %q", ErrUnknownAction, d.strs[s.strName])
+		}
+		if s.action != atomNone {
+			return fmt.Errorf("%w: %q", ErrUnknownAction, atomNames[s.action])
+		}
+		return fmt.Errorf("%w: not one of PyTorch's action names", ErrUnknownAction)
+	}
+	ev.Action = Action(s.action - atomFirstAction)
+	if s.set&setSize == 0 {
+		return fmt.Errorf("%w: %s entry has no \"size\"", ErrMalformed, ev.Action)
+	}
+	if ev.Action == OOM {
+		ev.DeviceFree = s.free
+	} else if s.set&setAddr == 0 {
+		return fmt.Errorf("%w: %s entry has no \"addr\"", ErrMalformed, ev.Action)
+	}
+	if ev.Size = s.size; ev.Size > MaxSize && ev.Action != OOM {
+		return fmt.Errorf("%w: %s size %d exceeds %d", ErrBadSize, ev.Action, ev.Size, uint64(MaxSize))
+	}
+	ev.Addr, ev.Stream, ev.Device = s.addr, s.stream, int(dev.index)
+	if s.timeUS > math.MaxInt64/1000 || s.timeUS < math.MinInt64/1000 {
+		return fmt.Errorf("%w: time_us %d out of range", ErrMalformed, s.timeUS)
+	}
+	ev.Time = s.timeUS * 1000
+	return nil
+}
+
+// setItems runs SETITEM/SETITEMS of key/value pairs kv into dict.
+func (d *pickleDecoder) setItems(dict value, kv []value) error {
+	if dict.kind != kDict {
+		return d.corrupt("SETITEM into a %s", dict.kind)
+	}
+	if len(kv)%2 != 0 {
+		return d.corrupt("SETITEMS with an odd number of items (%d)", len(kv))
+	}
+	s := d.slotOf(dict)
+	for i := 0; i < len(kv); i += 2 {
+		k, v := kv[i], kv[i+1]
+		if k.isContainer() {
+			return d.corrupt("dict key is a %s (unhashable)", k.kind)
+		}
+		if s != nil {
+			switch dict.role {
+			case roleEntry:
+				d.entryField(s, k, v)
+			case roleSegment:
+				switch k.atom {
+				case atomTotalSize:
+					s.size, _ = nonNegative(v)
+				case atomAllocatedSize:
+					s.free, _ = nonNegative(v)
+				}
+			}
+		}
+		d.release(k, v)
+	}
+	return nil
+}
+
+// nonNegative returns v as a uint64 if it is a non-negative integer.
+func nonNegative(v value) (uint64, bool) {
+	switch {
+	case v.kind == kUint, v.kind == kInt && v.n >= 0:
+		return uint64(v.n), true
+	}
+	return 0, false
+}
+
+// entryField records key k = v of a trace entry. A wrong type becomes the
+// entry's error, reported when the entry is emitted.
+func (d *pickleDecoder) entryField(s *slot, k, v value) {
+	if k.kind != kStr {
+		return
+	}
+	fail := func(format string, args ...any) {
+		if s.bad == nil {
+			s.bad = fmt.Errorf(format, args...)
+		}
+	}
+	var field string
+	switch k.atom {
+	case atomAction:
+		if v.kind != kStr {
+			fail("%w: \"action\" is a %s, want a str", ErrMalformed, v.kind)
+			return
+		}
+		s.set |= setAction
+		s.action, s.strName = v.atom, v.n
+		return
+	case atomAddr:
+		field = "addr"
+	case atomSize:
+		field = "size"
+	case atomStream:
+		// The stream is an opaque handle: keep its bits even if negative.
+		if v.kind == kInt || v.kind == kUint {
+			s.stream = uint64(v.n)
+		} else {
+			fail("%w: \"stream\" is a %s, want an int", ErrMalformed, v.kind)
+		}
+		return
+	case atomTimeUS:
+		if v.kind == kInt {
+			s.timeUS = v.n
+		} else {
+			fail("%w: \"time_us\" is a %s, want an int", ErrMalformed, v.kind)
+		}
+		return
+	case atomDeviceFree:
+		field = "device_free"
+	default:
+		return
+	}
+	u, ok := nonNegative(v)
+	switch {
+	case ok:
+	case v.kind == kInt && field == "size":
+		fail("%w: negative size %d", ErrBadSize, v.n)
+		return
+	case v.kind == kInt:
+		fail("%w: negative %s %d", ErrMalformed, field, v.n)
+		return
+	case v.kind == kBig:
+		fail("%w: %s does not fit in 64 bits", ErrMalformed, field)
+		return
+	default:
+		fail("%w: %q is a %s, want an int", ErrMalformed, field, v.kind)
+		return
+	}
+	switch k.atom {
+	case atomAddr:
+		s.addr = u
+		s.set |= setAddr
+	case atomSize:
+		s.size = u
+		s.set |= setSize
+	case atomDeviceFree:
+		s.free = u
+		s.set |= setFree
+	}
+}
+
+// stop runs STOP: the stack must hold the snapshot dict alone.
+func (d *pickleDecoder) stop() error {
+	if len(d.stack) != 1 || len(d.marks) != 0 {
+		return d.corrupt("STOP with %d stack items and %d open MARKs, want the snapshot dict alone", len(d.stack), len(d.marks))
+	}
+	root := d.stack[0]
+	if root.kind != kDict || root.role != roleRoot {
+		return fmt.Errorf("%w: the pickle holds a %s, not a snapshot dict", ErrFormat, root.kind)
+	}
+	if !d.tracesOK {
+		return fmt.Errorf("%w: the snapshot dict has no \"device_traces\" list (not a memory snapshot?)", ErrFormat)
+	}
+	d.release(root)
+	d.stack = d.stack[:0]
+	d.stopped = true
+	return nil
+}

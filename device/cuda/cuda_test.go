@@ -1,0 +1,95 @@
+package cuda_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/cuda"
+	"github.com/memwall/memwall/device/devicetest"
+	"github.com/memwall/memwall/kernels"
+)
+
+// open returns the first GPU, or skips when this machine has none.
+func open(t *testing.T) device.Device {
+	d, err := cuda.Open(cuda.Options{})
+	if err != nil {
+		t.Skipf("no usable CUDA GPU here (the suite runs on the GPU machine): %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// loadKernels loads memwall's PTX: the file named by MEMWALL_KERNELS_PTX
+// when set (a freshly compiled one), else the embedded module.
+func loadKernels(d device.Device) (device.Module, error) {
+	ptx := kernels.Embedded()
+	if p := os.Getenv(kernels.EnvPTX); p != "" {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return 0, err
+		}
+		ptx = b
+	}
+	if !kernels.IsPTX(ptx) {
+		return 0, errors.New("no compiled PTX embedded (run scripts/build-ptx.sh on a machine with nvcc)")
+	}
+	return d.LoadModule(ptx)
+}
+
+func TestConformance(t *testing.T) {
+	devicetest.Run(t, open, devicetest.Options{LoadKernels: loadKernels, LargeBytes: 256 << 20})
+}
+
+func TestInfo(t *testing.T) {
+	d := open(t)
+	in := d.Info()
+	if in.Backend != "cuda" || in.Name == "" || in.TotalBytes == 0 || in.ComputeMajor == 0 {
+		t.Fatalf("info %+v", in)
+	}
+	free, total, err := d.MemInfo()
+	if err != nil || free == 0 || free > total || total != in.TotalBytes {
+		t.Fatalf("MemInfo %d/%d %v, info total %d", free, total, err, in.TotalBytes)
+	}
+	t.Logf("%s: %d MiB, cc %d.%d, %d SMs, PCIe gen %d x%d, %d copy engines, VMM %v (%d), disabled %q",
+		in.Name, in.TotalBytes>>20, in.ComputeMajor, in.ComputeMinor, in.Multiprocessors,
+		in.PCIeGen, in.PCIeWidth, in.CopyEngines, in.VirtualMemory, in.Granularity, in.Disabled)
+}
+
+// TestBadLibrary needs no GPU: MEMWALL_LIBCUDA naming a file that is not a
+// CUDA driver must fail with a message naming the file, never panic.
+func TestBadLibrary(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "libcuda.so.1")
+	if err := os.WriteFile(bad, []byte("not a shared object"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{bad, filepath.Join(dir, "missing.so")} {
+		_, err := cuda.Open(cuda.Options{Getenv: func(k string) string {
+			if k == "MEMWALL_LIBCUDA" {
+				return path
+			}
+			return ""
+		}})
+		if err == nil {
+			t.Fatalf("%s: Open succeeded", path)
+		}
+		if !errors.Is(err, cuda.ErrNoDriver) || !strings.Contains(err.Error(), path) {
+			t.Fatalf("%s: error %q does not name the file or wrap ErrNoDriver", path, err)
+		}
+	}
+}
+
+func TestLibraryCandidates(t *testing.T) {
+	c := cuda.LibraryCandidates(func(string) string { return "" })
+	if len(c) < 3 || c[0] != "libcuda.so.1" {
+		t.Fatalf("candidates %q", c)
+	}
+	c = cuda.LibraryCandidates(func(k string) string { return "/x/libcuda.so" })
+	if len(c) != 1 || c[0] != "/x/libcuda.so" {
+		t.Fatalf("MEMWALL_LIBCUDA not the only candidate: %q", c)
+	}
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds everything the GPU run needs, on a machine with Go and no GPU:
+# the memwall binary and the test binaries of the packages that have GPU
+# tests, all with CGO_ENABLED=0 (libcuda is bound at run time). Output goes
+# to gpubin/ (git-ignored); scripts/gpu-run.sh runs it on the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf gpubin
+mkdir -p gpubin
+export CGO_ENABLED=0
+go build -o gpubin/memwall ./cmd/memwall
+for pkg in device/cuda pool plan stream kernels; do
+  [ -d "$pkg" ] || continue
+  go test -c -o "gpubin/$(echo "$pkg" | tr / _).test" "./$pkg"
+done
+ls -la gpubin

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs memwall's GPU tests and benchmarks on a machine with an NVIDIA GPU, in
+# one go: compiles the kernels to PTX with nvcc, then runs the binaries that
+# scripts/gpu-build.sh built. Logs and JSON go to $OUT (default ./gpu-out);
+# a short table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+bin=$PWD/gpubin
+log=$OUT/log.txt
+: >"$log"
+status=()
+run() { # run NAME CMD...: log output, remember pass/fail
+  local name=$1; shift
+  echo "=== $name: $*" | tee -a "$log"
+  local t0=$(date +%s.%N)
+  if "$@" >>"$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+  local t1=$(date +%s.%N)
+  status+=("$(printf '%-34s %-9s %6.1fs' "$name" "$r" "$(echo "$t1 - $t0" | bc)")")
+  tail -n 3 "$log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,pcie.link.gen.max,pcie.link.width.max \
+  --format=csv >"$OUT/nvidia-smi.csv" 2>&1 || true
+cat "$OUT/nvidia-smi.csv"
+
+if scripts/build-ptx.sh "$OUT/kernels.ptx" >>"$log" 2>&1; then
+  export MEMWALL_KERNELS_PTX=$OUT/kernels.ptx
+  status+=("$(printf '%-34s %-9s' "nvcc kernels.ptx" PASS)")
+else
+  status+=("$(printf '%-34s %-9s' "nvcc kernels.ptx" FAIL)")
+  tail -n 20 "$log"
+fi
+
+run "memwall info" "$bin/memwall" info
+"$bin/memwall" info --json >"$OUT/info.json" 2>>"$log"
+run "bad MEMWALL_LIBCUDA, --device cuda" bash -c "! MEMWALL_LIBCUDA=/nonexistent/libcuda.so.1 '$bin/memwall' info --device cuda"
+run "bad MEMWALL_LIBCUDA, --device auto" bash -c "MEMWALL_LIBCUDA=/nonexistent/libcuda.so.1 '$bin/memwall' info --device auto | grep -q 'sim'"
+[ -x "$bin/device_cuda.test" ] && run "device conformance (cuda)" bash -c "cd device/cuda && '$bin/device_cuda.test' -test.v -test.timeout 300s"
+[ -x "$bin/kernels.test" ] && run "kernels (cuda)" bash -c "cd kernels && MEMWALL_TEST_DEVICE=cuda '$bin/kernels.test' -test.v -test.timeout 300s"
+[ -x "$bin/pool.test" ] && run "pool suite (cuda)" bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.v -test.timeout 300s"
+[ -x "$bin/plan.test" ] && run "plan binding (cuda)" bash -c "cd plan && MEMWALL_TEST_DEVICE=cuda '$bin/plan.test' -test.v -test.run GPU -test.timeout 300s"
+run "bench transfer" bash -c "'$bin/memwall' bench transfer --json >'$OUT/transfer.json' && '$bin/memwall' bench transfer --reps 5"
+run "bench alloc" bash -c "'$bin/memwall' bench alloc --json >'$OUT/alloc.json' && '$bin/memwall' bench alloc --pairs 5000"
+[ -n "${EXTRA:-}" ] && run "extra" bash -c "$EXTRA"
+
+echo
+echo "== summary"
+printf '%s\n' "${status[@]}" | tee "$OUT/summary.txt"

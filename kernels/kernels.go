@@ -1,0 +1,418 @@
+// Package kernels holds memwall's own GPU kernels: a pattern fill and check
+// (device and pool data tests), a spin kernel (stream-ordering tests: "a
+// kernel still running") and matrix multiply over streamed weights (GEMV for
+// decode steps, GEMM for prefill-sized batches) in bf16, f16 and f32 with
+// float32 accumulation.
+//
+// The kernels are CUDA C (kernels.cu), compiled to PTX by
+// scripts/build-ptx.sh and embedded here; Load hands the PTX to a
+// device.Device and resolves every kernel into a Set with typed launch
+// helpers. The environment variable MEMWALL_KERNELS_PTX (read through the
+// getenv function the caller passes) names a PTX file to use instead, so a
+// freshly built module can be tried before it is committed.
+//
+// For the simulated device, Sim returns Go implementations of the same
+// kernels with cost models; HostMatmul, ReferenceRow and CheckMatmul are the
+// host-side math that results are verified against.
+package kernels
+
+import (
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/memwall/memwall/device"
+)
+
+//go:embed kernels.ptx
+var embeddedPTX []byte
+
+// EnvPTX is the environment variable that, when set to a file path, makes
+// Load use that PTX instead of the embedded one.
+const EnvPTX = "MEMWALL_KERNELS_PTX"
+
+// Kernel names: the extern "C" entry points of kernels.cu.
+const (
+	NameFill  = "memwall_fill_u32"
+	NameCheck = "memwall_check_u32"
+	NameSpin  = "memwall_spin"
+)
+
+// GemvName and GemmName return the matrix kernel names for a dtype
+// ("memwall_gemv_bf16", ...). The dtype is not validated.
+func GemvName(dtype string) string { return "memwall_gemv_" + dtype }
+
+// GemmName: see GemvName.
+func GemmName(dtype string) string { return "memwall_gemm_" + dtype }
+
+// Names lists every kernel a Set resolves, in a fixed order.
+func Names() []string {
+	n := []string{NameFill, NameCheck, NameSpin}
+	for _, dt := range DTypes() {
+		n = append(n, GemvName(dt), GemmName(dt))
+	}
+	return n
+}
+
+// GemvMaxTokens is the largest T that Matmul runs with the GEMV kernels;
+// larger T runs the tiled GEMM kernels.
+const GemvMaxTokens = 8
+
+// Launch-shape constants, mirrored from kernels.cu.
+const (
+	threadsPerBlock = 256 // every kernel but spin
+	gemvRowsPerBlk  = threadsPerBlock / 32
+	gemmTileF32     = 64
+	gemmTile16      = 128
+	maxGridX        = 1<<31 - 1
+	maxGridY        = 65535
+	maxPTXBytes     = 64 << 20
+)
+
+// Errors callers can branch on with errors.Is.
+var (
+	// ErrNoPTX: the embedded kernels.ptx is the placeholder committed
+	// before a GPU build, and no MEMWALL_KERNELS_PTX override was given.
+	ErrNoPTX = errors.New("no compiled PTX: kernels.ptx is a placeholder (run scripts/build-ptx.sh or set " + EnvPTX + ")")
+	// ErrDType: a dtype other than bf16, f16 or f32.
+	ErrDType = errors.New("unsupported dtype")
+	// ErrShape: dimensions or buffer lengths that do not fit together or
+	// exceed a launch limit.
+	ErrShape = errors.New("bad matrix shape")
+	// ErrMismatch: a result differs from its reference by more than the
+	// tolerance (see MatmulError).
+	ErrMismatch = errors.New("result differs from reference")
+)
+
+// Embedded returns the PTX compiled into the binary (a placeholder comment
+// when the package was built before a GPU build). The slice is shared: do
+// not modify it.
+func Embedded() []byte { return embeddedPTX }
+
+// IsPTX reports whether b looks like real nvcc output: a leading "//"
+// comment and an entry for memwall_fill_u32.
+func IsPTX(b []byte) bool {
+	if len(b) < 2 || b[0] != '/' || b[1] != '/' {
+		return false
+	}
+	for _, e := range PTXEntries(b) {
+		if e == NameFill {
+			return true
+		}
+	}
+	return false
+}
+
+// PTXEntries returns the names of the kernel entry points declared in PTX
+// text (".entry NAME(" with an optional ".visible" or ".weak" before it), in
+// order of appearance. Text that is not PTX yields no names.
+func PTXEntries(ptx []byte) []string {
+	var names []string
+	const key = ".entry"
+	for i := 0; i+len(key) <= len(ptx); i++ {
+		if ptx[i] != '.' || string(ptx[i:i+len(key)]) != key {
+			continue
+		}
+		// ".entry" must start a token and be followed by blanks and a name.
+		if i > 0 && !isBlank(ptx[i-1]) {
+			continue
+		}
+		j := i + len(key)
+		if j >= len(ptx) || !isBlank(ptx[j]) {
+			continue
+		}
+		for j < len(ptx) && isBlank(ptx[j]) {
+			j++
+		}
+		start := j
+		for j < len(ptx) && isIdent(ptx[j]) {
+			j++
+		}
+		if j > start {
+			names = append(names, string(ptx[start:j]))
+		}
+		i = j - 1
+	}
+	return names
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func isIdent(c byte) bool {
+	return c == '_' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+// Set is the loaded kernel module with every kernel resolved. It is safe
+// for concurrent use as far as the device is. Close unloads the module.
+type Set struct {
+	d      device.Device
+	mod    device.Module
+	source string
+	fill   device.Function
+	check  device.Function
+	spin   device.Function
+	gemv   map[string]device.Function
+	gemm   map[string]device.Function
+	blocks uint32 // grid cap for the grid-stride kernels
+}
+
+// Load loads the kernel module on d and resolves every kernel in Names.
+// The PTX is the file named by getenv(EnvPTX) when that is non-empty (read
+// in full, at most 64 MiB), else the embedded kernels.ptx; getenv may be nil
+// (no override). On a device whose backend is not "sim", a placeholder or a
+// module lacking a kernel is refused before the driver sees it (ErrNoPTX, or
+// an error naming the missing kernel). Errors name the PTX source and, where
+// one is at fault, the kernel. On failure nothing stays loaded.
+func Load(d device.Device, getenv func(string) string) (*Set, error) {
+	ptx, source := embeddedPTX, "embedded kernels.ptx"
+	if getenv != nil {
+		if path := getenv(EnvPTX); path != "" {
+			b, err := readPTX(path)
+			if err != nil {
+				return nil, err
+			}
+			ptx, source = b, path
+		}
+	}
+	info := d.Info()
+	if info.Backend != "sim" {
+		if !IsPTX(ptx) {
+			if source == "embedded kernels.ptx" {
+				return nil, fmt.Errorf("kernels: %w", ErrNoPTX)
+			}
+			return nil, fmt.Errorf("kernels: %s: not PTX from nvcc (no leading comment or no .entry %s): %w", source, NameFill, ErrNoPTX)
+		}
+		have := map[string]bool{}
+		for _, e := range PTXEntries(ptx) {
+			have[e] = true
+		}
+		for _, n := range Names() {
+			if !have[n] {
+				return nil, fmt.Errorf("kernels: %s: no entry for kernel %s (rebuild with scripts/build-ptx.sh)", source, n)
+			}
+		}
+	}
+	mod, err := d.LoadModule(ptx)
+	if err != nil {
+		return nil, fmt.Errorf("kernels: load %s: %w", source, err)
+	}
+	s := &Set{d: d, mod: mod, source: source,
+		gemv: map[string]device.Function{}, gemm: map[string]device.Function{}}
+	s.blocks = 1024
+	if info.Multiprocessors > 0 {
+		s.blocks = uint32(min(info.Multiprocessors*8, 1<<20)) // 8 blocks of 256 threads fill an SM
+	}
+	resolve := func(name string) (device.Function, error) {
+		f, err := d.Function(mod, name)
+		if err != nil {
+			return 0, fmt.Errorf("kernels: %s: kernel %s: %w", source, name, err)
+		}
+		return f, nil
+	}
+	fail := func(err error) (*Set, error) {
+		if uerr := d.UnloadModule(mod); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("kernels: unload after failure: %w", uerr))
+		}
+		return nil, err
+	}
+	if s.fill, err = resolve(NameFill); err != nil {
+		return fail(err)
+	}
+	if s.check, err = resolve(NameCheck); err != nil {
+		return fail(err)
+	}
+	if s.spin, err = resolve(NameSpin); err != nil {
+		return fail(err)
+	}
+	for _, dt := range DTypes() {
+		if s.gemv[dt], err = resolve(GemvName(dt)); err != nil {
+			return fail(err)
+		}
+		if s.gemm[dt], err = resolve(GemmName(dt)); err != nil {
+			return fail(err)
+		}
+	}
+	return s, nil
+}
+
+func readPTX(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("kernels: %s: %w", EnvPTX, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxPTXBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("kernels: %s %s: %w", EnvPTX, path, err)
+	}
+	if len(b) > maxPTXBytes {
+		return nil, fmt.Errorf("kernels: %s %s: larger than the %d MiB limit", EnvPTX, path, maxPTXBytes>>20)
+	}
+	return b, nil
+}
+
+// Source says where the loaded PTX came from: "embedded kernels.ptx" or the
+// override path.
+func (s *Set) Source() string { return s.source }
+
+// Close unloads the module. The Set must not be used afterwards.
+func (s *Set) Close() error {
+	if err := s.d.UnloadModule(s.mod); err != nil {
+		return fmt.Errorf("kernels: unload: %w", err)
+	}
+	return nil
+}
+
+func (s *Set) gridFor(n uint64) device.Dim3 {
+	b := (n + threadsPerBlock - 1) / threadsPerBlock
+	return device.Dim3{X: uint32(min(max(b, 1), uint64(s.blocks))), Y: 1, Z: 1}
+}
+
+var block256 = device.Dim3{X: threadsPerBlock, Y: 1, Z: 1}
+
+// Fill writes Pattern(seed, i) to the n 32-bit words at dst (4-byte
+// aligned) on stream st. n == 0 launches nothing.
+func (s *Set) Fill(dst device.Ptr, n uint64, seed uint32, st device.Stream) error {
+	if n == 0 {
+		return nil
+	}
+	if dst == 0 || dst%4 != 0 {
+		return fmt.Errorf("kernels: %s: dst %#x is not a 4-byte aligned address: %w", NameFill, uint64(dst), device.ErrInvalid)
+	}
+	if err := s.d.Launch(s.fill, s.gridFor(n), block256, 0, st, dst, n, seed); err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameFill, err)
+	}
+	return nil
+}
+
+// Check counts the words among the n at src that differ from
+// Pattern(seed, i) and adds the count to the uint64 at mismatches (8-byte
+// aligned device memory the caller zeroes and reads back; see Mismatches).
+// n == 0 launches nothing.
+func (s *Set) Check(src device.Ptr, n uint64, seed uint32, mismatches device.Ptr, st device.Stream) error {
+	if n == 0 {
+		return nil
+	}
+	if src == 0 || src%4 != 0 {
+		return fmt.Errorf("kernels: %s: src %#x is not a 4-byte aligned address: %w", NameCheck, uint64(src), device.ErrInvalid)
+	}
+	if mismatches == 0 || mismatches%8 != 0 {
+		return fmt.Errorf("kernels: %s: counter %#x is not an 8-byte aligned address: %w", NameCheck, uint64(mismatches), device.ErrInvalid)
+	}
+	if err := s.d.Launch(s.check, s.gridFor(n), block256, 0, st, src, n, seed, mismatches); err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameCheck, err)
+	}
+	return nil
+}
+
+// Mismatches zeroes the 8-byte counter at scratch, runs Check on st, waits
+// for st and returns the count. Work queued on st earlier (a Fill, a copy)
+// is ordered before the check.
+func (s *Set) Mismatches(src device.Ptr, n uint64, seed uint32, scratch device.Ptr, st device.Stream) (uint64, error) {
+	if err := s.d.Memset8(scratch, 0, 8, st); err != nil {
+		return 0, fmt.Errorf("kernels: %s: zero counter: %w", NameCheck, err)
+	}
+	if err := s.Check(src, n, seed, scratch, st); err != nil {
+		return 0, err
+	}
+	var buf [8]byte
+	if err := s.d.CopyDtoH(buf[:], scratch, st); err != nil {
+		return 0, fmt.Errorf("kernels: %s: read counter: %w", NameCheck, err)
+	}
+	if err := s.d.StreamSynchronize(st); err != nil {
+		return 0, fmt.Errorf("kernels: %s: %w", NameCheck, err)
+	}
+	return binary.LittleEndian.Uint64(buf[:]), nil
+}
+
+// Spin launches one thread that busy-waits on the GPU's global timer for d,
+// occupying st until then. Negative d is an error.
+func (s *Set) Spin(d time.Duration, st device.Stream) error {
+	if d < 0 {
+		return fmt.Errorf("kernels: %s: negative duration %v: %w", NameSpin, d, device.ErrInvalid)
+	}
+	one := device.Dim3{X: 1, Y: 1, Z: 1}
+	if err := s.d.Launch(s.spin, one, one, 0, st, uint64(d.Nanoseconds())); err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameSpin, err)
+	}
+	return nil
+}
+
+// MatmulShape is how Matmul launches a product: the kernel and its grid and
+// block.
+type MatmulShape struct {
+	Kernel string
+	Grid   device.Dim3
+	Block  device.Dim3
+}
+
+// ShapeFor returns the launch Matmul uses for Y[T×M] = X[T×K]·W[M×K]ᵀ in
+// dtype: T ≤ GemvMaxTokens runs memwall_gemv_<dtype>, one warp per row of W;
+// larger T runs memwall_gemm_<dtype> over 64×64 (f32) or 128×128 (bf16,
+// f16) output tiles. It fails with ErrDType, or ErrShape when M or T is 0
+// or the grid would exceed CUDA's limits.
+func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
+	if _, err := ElemSize(dtype); err != nil {
+		return MatmulShape{}, fmt.Errorf("kernels: matmul: %w", err)
+	}
+	if M == 0 || T == 0 {
+		return MatmulShape{}, fmt.Errorf("kernels: matmul %s M=%d K=%d T=%d: empty output: %w", dtype, M, K, T, ErrShape)
+	}
+	if T <= GemvMaxTokens {
+		return MatmulShape{Kernel: GemvName(dtype), Block: block256,
+			Grid: device.Dim3{X: ceilDiv(M, gemvRowsPerBlk), Y: 1, Z: 1}}, nil
+	}
+	tile := uint32(gemmTile16)
+	if dtype == F32 {
+		tile = gemmTileF32
+	}
+	g := device.Dim3{X: ceilDiv(M, tile), Y: ceilDiv(T, tile), Z: 1}
+	if g.X > maxGridX || g.Y > maxGridY {
+		return MatmulShape{}, fmt.Errorf("kernels: matmul %s M=%d K=%d T=%d: grid %dx%d exceeds %dx%d: %w",
+			dtype, M, K, T, g.X, g.Y, maxGridX, maxGridY, ErrShape)
+	}
+	return MatmulShape{Kernel: GemmName(dtype), Block: block256, Grid: g}, nil
+}
+
+func ceilDiv(a, b uint32) uint32 { return uint32((uint64(a) + uint64(b) - 1) / uint64(b)) }
+
+// Matmul queues Y[t, m] = Σ_k W[m, k]·X[t, k] on st: W is M×K and X is T×K,
+// both row-major in dtype ("bf16", "f16", "f32"), Y is T×M row-major
+// float32, accumulated in float32. W and X must be aligned to their element
+// size and Y to 4 bytes (16-byte alignment and K a multiple of 8 take the
+// vectorized paths). M == 0 or T == 0 launches nothing; K == 0 writes zeros.
+// Errors wrap ErrDType, ErrShape or device.ErrInvalid and name the kernel.
+func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device.Stream) error {
+	elt, err := ElemSize(dtype)
+	if err != nil {
+		return fmt.Errorf("kernels: matmul: %w", err)
+	}
+	if M == 0 || T == 0 {
+		return nil
+	}
+	sh, err := ShapeFor(dtype, M, K, T)
+	if err != nil {
+		return err
+	}
+	for _, p := range []struct {
+		name  string
+		v     device.Ptr
+		align uint64
+	}{{"W", W, uint64(elt)}, {"X", X, uint64(elt)}, {"Y", Y, 4}} {
+		if p.v == 0 || uint64(p.v)%p.align != 0 {
+			return fmt.Errorf("kernels: %s: %s %#x is not a %d-byte aligned address: %w", sh.Kernel, p.name, uint64(p.v), p.align, device.ErrInvalid)
+		}
+	}
+	f := s.gemv[dtype]
+	if T > GemvMaxTokens {
+		f = s.gemm[dtype]
+	}
+	if err := s.d.Launch(f, sh.Grid, sh.Block, 0, st, W, X, Y, M, K, T); err != nil {
+		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", sh.Kernel, M, K, T, err)
+	}
+	return nil
+}

@@ -53,18 +53,26 @@ var recordErrors = [...]error{
 
 // Pos is a position in a trace: Line (1-based) for the text formats (CSV,
 // JSON lines), Offset (bytes into the decompressed stream) for a pickle.
-// The unused one is zero.
+// The unused one is zero. For a snapshot's trace entry, Entry is its index
+// in device_traces[Device] plus one (zero when the position is not an
+// entry's).
 type Pos struct {
 	Line   int64
 	Offset int64
+	Device int
+	Entry  int64
 }
 
-// String returns "line N" or "offset N".
+// String returns "line N", "offset N" or "offset N (device_traces[D][E])".
 func (p Pos) String() string {
 	if p.Line > 0 {
 		return "line " + strconv.FormatInt(p.Line, 10)
 	}
-	return "offset " + strconv.FormatInt(p.Offset, 10)
+	s := "offset " + strconv.FormatInt(p.Offset, 10)
+	if p.Entry > 0 {
+		s += " (device_traces[" + strconv.Itoa(p.Device) + "][" + strconv.FormatInt(p.Entry-1, 10) + "])"
+	}
+	return s
 }
 
 // Error is a bad-input error with the file and position it was found at.

@@ -232,13 +232,12 @@ const (
 // pending is an event (or a record error) ready for next.
 type pending struct {
 	ev  Event
-	pos int64
+	pos Pos
 	err error
 }
 
 type pickleDecoder struct {
-	br         *bufio.Reader
-	off        int64 // bytes consumed
+	in         input
 	opOff      int64 // offset of the opcode being run
 	maxObjects int
 
@@ -253,8 +252,8 @@ type pickleDecoder struct {
 
 	queue    []pending
 	head     int
-	last     int64 // offset of what next returned last
-	stopped  bool  // STOP run
+	last     Pos  // position of what next returned last
+	stopped  bool // STOP run
 	fatal    error
 	rootSeen bool
 	tracesOK bool // a device_traces list was seen
@@ -262,15 +261,18 @@ type pickleDecoder struct {
 	hasSegments               bool
 	segments, devices         int
 	segReserved, segAllocated uint64
-	tmp                       [256]byte
 }
 
 func newPickleDecoder(br *bufio.Reader, maxObjects int) *pickleDecoder {
-	return &pickleDecoder{br: br, maxObjects: maxObjects, strIdx: make(map[string]int64)}
+	return &pickleDecoder{
+		in:         input{src: br, buf: make([]byte, 64<<10)},
+		maxObjects: maxObjects,
+		strIdx:     make(map[string]int64),
+	}
 }
 
-func (d *pickleDecoder) pos() Pos        { return Pos{Offset: d.last} }
-func (d *pickleDecoder) consumed() int64 { return d.off }
+func (d *pickleDecoder) pos() Pos        { return d.last }
+func (d *pickleDecoder) consumed() int64 { return d.in.offset() }
 
 func (d *pickleDecoder) fillMeta(m *Meta) {
 	m.HasSegments = d.hasSegments
@@ -293,7 +295,7 @@ func (d *pickleDecoder) prime() {
 func (d *pickleDecoder) next(ev *Event) error {
 	for d.head == len(d.queue) {
 		if d.fatal != nil {
-			d.last = d.opOff
+			d.last = Pos{Offset: d.opOff}
 			return d.fatal
 		}
 		if d.stopped {
@@ -314,21 +316,67 @@ func (d *pickleDecoder) next(ev *Event) error {
 	return nil
 }
 
-// truncated turns a short read into ErrTruncated naming what was read.
-func (d *pickleDecoder) truncated(err error, what string) error {
-	if err == io.EOF || err == io.ErrUnexpectedEOF {
-		return fmt.Errorf("%w: data ends inside %s", ErrTruncated, what)
-	}
-	return fmt.Errorf("reading %s: %w", what, err)
+// input is a byte source with its own buffer: the decoder's hot path reads
+// opcodes and their few argument bytes straight from a slice.
+type input struct {
+	src   io.Reader
+	buf   []byte
+	r, w  int
+	base  int64 // offset of buf[0]
+	err   error // sticky error from src
+	stall int   // consecutive empty reads
 }
 
-func (d *pickleDecoder) read(n int, what string) ([]byte, error) {
-	b := d.tmp[:n]
-	m, err := io.ReadFull(d.br, b)
-	d.off += int64(m)
-	if err != nil {
-		return nil, d.truncated(err, what)
+func (in *input) offset() int64 { return in.base + int64(in.r) }
+
+// fill makes at least n ≤ len(in.buf) bytes available; false if the input
+// ends first (in.err says why).
+func (in *input) fill(n int) bool {
+	for in.w-in.r < n {
+		if in.err != nil {
+			return false
+		}
+		if in.r > 0 {
+			copy(in.buf, in.buf[in.r:in.w])
+			in.base += int64(in.r)
+			in.w -= in.r
+			in.r = 0
+		}
+		m, err := in.src.Read(in.buf[in.w:])
+		in.w += m
+		switch {
+		case err != nil:
+			in.err = err
+		case m == 0:
+			if in.stall++; in.stall > 100 {
+				in.err = io.ErrNoProgress
+			}
+		default:
+			in.stall = 0
+		}
 	}
+	return true
+}
+
+// truncated turns the input's error into ErrTruncated naming what was
+// being read, or wraps a read error (a cut gzip stream is already
+// ErrTruncated).
+func (d *pickleDecoder) truncated(what string) error {
+	if d.in.err == io.EOF {
+		return fmt.Errorf("%w: data ends inside %s", ErrTruncated, what)
+	}
+	return fmt.Errorf("reading %s: %w", what, d.in.err)
+}
+
+// read returns the next n ≤ 256 bytes, valid until the next read.
+func (d *pickleDecoder) read(n int, what string) ([]byte, error) {
+	in := &d.in
+	if in.w-in.r < n && !in.fill(n) {
+		in.r = in.w
+		return nil, d.truncated(what)
+	}
+	b := in.buf[in.r : in.r+n]
+	in.r += n
 	return b, nil
 }
 
@@ -346,14 +394,14 @@ func (d *pickleDecoder) uint(n int, what string) (uint64, error) {
 
 // discard skips n bytes without keeping them.
 func (d *pickleDecoder) discard(n uint64, what string) error {
+	in := &d.in
 	for n > 0 {
-		chunk := int(min(n, 1<<30))
-		m, err := d.br.Discard(chunk)
-		d.off += int64(m)
-		n -= uint64(m)
-		if err != nil {
-			return d.truncated(err, what)
+		if in.r == in.w && !in.fill(1) {
+			return d.truncated(what)
 		}
+		k := min(n, uint64(in.w-in.r))
+		in.r += int(k)
+		n -= k
 	}
 	return nil
 }
@@ -405,12 +453,14 @@ func (d *pickleDecoder) top(n int, op string) ([]value, error) {
 
 // step runs one opcode.
 func (d *pickleDecoder) step() error {
-	d.opOff = d.off
-	op, err := d.br.ReadByte()
-	if err != nil {
-		return d.truncated(err, "the pickle (no STOP opcode)")
+	in := &d.in
+	if in.r == in.w && !in.fill(1) {
+		d.opOff = in.offset()
+		return d.truncated("the pickle (no STOP opcode)")
 	}
-	d.off++
+	d.opOff = in.offset()
+	op := in.buf[in.r]
+	in.r++
 	name := opNames[op]
 	if forbidden(op) {
 		return fmt.Errorf("%w: %s (0x%02x): a snapshot never imports or calls code", ErrForbidden, name, op)
@@ -573,7 +623,7 @@ func (d *pickleDecoder) long(op byte, name string) error {
 	if err != nil {
 		return err
 	}
-	if n > uint64(len(d.tmp)) {
+	if n > 256 {
 		if err := d.discard(n, name); err != nil {
 			return err
 		}
@@ -863,16 +913,12 @@ func (d *pickleDecoder) appendItems(list value, items []value) error {
 // dev.items of device list dev.
 func (d *pickleDecoder) emit(dev *slot, it value) {
 	s := d.slotOf(it)
-	p := pending{pos: d.opOff}
-	switch {
-	case s == nil || it.role != roleEntry:
-		p.err = fmt.Errorf("%w: device_traces[%d][%d] is a %s, want a dict", ErrMalformed, dev.index, dev.items, it.kind)
-	default:
-		p.pos = s.start
+	p := pending{pos: Pos{Offset: d.opOff, Device: int(dev.index), Entry: dev.items + 1}}
+	if s == nil || it.role != roleEntry {
+		p.err = fmt.Errorf("%w: trace entry is a %s, want a dict", ErrMalformed, it.kind)
+	} else {
+		p.pos.Offset = s.start
 		p.err = d.entryEvent(s, dev, &p.ev)
-		if p.err != nil && p.err != errIgnored {
-			p.err = fmt.Errorf("device_traces[%d][%d]: %w", dev.index, dev.items, p.err)
-		}
 	}
 	d.queue = append(d.queue, p)
 }

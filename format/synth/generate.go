@@ -1,0 +1,401 @@
+package synth
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/memwall/memwall/format"
+	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/safetensors"
+)
+
+// Options controls how Generate writes.
+type Options struct {
+	Format string // Safetensors (the default when empty) or GGUF
+	// Shards > 1 splits a safetensors model into that many files of about
+	// equal size next to an index; out then names the index file and must
+	// end in ".json" (conventionally model.safetensors.index.json).
+	Shards int
+	// Workers generating data in parallel; 0 means GOMAXPROCS.
+	Workers int
+	// ChunkBytes is the unit of generation and of writes; 0 means 8 MiB.
+	ChunkBytes int
+	// Progress, if set, is called after each chunk is written with the
+	// tensor bytes written so far and the total, from one goroutine at a
+	// time, in increasing order; the last call has done == total.
+	Progress func(done, total uint64)
+}
+
+// Result describes what Generate wrote.
+type Result struct {
+	Path      string   // what to open: the model file, or the index
+	Files     []string // every file written, index last
+	Tensors   int
+	DataBytes uint64 // tensor bytes
+	FileBytes uint64 // bytes on disk, headers and index included
+}
+
+// WriteTiny writes the Tiny model in the given format (Safetensors or GGUF)
+// into dir and returns the file's path: model.safetensors or model.gguf.
+func WriteTiny(ctx context.Context, dir, formatName string) (string, error) {
+	name := "model.safetensors"
+	if formatName == GGUF {
+		name = "model.gguf"
+	}
+	res, err := Generate(ctx, Tiny(), filepath.Join(dir, name), Options{Format: formatName})
+	if err != nil {
+		return "", err
+	}
+	return res.Path, nil
+}
+
+// shardFile is one file to write and the tensors it holds.
+type shardFile struct {
+	path    string
+	tensors []Tensor
+}
+
+// Generate writes the model described by cfg to out. Each file is written to
+// a temporary name in its directory and renamed into place once complete, so
+// a failed or cancelled run leaves no partial model behind (existing files
+// at the destination are replaced only on success). It returns when the data
+// has been handed to the operating system; it does not fsync.
+func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Format == "" {
+		opts.Format = Safetensors
+	}
+	if opts.Format != Safetensors && opts.Format != GGUF {
+		return nil, fmt.Errorf("synth: format %q: want %q or %q", opts.Format, Safetensors, GGUF)
+	}
+	if opts.Shards < 0 || opts.Shards > 9999 {
+		return nil, fmt.Errorf("synth: shards = %d, want 1..9999", opts.Shards)
+	}
+	if opts.Shards > 1 && opts.Format != Safetensors {
+		return nil, fmt.Errorf("synth: shards are implemented for safetensors only")
+	}
+	if opts.Shards > 1 && !strings.HasSuffix(out, ".json") {
+		return nil, fmt.Errorf("synth: with %d shards, out %q must name the index file (model.safetensors.index.json)", opts.Shards, out)
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = runtime.GOMAXPROCS(0)
+	}
+	if opts.ChunkBytes <= 0 {
+		opts.ChunkBytes = 8 << 20
+	}
+	opts.ChunkBytes = max(opts.ChunkBytes&^15, 16) // whole elements of every dtype
+
+	tensors := cfg.Tensors(opts.Format)
+	files := []shardFile{{path: out, tensors: tensors}}
+	if opts.Shards > 1 {
+		if opts.Shards > len(tensors) {
+			return nil, fmt.Errorf("synth: %d shards for %d tensors", opts.Shards, len(tensors))
+		}
+		files = splitShards(tensors, opts.Shards, filepath.Dir(out))
+	}
+
+	res := &Result{Path: out, Tensors: len(tensors), DataBytes: cfg.DataBytes(opts.Format)}
+	g := &generator{cfg: cfg, opts: opts, total: res.DataBytes, codecs: map[codecKey]*codec{}}
+	var temps []string
+	defer func() {
+		for _, t := range temps {
+			os.Remove(t)
+		}
+	}()
+	var finals []string
+	for _, f := range files {
+		tmp, size, err := g.writeFile(ctx, f)
+		if tmp != "" {
+			temps = append(temps, tmp)
+		}
+		if err != nil {
+			return nil, err
+		}
+		finals = append(finals, f.path)
+		res.FileBytes += size
+	}
+	if opts.Shards > 1 {
+		tmp, size, err := writeIndex(cfg, files, out, res.DataBytes)
+		if tmp != "" {
+			temps = append(temps, tmp)
+		}
+		if err != nil {
+			return nil, err
+		}
+		finals = append(finals, out)
+		res.FileBytes += size
+	}
+	for i, tmp := range temps {
+		if err := os.Rename(tmp, finals[i]); err != nil {
+			return nil, fmt.Errorf("synth: %w", err)
+		}
+	}
+	temps = nil
+	res.Files = finals
+	return res, nil
+}
+
+// splitShards cuts the tensor list, in order, into n non-empty groups of
+// about equal bytes, named like Hugging Face shards.
+func splitShards(tensors []Tensor, n int, dir string) []shardFile {
+	var left uint64
+	for _, t := range tensors {
+		left += t.Bytes()
+	}
+	out := make([]shardFile, n)
+	i := 0
+	for k := range n {
+		target := left / uint64(n-k)
+		var got uint64
+		for i < len(tensors) && len(tensors)-i > n-k-1 && (got < target || len(out[k].tensors) == 0) {
+			if k == n-1 || len(out[k].tensors) == 0 || got+tensors[i].Bytes()/2 <= target {
+				out[k].tensors = append(out[k].tensors, tensors[i])
+				got += tensors[i].Bytes()
+				i++
+				continue
+			}
+			break
+		}
+		if k == n-1 {
+			for ; i < len(tensors); i++ {
+				out[k].tensors = append(out[k].tensors, tensors[i])
+				got += tensors[i].Bytes()
+			}
+		}
+		left -= got
+		out[k].path = filepath.Join(dir, fmt.Sprintf("model-%05d-of-%05d.safetensors", k+1, n))
+	}
+	return out
+}
+
+type codecKey struct {
+	dtype string
+	mean  float32
+}
+
+type generator struct {
+	cfg    Config
+	opts   Options
+	total  uint64
+	done   uint64
+	codecs map[codecKey]*codec
+}
+
+func (g *generator) codec(t Tensor) *codec {
+	k := codecKey{t.DType, t.Mean}
+	c, ok := g.codecs[k]
+	if !ok {
+		c, _ = newCodec(t.DType, t.Mean) // dtypes come from a validated Config
+		g.codecs[k] = c
+	}
+	return c
+}
+
+// dataWriter is what both format writers offer.
+type dataWriter interface {
+	Write(p []byte) (int, error)
+	Close() error
+}
+
+// writeFile writes one file to a temporary path and returns that path, the
+// file's size and any error; the caller renames or removes the temporary.
+func (g *generator) writeFile(ctx context.Context, f shardFile) (string, uint64, error) {
+	tmpf, err := os.CreateTemp(filepath.Dir(f.path), "."+filepath.Base(f.path)+".tmp*")
+	if err != nil {
+		return "", 0, fmt.Errorf("synth: %w", err)
+	}
+	tmp := tmpf.Name()
+	fail := func(err error) (string, uint64, error) {
+		tmpf.Close()
+		return tmp, 0, err
+	}
+	specs := make([]format.TensorSpec, len(f.tensors))
+	for i, t := range f.tensors {
+		specs[i] = format.TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape}
+	}
+	var w dataWriter
+	if g.opts.Format == GGUF {
+		w, err = gguf.NewWriter(tmpf, g.ggufMetadata(), specs)
+	} else {
+		w, err = safetensors.NewWriter(tmpf, specs, map[string]string{"format": "pt", MetadataKey: g.cfg.marshal()})
+	}
+	if err != nil {
+		return fail(fmt.Errorf("synth %s: %w", f.path, err))
+	}
+	if err := g.stream(ctx, f.tensors, w); err != nil {
+		return fail(fmt.Errorf("synth %s: %w", f.path, err))
+	}
+	if err := w.Close(); err != nil {
+		return fail(fmt.Errorf("synth %s: %w", f.path, err))
+	}
+	st, err := tmpf.Stat()
+	if err != nil {
+		return fail(fmt.Errorf("synth %s: %w", f.path, err))
+	}
+	if err := tmpf.Close(); err != nil {
+		return tmp, 0, fmt.Errorf("synth %s: %w", f.path, err)
+	}
+	return tmp, uint64(st.Size()), nil
+}
+
+func (g *generator) ggufMetadata() []gguf.KV {
+	c := g.cfg
+	fileType := uint32(1) // MOSTLY_F16
+	switch c.DType {
+	case "F32":
+		fileType = 0
+	case "BF16":
+		fileType = 32
+	}
+	return []gguf.KV{
+		{Key: "general.architecture", Value: "llama"},
+		{Key: "general.name", Value: "memwall synthetic llama"},
+		{Key: "general.file_type", Value: fileType},
+		{Key: "general.alignment", Value: uint32(gguf.DefaultAlignment)},
+		{Key: "llama.vocab_size", Value: uint32(c.Vocab)},
+		{Key: "llama.context_length", Value: uint32(c.context())},
+		{Key: "llama.embedding_length", Value: uint32(c.Hidden)},
+		{Key: "llama.block_count", Value: uint32(c.Layers)},
+		{Key: "llama.feed_forward_length", Value: uint32(c.Inter)},
+		{Key: "llama.rope.dimension_count", Value: uint32(c.Hidden / c.Heads)},
+		{Key: "llama.rope.freq_base", Value: float32(10000)},
+		{Key: "llama.attention.head_count", Value: uint32(c.Heads)},
+		{Key: "llama.attention.head_count_kv", Value: uint32(c.kvHeads())},
+		{Key: "llama.attention.layer_norm_rms_epsilon", Value: float32(1e-5)},
+		{Key: MetadataKey, Value: c.marshal()},
+	}
+}
+
+// job is one chunk: elements [first, first+n) of a tensor.
+type job struct {
+	c     *codec
+	st    uint64
+	first uint64
+	buf   []byte
+	done  chan struct{}
+}
+
+// stream generates the tensors' data in parallel and writes it in order.
+// Memory: 2·Workers+2 buffers of ChunkBytes.
+func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	nbuf := 2*g.opts.Workers + 2
+	free := make(chan []byte, nbuf)
+	for range nbuf {
+		free <- make([]byte, g.opts.ChunkBytes)
+	}
+	jobs := make(chan *job)
+	order := make(chan *job, nbuf)
+	var wg sync.WaitGroup
+	for range g.opts.Workers {
+		wg.Go(func() {
+			for j := range jobs {
+				j.c.fill(j.buf, j.st, j.first)
+				close(j.done)
+			}
+		})
+	}
+	wg.Go(func() {
+		defer close(jobs)
+		defer close(order)
+		for _, t := range tensors {
+			c := g.codec(t)
+			st := stream(g.cfg.Seed, t.Key)
+			per := uint64(g.opts.ChunkBytes / c.size)
+			for first, n := uint64(0), t.Elements(); first < n; first += per {
+				cnt := min(per, n-first)
+				var buf []byte
+				select {
+				case buf = <-free:
+				case <-ctx.Done():
+					return
+				}
+				j := &job{c: c, st: st, first: first, buf: buf[:cnt*uint64(c.size)], done: make(chan struct{})}
+				// Dispatch before queueing for the writer, so every queued
+				// job is sure to complete. The queue has room for every
+				// buffer, so the second send never waits long.
+				select {
+				case jobs <- j:
+				case <-ctx.Done():
+					return
+				}
+				select {
+				case order <- j:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	})
+	var err error
+	for j := range order {
+		select {
+		case <-j.done:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if _, err = w.Write(j.buf); err != nil {
+			break
+		}
+		g.done += uint64(len(j.buf))
+		if g.opts.Progress != nil {
+			g.opts.Progress(g.done, g.total)
+		}
+		free <- j.buf[:cap(j.buf)]
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	cancel()
+	// Drain so the producer and workers can finish.
+	for j := range order {
+		<-j.done
+	}
+	wg.Wait()
+	if err != nil && errors.Is(err, context.Canceled) {
+		return fmt.Errorf("generation cancelled: %w", err)
+	}
+	return err
+}
+
+// writeIndex writes the sharded checkpoint's index to a temporary file.
+func writeIndex(cfg Config, files []shardFile, out string, total uint64) (string, uint64, error) {
+	wm := map[string]string{}
+	for _, f := range files {
+		for _, t := range f.tensors {
+			wm[t.Name] = filepath.Base(f.path)
+		}
+	}
+	b, err := json.MarshalIndent(map[string]any{
+		"metadata":   map[string]any{"total_size": total, MetadataKey: cfg.marshal(), "format": "pt"},
+		"weight_map": wm,
+	}, "", "  ")
+	if err != nil {
+		return "", 0, fmt.Errorf("synth %s: %w", out, err)
+	}
+	b = append(b, '\n')
+	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
+	if err != nil {
+		return "", 0, fmt.Errorf("synth: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return f.Name(), 0, fmt.Errorf("synth %s: %w", out, err)
+	}
+	if err := f.Close(); err != nil {
+		return f.Name(), 0, fmt.Errorf("synth %s: %w", out, err)
+	}
+	return f.Name(), uint64(len(b)), nil
+}

@@ -1,0 +1,213 @@
+// Package synth writes synthetic model files: real architectures' tensor
+// names, shapes and layout filled with deterministic random weights, so tests
+// and benchmarks need no downloads. A Llama-7B-shaped bf16 file (32 layers,
+// hidden 4096, intermediate 11008, vocabulary 32000) is 13.5 GB.
+//
+// Files are written in one streaming pass, header first and then tensor data
+// chunk by chunk, generated in parallel; memory use is a few chunks per
+// worker whatever the model size. Every element can be recomputed on its own
+// (see Value and Expected), and the generating Config is stored in the file's
+// metadata, so Verify can check a file, or a copy of it, byte for byte.
+package synth
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/bits"
+	"strconv"
+)
+
+// Formats Generate can write.
+const (
+	Safetensors = "safetensors"
+	GGUF        = "gguf"
+)
+
+// MetadataKey is the metadata key under which Generate stores the Config, as
+// JSON, in every file it writes.
+const MetadataKey = "memwall.synth.config"
+
+// Config is the shape of a synthetic model.
+type Config struct {
+	Arch    string `json:"arch"` // "llama"
+	Layers  int    `json:"layers"`
+	Hidden  int    `json:"hidden"`
+	Inter   int    `json:"inter"`    // MLP intermediate size
+	Heads   int    `json:"heads"`    // attention heads
+	KVHeads int    `json:"kv_heads"` // key/value heads (grouped-query attention); 0 means Heads
+	Vocab   int    `json:"vocab"`
+	Context int    `json:"context"` // context length recorded in GGUF metadata; 0 means 4096
+	DType   string `json:"dtype"`   // "BF16", "F16" or "F32"
+	Seed    uint64 `json:"seed"`
+}
+
+// Llama7B returns the shape of Llama-2-7B in bf16.
+func Llama7B() Config {
+	return Config{Arch: "llama", Layers: 32, Hidden: 4096, Inter: 11008, Heads: 32, KVHeads: 32, Vocab: 32000, Context: 4096, DType: "BF16"}
+}
+
+// Tiny returns a small Llama-shaped model (4 layers, hidden 256, 3.4 million
+// parameters, 6.9 MB in bf16) for tests and demos.
+func Tiny() Config {
+	return Config{Arch: "llama", Layers: 4, Hidden: 256, Inter: 688, Heads: 8, KVHeads: 4, Vocab: 1024, Context: 512, DType: "BF16"}
+}
+
+func (c Config) kvHeads() int {
+	if c.KVHeads == 0 {
+		return c.Heads
+	}
+	return c.KVHeads
+}
+
+func (c Config) context() int {
+	if c.Context == 0 {
+		return 4096
+	}
+	return c.Context
+}
+
+// Validate reports the first field that is out of range or inconsistent.
+func (c Config) Validate() error {
+	check := func(name string, v, lo, hi int) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("synth: %s = %d, want %d..%d", name, v, lo, hi)
+		}
+		return nil
+	}
+	if c.Arch != "llama" {
+		return fmt.Errorf("synth: arch %q: only \"llama\" is implemented", c.Arch)
+	}
+	for _, f := range []struct {
+		name      string
+		v, lo, hi int
+	}{
+		{"layers", c.Layers, 1, 1024},
+		{"hidden", c.Hidden, 1, 1 << 16},
+		{"inter", c.Inter, 1, 1 << 20},
+		{"heads", c.Heads, 1, 1024},
+		{"kv-heads", c.KVHeads, 0, 1024},
+		{"vocab", c.Vocab, 1, 1 << 22},
+		{"context", c.Context, 0, 1 << 24},
+	} {
+		if err := check(f.name, f.v, f.lo, f.hi); err != nil {
+			return err
+		}
+	}
+	if c.Hidden%c.Heads != 0 {
+		return fmt.Errorf("synth: hidden %d is not a multiple of heads %d", c.Hidden, c.Heads)
+	}
+	if c.Heads%c.kvHeads() != 0 {
+		return fmt.Errorf("synth: heads %d is not a multiple of kv-heads %d", c.Heads, c.kvHeads())
+	}
+	if _, err := newCodec(c.DType, 0); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Tensor is one tensor of a synthetic model.
+type Tensor struct {
+	Name  string   // name in the file (Hugging Face or llama.cpp naming)
+	Key   string   // Hugging Face name, which keys the values in both formats
+	DType string   // stored dtype
+	Shape []uint64 // outermost first
+	Mean  float32  // 1 for norm weights, 0 otherwise
+}
+
+// Elements returns the product of the shape.
+func (t Tensor) Elements() uint64 {
+	n := uint64(1)
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Bytes returns the tensor's data size.
+func (t Tensor) Bytes() uint64 {
+	if t.DType == "F32" {
+		return 4 * t.Elements()
+	}
+	return 2 * t.Elements()
+}
+
+// Tensors lists the model's tensors in storage order (embedding, then layer
+// by layer, then final norm and head) with the names the given format uses.
+// In GGUF, as llama.cpp converts them, norm weights are F32 whatever the
+// model dtype; the values are the same in both formats. Call Validate first.
+func (c Config) Tensors(formatName string) []Tensor {
+	h, in, v := uint64(c.Hidden), uint64(c.Inter), uint64(c.Vocab)
+	kv := uint64(c.kvHeads()) * (h / uint64(c.Heads))
+	gg := formatName == GGUF
+	var out []Tensor
+	add := func(hf, gguf string, shape []uint64, norm bool) {
+		t := Tensor{Name: hf, Key: hf, DType: c.DType, Shape: shape}
+		if norm {
+			t.Mean = 1
+		}
+		if gg {
+			t.Name = gguf
+			if norm {
+				t.DType = "F32"
+			}
+		}
+		out = append(out, t)
+	}
+	add("model.embed_tokens.weight", "token_embd.weight", []uint64{v, h}, false)
+	for l := range c.Layers {
+		p, g := "model.layers."+strconv.Itoa(l)+".", "blk."+strconv.Itoa(l)+"."
+		add(p+"self_attn.q_proj.weight", g+"attn_q.weight", []uint64{h, h}, false)
+		add(p+"self_attn.k_proj.weight", g+"attn_k.weight", []uint64{kv, h}, false)
+		add(p+"self_attn.v_proj.weight", g+"attn_v.weight", []uint64{kv, h}, false)
+		add(p+"self_attn.o_proj.weight", g+"attn_output.weight", []uint64{h, h}, false)
+		add(p+"mlp.gate_proj.weight", g+"ffn_gate.weight", []uint64{in, h}, false)
+		add(p+"mlp.up_proj.weight", g+"ffn_up.weight", []uint64{in, h}, false)
+		add(p+"mlp.down_proj.weight", g+"ffn_down.weight", []uint64{h, in}, false)
+		add(p+"input_layernorm.weight", g+"attn_norm.weight", []uint64{h}, true)
+		add(p+"post_attention_layernorm.weight", g+"ffn_norm.weight", []uint64{h}, true)
+	}
+	add("model.norm.weight", "output_norm.weight", []uint64{h}, true)
+	add("lm_head.weight", "output.weight", []uint64{v, h}, false)
+	return out
+}
+
+// Params returns the number of parameters.
+func (c Config) Params() uint64 {
+	var n uint64
+	for _, t := range c.Tensors(Safetensors) {
+		n += t.Elements()
+	}
+	return n
+}
+
+// DataBytes returns the total tensor bytes of the model in the given format.
+func (c Config) DataBytes(formatName string) uint64 {
+	var n uint64
+	for _, t := range c.Tensors(formatName) {
+		sum, carry := bits.Add64(n, t.Bytes(), 0)
+		if carry != 0 {
+			return ^uint64(0)
+		}
+		n = sum
+	}
+	return n
+}
+
+func (c Config) marshal() string {
+	b, _ := json.Marshal(c) // plain fields: cannot fail
+	return string(b)
+}
+
+// ConfigFromMetadata recovers the Config Generate stored in a model's
+// metadata (format.Model.Metadata).
+func ConfigFromMetadata(meta map[string]any) (Config, error) {
+	s, ok := meta[MetadataKey].(string)
+	if !ok {
+		return Config{}, fmt.Errorf("synth: metadata has no %q string: not a synthetic model", MetadataKey)
+	}
+	var c Config
+	if err := json.Unmarshal([]byte(s), &c); err != nil {
+		return Config{}, fmt.Errorf("synth: metadata %q: %w", MetadataKey, err)
+	}
+	return c, c.Validate()
+}

@@ -1,0 +1,168 @@
+package synth
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+)
+
+// Values are drawn from a counter-based generator, so any element of any
+// tensor can be recomputed on its own: element i of a tensor takes the 16-bit
+// lane i%4 of mix(stream + (i/4+1)·γ), where stream is derived from the seed
+// and the tensor's key, γ is the golden-ratio increment of SplitMix64 and mix
+// its finalizer. Lane r maps to Mean + Amplitude·((r+0.5)/32768 − 1), a
+// uniform value strictly inside Mean ± Amplitude; BF16, F16 and F32 files
+// store that same value, rounded to nearest even where the type is narrower.
+
+// Amplitude is the half-width of the uniform weight distribution.
+const Amplitude = 0.05
+
+const gamma = 0x9E3779B97F4A7C15
+
+func mix(z uint64) uint64 {
+	z ^= z >> 30
+	z *= 0xBF58476D1CE4E5B9
+	z ^= z >> 27
+	z *= 0x94D049BB133111EB
+	z ^= z >> 31
+	return z
+}
+
+// stream is the generator state of one tensor.
+func stream(seed uint64, key string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return mix(seed ^ mix(h.Sum64()))
+}
+
+func laneValue(r uint16, mean float32) float32 {
+	return mean + Amplitude*((float32(r)+0.5)/32768-1)
+}
+
+// Value returns element i (in row-major order) of the tensor with the given
+// key and mean, for seed, as a float32 before rounding to the file's dtype.
+func Value(seed uint64, key string, mean float32, i uint64) float32 {
+	r := mix(stream(seed, key) + (i/4+1)*gamma)
+	return laneValue(uint16(r>>(16*(i%4))), mean)
+}
+
+// codec encodes every possible lane for one dtype and mean.
+type codec struct {
+	size int      // bytes per element
+	t16  []uint16 // BF16, F16
+	t32  []uint32 // F32
+}
+
+func newCodec(dtype string, mean float32) (*codec, error) {
+	c := &codec{}
+	switch dtype {
+	case "BF16", "F16":
+		c.size = 2
+		c.t16 = make([]uint16, 1<<16)
+		enc := F32ToBF16
+		if dtype == "F16" {
+			enc = F32ToF16
+		}
+		for r := range c.t16 {
+			c.t16[r] = enc(laneValue(uint16(r), mean))
+		}
+	case "F32":
+		c.size = 4
+		c.t32 = make([]uint32, 1<<16)
+		for r := range c.t32 {
+			c.t32[r] = math.Float32bits(laneValue(uint16(r), mean))
+		}
+	default:
+		return nil, fmt.Errorf("synth: dtype %q: want BF16, F16 or F32", dtype)
+	}
+	return c, nil
+}
+
+// fill encodes elements first, first+1, ... of the stream into dst, whose
+// length must be a multiple of the element size.
+func (c *codec) fill(dst []byte, st, first uint64) {
+	n := uint64(len(dst) / c.size)
+	i := uint64(0)
+	one := func(i uint64) {
+		e := first + i
+		lane := uint16(mix(st+(e/4+1)*gamma) >> (16 * (e % 4)))
+		if c.size == 2 {
+			binary.LittleEndian.PutUint16(dst[2*i:], c.t16[lane])
+		} else {
+			binary.LittleEndian.PutUint32(dst[4*i:], c.t32[lane])
+		}
+	}
+	for ; i < n && (first+i)%4 != 0; i++ {
+		one(i)
+	}
+	// Whole groups of four elements share one generator output.
+	ctr := st + ((first+i)/4+1)*gamma
+	if c.size == 2 {
+		t := c.t16
+		for ; i+4 <= n; i += 4 {
+			r := mix(ctr)
+			ctr += gamma
+			w := uint64(t[uint16(r)]) | uint64(t[uint16(r>>16)])<<16 | uint64(t[uint16(r>>32)])<<32 | uint64(t[uint16(r>>48)])<<48
+			binary.LittleEndian.PutUint64(dst[2*i:], w)
+		}
+	} else {
+		t := c.t32
+		for ; i+4 <= n; i += 4 {
+			r := mix(ctr)
+			ctr += gamma
+			binary.LittleEndian.PutUint64(dst[4*i:], uint64(t[uint16(r)])|uint64(t[uint16(r>>16)])<<32)
+			binary.LittleEndian.PutUint64(dst[4*i+8:], uint64(t[uint16(r>>32)])|uint64(t[uint16(r>>48)])<<32)
+		}
+	}
+	for ; i < n; i++ {
+		one(i)
+	}
+}
+
+// F32ToBF16 rounds f to bfloat16, to nearest even (NaN stays NaN).
+func F32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7FFFFFFF > 0x7F800000 {
+		return uint16(b>>16) | 0x40
+	}
+	b += 0x7FFF + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+// F32ToF16 rounds f to IEEE binary16, to nearest even, producing subnormals,
+// infinities on overflow and a quiet NaN for NaN.
+func F32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	e := int(b>>23) & 0xFF
+	mant := b & 0x7FFFFF
+	if e == 0xFF {
+		if mant != 0 {
+			return sign | 0x7E00
+		}
+		return sign | 0x7C00
+	}
+	exp := e - 127 + 15
+	if exp >= 0x1F {
+		return sign | 0x7C00
+	}
+	if exp <= 0 {
+		if exp < -10 {
+			return sign
+		}
+		m := mant | 0x800000
+		shift := uint(14 - exp)
+		q, rem, half := m>>shift, m&(1<<shift-1), uint32(1)<<(shift-1)
+		if rem > half || (rem == half && q&1 == 1) {
+			q++
+		}
+		return sign | uint16(q)
+	}
+	h := uint32(exp)<<10 | mant>>13
+	rem := mant & 0x1FFF
+	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
+		h++ // may carry into the exponent, up to infinity: correct rounding
+	}
+	return sign | uint16(h)
+}

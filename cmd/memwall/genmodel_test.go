@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/safetensors"
+	"github.com/memwall/memwall/format/synth"
+)
+
+func runGen(t *testing.T, terminal bool, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, terminal: terminal, getenv: func(string) string { return "" }}
+	code = run(append([]string{"gen-model"}, args...), env)
+	return code, o.String(), e.String()
+}
+
+func TestGenModel(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.safetensors")
+	code, stdout, stderr := runGen(t, false, "--layers", "2", "--hidden", "64", "--inter", "176", "--heads", "4", "--kv-heads", "2",
+		"--vocab", "100", "--dtype", "f16", "--seed", "5", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if stderr != "" {
+		t.Errorf("stderr not empty without a terminal: %q", stderr)
+	}
+	if !strings.Contains(stdout, "wrote "+out) || !strings.Contains(stdout, "2 layers, hidden 64") || !strings.Contains(stdout, "f16") || !strings.Contains(stdout, "21 tensors") {
+		t.Errorf("stdout: %q", stdout)
+	}
+	m, err := safetensors.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := synth.Verify(m); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := synth.ConfigFromMetadata(m.Metadata)
+	want := synth.Config{Arch: "llama", Layers: 2, Hidden: 64, Inter: 176, Heads: 4, KVHeads: 2, Vocab: 100, Context: 4096, DType: "F16", Seed: 5}
+	if cfg != want {
+		t.Errorf("config %+v, want %+v", cfg, want)
+	}
+}
+
+func TestGenModelPresetGGUFJSON(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "tiny.gguf")
+	code, stdout, stderr := runGen(t, true, "--preset", "tiny", "--layers", "2", "--json", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "gen-model [") {
+		t.Errorf("no progress bar on a terminal: %q", stderr)
+	}
+	var res struct {
+		Path      string       `json:"path"`
+		Format    string       `json:"format"`
+		Config    synth.Config `json:"config"`
+		DataBytes uint64       `json:"data_bytes"`
+		FileBytes uint64       `json:"file_bytes"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
+	}
+	tiny := synth.Tiny()
+	tiny.Layers = 2
+	if res.Path != out || res.Format != "gguf" || res.Config != tiny || res.DataBytes != tiny.DataBytes(synth.GGUF) {
+		t.Errorf("result %+v", res)
+	}
+	if st, err := os.Stat(out); err != nil || uint64(st.Size()) != res.FileBytes {
+		t.Errorf("file size: %v, %v vs %d", st, err, res.FileBytes)
+	}
+	m, err := gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := synth.Verify(m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGenModelShards(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "model.safetensors.index.json")
+	code, stdout, stderr := runGen(t, false, "--preset", "tiny", "--shards", "2", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "3 files") {
+		t.Errorf("stdout: %q", stdout)
+	}
+	m, err := safetensors.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := synth.Verify(m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGenModelErrors(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.safetensors")
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no out", []string{"--preset", "tiny"}, 2, "--out is required"},
+		{"no shape", []string{"--out", out}, 2, "--layers is required"},
+		{"bad preset", []string{"--preset", "gpt5", "--out", out}, 2, "unknown --preset"},
+		{"bad dtype", []string{"--preset", "tiny", "--dtype", "int4", "--out", out}, 2, "--dtype"},
+		{"bad format", []string{"--preset", "tiny", "--format", "onnx", "--out", out}, 2, "--format"},
+		{"inconsistent heads", []string{"--preset", "tiny", "--heads", "7", "--out", out}, 2, "not a multiple of heads"},
+		{"gguf shards", []string{"--preset", "tiny", "--shards", "2", "--out", filepath.Join(dir, "m.gguf")}, 2, "--shards"},
+		{"shards need index", []string{"--preset", "tiny", "--shards", "2", "--out", out}, 2, "index"},
+		{"extra argument", []string{"--preset", "tiny", "--out", out, "extra"}, 2, "unexpected argument"},
+		{"unknown flag", []string{"--bogus"}, 2, "bogus"},
+		{"missing directory", []string{"--preset", "tiny", "--out", filepath.Join(dir, "no", "m.safetensors")}, 1, "no"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, stderr := runGen(t, false, c.args...)
+			if code != c.code || !strings.Contains(stderr, c.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, stderr, c.code, c.want)
+			}
+		})
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("failed runs left %d files", len(entries))
+	}
+}

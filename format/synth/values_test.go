@@ -1,8 +1,8 @@
 package synth
 
 import (
-	"fmt"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"testing"
 )
@@ -35,11 +35,11 @@ func TestF32ToF16(t *testing.T) {
 		{0, 0x0000}, {float32(math.Copysign(0, -1)), 0x8000}, {1, 0x3C00}, {-2, 0xC000}, {0.5, 0x3800},
 		{65504, 0x7BFF}, {65520, 0x7C00}, {1e6, 0x7C00}, {float32(math.Inf(-1)), 0xFC00},
 		{0.1, 0x2E66}, {0.05, 0x2A66}, {6.103515625e-05, 0x0400}, // smallest normal
-		{5.9604644775390625e-08, 0x0001},         // smallest subnormal
-		{2.9802322387695312e-08, 0x0000},         // half of it: ties to even (0)
-		{4.4703483581542969e-08, 0x0001},         // 0.75 of it rounds up
-		{1 + 1.0/2048, 0x3C00},                   // tie between 1 and 1+2^-10: even
-		{1 + 3.0/2048, 0x3C02},                   // tie: rounds up to even
+		{5.9604644775390625e-08, 0x0001}, // smallest subnormal
+		{2.9802322387695312e-08, 0x0000}, // half of it: ties to even (0)
+		{4.4703483581542969e-08, 0x0001}, // 0.75 of it rounds up
+		{1 + 1.0/2048, 0x3C00},           // tie between 1 and 1+2^-10: even
+		{1 + 3.0/2048, 0x3C02},           // tie: rounds up to even
 		{float32(math.Float32frombits(0x7FC00000)), 0x7E00},
 	}
 	for _, c := range cases {

@@ -64,6 +64,9 @@ func alloc(t testing.TB, d device.Device, n uint64) device.Ptr {
 	if err != nil {
 		t.Fatalf("Alloc(%d): %v", n, err)
 	}
+	if p == 0 {
+		t.Fatalf("Alloc(%d) returned a null pointer and no error (a device backend bug)", n)
+	}
 	t.Cleanup(func() { d.Free(p) })
 	return p
 }

@@ -17,6 +17,7 @@
 package kernels
 
 import (
+	"bytes"
 	_ "embed"
 	"encoding/binary"
 	"errors"
@@ -138,6 +139,25 @@ func PTXEntries(ptx []byte) []string {
 		i = j - 1
 	}
 	return names
+}
+
+// sourceHashPrefix starts the comment line scripts/build-ptx.sh appends.
+const sourceHashPrefix = "// memwall kernels.cu sha256 "
+
+// PTXSourceHash returns the hex SHA-256 of the kernels.cu a PTX file was
+// built from, as recorded by scripts/build-ptx.sh in its last comment line,
+// and false when the PTX carries no such record.
+func PTXSourceHash(ptx []byte) (string, bool) {
+	i := bytes.LastIndex(ptx, []byte(sourceHashPrefix))
+	if i < 0 {
+		return "", false
+	}
+	rest := ptx[i+len(sourceHashPrefix):]
+	if j := bytes.IndexAny(rest, "\r\n"); j >= 0 {
+		rest = rest[:j]
+	}
+	h := string(bytes.TrimSpace(rest))
+	return h, h != ""
 }
 
 func isBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -1,8 +1,10 @@
 package kernels
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -98,6 +100,33 @@ func TestEmbeddedPTX(t *testing.T) {
 	}
 	if len(have) != len(Names()) {
 		t.Errorf("kernels.ptx has entries %v, want exactly %v", have, Names())
+	}
+	src, err := os.ReadFile("kernels.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := PTXSourceHash(ptx)
+	if want := fmt.Sprintf("%x", sha256.Sum256(src)); !ok || got != want {
+		t.Errorf("kernels.ptx records kernels.cu sha256 %q, the source's is %s: rebuild it with scripts/build-ptx.sh", got, want)
+	}
+}
+
+func TestPTXSourceHash(t *testing.T) {
+	tests := []struct {
+		ptx  string
+		want string
+		ok   bool
+	}{
+		{"//\n.entry a(\n// memwall kernels.cu sha256 abc123\n", "abc123", true},
+		{"// memwall kernels.cu sha256 ff", "ff", true},
+		{"// memwall kernels.cu sha256 \n", "", false},
+		{"//\n.entry a(\n", "", false},
+	}
+	for _, tc := range tests {
+		got, ok := PTXSourceHash([]byte(tc.ptx))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("PTXSourceHash(%q) = %q, %v; want %q, %v", tc.ptx, got, ok, tc.want, tc.ok)
+		}
 	}
 }
 

@@ -11,6 +11,8 @@
 #
 # PTX for compute_90 runs on Hopper (sm_90) and is JIT-compiled by the driver
 # at load time (cuModuleLoadData). Set NVCC to use another compiler binary.
+# A last comment line records the SHA-256 of kernels.cu, so a Go test can tell
+# when the committed PTX is stale.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,4 +29,5 @@ fi
 
 out="${1:-$root/kernels/kernels.ptx}"
 "${NVCC:-nvcc}" -ptx -O3 -std=c++17 -arch=compute_90 -o "$out" "$src"
+echo "// memwall kernels.cu sha256 $(sha256sum "$src" | cut -d' ' -f1)" >>"$out"
 echo "wrote $out"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -301,5 +302,14 @@ func BenchmarkCUDA(b *testing.B) {
 				b.ReportMetric(2*float64(M*K*T)/per.Seconds()/1e12, "TFLOP/s")
 			})
 		}
+	}
+}
+
+func TestSimWithoutKernels(t *testing.T) {
+	d := sim.New(sim.DefaultOptions()) // no Kernels
+	defer d.Close()
+	_, err := Load(d, nil)
+	if err == nil || !strings.Contains(err.Error(), "kernels.Sim()") || !strings.Contains(err.Error(), NameFill) {
+		t.Fatalf("Load on a sim without kernels: %v, want a hint naming kernels.Sim() and %s", err, NameFill)
 	}
 }

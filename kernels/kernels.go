@@ -229,6 +229,9 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 	resolve := func(name string) (device.Function, error) {
 		f, err := d.Function(mod, name)
 		if err != nil {
+			if info.Backend == "sim" {
+				return 0, fmt.Errorf("kernels: kernel %s (put kernels.Sim() in sim.Options.Kernels): %w", name, err)
+			}
 			return 0, fmt.Errorf("kernels: %s: kernel %s: %w", source, name, err)
 		}
 		return f, nil
@@ -292,7 +295,8 @@ func (s *Set) gridFor(n uint64) device.Dim3 {
 	return device.Dim3{X: uint32(min(max(b, 1), uint64(s.blocks))), Y: 1, Z: 1}
 }
 
-var block256 = device.Dim3{X: threadsPerBlock, Y: 1, Z: 1}
+// blockDim is the block of every kernel but spin.
+func blockDim() device.Dim3 { return device.Dim3{X: threadsPerBlock, Y: 1, Z: 1} }
 
 // Fill writes Pattern(seed, i) to the n 32-bit words at dst (4-byte
 // aligned) on stream st. n == 0 launches nothing.
@@ -303,7 +307,7 @@ func (s *Set) Fill(dst device.Ptr, n uint64, seed uint32, st device.Stream) erro
 	if dst == 0 || dst%4 != 0 {
 		return fmt.Errorf("kernels: %s: dst %#x is not a 4-byte aligned address: %w", NameFill, uint64(dst), device.ErrInvalid)
 	}
-	if err := s.d.Launch(s.fill, s.gridFor(n), block256, 0, st, dst, n, seed); err != nil {
+	if err := s.d.Launch(s.fill, s.gridFor(n), blockDim(), 0, st, dst, n, seed); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameFill, err)
 	}
 	return nil
@@ -323,7 +327,7 @@ func (s *Set) Check(src device.Ptr, n uint64, seed uint32, mismatches device.Ptr
 	if mismatches == 0 || mismatches%8 != 0 {
 		return fmt.Errorf("kernels: %s: counter %#x is not an 8-byte aligned address: %w", NameCheck, uint64(mismatches), device.ErrInvalid)
 	}
-	if err := s.d.Launch(s.check, s.gridFor(n), block256, 0, st, src, n, seed, mismatches); err != nil {
+	if err := s.d.Launch(s.check, s.gridFor(n), blockDim(), 0, st, src, n, seed, mismatches); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameCheck, err)
 	}
 	return nil
@@ -383,7 +387,7 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 		return MatmulShape{}, fmt.Errorf("kernels: matmul %s M=%d K=%d T=%d: empty output: %w", dtype, M, K, T, ErrShape)
 	}
 	if T <= GemvMaxTokens {
-		return MatmulShape{Kernel: GemvName(dtype), Block: block256,
+		return MatmulShape{Kernel: GemvName(dtype), Block: blockDim(),
 			Grid: device.Dim3{X: ceilDiv(M, gemvRowsPerBlk), Y: 1, Z: 1}}, nil
 	}
 	tile := uint32(gemmTile16)
@@ -395,7 +399,7 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 		return MatmulShape{}, fmt.Errorf("kernels: matmul %s M=%d K=%d T=%d: grid %dx%d exceeds %dx%d: %w",
 			dtype, M, K, T, g.X, g.Y, maxGridX, maxGridY, ErrShape)
 	}
-	return MatmulShape{Kernel: GemmName(dtype), Block: block256, Grid: g}, nil
+	return MatmulShape{Kernel: GemmName(dtype), Block: blockDim(), Grid: g}, nil
 }
 
 func ceilDiv(a, b uint32) uint32 { return uint32((uint64(a) + uint64(b) - 1) / uint64(b)) }

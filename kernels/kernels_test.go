@@ -161,7 +161,7 @@ func TestShapeFor(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || sh.Kernel != tc.kernel || sh.Grid != tc.grid || sh.Block != block256 {
+		if err != nil || sh.Kernel != tc.kernel || sh.Grid != tc.grid || sh.Block != blockDim() {
 			t.Errorf("ShapeFor(%s, %d, %d, %d) = %+v, %v; want %s grid %v", tc.dtype, tc.M, tc.K, tc.T, sh, err, tc.kernel, tc.grid)
 		}
 	}
@@ -392,18 +392,18 @@ func TestSetLaunches(t *testing.T) {
 		want *launch // nil: nothing launched
 	}{
 		{"fill small", func() error { return s.Fill(p, 1000, 5, st) },
-			&launch{NameFill, device.Dim3{X: 4, Y: 1, Z: 1}, block256, st, []any{p, uint64(1000), uint32(5)}}},
+			&launch{NameFill, device.Dim3{X: 4, Y: 1, Z: 1}, blockDim(), st, []any{p, uint64(1000), uint32(5)}}},
 		{"fill capped grid", func() error { return s.Fill(p, 1<<30, 5, st) },
-			&launch{NameFill, device.Dim3{X: 132 * 8, Y: 1, Z: 1}, block256, st, []any{p, uint64(1 << 30), uint32(5)}}},
+			&launch{NameFill, device.Dim3{X: 132 * 8, Y: 1, Z: 1}, blockDim(), st, []any{p, uint64(1 << 30), uint32(5)}}},
 		{"fill nothing", func() error { return s.Fill(p, 0, 5, st) }, nil},
 		{"check", func() error { return s.Check(p, 1, 9, p+4096, st) },
-			&launch{NameCheck, one, block256, st, []any{p, uint64(1), uint32(9), p + 4096}}},
+			&launch{NameCheck, one, blockDim(), st, []any{p, uint64(1), uint32(9), p + 4096}}},
 		{"spin", func() error { return s.Spin(1500*time.Microsecond, st) },
 			&launch{NameSpin, one, one, st, []any{uint64(1500000)}}},
 		{"gemv", func() error { return s.Matmul(BF16, p, p+256, p+512, 1003, 999, 8, st) },
-			&launch{GemvName(BF16), device.Dim3{X: 126, Y: 1, Z: 1}, block256, st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8)}}},
+			&launch{GemvName(BF16), device.Dim3{X: 126, Y: 1, Z: 1}, blockDim(), st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8)}}},
 		{"gemm", func() error { return s.Matmul(F32, p, p+4, p+8, 65, 3, 4096, st) },
-			&launch{GemmName(F32), device.Dim3{X: 2, Y: 64, Z: 1}, block256, st, []any{p, p + 4, p + 8, uint32(65), uint32(3), uint32(4096)}}},
+			&launch{GemmName(F32), device.Dim3{X: 2, Y: 64, Z: 1}, blockDim(), st, []any{p, p + 4, p + 8, uint32(65), uint32(3), uint32(4096)}}},
 		{"matmul empty", func() error { return s.Matmul(F16, p, p, p, 0, 3, 4, st) }, nil},
 	}
 	for _, step := range steps {

@@ -289,8 +289,8 @@ func checkMatLaunch(name, dtype string, gemm bool, a matArgs, grid, block device
 	if a.W%device.Ptr(elt) != 0 || a.X%device.Ptr(elt) != 0 || a.Y%4 != 0 {
 		return fmt.Errorf("kernels: %s: misaligned pointer (W %#x, X %#x, Y %#x): %w", name, uint64(a.W), uint64(a.X), uint64(a.Y), device.ErrInvalid)
 	}
-	if block != block256 {
-		return fmt.Errorf("kernels: %s: block %v, want %v: %w", name, block, block256, device.ErrInvalid)
+	if block != blockDim() {
+		return fmt.Errorf("kernels: %s: block %v, want %v: %w", name, block, blockDim(), device.ErrInvalid)
 	}
 	if !gemm && a.T > GemvMaxTokens {
 		return fmt.Errorf("kernels: %s: T=%d exceeds %d: %w", name, a.T, GemvMaxTokens, device.ErrInvalid)

@@ -68,7 +68,7 @@ func TestGoFillCheck(t *testing.T) {
 	buf := mem.alloc(4 * (n + 1))
 	ctr := mem.alloc(8)
 	fill, check := kernelByName(t, NameFill), kernelByName(t, NameCheck)
-	grid, block := device.Dim3{X: 3, Y: 1, Z: 1}, block256
+	grid, block := device.Dim3{X: 3, Y: 1, Z: 1}, blockDim()
 	if err := fill.run(mem, grid, block, []any{buf, uint64(n), uint32(77)}); err != nil {
 		t.Fatal(err)
 	}
@@ -122,21 +122,21 @@ func TestGoKernelArgumentErrors(t *testing.T) {
 		grid, block device.Dim3
 		args        []any
 	}{
-		{NameFill, g1, block256, []any{p, uint64(4)}},
-		{NameFill, g1, block256, []any{p, 4, uint32(1)}},
-		{NameFill, g1, block256, []any{uint64(p), uint64(4), uint32(1)}},
-		{NameFill, g1, block256, []any{p, uint64(1 << 40), uint32(1)}},
-		{NameFill, device.Dim3{}, block256, []any{p, uint64(4), uint32(1)}},
+		{NameFill, g1, blockDim(), []any{p, uint64(4)}},
+		{NameFill, g1, blockDim(), []any{p, 4, uint32(1)}},
+		{NameFill, g1, blockDim(), []any{uint64(p), uint64(4), uint32(1)}},
+		{NameFill, g1, blockDim(), []any{p, uint64(1 << 40), uint32(1)}},
+		{NameFill, device.Dim3{}, blockDim(), []any{p, uint64(4), uint32(1)}},
 		{NameCheck, g1, device.Dim3{X: 100, Y: 1, Z: 1}, []any{p, uint64(4), uint32(1), p}},
-		{NameCheck, g1, block256, []any{p, uint64(4), uint32(1), device.Ptr(8)}},
+		{NameCheck, g1, blockDim(), []any{p, uint64(4), uint32(1), device.Ptr(8)}},
 		{NameSpin, g1, g1, []any{int64(5)}},
-		{GemvName(F16), g1, block256, []any{p, p, p, uint32(8), uint32(8), uint32(9)}},                      // T > 8 on gemv
-		{GemvName(F16), g1, block256, []any{p, p, p, uint32(9), uint32(8), uint32(1)}},                      // grid covers 8 rows
+		{GemvName(F16), g1, blockDim(), []any{p, p, p, uint32(8), uint32(8), uint32(9)}},                    // T > 8 on gemv
+		{GemvName(F16), g1, blockDim(), []any{p, p, p, uint32(9), uint32(8), uint32(1)}},                    // grid covers 8 rows
 		{GemvName(F16), device.Dim3{X: 2, Y: 1, Z: 1}, g1, []any{p, p, p, uint32(9), uint32(8), uint32(1)}}, // block
-		{GemmName(BF16), gemmBF, block256, []any{p, p, p, uint32(8), uint32(8), uint32(129)}},               // grid.Y
-		{GemmName(F32), gemmBF, block256, []any{p, p + 2, p, uint32(8), uint32(8), uint32(9)}},              // misaligned X
-		{GemmName(F32), gemmBF, block256, []any{p, p, p, uint32(8), uint32(8)}},                             // arity
-		{GemmName(F32), gemmBF, block256, []any{p, p, p, uint32(64), uint32(1024), uint32(9)}},              // W out of memory
+		{GemmName(BF16), gemmBF, blockDim(), []any{p, p, p, uint32(8), uint32(8), uint32(129)}},             // grid.Y
+		{GemmName(F32), gemmBF, blockDim(), []any{p, p + 2, p, uint32(8), uint32(8), uint32(9)}},            // misaligned X
+		{GemmName(F32), gemmBF, blockDim(), []any{p, p, p, uint32(8), uint32(8)}},                           // arity
+		{GemmName(F32), gemmBF, blockDim(), []any{p, p, p, uint32(64), uint32(1024), uint32(9)}},            // W out of memory
 	}
 	for i, tc := range tests {
 		t.Run(fmt.Sprintf("%d_%s", i, tc.kernel), func(t *testing.T) {
@@ -192,10 +192,10 @@ func TestGoMatmulKernels(t *testing.T) {
 func TestGoKernelCosts(t *testing.T) {
 	p := device.Ptr(1 << 20)
 	g := device.Dim3{X: 1, Y: 1, Z: 1}
-	if c, ok := kernelByName(t, NameFill).cost(g, block256, []any{p, uint64(1000), uint32(1)}); !ok || c.bytes != 4000 {
+	if c, ok := kernelByName(t, NameFill).cost(g, blockDim(), []any{p, uint64(1000), uint32(1)}); !ok || c.bytes != 4000 {
 		t.Errorf("fill cost %+v %v, want 4000 bytes", c, ok)
 	}
-	if c, ok := kernelByName(t, NameCheck).cost(g, block256, []any{p, uint64(10), uint32(1), p}); !ok || c.bytes != 40 {
+	if c, ok := kernelByName(t, NameCheck).cost(g, blockDim(), []any{p, uint64(10), uint32(1), p}); !ok || c.bytes != 40 {
 		t.Errorf("check cost %+v %v, want 40 bytes", c, ok)
 	}
 	if c, ok := kernelByName(t, NameSpin).cost(g, g, []any{uint64(1500)}); !ok || c.fixed != 1500*time.Nanosecond {

@@ -148,6 +148,7 @@ type Reader struct {
 	stats  Stats
 	meta   Meta
 	err    error // sticky: io.EOF or the error that ended the read
+	cur    Event // the event being decoded
 }
 
 // Open opens the trace file at path. The format is detected from the
@@ -257,16 +258,17 @@ func (r *Reader) Next() (Event, error) {
 	if r.err != nil {
 		return Event{}, r.err
 	}
+	ev := &r.cur // a field, not a local: a local passed to an interface method escapes
 	for {
-		var ev Event
-		err := r.dec.next(&ev)
+		*ev = Event{}
+		err := r.dec.next(ev)
 		if err == nil && r.val != nil {
-			err = r.val.Check(&ev)
+			err = r.val.Check(ev)
 		}
 		if err == nil {
-			r.account(&ev)
+			r.account(ev)
 			r.stats.Events++
-			return ev, nil
+			return *ev, nil
 		}
 		if err == errIgnored {
 			r.stats.Ignored++

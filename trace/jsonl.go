@@ -10,15 +10,7 @@ import (
 	"unicode/utf8"
 )
 
-// The JSON-lines format is memwall's own event log, one object a line:
-//
-//	{"t":1700000000123,"action":"alloc","addr":139828359974912,"size":9568,"stream":0,"tenant":"llm","purpose":"activations"}
-//
-// Keys: "t" (int64 nanoseconds, optional), "action" (PyTorch's action
-// names), "addr" (required except for "oom"), "size" (required), "stream",
-// "device", "device_free" (optional unsigned integers), "tenant" and
-// "purpose" (optional strings). Unknown keys are skipped, so the format can
-// grow. Numbers are JSON integers; blank lines are skipped.
+// The JSON-lines format is described in the package doc.
 
 // maxTenants bounds the tenant and purpose strings a decoder interns;
 // beyond it each label costs an allocation.

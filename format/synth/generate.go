@@ -65,8 +65,9 @@ type shardFile struct {
 // Generate writes the model described by cfg to out. Each file is written to
 // a temporary name in its directory and renamed into place once complete, so
 // a failed or cancelled run leaves no partial model behind (existing files
-// at the destination are replaced only on success). It returns when the data
-// has been handed to the operating system; it does not fsync.
+// at the destination are replaced only on success). Files get mode 0644. It
+// returns when the data has been handed to the operating system; it does not
+// fsync.
 func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -217,6 +218,10 @@ func (g *generator) writeFile(ctx context.Context, f shardFile) (string, uint64,
 	fail := func(err error) (string, uint64, error) {
 		tmpf.Close()
 		return tmp, 0, err
+	}
+	// CreateTemp makes the file private; a model file is ordinary data.
+	if err := tmpf.Chmod(0o644); err != nil {
+		return fail(fmt.Errorf("synth %s: %w", f.path, err))
 	}
 	specs := make([]format.TensorSpec, len(f.tensors))
 	for i, t := range f.tensors {
@@ -389,6 +394,10 @@ func writeIndex(cfg Config, files []shardFile, out string, total uint64) (string
 	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
 	if err != nil {
 		return "", 0, fmt.Errorf("synth: %w", err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return f.Name(), 0, fmt.Errorf("synth %s: %w", out, err)
 	}
 	if _, err := f.Write(b); err != nil {
 		f.Close()

@@ -144,6 +144,9 @@ func TestGenerateVerify(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				if st.Mode().Perm() != 0o644 {
+					t.Errorf("mode %v, want 0644", st.Mode().Perm())
+				}
 				if res.Path != out || uint64(st.Size()) != res.FileBytes || res.DataBytes != cfg.DataBytes(f) || len(res.Files) != 1 {
 					t.Errorf("result %+v, file size %d", res, st.Size())
 				}
@@ -324,23 +327,3 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 	}
 }
 
-// BenchmarkGenerate writes a model of about 0.93 GB (Llama-7B layer shapes,
-// one layer, 32000-token vocabulary) per iteration and reports GB/s. Run with
-// -benchtime=3x; the file is removed after each iteration.
-func BenchmarkGenerate(b *testing.B) {
-	cfg := Llama7B()
-	cfg.Layers = 1
-	for _, f := range []string{Safetensors, GGUF} {
-		b.Run(f, func(b *testing.B) {
-			dir := b.TempDir()
-			b.SetBytes(int64(cfg.DataBytes(f)))
-			for b.Loop() {
-				out := filepath.Join(dir, "m."+f)
-				if _, err := Generate(context.Background(), cfg, out, Options{Format: f}); err != nil {
-					b.Fatal(err)
-				}
-				os.Remove(out)
-			}
-		})
-	}
-}

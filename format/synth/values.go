@@ -50,8 +50,8 @@ func Value(seed uint64, key string, mean float32, i uint64) float32 {
 // codec encodes every possible lane for one dtype and mean.
 type codec struct {
 	size int      // bytes per element
-	t16  []uint16 // BF16, F16
-	t32  []uint32 // F32
+	t16  *[1 << 16]uint16 // BF16, F16
+	t32  *[1 << 16]uint32 // F32
 }
 
 func newCodec(dtype string, mean float32) (*codec, error) {
@@ -59,7 +59,7 @@ func newCodec(dtype string, mean float32) (*codec, error) {
 	switch dtype {
 	case "BF16", "F16":
 		c.size = 2
-		c.t16 = make([]uint16, 1<<16)
+		c.t16 = new([1 << 16]uint16)
 		enc := F32ToBF16
 		if dtype == "F16" {
 			enc = F32ToF16
@@ -69,7 +69,7 @@ func newCodec(dtype string, mean float32) (*codec, error) {
 		}
 	case "F32":
 		c.size = 4
-		c.t32 = make([]uint32, 1<<16)
+		c.t32 = new([1 << 16]uint32)
 		for r := range c.t32 {
 			c.t32[r] = math.Float32bits(laneValue(uint16(r), mean))
 		}

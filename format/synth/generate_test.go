@@ -326,4 +326,3 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 		t.Fatalf("Verify = %v", err)
 	}
 }
-

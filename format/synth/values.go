@@ -49,7 +49,7 @@ func Value(seed uint64, key string, mean float32, i uint64) float32 {
 
 // codec encodes every possible lane for one dtype and mean.
 type codec struct {
-	size int      // bytes per element
+	size int              // bytes per element
 	t16  *[1 << 16]uint16 // BF16, F16
 	t32  *[1 << 16]uint32 // F32
 }

@@ -166,3 +166,25 @@ func TestBuilder(t *testing.T) {
 		t.Errorf("huge: %v", err)
 	}
 }
+
+func TestOpClasses(t *testing.T) {
+	for op, want := range map[string][2]bool{
+		"Reshape": {true, false}, "Identity": {true, false}, "Dropout": {true, false}, "Squeeze": {true, false},
+		"Relu": {false, true}, "Add": {false, true}, "Where": {false, true}, "BatchNormalization": {false, true},
+		"Cast":    {false, true},
+		"Softmax": {false, false}, "Conv": {false, false}, "Transpose": {false, false}, "Concat": {false, false},
+		"LayerNormalization": {false, false}, "MatMul": {false, false},
+	} {
+		if IsView(op) != want[0] || IsElementwise(op) != want[1] {
+			t.Errorf("%s: view %v elementwise %v, want %v", op, IsView(op), IsElementwise(op), want)
+		}
+	}
+	// Every view or elementwise operator has a shape function.
+	for _, set := range []map[string]bool{viewOps, elementwiseOps} {
+		for op := range set {
+			if !supportedOp(op) {
+				t.Errorf("%s is classified but not inferred", op)
+			}
+		}
+	}
+}

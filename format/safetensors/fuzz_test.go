@@ -65,3 +65,27 @@ func FuzzSafetensorsHeader(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSafetensorsIndex feeds arbitrary index files to ParseIndex: it must
+// never panic, and every shard it accepts must be a local file name.
+func FuzzSafetensorsIndex(f *testing.F) {
+	f.Add([]byte(`{"metadata":{"total_size":1234},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{"a":"../x"}}`))
+	f.Add([]byte(`{"weight_map":{"a":"s","a":"t"}}`))
+	f.Add([]byte(`{"metadata":{"n":-1.5e300,"s":"x","o":{"k":[1,2]}},"weight_map":{}}`))
+	f.Add([]byte(`{"weight_map":`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ix, err := ParseIndex("fuzz.index.json", b)
+		if err != nil {
+			return
+		}
+		if ix.WeightMap == nil {
+			t.Fatal("accepted an index without a weight map")
+		}
+		for name, shard := range ix.WeightMap {
+			if !filepath.IsLocal(shard) {
+				t.Fatalf("tensor %q: accepted shard %q", name, shard)
+			}
+		}
+	})
+}

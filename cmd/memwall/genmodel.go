@@ -144,9 +144,22 @@ func runGenModel(e *env, args []string) error {
 	if len(res.Files) > 1 {
 		files = fmt.Sprintf("%d files", len(res.Files))
 	}
-	fmt.Fprintf(e.stdout, "wrote %s: %s, %d layers, hidden %d, %.2f B params, %s\n",
-		res.Path, cfg.Arch, cfg.Layers, cfg.Hidden, float64(cfg.Params())/1e9, strings.ToLower(cfg.DType))
+	fmt.Fprintf(e.stdout, "wrote %s: %s, %d layers, hidden %d, %s params, %s\n",
+		res.Path, cfg.Arch, cfg.Layers, cfg.Hidden, paramCount(cfg.Params()), strings.ToLower(cfg.DType))
 	fmt.Fprintf(e.stdout, "  %d tensors, %s of data in %s (%s on disk), %.2f s, %.2f GB/s\n",
 		res.Tensors, humanBytes(res.DataBytes), files, humanBytes(res.FileBytes), secs, gbps)
 	return nil
+}
+
+// paramCount renders a parameter count the way model cards do: 6.74 B, 3.43 M.
+func paramCount(n uint64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2f B", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.2f M", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1f K", float64(n)/1e3)
+	}
+	return fmt.Sprintf("%d", n)
 }

@@ -33,7 +33,7 @@ func TestGenModel(t *testing.T) {
 	if stderr != "" {
 		t.Errorf("stderr not empty without a terminal: %q", stderr)
 	}
-	if !strings.Contains(stdout, "wrote "+out) || !strings.Contains(stdout, "2 layers, hidden 64") || !strings.Contains(stdout, "f16") || !strings.Contains(stdout, "21 tensors") {
+	if !strings.Contains(stdout, "wrote "+out) || !strings.Contains(stdout, "2 layers, hidden 64") || !strings.Contains(stdout, "f16") || !strings.Contains(stdout, "21 tensors") || !strings.Contains(stdout, "K params") {
 		t.Errorf("stdout: %q", stdout)
 	}
 	m, err := safetensors.Open(out)
@@ -140,5 +140,13 @@ func TestGenModelErrors(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("failed runs left %d files", len(entries))
+	}
+}
+
+func TestParamCount(t *testing.T) {
+	for n, want := range map[uint64]string{6_738_415_616: "6.74 B", 3_426_560: "3.43 M", 83_200: "83.2 K", 12: "12"} {
+		if got := paramCount(n); got != want {
+			t.Errorf("paramCount(%d) = %q, want %q", n, got, want)
+		}
 	}
 }

@@ -111,9 +111,11 @@ type Model struct {
 	Format string // "safetensors" or "gguf"
 	// Tensors in storage order: by file, then by offset.
 	Tensors []Tensor
-	// Metadata: safetensors "__metadata__" (or the index's "metadata") as
-	// strings; GGUF key/values as Go values (uint8 … float64, bool, string,
-	// typed slices for arrays, []any for arrays of arrays).
+	// Metadata: for safetensors the header's "__metadata__" strings, or for
+	// a sharded checkpoint the index's "metadata" (JSON integers as uint64
+	// or int64, other numbers as float64); for GGUF every key/value as a Go
+	// value (uint8 … float64, bool, string, typed slices for arrays, []any
+	// for arrays of arrays).
 	Metadata  map[string]any
 	DataBytes uint64 // sum of Tensors[i].Bytes
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/memwall/memwall/format/mmap"
@@ -55,7 +56,7 @@ func TestModel(t *testing.T) {
 	for _, tt := range m.Tensors {
 		order = append(order, tt.Name)
 	}
-	if want := []string{"a1", "a2", "b1"}; !equal(order, want) {
+	if want := []string{"a1", "a2", "b1"}; !slices.Equal(order, want) {
 		t.Errorf("order %v, want %v", order, want)
 	}
 	for name, want := range map[string]string{"a1": "0123", "a2": "56789", "b1": "cde"} {
@@ -81,7 +82,7 @@ func TestModel(t *testing.T) {
 			t.Errorf("Data(%+v) = %q, want nil", bad, d)
 		}
 	}
-	if got := m.Files(); !equal(got, []string{a, b}) {
+	if got := m.Files(); !slices.Equal(got, []string{a, b}) {
 		t.Errorf("Files() = %v", got)
 	}
 	if err := m.Close(); err != nil {
@@ -93,16 +94,4 @@ func TestModel(t *testing.T) {
 	if d := m.Data(m.Tensors[0]); d != nil {
 		t.Error("Data after Close")
 	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -113,6 +113,12 @@ func Open(opts Options) (*Device, error) {
 	return c, nil
 }
 
+// call runs a driver function with the context current. Out-parameters are
+// passed as uintptr(unsafe.Pointer(&v)) at the call site; uintptrescapes
+// moves such v to the heap and keeps it alive for the whole call chain, so a
+// stack move in between cannot leave the driver writing to a stale address.
+//
+//go:uintptrescapes
 func (c *Device) call(name string, fn uintptr, args ...uintptr) error {
 	return c.d.err(name, c.d.ctxCall(c.ctx, fn, args...))
 }

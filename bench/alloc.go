@@ -1,0 +1,288 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/pool"
+)
+
+// Mix is a named distribution of allocation sizes.
+type Mix struct {
+	Name string
+	// Min and Max bound a log-uniform distribution; Min == Max is fixed.
+	Min, Max uint64
+}
+
+// DefaultMixes are the size mixes `memwall bench alloc` measures.
+func DefaultMixes() []Mix {
+	return []Mix{
+		{"random 512B-64MiB", 512, 64 << 20},
+		{"fixed 4KiB", 4 << 10, 4 << 10},
+		{"fixed 1MiB", 1 << 20, 1 << 20},
+		{"fixed 64MiB", 64 << 20, 64 << 20},
+	}
+}
+
+func (m Mix) sample(r *rand.Rand) uint64 {
+	if m.Min >= m.Max {
+		return m.Min
+	}
+	lo, hi := math.Log(float64(m.Min)), math.Log(float64(m.Max))
+	return uint64(math.Exp(lo + r.Float64()*(hi-lo)))
+}
+
+// AllocOptions configure Alloc.
+type AllocOptions struct {
+	Mixes      []Mix
+	Strategies []string // pool strategies (default bestfit, tlsf)
+	Growths    []pool.Growth
+	Goroutines []int // default 1, 4, 16
+	// Pairs is the number of timed free+alloc pairs per goroutine (default 20000).
+	Pairs int
+	// Live is the working set each goroutine keeps (default 32 blocks).
+	Live int
+	// DriverPairs is the number of driver alloc+free pairs timed for the
+	// anchors (default 2000).
+	DriverPairs int
+	Progress    func(done, total int, name string)
+}
+
+// LatencyResult is one configuration's numbers.
+type LatencyResult struct {
+	Allocator  string  `json:"allocator"` // e.g. "memwall bestfit/virtual", "cuMemAllocAsync"
+	Mix        string  `json:"mix"`
+	Goroutines int     `json:"goroutines"`
+	Pairs      int     `json:"pairs"`
+	P50ns      float64 `json:"p50_ns"` // alloc+free pair latency
+	P99ns      float64 `json:"p99_ns"`
+	AllocP50ns float64 `json:"alloc_p50_ns"`
+	FreeP50ns  float64 `json:"free_p50_ns"`
+	// PairsPerSec is total throughput over all goroutines.
+	PairsPerSec  float64 `json:"pairs_per_sec"`
+	DeviceCalls  uint64  `json:"device_calls,omitempty"`
+	ReservedPeak uint64  `json:"peak_reserved_bytes,omitempty"`
+	Note         string  `json:"note,omitempty"`
+}
+
+// AllocReport is the whole benchmark.
+type AllocReport struct {
+	Device  string          `json:"device"`
+	Backend string          `json:"backend"`
+	Results []LatencyResult `json:"results"`
+	// TimerOverheadNs is the cost of one pair of clock reads, included in
+	// every per-operation latency above.
+	TimerOverheadNs float64 `json:"timer_overhead_ns"`
+}
+
+// DriverAnchor is implemented by devices that can time their driver's own
+// allocators (device/cuda).
+type DriverAnchor interface {
+	DriverAllocTimes(sizes []uint64, async bool) (alloc, free []time.Duration, err error)
+}
+
+// Alloc measures memwall's pool against the driver's allocators.
+func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, error) {
+	if len(o.Mixes) == 0 {
+		o.Mixes = DefaultMixes()
+	}
+	if len(o.Strategies) == 0 {
+		o.Strategies = []string{"bestfit", "tlsf"}
+	}
+	if len(o.Growths) == 0 {
+		o.Growths = []pool.Growth{pool.GrowVirtual, pool.GrowChunks}
+	}
+	if len(o.Goroutines) == 0 {
+		o.Goroutines = []int{1, 4, 16}
+	}
+	if o.Pairs <= 0 {
+		o.Pairs = 20000
+	}
+	if o.Live <= 0 {
+		o.Live = 32
+	}
+	if o.DriverPairs <= 0 {
+		o.DriverPairs = 2000
+	}
+	in := d.Info()
+	rep := AllocReport{Device: in.Name, Backend: in.Backend, TimerOverheadNs: timerOverhead()}
+	total := len(o.Mixes) * (len(o.Strategies)*len(o.Growths)*len(o.Goroutines) + 2)
+	done := 0
+	step := func(name string) {
+		done++
+		if o.Progress != nil {
+			o.Progress(done, total, name)
+		}
+	}
+	for _, mix := range o.Mixes {
+		for _, g := range o.Growths {
+			if g == pool.GrowVirtual && !in.VirtualMemory {
+				continue
+			}
+			for _, s := range o.Strategies {
+				for _, n := range o.Goroutines {
+					if err := ctx.Err(); err != nil {
+						return rep, err
+					}
+					r, err := poolLatency(d, s, g, mix, n, o)
+					if err != nil {
+						return rep, fmt.Errorf("bench alloc: %s/%s %s ×%d: %w", s, g, mix.Name, n, err)
+					}
+					rep.Results = append(rep.Results, r)
+					step(r.Allocator)
+				}
+			}
+		}
+		anchor, ok := d.(DriverAnchor)
+		for _, async := range []bool{false, true} {
+			name := "cuMemAlloc"
+			if async {
+				name = "cuMemAllocAsync"
+			}
+			if !ok {
+				step(name)
+				continue
+			}
+			r := rand.New(rand.NewPCG(7, 11))
+			sizes := make([]uint64, o.DriverPairs)
+			for i := range sizes {
+				sizes[i] = mix.sample(r)
+			}
+			a, f, err := anchor.DriverAllocTimes(sizes, async)
+			if err != nil {
+				rep.Results = append(rep.Results, LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: 1, Note: err.Error()})
+				step(name)
+				continue
+			}
+			pairs := make([]float64, len(a))
+			var sum time.Duration
+			for i := range a {
+				pairs[i] = float64(a[i] + f[i])
+				sum += a[i] + f[i]
+			}
+			rep.Results = append(rep.Results, LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: 1, Pairs: len(a),
+				P50ns: quantile(pairs, 0.5), P99ns: quantile(pairs, 0.99),
+				AllocP50ns: quantile(durs(a), 0.5), FreeP50ns: quantile(durs(f), 0.5),
+				PairsPerSec: float64(len(a)) / sum.Seconds()})
+			step(name)
+		}
+	}
+	return rep, nil
+}
+
+func durs(ds []time.Duration) []float64 {
+	out := make([]float64, len(ds))
+	for i, d := range ds {
+		out[i] = float64(d)
+	}
+	return out
+}
+
+// quantile sorts xs in place and returns the q-quantile.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sort.Float64s(xs)
+	i := int(math.Ceil(q*float64(len(xs)))) - 1
+	return xs[max(0, min(i, len(xs)-1))]
+}
+
+func timerOverhead() float64 {
+	const n = 10000
+	xs := make([]float64, n)
+	for i := range xs {
+		t0 := time.Now()
+		xs[i] = float64(time.Since(t0))
+	}
+	return quantile(xs, 0.5)
+}
+
+// poolLatency times free+alloc pairs on a fresh pool: each goroutine keeps a
+// working set of live blocks and replaces a random one per pair.
+func poolLatency(d device.Device, strategy string, g pool.Growth, mix Mix, goroutines int, o AllocOptions) (LatencyResult, error) {
+	p, err := pool.New(d, pool.Options{Name: "bench", Strategy: strategy, Growth: g})
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	defer p.Close()
+	type perG struct {
+		pairs, allocs, frees []float64
+		err                  error
+	}
+	res := make([]perG, goroutines)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for gi := 0; gi < goroutines; gi++ {
+		wg.Add(1)
+		go func(gi int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(gi)+1, 99))
+			live := make([]pool.Block, o.Live)
+			for i := range live {
+				b, err := p.Alloc(mix.sample(r), pool.AllocOptions{})
+				if err != nil {
+					res[gi].err = err
+					return
+				}
+				live[i] = b
+			}
+			pr := perG{pairs: make([]float64, 0, o.Pairs), allocs: make([]float64, 0, o.Pairs), frees: make([]float64, 0, o.Pairs)}
+			sizes := make([]uint64, o.Pairs)
+			for i := range sizes {
+				sizes[i] = mix.sample(r)
+			}
+			<-start
+			for i := 0; i < o.Pairs; i++ {
+				k := r.IntN(len(live))
+				t0 := time.Now()
+				err := p.Free(live[k])
+				t1 := time.Now()
+				b, aerr := p.Alloc(sizes[i], pool.AllocOptions{})
+				t2 := time.Now()
+				if err != nil || aerr != nil {
+					pr.err = fmt.Errorf("pair %d: free %v, alloc %d: %v", i, err, sizes[i], aerr)
+					break
+				}
+				live[k] = b
+				pr.frees = append(pr.frees, float64(t1.Sub(t0)))
+				pr.allocs = append(pr.allocs, float64(t2.Sub(t1)))
+				pr.pairs = append(pr.pairs, float64(t2.Sub(t0)))
+			}
+			for _, b := range live {
+				if err := p.Free(b); err != nil && pr.err == nil {
+					pr.err = err
+				}
+			}
+			res[gi] = pr
+		}(gi)
+	}
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	wall := time.Since(t0)
+	var pairs, allocs, frees []float64
+	for _, r := range res {
+		if r.err != nil {
+			return LatencyResult{}, r.err
+		}
+		pairs = append(pairs, r.pairs...)
+		allocs = append(allocs, r.allocs...)
+		frees = append(frees, r.frees...)
+	}
+	st := p.Stats()
+	return LatencyResult{
+		Allocator: fmt.Sprintf("memwall %s/%s", strategy, g), Mix: mix.Name, Goroutines: goroutines, Pairs: len(pairs),
+		P50ns: quantile(pairs, 0.5), P99ns: quantile(pairs, 0.99),
+		AllocP50ns: quantile(allocs, 0.5), FreeP50ns: quantile(frees, 0.5),
+		PairsPerSec:  float64(len(pairs)) / wall.Seconds(),
+		DeviceCalls:  st.DeviceCalls(),
+		ReservedPeak: st.PeakReservedBytes,
+	}, nil
+}

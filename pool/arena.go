@@ -1,0 +1,276 @@
+package pool
+
+import (
+	"container/heap"
+	"fmt"
+
+	"github.com/memwall/memwall/alloc"
+	"github.com/memwall/memwall/device"
+)
+
+// arena is one range the pool sub-allocates: a device chunk, a pinned host
+// chunk, or the single virtual reservation with pages mapped on demand. All
+// fields are guarded by Pool.mu.
+type arena struct {
+	base  device.Ptr
+	size  uint64
+	alloc alloc.Allocator
+	live  int // live (or cached/pending) blocks
+
+	// chunk arenas
+	host    []byte
+	hostBuf *device.HostBuffer
+
+	// virtual arena
+	virtual   bool
+	pageBytes uint64
+	pages     []page
+	freeHeap  pageHeap // mapped pages with no live block, highest address first
+	freePages uint64   // bytes in freeHeap (entries may be stale; see page.inHeap)
+	mapped    uint64
+}
+
+type page struct {
+	h      device.PhysMem
+	mapped bool
+	inHeap bool
+	refs   int32
+}
+
+func (a *arena) ptr(off uint64) device.Ptr {
+	if a.base == 0 {
+		return 0
+	}
+	return a.base + device.Ptr(off)
+}
+
+func (p *Pool) newVirtualArena() (*arena, error) {
+	o := p.opts
+	base, err := p.dev.Reserve(o.ReserveBytes)
+	if err != nil {
+		return nil, fmt.Errorf("reserve %d bytes of address space: %w", o.ReserveBytes, err)
+	}
+	al, err := alloc.New(o.Strategy, o.ReserveBytes)
+	if err != nil {
+		_ = p.dev.Unreserve(base, o.ReserveBytes)
+		return nil, err
+	}
+	return &arena{base: base, size: o.ReserveBytes, alloc: al, virtual: true, pageBytes: o.PageBytes,
+		pages: make([]page, o.ReserveBytes/o.PageBytes)}, nil
+}
+
+// newChunk obtains a chunk of size bytes from the device.
+func (p *Pool) newChunk(size uint64) (*arena, error) {
+	al, err := alloc.New(p.opts.Strategy, size)
+	if err != nil {
+		return nil, err
+	}
+	a := &arena{size: size, alloc: al}
+	if p.host {
+		hb, err := p.dev.HostAlloc(size)
+		if err != nil {
+			return nil, err
+		}
+		a.hostBuf, a.host, a.base = hb, hb.Bytes, hb.DevicePtr
+	} else {
+		ptr, err := p.dev.Alloc(size)
+		if err != nil {
+			return nil, err
+		}
+		a.base = ptr
+	}
+	p.devAllocs.Add(1)
+	p.addReserved(size)
+	return a, nil
+}
+
+func (p *Pool) addReserved(n uint64) {
+	updateMax(&p.peakReserved, p.reserved.Add(n))
+}
+
+// touch maps the pages under [off, off+size) of a virtual arena and takes a
+// reference on each. Referenced pages are never unmapped, so mapping a
+// missing page (which may unmap free pages to stay under the limit) cannot
+// take away a page this block already holds. On failure nothing stays
+// referenced.
+func (a *arena) touch(p *Pool, off, size uint64) error {
+	first, last := off/a.pageBytes, (off+size-1)/a.pageBytes
+	for i := first; i <= last; i++ {
+		pg := &a.pages[i]
+		if !pg.mapped {
+			if err := a.mapPage(p, i); err != nil {
+				for j := first; j < i; j++ {
+					a.unref(p, j)
+				}
+				return err
+			}
+		}
+		if pg.inHeap {
+			pg.inHeap = false
+			a.freePages -= a.pageBytes
+		}
+		pg.refs++
+	}
+	return nil
+}
+
+func (a *arena) unref(p *Pool, i uint64) {
+	pg := &a.pages[i]
+	pg.refs--
+	if pg.refs == 0 && pg.mapped && !pg.inHeap {
+		pg.inHeap = true
+		heap.Push(&a.freeHeap, i)
+		a.freePages += a.pageBytes
+		if len(a.freeHeap) > 2*len(a.pages)+1024 {
+			a.compactHeap()
+		}
+	}
+}
+
+// compactHeap drops stale entries (pages touched again since they were
+// pushed) so the heap stays proportional to the page count.
+func (a *arena) compactHeap() {
+	h := a.freeHeap[:0]
+	seen := make(map[uint64]bool, len(a.freeHeap))
+	for _, i := range a.freeHeap {
+		if a.pages[i].inHeap && !seen[i] {
+			seen[i] = true
+			h = append(h, i)
+		}
+	}
+	a.freeHeap = h
+	heap.Init(&a.freeHeap)
+}
+
+func (a *arena) mapPage(p *Pool, i uint64) error {
+	if p.reserved.Load()+a.pageBytes > p.opts.Limit {
+		// Make room by unmapping free pages first.
+		a.shrink(p, 0)
+		if p.reserved.Load()+a.pageBytes > p.opts.Limit {
+			return errLimit
+		}
+	}
+	h, err := p.dev.CreatePhysical(a.pageBytes)
+	if err != nil {
+		a.shrink(p, 0)
+		if h, err = p.dev.CreatePhysical(a.pageBytes); err != nil {
+			return fmt.Errorf("create %d-byte page: %w", a.pageBytes, err)
+		}
+	}
+	p.devAllocs.Add(1)
+	va := a.base + device.Ptr(i*a.pageBytes)
+	if err := p.dev.Map(va, a.pageBytes, h); err != nil {
+		_ = p.dev.ReleasePhysical(h)
+		p.devFrees.Add(1)
+		return fmt.Errorf("map page at %#x: %w", uint64(va), err)
+	}
+	p.maps.Add(1)
+	a.pages[i] = page{h: h, mapped: true}
+	a.mapped += a.pageBytes
+	p.addReserved(a.pageBytes)
+	return nil
+}
+
+// shrink unmaps free pages, highest address first, until at most keep bytes
+// of free mapped pages remain.
+func (a *arena) shrink(p *Pool, keep uint64) uint64 {
+	var released uint64
+	for a.freePages > keep && a.freeHeap.Len() > 0 {
+		i := heap.Pop(&a.freeHeap).(uint64)
+		pg := &a.pages[i]
+		if !pg.inHeap {
+			continue // stale entry: the page was touched again
+		}
+		pg.inHeap = false
+		a.freePages -= a.pageBytes
+		if pg.refs != 0 || !pg.mapped {
+			continue
+		}
+		va := a.base + device.Ptr(i*a.pageBytes)
+		if err := p.dev.Unmap(va, a.pageBytes); err != nil {
+			p.logf("unmap page at %#x: %v", uint64(va), err)
+			continue
+		}
+		p.unmaps.Add(1)
+		if err := p.dev.ReleasePhysical(pg.h); err != nil {
+			p.logf("release page at %#x: %v", uint64(va), err)
+		}
+		p.devFrees.Add(1)
+		*pg = page{}
+		a.mapped -= a.pageBytes
+		p.reserved.Add(^(a.pageBytes - 1))
+		released += a.pageBytes
+	}
+	return released
+}
+
+// released is called after a block's range went back to the allocator.
+func (a *arena) released(p *Pool, off, size uint64) {
+	a.live--
+	if !a.virtual {
+		return
+	}
+	first, last := off/a.pageBytes, (off+size-1)/a.pageBytes
+	for i := first; i <= last; i++ {
+		a.unref(p, i)
+	}
+	if a.freePages > p.opts.KeepFreeBytes {
+		a.shrink(p, p.opts.KeepFreeBytes)
+	}
+}
+
+// destroy returns all of the arena's memory to the device.
+func (a *arena) destroy(p *Pool) error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if a.virtual {
+		for i := range a.pages {
+			pg := &a.pages[i]
+			if !pg.mapped {
+				continue
+			}
+			va := a.base + device.Ptr(uint64(i)*a.pageBytes)
+			keep(p.dev.Unmap(va, a.pageBytes))
+			keep(p.dev.ReleasePhysical(pg.h))
+			p.unmaps.Add(1)
+			p.devFrees.Add(1)
+			p.reserved.Add(^(a.pageBytes - 1))
+			*pg = page{}
+		}
+		a.mapped = 0
+		keep(p.dev.Unreserve(a.base, a.size))
+		return first
+	}
+	if a.hostBuf != nil {
+		keep(p.dev.HostFree(a.hostBuf))
+	} else {
+		keep(p.dev.Free(a.base))
+	}
+	p.devFrees.Add(1)
+	p.reserved.Add(^(a.size - 1))
+	return first
+}
+
+// pageHeap is a max-heap of page indices.
+type pageHeap []uint64
+
+func (h pageHeap) Len() int           { return len(h) }
+func (h pageHeap) Less(i, j int) bool { return h[i] > h[j] }
+func (h pageHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *pageHeap) Push(x any)        { *h = append(*h, x.(uint64)) }
+func (h *pageHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (p *Pool) logf(format string, a ...any) {
+	if p.opts.Logger != nil {
+		p.opts.Logger.Debug(fmt.Sprintf(format, a...), "pool", p.opts.Name)
+	}
+}

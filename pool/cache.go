@@ -1,0 +1,160 @@
+package pool
+
+import (
+	"sync"
+)
+
+// shard is one small-block cache: per size class, a stack of freed blocks
+// that are still allocated in their arena. Goroutines pick a shard by
+// rotating try-locks, so concurrent small allocations rarely wait for each
+// other or for the central lock.
+type shard struct {
+	mu    sync.Mutex
+	lists []*meta
+	count []int
+	bytes uint64
+	_     [64]byte // keep shards on separate cache lines
+}
+
+const shardMaxBytes = 4 << 20 // cached bytes per shard before draining
+
+// batchFor is how many blocks of a class one refill takes from the arena.
+func batchFor(cls int) int {
+	n := int((256 << 10) / sizeClasses[cls])
+	return max(1, min(n, 16))
+}
+
+func (p *Pool) pickShard() *shard {
+	n := uint32(len(p.shards))
+	i := p.shardSeq.Add(1)
+	for j := uint32(0); j < n; j++ {
+		s := &p.shards[(i+j)%n]
+		if s.mu.TryLock() {
+			return s
+		}
+	}
+	s := &p.shards[i%n]
+	s.mu.Lock()
+	return s
+}
+
+func (s *shard) pop(cls int) *meta {
+	m := s.lists[cls]
+	if m != nil {
+		s.lists[cls] = m.next
+		m.next = nil
+		s.count[cls]--
+		s.bytes -= sizeClasses[cls]
+	}
+	return m
+}
+
+func (s *shard) push(m *meta, cls int) {
+	m.next = s.lists[cls]
+	s.lists[cls] = m
+	s.count[cls]++
+	s.bytes += sizeClasses[cls]
+}
+
+// cacheAlloc serves a small block from a shard, refilling the shard from the
+// arenas in a batch when its list for the class is empty.
+func (p *Pool) cacheAlloc(cls int) (*meta, error) {
+	s := p.pickShard()
+	if s.count == nil {
+		s.count = make([]int, len(sizeClasses))
+	}
+	m := s.pop(cls)
+	s.mu.Unlock()
+	if m != nil {
+		p.cached.Add(^(sizeClasses[cls] - 1))
+		return m, nil
+	}
+	size := sizeClasses[cls]
+	p.mu.Lock()
+	first, err := p.arenaAlloc(size, p.opts.Alignment, 0)
+	if err != nil {
+		p.mu.Unlock()
+		return nil, err
+	}
+	first.class = cls + 1
+	var extra []*meta
+	for k := 1; k < batchFor(cls); k++ {
+		m, err := p.tryArenas(size, p.opts.Alignment)
+		if m == nil || err != nil {
+			break // the batch is an optimization: never grow for it
+		}
+		m.class = cls + 1
+		extra = append(extra, m)
+	}
+	p.mu.Unlock()
+	if len(extra) > 0 {
+		s = p.pickShard()
+		if s.count == nil {
+			s.count = make([]int, len(sizeClasses))
+		}
+		for _, m := range extra {
+			s.push(m, cls)
+		}
+		s.mu.Unlock()
+		p.cached.Add(uint64(len(extra)) * size)
+	}
+	return first, nil
+}
+
+// cacheFree puts a small block back into a shard, draining the shard into
+// the arenas when it holds too much.
+func (p *Pool) cacheFree(m *meta) {
+	cls := m.class - 1
+	s := p.pickShard()
+	if s.count == nil {
+		s.count = make([]int, len(sizeClasses))
+	}
+	s.push(m, cls)
+	p.cached.Add(sizeClasses[cls])
+	var drain []*meta
+	if s.bytes > shardMaxBytes {
+		for s.bytes > shardMaxBytes/2 {
+			// Drain the class just freed first, then any other.
+			c := cls
+			if s.count[c] == 0 {
+				for c = range s.lists {
+					if s.count[c] > 0 {
+						break
+					}
+				}
+			}
+			drain = append(drain, s.pop(c))
+		}
+	}
+	s.mu.Unlock()
+	if len(drain) > 0 {
+		p.mu.Lock()
+		for _, d := range drain {
+			p.cached.Add(^(d.size - 1))
+			p.release(d)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// flushCaches returns every cached block to its arena. Called with p.mu held.
+func (p *Pool) flushCaches() uint64 {
+	var n uint64
+	for i := range p.shards {
+		s := &p.shards[i]
+		s.mu.Lock()
+		var all []*meta
+		for c := range s.lists {
+			for s.count != nil && s.count[c] > 0 {
+				all = append(all, s.pop(c))
+			}
+		}
+		s.mu.Unlock()
+		for _, m := range all {
+			p.cached.Add(^(m.size - 1))
+			n += m.size
+			p.release(m)
+		}
+	}
+	return n
+}

@@ -1,0 +1,35 @@
+package pool
+
+// sizeClasses are the sizes the per-shard caches round small blocks to:
+// multiples of 256 bytes up to 2 KiB, then 8 classes per doubling, so the
+// rounding wastes at most 12.5% of a block (TestSizeClassWaste holds it).
+var sizeClasses = makeSizeClasses(1 << 20)
+
+func makeSizeClasses(max uint64) []uint64 {
+	var cs []uint64
+	for s := uint64(256); s <= 2048; s += 256 {
+		cs = append(cs, s)
+	}
+	for base := uint64(2048); base < max; base *= 2 {
+		step := base / 8
+		for s := base + step; s <= 2*base && s <= max; s += step {
+			cs = append(cs, s)
+		}
+	}
+	return cs
+}
+
+// classOf returns the smallest class that holds size (size ≤ the largest
+// class).
+func classOf(size uint64) int {
+	lo, hi := 0, len(sizeClasses)-1
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if sizeClasses[mid] >= size {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}

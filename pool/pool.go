@@ -1,0 +1,559 @@
+// Package pool sub-allocates device memory (or pinned host memory) from
+// large arenas so that a request costs nanoseconds instead of a driver call,
+// without fragmenting.
+//
+// A Pool obtains memory from its device in one of two ways (Growth):
+//
+//   - GrowVirtual: one range of device address space is reserved once and
+//     physical pages are mapped into it on demand and unmapped when free
+//     (the way PyTorch's expandable segments beat fragmentation): free space
+//     never strands between separate segments.
+//   - GrowChunks: separate device allocations ("chunks"), each managed by its
+//     own offset allocator; large requests get a chunk of their own.
+//
+// Offsets inside the arenas come from package alloc (Options.Strategy).
+// Small blocks (≤ Options.CacheMax) go through per-shard caches that
+// goroutines reach without the central lock. Blocks freed with FreeAsync are
+// stream-ordered: reusable at once on the freeing stream and on other
+// streams only after an event recorded on the freeing stream has completed.
+// Tenants are named sub-pools with quotas. Every failure is a value: an
+// *OOMError explains the numbers, handle misuse returns ErrInvalidHandle
+// and leaves the pool unchanged.
+//
+// A Pool is safe for concurrent use.
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memwall/memwall/alloc"
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/telemetry"
+)
+
+// Purpose labels what a block holds, for per-purpose accounting.
+type Purpose uint8
+
+// Purposes.
+const (
+	Other Purpose = iota
+	Weights
+	Activations
+	KV
+	Staging
+	Scratch
+	numPurposes
+)
+
+var purposeNames = [numPurposes]string{"other", "weights", "activations", "kv", "staging", "scratch"}
+
+func (p Purpose) String() string {
+	if p < numPurposes {
+		return purposeNames[p]
+	}
+	return fmt.Sprintf("purpose(%d)", p)
+}
+
+// Growth says how a pool obtains device memory.
+type Growth uint8
+
+// Growth policies.
+const (
+	GrowVirtual Growth = iota
+	GrowChunks
+)
+
+func (g Growth) String() string {
+	if g == GrowVirtual {
+		return "virtual"
+	}
+	return "chunks"
+}
+
+// Options configure a pool. DefaultOptions fills zero values.
+type Options struct {
+	// Name labels the pool in stats and metrics.
+	Name string
+	// Strategy is the alloc strategy for arena offsets (default "bestfit":
+	// address-ordered best fit keeps live data low in the arena, so fewer
+	// pages stay mapped).
+	Strategy string
+	// Growth policy; DefaultOptions picks GrowVirtual where the device
+	// supports virtual memory.
+	Growth Growth
+	// PageBytes is the unit mapped at a time under GrowVirtual (a multiple
+	// of the device granularity; default the granularity, 2 MiB on NVIDIA).
+	PageBytes uint64
+	// ReserveBytes is the address space reserved under GrowVirtual
+	// (default: the device's total memory, rounded up to PageBytes).
+	ReserveBytes uint64
+	// KeepFreeBytes is how many bytes of fully free mapped pages a
+	// GrowVirtual pool keeps mapped for reuse before unmapping them
+	// (default 64 MiB). More keeps fewer driver calls, less returns memory
+	// sooner.
+	KeepFreeBytes uint64
+	// ChunkBytes is the smallest chunk under GrowChunks (default 32 MiB);
+	// requests larger than ChunkBytes/2 get a chunk of their own, rounded
+	// up to 2 MiB.
+	ChunkBytes uint64
+	// Limit caps the bytes the pool reserves from the device (0 = the
+	// device's total memory), like ONNX Runtime's gpu_mem_limit.
+	Limit uint64
+	// Warmup is reserved at New so the first requests need no driver call.
+	Warmup uint64
+	// Alignment is the default block alignment (default 256; a power of two).
+	Alignment uint64
+	// CacheMax is the largest block served from the per-shard caches
+	// (default 64 KiB; 0 after DefaultOptions means caches off — set
+	// NoCache). Blocks up to it are rounded to a size class.
+	CacheMax uint64
+	// NoCache disables the per-shard small-block caches.
+	NoCache bool
+	// Shards is the number of small-block caches (default GOMAXPROCS,
+	// at most 16).
+	Shards int
+	// Logger receives debug logs of growth and trims; nil is silent.
+	Logger *slog.Logger
+	// Registerer, when set, gets the pool's Prometheus collector.
+	Registerer prometheus.Registerer
+	// OnEvent, when set, is called (under the pool's lock) for every
+	// allocation and free, e.g. to record a replayable event log.
+	OnEvent func(Event)
+}
+
+// Event is an allocation or free, as reported to Options.OnEvent.
+type Event struct {
+	Time    time.Time
+	Free    bool
+	Ptr     device.Ptr
+	Size    uint64
+	Stream  device.Stream
+	Purpose Purpose
+	Tenant  string
+}
+
+// DefaultOptions returns options suited to d.
+func DefaultOptions(d device.Device) Options {
+	return Options{}.withDefaults(d.Info())
+}
+
+func (o Options) withDefaults(in device.Info) Options {
+	if o.Name == "" {
+		o.Name = "pool"
+	}
+	if o.Strategy == "" {
+		o.Strategy = "bestfit"
+	}
+	if o.Growth == GrowVirtual && !in.VirtualMemory {
+		o.Growth = GrowChunks
+	}
+	if o.PageBytes == 0 {
+		o.PageBytes = in.Granularity
+		if o.PageBytes == 0 {
+			o.PageBytes = 2 << 20
+		}
+	}
+	if in.Granularity > 0 && o.PageBytes%in.Granularity != 0 {
+		o.PageBytes = roundUp(o.PageBytes, in.Granularity)
+	}
+	if o.ReserveBytes == 0 {
+		o.ReserveBytes = in.TotalBytes
+		if o.Limit != 0 && o.Limit < o.ReserveBytes {
+			o.ReserveBytes = o.Limit
+		}
+	}
+	o.ReserveBytes = roundUp(o.ReserveBytes, o.PageBytes)
+	if o.KeepFreeBytes == 0 {
+		o.KeepFreeBytes = 64 << 20
+	}
+	if o.ChunkBytes == 0 {
+		o.ChunkBytes = 32 << 20
+	}
+	if o.Alignment == 0 {
+		o.Alignment = 256
+	}
+	if o.CacheMax == 0 && !o.NoCache {
+		o.CacheMax = 64 << 10
+	}
+	if o.NoCache {
+		o.CacheMax = 0
+	}
+	if o.Shards <= 0 {
+		o.Shards = min(runtime.GOMAXPROCS(0), 16)
+	}
+	return o
+}
+
+// AllocOptions qualify one allocation.
+type AllocOptions struct {
+	// Align overrides the pool's alignment (a power of two).
+	Align uint64
+	// Purpose is recorded for accounting.
+	Purpose Purpose
+	// Stream, when non-zero, is the stream that will use the block: blocks
+	// freed on that same stream with FreeAsync may be reused at once.
+	Stream device.Stream
+}
+
+// Block is a live allocation. Ptr is its device address (for a host pool,
+// the device-mapped address, or 0 when the device cannot map host memory)
+// and Host its bytes for a host pool. Size is the usable size (≥ requested).
+// A Block is a handle: copies refer to the same allocation.
+type Block struct {
+	Ptr  device.Ptr
+	Size uint64
+	Host []byte
+	m    *meta
+	gen  uint32
+	pool *Pool
+}
+
+// Errors; match with errors.Is.
+var (
+	ErrOutOfMemory   = errors.New("pool out of memory")
+	ErrInvalidHandle = errors.New("invalid block handle")
+	ErrClosed        = errors.New("pool closed")
+)
+
+// meta is the host-side record of one block, reused across allocations.
+// gen changes on every allocation so stale handles are detected.
+type meta struct {
+	gen     atomic.Uint32
+	live    atomic.Bool
+	arena   *arena
+	off     uint64 // offset within the arena
+	size    uint64 // allocator block size
+	req     uint64 // requested bytes
+	class   int    // size class + 1 when cacheable, else 0
+	purpose Purpose
+	tenant  *Tenant
+	next    *meta // free-list / cache link
+}
+
+// Pool is a device (or pinned host) memory pool.
+type Pool struct {
+	dev  device.Device
+	opts Options
+	host bool
+	info device.Info
+
+	mu       sync.Mutex // guards everything below that is not atomic
+	closed   bool
+	arenas   []*arena // GrowChunks: chunks; GrowVirtual: exactly one
+	metaFree *meta
+	pending  map[device.Stream]*pendingList
+	awaiting []awaitBatch
+	tenants  map[string]*Tenant
+
+	shards   []shard
+	shardSeq atomic.Uint32
+
+	// Accounting (atomics so Stats and the fast path need no lock).
+	reserved, peakReserved atomic.Uint64
+	used, requested        atomic.Uint64
+	peakUsed               atomic.Uint64
+	cached, pendingBytes   atomic.Uint64
+	live                   atomic.Int64
+	byPurpose              [numPurposes]atomic.Uint64
+	allocs, frees, ooms    atomic.Uint64
+	devAllocs, devFrees    atomic.Uint64
+	maps, unmaps           atomic.Uint64
+	latency                telemetry.Histogram
+}
+
+// New creates a device memory pool on d.
+func New(d device.Device, o Options) (*Pool, error) {
+	return newPool(d, o, false)
+}
+
+// NewHost creates a pool of pinned host memory (staging buffers), built from
+// the same code with chunk growth.
+func NewHost(d device.Device, o Options) (*Pool, error) {
+	o.Growth = GrowChunks
+	return newPool(d, o, true)
+}
+
+func newPool(d device.Device, o Options, host bool) (*Pool, error) {
+	in := d.Info()
+	if host {
+		// Host pools are never virtual; keep the requested growth fixed.
+		in.VirtualMemory = false
+	}
+	o = o.withDefaults(in)
+	if o.Alignment&(o.Alignment-1) != 0 {
+		return nil, fmt.Errorf("pool %s: alignment %d is not a power of two", o.Name, o.Alignment)
+	}
+	if _, err := alloc.New(o.Strategy, 1<<20); err != nil {
+		return nil, fmt.Errorf("pool %s: strategy %q: %w", o.Name, o.Strategy, err)
+	}
+	if o.Limit == 0 {
+		o.Limit = in.TotalBytes
+	}
+	p := &Pool{dev: d, opts: o, host: host, info: in,
+		pending: map[device.Stream]*pendingList{},
+		tenants: map[string]*Tenant{},
+	}
+	p.shards = make([]shard, o.Shards)
+	for i := range p.shards {
+		p.shards[i].lists = make([]*meta, len(sizeClasses))
+	}
+	if o.Growth == GrowVirtual {
+		a, err := p.newVirtualArena()
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", o.Name, err)
+		}
+		p.arenas = []*arena{a}
+	}
+	if o.Warmup > 0 {
+		p.mu.Lock()
+		err := p.warmup(o.Warmup)
+		p.mu.Unlock()
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("pool %s: warm-up of %d bytes: %w", o.Name, o.Warmup, err)
+		}
+	}
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(telemetry.NewPoolCollector(p)); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("pool %s: register metrics: %w", o.Name, err)
+		}
+	}
+	return p, nil
+}
+
+// Options returns the pool's effective options.
+func (p *Pool) Options() Options { return p.opts }
+
+// AllocLatency is the histogram of Alloc latencies.
+func (p *Pool) AllocLatency() *telemetry.Histogram { return &p.latency }
+
+func roundUp(x, a uint64) uint64 {
+	if a == 0 {
+		return x
+	}
+	return (x + a - 1) / a * a
+}
+
+// Alloc returns a block of at least size bytes. On failure it returns an
+// *OOMError (errors.Is(err, ErrOutOfMemory)) saying why, after trying to
+// release cached, pending and free memory and to grow.
+func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
+	return p.alloc(nil, size, o)
+}
+
+func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
+	start := time.Now()
+	align := o.Align
+	if align == 0 {
+		align = p.opts.Alignment
+	}
+	if size == 0 || align&(align-1) != 0 {
+		return Block{}, fmt.Errorf("pool %s: alloc of %d bytes with alignment %d: %w", p.opts.Name, size, align, alloc.ErrInvalidArgument)
+	}
+	var m *meta
+	var err error
+	cls := -1
+	if align <= p.opts.Alignment && size <= p.opts.CacheMax && o.Stream == 0 {
+		cls = classOf(size)
+	}
+	bsize := size
+	if cls >= 0 {
+		bsize = sizeClasses[cls]
+	}
+	if t != nil {
+		if err := t.charge(bsize); err != nil {
+			p.ooms.Add(1)
+			return Block{}, err
+		}
+	}
+	if cls >= 0 {
+		m, err = p.cacheAlloc(cls)
+	} else {
+		m, err = p.slowAlloc(size, align, o.Stream)
+	}
+	if err != nil {
+		if t != nil {
+			t.uncharge(bsize)
+		}
+		p.ooms.Add(1)
+		return Block{}, err
+	}
+	m.req = size
+	m.purpose = o.Purpose
+	m.tenant = t
+	gen := m.gen.Add(1)
+	m.live.Store(true)
+	p.used.Add(m.size)
+	p.requested.Add(size)
+	p.byPurpose[o.Purpose%numPurposes].Add(m.size)
+	p.live.Add(1)
+	p.allocs.Add(1)
+	updateMax(&p.peakUsed, p.used.Load())
+	b := Block{Ptr: m.arena.ptr(m.off), Size: m.size, m: m, gen: gen, pool: p}
+	if p.host {
+		b.Host = m.arena.host[m.off : m.off+m.size : m.off+m.size]
+	}
+	if p.opts.OnEvent != nil {
+		p.mu.Lock()
+		p.opts.OnEvent(Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: o.Stream, Purpose: o.Purpose, Tenant: t.name()})
+		p.mu.Unlock()
+	}
+	p.latency.Observe(time.Since(start))
+	return b, nil
+}
+
+func updateMax(a *atomic.Uint64, v uint64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// validate checks that b is a live block of this pool (and of tenant t when
+// t is non-nil) and marks it dead. It changes nothing on error.
+func (p *Pool) validate(b Block, t *Tenant) (*meta, error) {
+	if b.pool != p || b.m == nil {
+		return nil, fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+	}
+	m := b.m
+	if m.gen.Load() != b.gen {
+		return nil, fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+	}
+	if m.tenant != t {
+		return nil, fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
+	}
+	if !m.live.CompareAndSwap(true, false) {
+		return nil, fmt.Errorf("pool %s: double free of %#x: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+	}
+	return m, nil
+}
+
+func (p *Pool) account(m *meta) {
+	p.used.Add(^(m.size - 1))
+	p.requested.Add(^(m.req - 1))
+	p.byPurpose[m.purpose%numPurposes].Add(^(m.size - 1))
+	p.live.Add(-1)
+	p.frees.Add(1)
+	if m.tenant != nil {
+		m.tenant.uncharge(m.size)
+	}
+	if p.opts.OnEvent != nil {
+		p.mu.Lock()
+		p.opts.OnEvent(Event{Time: time.Now(), Free: true, Ptr: m.arena.ptr(m.off), Size: m.req, Purpose: m.purpose, Tenant: m.tenant.name()})
+		p.mu.Unlock()
+	}
+}
+
+// Free returns b to the pool for immediate reuse: the caller guarantees no
+// device work still uses it (use FreeAsync otherwise). Freeing a block twice,
+// a stale copy of a handle, or another pool's or tenant's block returns an
+// error wrapping ErrInvalidHandle and changes nothing.
+func (p *Pool) Free(b Block) error { return p.free(nil, b) }
+
+func (p *Pool) free(t *Tenant, b Block) error {
+	m, err := p.validate(b, t)
+	if err != nil {
+		return err
+	}
+	p.account(m)
+	if m.class > 0 {
+		p.cacheFree(m)
+		return nil
+	}
+	p.mu.Lock()
+	p.release(m)
+	p.mu.Unlock()
+	return nil
+}
+
+// FreeAsync returns b once the work already submitted to s is done: the
+// block is reusable at once by allocations on s and by other streams only
+// after an event recorded on s has completed. No device-wide
+// synchronization happens.
+func (p *Pool) FreeAsync(b Block, s device.Stream) error { return p.freeAsync(nil, b, s) }
+
+func (p *Pool) freeAsync(t *Tenant, b Block, s device.Stream) error {
+	if s == 0 {
+		return fmt.Errorf("pool %s: FreeAsync on stream 0: %w", p.opts.Name, device.ErrInvalid)
+	}
+	m, err := p.validate(b, t)
+	if err != nil {
+		return err
+	}
+	p.account(m)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.pending[s]
+	if pl == nil {
+		pl = &pendingList{}
+		p.pending[s] = pl
+	}
+	pl.add(m)
+	p.pendingBytes.Add(m.size)
+	if pl.bytes >= pendingBatchBytes || pl.n >= pendingBatchBlocks {
+		p.sealPending(s, pl)
+	}
+	return nil
+}
+
+// release frees m's range in its arena (and unmaps or returns memory per
+// policy). Called with p.mu held.
+func (p *Pool) release(m *meta) {
+	a := m.arena
+	if err := a.alloc.Free(m.off); err != nil {
+		// The handle was validated, so this is a bookkeeping bug.
+		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
+	}
+	a.released(p, m.off, m.size)
+	p.putMeta(m)
+}
+
+func (p *Pool) newMeta() *meta {
+	if m := p.metaFree; m != nil {
+		p.metaFree = m.next
+		m.next = nil
+		return m
+	}
+	return &meta{}
+}
+
+func (p *Pool) putMeta(m *meta) {
+	m.arena, m.tenant, m.class = nil, nil, 0
+	m.gen.Add(1) // invalidate any copy of the old handle
+	m.next = p.metaFree
+	p.metaFree = m
+}
+
+// Close frees all device memory the pool holds. Blocks still live become
+// invalid. Close waits for nothing: the caller must have synchronized.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var first error
+	for _, b := range p.awaiting {
+		_ = p.dev.DestroyEvent(b.ev)
+	}
+	p.awaiting = nil
+	for _, a := range p.arenas {
+		if err := a.destroy(p); err != nil && first == nil {
+			first = err
+		}
+	}
+	p.arenas = nil
+	return first
+}

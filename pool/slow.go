@@ -1,0 +1,347 @@
+package pool
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/memwall/memwall/alloc"
+	"github.com/memwall/memwall/device"
+)
+
+// Causes of an allocation failure.
+const (
+	CauseQuota         = "tenant quota"
+	CauseLimit         = "pool limit"
+	CauseFragmentation = "fragmentation"
+	CauseDevice        = "device out of memory"
+)
+
+var errLimit = errors.New("pool limit reached")
+
+// OOMError explains a failed allocation with the numbers behind it.
+type OOMError struct {
+	Pool      string
+	Tenant    string
+	Requested uint64
+	Align     uint64
+	// Quota and TenantUsed are set when a tenant's quota refused it.
+	Quota, TenantUsed uint64
+	// Pool-wide numbers at the time of failure.
+	Limit, Reserved, Used, Free, LargestFree uint64
+	Fragmentation                            float64
+	// Cause is one of CauseQuota, CauseLimit, CauseFragmentation, CauseDevice.
+	Cause string
+	// Tried lists what the pool did before giving up.
+	Tried []string
+	// Err is the device's error, when the device refused memory.
+	Err error
+}
+
+func (e *OOMError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pool %s: cannot allocate %d bytes", e.Pool, e.Requested)
+	if e.Tenant != "" {
+		fmt.Fprintf(&b, " for tenant %q", e.Tenant)
+	}
+	fmt.Fprintf(&b, ": %s", e.Cause)
+	switch e.Cause {
+	case CauseQuota:
+		fmt.Fprintf(&b, " (tenant uses %d of %d bytes)", e.TenantUsed, e.Quota)
+	default:
+		fmt.Fprintf(&b, " (limit %d, reserved %d, used %d, free in pool %d, largest free %d, fragmentation factor %.2f)",
+			e.Limit, e.Reserved, e.Used, e.Free, e.LargestFree, e.Fragmentation)
+	}
+	if len(e.Tried) > 0 {
+		fmt.Fprintf(&b, "; tried: %s", strings.Join(e.Tried, ", "))
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, "; device: %v", e.Err)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrOutOfMemory) true.
+func (e *OOMError) Is(target error) bool { return target == ErrOutOfMemory }
+
+// Unwrap returns the device error, if any.
+func (e *OOMError) Unwrap() error { return e.Err }
+
+// slowAlloc allocates outside the small-block caches.
+func (p *Pool) slowAlloc(size, align uint64, s device.Stream) (*meta, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s != 0 {
+		if l := p.pending[s]; l != nil {
+			if m := l.take(size, align); m != nil {
+				p.pendingBytes.Add(^(m.size - 1))
+				return m, nil
+			}
+		}
+	}
+	return p.arenaAlloc(size, align, s)
+}
+
+// tryArenas places a block in the existing arenas without growing. It
+// returns (nil, nil) when nothing fits. Called with p.mu held.
+func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
+	for _, a := range p.arenas {
+		b, err := a.alloc.Alloc(size, align)
+		if err != nil {
+			if errors.Is(err, alloc.ErrOutOfMemory) || errors.Is(err, alloc.ErrTooLarge) {
+				continue
+			}
+			return nil, err
+		}
+		if a.virtual {
+			if err := a.touch(p, b.Offset, b.Size); err != nil {
+				_ = a.alloc.Free(b.Offset)
+				return nil, err
+			}
+		}
+		m := p.newMeta()
+		m.arena, m.off, m.size, m.class = a, b.Offset, b.Size, 0
+		a.live++
+		return m, nil
+	}
+	return nil, nil
+}
+
+// arenaAlloc places a block, reclaiming and growing as needed. Called with
+// p.mu held.
+func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
+	if p.closed {
+		return nil, fmt.Errorf("pool %s: %w", p.opts.Name, ErrClosed)
+	}
+	var tried []string
+	var devErr error
+	limitHit := false
+	attempt := func() (*meta, bool) {
+		m, err := p.tryArenas(size, align)
+		if err != nil {
+			if errors.Is(err, errLimit) {
+				limitHit = true
+			} else if errors.Is(err, device.ErrOutOfMemory) || devErr == nil {
+				devErr = err
+			}
+			return nil, false
+		}
+		return m, m != nil
+	}
+	if m, ok := attempt(); ok {
+		return m, nil
+	}
+	// Reclaim what is already free but parked: finished stream-ordered
+	// frees, then the small-block caches.
+	if len(p.awaiting) > 0 {
+		tried = append(tried, "reclaim completed stream-ordered frees")
+		if p.reapAwaiting(false) > 0 {
+			if m, ok := attempt(); ok {
+				return m, nil
+			}
+		}
+	}
+	if p.cached.Load() > 0 {
+		tried = append(tried, "flush small-block caches")
+		if p.flushCaches() > 0 {
+			if m, ok := attempt(); ok {
+				return m, nil
+			}
+		}
+	}
+	// Grow.
+	if p.opts.Growth == GrowChunks {
+		tried = append(tried, "grow by a new chunk")
+		m, err := p.growChunk(size, align)
+		if err == nil {
+			return m, nil
+		}
+		if errors.Is(err, errLimit) {
+			limitHit = true
+		} else {
+			devErr = err
+		}
+		if n := p.trimChunks(); n > 0 {
+			tried = append(tried, "free empty chunks")
+			if m, err := p.growChunk(size, align); err == nil {
+				return m, nil
+			}
+		}
+	}
+	// Last resort: wait for other streams' pending frees.
+	p.sealAll()
+	if len(p.awaiting) > 0 {
+		tried = append(tried, "wait for pending stream-ordered frees")
+		if p.reapAwaiting(true) > 0 {
+			if m, ok := attempt(); ok {
+				return m, nil
+			}
+			if p.opts.Growth == GrowChunks {
+				if m, err := p.growChunk(size, align); err == nil {
+					return m, nil
+				}
+			}
+		}
+	}
+	return nil, p.oomError(size, align, tried, limitHit, devErr)
+}
+
+// growChunk adds a chunk that holds the request and allocates from it.
+func (p *Pool) growChunk(size, align uint64) (*meta, error) {
+	const unit = 2 << 20
+	csize := p.opts.ChunkBytes
+	if size+align > csize/2 {
+		csize = roundUp(size+align, unit)
+	}
+	if p.reserved.Load()+csize > p.opts.Limit {
+		if p.reserved.Load()+roundUp(size+align, unit) > p.opts.Limit {
+			return nil, errLimit
+		}
+		csize = roundUp(size+align, unit)
+	}
+	a, err := p.newChunk(csize)
+	if err != nil {
+		return nil, err
+	}
+	p.arenas = append(p.arenas, a)
+	p.logf("new %d-byte chunk, %d reserved", csize, p.reserved.Load())
+	return p.tryArenas(size, align)
+}
+
+// trimChunks frees chunks that hold no block. Called with p.mu held.
+func (p *Pool) trimChunks() uint64 {
+	if p.opts.Growth != GrowChunks {
+		return 0
+	}
+	var n uint64
+	kept := p.arenas[:0]
+	for _, a := range p.arenas {
+		if a.live == 0 {
+			if err := a.destroy(p); err == nil {
+				n += a.size
+				continue
+			}
+		}
+		kept = append(kept, a)
+	}
+	for i := len(kept); i < len(p.arenas); i++ {
+		p.arenas[i] = nil
+	}
+	p.arenas = kept
+	return n
+}
+
+func (p *Pool) oomError(size, align uint64, tried []string, limitHit bool, devErr error) *OOMError {
+	st := p.arenaStats()
+	e := &OOMError{Pool: p.opts.Name, Requested: size, Align: align, Limit: p.opts.Limit,
+		Reserved: p.reserved.Load(), Used: p.used.Load(), Free: st.free, LargestFree: st.largest,
+		Fragmentation: st.frag(), Tried: tried}
+	switch {
+	case devErr != nil && !limitHit:
+		e.Cause, e.Err = CauseDevice, devErr
+	case st.free >= size && p.opts.Growth == GrowChunks:
+		e.Cause = CauseFragmentation
+	case limitHit && st.free >= size:
+		e.Cause = CauseFragmentation
+	default:
+		e.Cause = CauseLimit
+	}
+	return e
+}
+
+type arenaStats struct{ free, largest uint64 }
+
+func (s arenaStats) frag() float64 {
+	if s.free == 0 {
+		return 1
+	}
+	return float64(s.largest) / float64(s.free)
+}
+
+// arenaStats sums free space in reserved memory. For a virtual arena only
+// mapped free bytes count. Called with p.mu held.
+func (p *Pool) arenaStats() arenaStats {
+	var st arenaStats
+	for _, a := range p.arenas {
+		if !a.virtual {
+			s := a.alloc.Stats()
+			st.free += s.Free
+			st.largest = max(st.largest, s.LargestFree)
+			continue
+		}
+		// Free bytes that lie on mapped pages, and the longest such run.
+		var run uint64
+		a.alloc.Walk(func(seg alloc.Segment) bool {
+			if !seg.Free {
+				run = 0
+				return true
+			}
+			for off := seg.Offset; off < seg.Offset+seg.Size; {
+				pi := off / a.pageBytes
+				end := min((pi+1)*a.pageBytes, seg.Offset+seg.Size)
+				if a.pages[pi].mapped {
+					st.free += end - off
+					run += end - off
+					st.largest = max(st.largest, run)
+				} else {
+					run = 0
+				}
+				off = end
+			}
+			return true
+		})
+	}
+	return st
+}
+
+// warmup reserves n bytes ahead of use. Called with p.mu held.
+func (p *Pool) warmup(n uint64) error {
+	if p.opts.Growth == GrowChunks {
+		a, err := p.newChunk(roundUp(n, 2<<20))
+		if err != nil {
+			return err
+		}
+		p.arenas = append(p.arenas, a)
+		return nil
+	}
+	a := p.arenas[0]
+	pages := min(roundUp(n, a.pageBytes)/a.pageBytes, uint64(len(a.pages)))
+	for i := uint64(0); i < pages; i++ {
+		if err := a.mapPage(p, i); err != nil {
+			return err
+		}
+		a.unrefNew(i)
+	}
+	if p.opts.KeepFreeBytes < pages*a.pageBytes {
+		p.opts.KeepFreeBytes = pages * a.pageBytes
+	}
+	return nil
+}
+
+// unrefNew puts a freshly mapped, unreferenced page on the free heap.
+func (a *arena) unrefNew(i uint64) {
+	pg := &a.pages[i]
+	pg.inHeap = true
+	heap.Push(&a.freeHeap, i)
+	a.freePages += a.pageBytes
+}
+
+// Trim returns memory the pool holds but does not use to the device: cached
+// small blocks, completed stream-ordered frees, empty chunks, free mapped
+// pages. It returns the bytes given back.
+func (p *Pool) Trim() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	before := p.reserved.Load()
+	p.sealAll()
+	p.reapAwaiting(false)
+	p.flushCaches()
+	p.trimChunks()
+	for _, a := range p.arenas {
+		if a.virtual {
+			a.shrink(p, 0)
+		}
+	}
+	return before - p.reserved.Load()
+}

@@ -120,3 +120,36 @@ func (e *OOMError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrOutOfMemory) true.
 func (e *OOMError) Unwrap() error { return ErrOutOfMemory }
+
+// MaxCapacity is the largest capacity any strategy manages, and the largest
+// request any strategy accepts: 4 EiB keeps every offset computation
+// (alignment padding included) free of uint64 overflow.
+const MaxCapacity uint64 = 1 << 62
+
+// Strategies returns the names New accepts, in a stable order.
+func Strategies() []string {
+	return []string{"tlsf", "bestfit", "buddy", "slab", "linear"}
+}
+
+// New returns an empty allocator of the named strategy over [0, capacity).
+// Buddy and slab round capacity down to their granule (256 B blocks, slab
+// pages); Capacity reports the rounded value. An unknown name or a capacity
+// above MaxCapacity returns an error wrapping ErrInvalidArgument.
+func New(strategy string, capacity uint64) (Allocator, error) {
+	if capacity > MaxCapacity {
+		return nil, fmt.Errorf("alloc %s: capacity %d exceeds the limit %d: %w", strategy, capacity, MaxCapacity, ErrInvalidArgument)
+	}
+	switch strategy {
+	case "tlsf":
+		return NewTLSF(capacity), nil
+	case "bestfit":
+		return NewBestFit(capacity), nil
+	case "buddy":
+		return NewBuddy(capacity), nil
+	case "slab":
+		return NewSlab(capacity), nil
+	case "linear":
+		return NewLinear(capacity), nil
+	}
+	return nil, fmt.Errorf("alloc: unknown strategy %q (have %v): %w", strategy, Strategies(), ErrInvalidArgument)
+}

@@ -1,0 +1,450 @@
+package alloc
+
+import "fmt"
+
+// BestFit hands out the smallest free range that can hold a request and,
+// among free ranges of that size, the one at the lowest offset; the block
+// is placed at the lowest aligned offset of the range. Freed blocks merge
+// with free neighbours immediately. Free ranges are kept in a treap
+// ordered by (size, offset), so Alloc and Free take O(log n) expected time
+// in the number of free ranges; a hash table finds a live block from its
+// offset and a doubly linked list in address order gives each block its
+// physical neighbours.
+//
+// The zero value is not usable; call NewBestFit.
+type BestFit struct {
+	capacity    uint64
+	nodes       []bfNode
+	spare       []int32
+	first, last int32 // physical list ends
+	root        int32 // treap of free ranges
+	rng         uint32
+	stack       []int32 // scratch for in-order iteration
+
+	live offsetMap // offset of a live block -> node id
+
+	used       uint64
+	liveBlocks int
+	freeRanges int
+	allocs     uint64
+	frees      uint64
+	failures   uint64
+}
+
+type bfNode struct {
+	off, size          uint64
+	prevPhys, nextPhys int32
+	left, right        int32
+	prio               uint32
+	free               bool
+}
+
+// NewBestFit returns an empty best-fit allocator over [0, capacity);
+// capacity is clamped to MaxCapacity (New reports that as an error).
+func NewBestFit(capacity uint64) *BestFit {
+	b := &BestFit{capacity: min(capacity, MaxCapacity), rng: 0x9E3779B9}
+	b.Reset()
+	return b
+}
+
+// Name returns "bestfit".
+func (b *BestFit) Name() string { return "bestfit" }
+
+// Capacity returns the size of the managed range.
+func (b *BestFit) Capacity() uint64 { return b.capacity }
+
+// less orders free ranges by size, then offset.
+func (b *BestFit) less(x, y int32) bool {
+	nx, ny := &b.nodes[x], &b.nodes[y]
+	return nx.size < ny.size || nx.size == ny.size && nx.off < ny.off
+}
+
+func (b *BestFit) nextPrio() uint32 {
+	// xorshift32: cheap, deterministic, never zero.
+	x := b.rng
+	x ^= x << 13
+	x ^= x >> 17
+	x ^= x << 5
+	b.rng = x
+	return x
+}
+
+// insert adds free node id to the treap.
+func (b *BestFit) insert(id int32) {
+	prio := b.nextPrio()
+	b.nodes[id].prio = prio
+	link := &b.root
+	for *link != nilID && b.nodes[*link].prio >= prio {
+		if b.less(id, *link) {
+			link = &b.nodes[*link].left
+		} else {
+			link = &b.nodes[*link].right
+		}
+	}
+	// Split the subtree at *link around id's key; id becomes its root.
+	cur := *link
+	l, r := &b.nodes[id].left, &b.nodes[id].right
+	for cur != nilID {
+		if b.less(cur, id) {
+			*l = cur
+			l = &b.nodes[cur].right
+			cur = b.nodes[cur].right
+		} else {
+			*r = cur
+			r = &b.nodes[cur].left
+			cur = b.nodes[cur].left
+		}
+	}
+	*l, *r = nilID, nilID
+	*link = id
+}
+
+// remove deletes free node id from the treap.
+func (b *BestFit) remove(id int32) {
+	link := &b.root
+	for *link != id {
+		if b.less(id, *link) {
+			link = &b.nodes[*link].left
+		} else {
+			link = &b.nodes[*link].right
+		}
+	}
+	// Merge id's subtrees in its place.
+	x, y := b.nodes[id].left, b.nodes[id].right
+	for x != nilID && y != nilID {
+		if b.nodes[x].prio >= b.nodes[y].prio {
+			*link = x
+			link = &b.nodes[x].right
+			x = b.nodes[x].right
+		} else {
+			*link = y
+			link = &b.nodes[y].left
+			y = b.nodes[y].left
+		}
+	}
+	if x != nilID {
+		*link = x
+	} else {
+		*link = y
+	}
+}
+
+func (b *BestFit) newNode(off, size uint64, free bool) int32 {
+	n := bfNode{off: off, size: size, free: free, prevPhys: nilID, nextPhys: nilID, left: nilID, right: nilID}
+	if k := len(b.spare); k > 0 {
+		id := b.spare[k-1]
+		b.spare = b.spare[:k-1]
+		b.nodes[id] = n
+		return id
+	}
+	b.nodes = append(b.nodes, n)
+	return int32(len(b.nodes) - 1)
+}
+
+// find returns the first free range in (size, offset) order that can hold
+// size bytes at the alignment, or nilID.
+func (b *BestFit) find(size, align uint64) int32 {
+	// Descend to the smallest range of at least size bytes, stacking the
+	// nodes where the search went left: they are its in-order successors.
+	stack := b.stack[:0]
+	for cur := b.root; cur != nilID; {
+		if b.nodes[cur].size >= size {
+			stack = append(stack, cur)
+			cur = b.nodes[cur].left
+		} else {
+			cur = b.nodes[cur].right
+		}
+	}
+	found := int32(nilID)
+	for len(stack) > 0 {
+		id := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		n := &b.nodes[id]
+		if alignUp(n.off, align)-n.off+size <= n.size {
+			found = id
+			break
+		}
+		for c := n.right; c != nilID; c = b.nodes[c].left {
+			stack = append(stack, c)
+		}
+	}
+	b.stack = stack
+	return found
+}
+
+// Alloc returns a block of exactly size bytes at the lowest aligned offset
+// of the best-fitting free range: the smallest range that can hold it,
+// lowest offset first among equals. Alignment padding stays free.
+// Errors: ErrInvalidArgument (size 0, alignment not a power of two),
+// ErrTooLarge (size above MaxCapacity), *OOMError (nothing fits).
+func (b *BestFit) Alloc(size, align uint64) (Block, error) {
+	align, err := checkRequest("bestfit", size, align, MaxCapacity)
+	if err != nil {
+		b.failures++
+		return Block{}, err
+	}
+	id := int32(nilID)
+	if size <= b.capacity-b.used {
+		id = b.find(size, align)
+	}
+	if id == nilID {
+		b.failures++
+		return Block{}, b.oom(size, align)
+	}
+	b.remove(id)
+	b.freeRanges--
+	n := b.nodes[id]
+	if start := alignUp(n.off, align); start > n.off {
+		pad := b.newNode(n.off, start-n.off, true)
+		b.linkBefore(pad, id)
+		b.nodes[id].off, b.nodes[id].size = start, n.size-(start-n.off)
+		b.insert(pad)
+		b.freeRanges++
+	}
+	if rest := b.nodes[id].size - size; rest > 0 {
+		tail := b.newNode(b.nodes[id].off+size, rest, true)
+		b.linkAfter(tail, id)
+		b.nodes[id].size = size
+		b.insert(tail)
+		b.freeRanges++
+	}
+	blk := &b.nodes[id]
+	blk.free = false
+	b.live.put(blk.off, uint64(id))
+	b.used += size
+	b.liveBlocks++
+	b.allocs++
+	return Block{Offset: blk.off, Size: size}, nil
+}
+
+func (b *BestFit) linkBefore(id, next int32) {
+	prev := b.nodes[next].prevPhys
+	b.nodes[id].prevPhys, b.nodes[id].nextPhys = prev, next
+	b.nodes[next].prevPhys = id
+	if prev == nilID {
+		b.first = id
+	} else {
+		b.nodes[prev].nextPhys = id
+	}
+}
+
+func (b *BestFit) linkAfter(id, prev int32) {
+	next := b.nodes[prev].nextPhys
+	b.nodes[id].prevPhys, b.nodes[id].nextPhys = prev, next
+	b.nodes[prev].nextPhys = id
+	if next == nilID {
+		b.last = id
+	} else {
+		b.nodes[next].prevPhys = id
+	}
+}
+
+func (b *BestFit) unlink(id int32) {
+	n := &b.nodes[id]
+	if n.prevPhys == nilID {
+		b.first = n.nextPhys
+	} else {
+		b.nodes[n.prevPhys].nextPhys = n.nextPhys
+	}
+	if n.nextPhys == nilID {
+		b.last = n.prevPhys
+	} else {
+		b.nodes[n.nextPhys].prevPhys = n.prevPhys
+	}
+	b.spare = append(b.spare, id)
+}
+
+// Free releases the live block at offset and merges it with free
+// neighbours. An offset that does not start a live block returns an error
+// wrapping ErrInvalidFree and changes nothing. O(log n) expected.
+func (b *BestFit) Free(offset uint64) error {
+	v, ok := b.live.take(offset)
+	if !ok {
+		return invalidFree("bestfit", offset)
+	}
+	id := int32(v)
+	n := &b.nodes[id]
+	n.free = true
+	b.used -= n.size
+	b.liveBlocks--
+	b.frees++
+	b.freeRanges++
+	if prev := n.prevPhys; prev != nilID && b.nodes[prev].free {
+		b.remove(prev)
+		b.nodes[prev].size += b.nodes[id].size
+		b.unlink(id)
+		id = prev
+		b.freeRanges--
+	}
+	if next := b.nodes[id].nextPhys; next != nilID && b.nodes[next].free {
+		b.remove(next)
+		b.nodes[id].size += b.nodes[next].size
+		b.unlink(next)
+		b.freeRanges--
+	}
+	b.insert(id)
+	return nil
+}
+
+// Grow extends the range to capacity bytes; the new space merges with a
+// free range at the old end. Shrinking, or growing past MaxCapacity,
+// returns ErrInvalidArgument.
+func (b *BestFit) Grow(capacity uint64) error {
+	more, err := checkGrow("bestfit", b.capacity, capacity)
+	if !more {
+		return err
+	}
+	delta := capacity - b.capacity
+	b.capacity = capacity
+	if b.last != nilID && b.nodes[b.last].free {
+		b.remove(b.last)
+		b.nodes[b.last].size += delta
+		b.insert(b.last)
+		return nil
+	}
+	id := b.newNode(capacity-delta, delta, true)
+	if b.last == nilID {
+		b.first, b.last = id, id
+	} else {
+		b.linkAfter(id, b.last)
+	}
+	b.insert(id)
+	b.freeRanges++
+	return nil
+}
+
+// Reset frees every block. The Allocs, Frees and Failures counts are kept.
+func (b *BestFit) Reset() {
+	b.nodes = b.nodes[:0]
+	b.spare = b.spare[:0]
+	b.live.clear()
+	b.root, b.first, b.last = nilID, nilID, nilID
+	b.used, b.liveBlocks, b.freeRanges = 0, 0, 0
+	if b.capacity > 0 {
+		id := b.newNode(0, b.capacity, true)
+		b.first, b.last = id, id
+		b.insert(id)
+		b.freeRanges = 1
+	}
+}
+
+func (b *BestFit) largestFree() uint64 {
+	if b.root == nilID {
+		return 0
+	}
+	id := b.root
+	for b.nodes[id].right != nilID {
+		id = b.nodes[id].right
+	}
+	return b.nodes[id].size
+}
+
+// Stats returns the accounting; LargestFree costs O(log n).
+func (b *BestFit) Stats() Stats {
+	return Stats{
+		Capacity:    b.capacity,
+		Used:        b.used,
+		Free:        b.capacity - b.used,
+		LargestFree: b.largestFree(),
+		LiveBlocks:  b.liveBlocks,
+		FreeRanges:  b.freeRanges,
+		Allocs:      b.allocs,
+		Frees:       b.frees,
+		Failures:    b.failures,
+		MaxAlloc:    MaxCapacity,
+	}
+}
+
+// Walk reports every block and free range in offset order; free ranges
+// are maximal.
+func (b *BestFit) Walk(fn func(Segment) bool) {
+	for id := b.first; id != nilID; id = b.nodes[id].nextPhys {
+		n := &b.nodes[id]
+		if !fn(Segment{Offset: n.off, Size: n.size, Free: n.free}) {
+			return
+		}
+	}
+}
+
+func (b *BestFit) oom(size, align uint64) error {
+	return &OOMError{Strategy: "bestfit", Requested: size, Align: align, Capacity: b.capacity,
+		Free: b.capacity - b.used, LargestFree: b.largestFree()}
+}
+
+func (b *BestFit) walkCoalesced() bool    { return true }
+func (b *BestFit) largestIsWalkMax() bool { return true }
+func (b *BestFit) emptyFreeRanges() int   { return boolInt(b.capacity > 0) }
+
+// checkInternal verifies the physical list, the live index, and that the
+// treap holds exactly the free ranges in strict (size, offset) order with
+// the heap property on priorities.
+func (b *BestFit) checkInternal() error {
+	inUse := len(b.nodes) - len(b.spare)
+	var seen, physFree, physLive int
+	prev := int32(nilID)
+	for id := b.first; id != nilID; id = b.nodes[id].nextPhys {
+		if seen++; seen > inUse {
+			return fmt.Errorf("bestfit: physical list longer than the %d nodes in use (cycle?)", inUse)
+		}
+		n := &b.nodes[id]
+		if n.prevPhys != prev {
+			return fmt.Errorf("bestfit: node at offset %d: prevPhys %d, want %d", n.off, n.prevPhys, prev)
+		}
+		if n.free {
+			physFree++
+		} else {
+			physLive++
+			if v, ok := b.live.get(n.off); !ok || int32(v) != id {
+				return fmt.Errorf("bestfit: live node at offset %d missing from the offset index", n.off)
+			}
+		}
+		prev = id
+	}
+	if prev != b.last {
+		return fmt.Errorf("bestfit: last node is %d, physical list ends at %d", b.last, prev)
+	}
+	if seen != inUse {
+		return fmt.Errorf("bestfit: %d nodes in the physical list, %d in use (leak)", seen, inUse)
+	}
+	if physLive != b.live.len() {
+		return fmt.Errorf("bestfit: %d live nodes, offset index holds %d", physLive, b.live.len())
+	}
+	// In-order traversal of the treap.
+	var stack []int32
+	count := 0
+	last := int32(nilID)
+	cur := b.root
+	for cur != nilID || len(stack) > 0 {
+		for cur != nilID {
+			if len(stack) > inUse {
+				return fmt.Errorf("bestfit: treap deeper than the %d nodes in use (cycle?)", inUse)
+			}
+			stack = append(stack, cur)
+			cur = b.nodes[cur].left
+		}
+		id := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		n := &b.nodes[id]
+		if count++; count > physFree {
+			return fmt.Errorf("bestfit: treap holds more than the %d free ranges", physFree)
+		}
+		if !n.free {
+			return fmt.Errorf("bestfit: treap holds live block at offset %d", n.off)
+		}
+		if last != nilID && !b.less(last, id) {
+			return fmt.Errorf("bestfit: treap out of order: (%d,%d) before (%d,%d)",
+				b.nodes[last].size, b.nodes[last].off, n.size, n.off)
+		}
+		for _, c := range [2]int32{n.left, n.right} {
+			if c != nilID && b.nodes[c].prio > n.prio {
+				return fmt.Errorf("bestfit: treap heap order broken below offset %d", n.off)
+			}
+		}
+		last = id
+		cur = n.right
+	}
+	if count != physFree {
+		return fmt.Errorf("bestfit: treap holds %d ranges, physical list has %d free", count, physFree)
+	}
+	return nil
+}

@@ -77,7 +77,11 @@ func (c *nodeCtx) ints(i int, what string) ([]int64, error) {
 func (c *nodeCtx) floats(i int, what string) ([]float64, error) {
 	v := c.val(i)
 	if v == nil {
-		return nil, unknownf("%s (input %d %q) is not known statically", what, i, c.in(i).Name)
+		name := ""
+		if c.has(i) {
+			name = c.in(i).Name
+		}
+		return nil, unknownf("%s (input %d %q) is not known statically", what, i, name)
 	}
 	out := make([]float64, v.len())
 	for k := range out {

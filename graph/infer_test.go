@@ -400,7 +400,7 @@ func TestInferErrors(t *testing.T) {
 		want    string
 	}{
 		{"unsupported op", x, nil, []onnx.Node{node("Einsum", []string{"x"}, []string{"y"})}, nil,
-			ErrUnknownShape, `node "Einsum_y" (Einsum): operator Einsum (opset 17) is not supported`},
+			ErrUnknownShape, `node "Einsum_y" (Einsum) computing "y": operator Einsum (opset 17) is not supported`},
 		{"foreign domain", x, nil, []onnx.Node{{Name: "a", OpType: "Attention", Domain: "com.microsoft", Inputs: []string{"x"}, Outputs: []string{"y"}}}, nil,
 			ErrUnknownShape, `operator domain "com.microsoft"`},
 		{"reshape of runtime shape", []onnx.ValueInfo{vi("x", onnx.Float, 2, 3), vi("s", onnx.Int64, 2)}, nil,

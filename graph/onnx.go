@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/memwall/memwall/format/onnx"
@@ -390,7 +391,13 @@ func (imp *importer) node(k int, on *onnx.Node) error {
 		if n.Name == "" {
 			where = fmt.Sprintf("node #%d (%s)", k, n.Op)
 		}
-		return fmt.Errorf("graph %q: %s: %w", g.Name, where, err)
+		var outs []string
+		for _, o := range n.Outputs {
+			if o >= 0 {
+				outs = append(outs, strconv.Quote(g.Tensors[o].Name))
+			}
+		}
+		return fmt.Errorf("graph %q: %s computing %s: %w", g.Name, where, strings.Join(outs, ", "), err)
 	}
 	// An output left unknown by an earlier AllowUnknown skip makes every
 	// output of this node unknown too.

@@ -569,14 +569,14 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	want := map[string]float64{
-		"memwall_pool_used_bytes":                             8 << 20,
+		"memwall_pool_used_bytes":                              8 << 20,
 		"memwall_pool_purpose_used_bytes{purpose=kv}":          3 << 20,
 		"memwall_pool_purpose_used_bytes{purpose=activations}": 5 << 20,
 		"memwall_pool_tenant_used_bytes{tenant=bert}":          5 << 20,
 		"memwall_pool_tenant_quota_bytes{tenant=bert}":         1 << 30,
-		"memwall_pool_oom_total":                              1,
-		"memwall_pool_allocs_total":                           2,
-		"memwall_pool_alloc_latency_seconds":                  2,
+		"memwall_pool_oom_total":                               1,
+		"memwall_pool_allocs_total":                            2,
+		"memwall_pool_alloc_latency_seconds":                   2,
 	}
 	for k, v := range want {
 		if got[k] != v {

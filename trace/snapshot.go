@@ -383,16 +383,22 @@ func (d *pickleDecoder) entryField(s *slot, k, v value) {
 		field = "size"
 	case atomStream:
 		// The stream is an opaque handle: keep its bits even if negative.
-		if v.kind == kInt || v.kind == kUint {
+		switch v.kind {
+		case kInt, kUint:
 			s.stream = uint64(v.n)
-		} else {
+		case kBig:
+			fail("%w: stream does not fit in 64 bits", ErrMalformed)
+		default:
 			fail("%w: \"stream\" is a %s, want an int", ErrMalformed, v.kind)
 		}
 		return
 	case atomTimeUS:
-		if v.kind == kInt {
+		switch v.kind {
+		case kInt:
 			s.timeUS = v.n
-		} else {
+		case kUint, kBig:
+			fail("%w: time_us out of range", ErrMalformed)
+		default:
 			fail("%w: \"time_us\" is a %s, want an int", ErrMalformed, v.kind)
 		}
 		return

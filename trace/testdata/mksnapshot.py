@@ -24,6 +24,8 @@ It writes:
         one snapshot pickled with protocols 2, 4 and 5;
     snapshot.golden.jsonl
         the events a reader must return for it, in memwall's JSON-lines format;
+    fuzz-seeds/small_p2.pickle, fuzz-seeds/small_p4.pickle
+        the same snapshot with 6 blocks instead of 400, as fuzzing seeds;
     hostile_reduce_p2.pickle, hostile_reduce_p4.pickle
         pickles that call a function when unpickled (GLOBAL/STACK_GLOBAL and
         REDUCE: the harmless builtins.print), which readers must refuse.
@@ -103,7 +105,7 @@ def segment(device, address, total, allocated, stream, frames, blocks):
     }
 
 
-def fixture():
+def fixture(blocks=400):
     """One snapshot covering every action, three devices (the middle one
     empty, the last with a single entry), more than 1000 entries on device 0
     (Python's pickler appends in batches of 1000), OOM's device_free, a
@@ -131,7 +133,7 @@ def fixture():
     # 400 blocks allocated, requested and freed in a sliding window: 1200
     # entries, so device 0's list needs two APPENDS batches and a remainder.
     live = []
-    for i in range(400):
+    for i in range(blocks):
         addr = seg0 + 512 * (i % 64) if i % 3 else seg1 + 4096 * (i % 128)
         while any(a == addr for a, _ in live):
             addr += 64 * 1024 * 1024 * 4  # never collides: beyond both segments
@@ -177,6 +179,10 @@ def write_fixtures():
     with open("snapshot.golden.jsonl", "w") as f:
         for ev in golden:
             f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+    small, _ = fixture(blocks=6)
+    for proto in (2, 4):
+        with open("fuzz-seeds/small_p%d.pickle" % proto, "wb") as f:
+            pickle.dump(small, f, protocol=proto)
     for proto in (2, 4):
         with open("hostile_reduce_p%d.pickle" % proto, "wb") as f:
             pickle.dump({"segments": [], "device_traces": [[Call()]]}, f, protocol=proto)

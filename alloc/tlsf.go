@@ -364,6 +364,9 @@ func (t *TLSF) largestFree() uint64 {
 	}
 	fl := log2(t.flBitmap)
 	sl := bits.Len32(t.slBitmap[fl]) - 1
+	if sl < 0 {
+		return 0 // bitmaps disagree; checkInternal reports it
+	}
 	var largest uint64
 	for id := t.heads[fl][sl]; id != nilID; id = t.nodes[id].nextFree {
 		largest = max(largest, t.nodes[id].size)

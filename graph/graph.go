@@ -5,7 +5,8 @@
 // constant folding of the small integer tensors exporters compute shapes
 // with) so that every tensor is sized for given input dimensions.
 //
-// A Graph is immutable once built and safe for concurrent readers.
+// Nothing in this package modifies a Graph once it is built, so concurrent
+// readers are safe; callers that modify one own the consequences.
 package graph
 
 import (

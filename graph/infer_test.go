@@ -378,6 +378,9 @@ func TestShapeArithmeticChain(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, v, want)
 		}
 	}
+	if h := g.Tensor("heads"); !h.Inline || h.External != nil || !h.Initializer || !reflect.DeepEqual(h.Value, []int64{12, 64}) {
+		t.Errorf("inline initializer %+v", h)
+	}
 	if g.Tensor("btf").Value != nil {
 		t.Error("float tensor exposes an integer Value")
 	}
@@ -428,6 +431,10 @@ func TestInferErrors(t *testing.T) {
 			ErrInvalid, "cycle through"},
 		{"self loop", x, nil, []onnx.Node{node("Add", []string{"x", "a"}, []string{"a"})}, nil,
 			ErrInvalid, `reads its own output "a"`},
+		{"unknown initializer type", x, []onnx.Tensor{{Name: "w", DataType: 99}}, nil, nil,
+			ErrUnknownShape, `initializer "w": element type DataType(99)`},
+		{"string constant", x, nil, []onnx.Node{node("Constant", nil, []string{"y"}, strAttr("value_string", "a"))}, nil,
+			ErrUnknownShape, "value_string has no fixed byte size"},
 		{"undefined output", x, nil, []onnx.Node{node("Relu", []string{"x"}, []string{"y"})}, []string{"nope"},
 			ErrInvalid, `output "nope" is not produced`},
 	}

@@ -30,6 +30,14 @@ func DefaultMixes() []Mix {
 	}
 }
 
+// mean is the expected size.
+func (m Mix) mean() float64 {
+	if m.Min >= m.Max {
+		return float64(m.Min)
+	}
+	return float64(m.Max-m.Min) / math.Log(float64(m.Max)/float64(m.Min))
+}
+
 func (m Mix) sample(r *rand.Rand) uint64 {
 	if m.Min >= m.Max {
 		return m.Min
@@ -212,19 +220,28 @@ func poolLatency(d device.Device, strategy string, g pool.Growth, mix Mix, gorou
 		return LatencyResult{}, err
 	}
 	defer p.Close()
+	// Keep the working sets within a third of the device's memory.
+	liveN := o.Live
+	if budget := float64(d.Info().TotalBytes) / 3; float64(goroutines*liveN)*mix.mean() > budget {
+		liveN = max(2, int(budget/(float64(goroutines)*mix.mean())))
+	}
 	type perG struct {
 		pairs, allocs, frees []float64
 		err                  error
 	}
 	res := make([]perG, goroutines)
-	var wg sync.WaitGroup
+	var wg, ready sync.WaitGroup
 	start := make(chan struct{})
 	for gi := 0; gi < goroutines; gi++ {
 		wg.Add(1)
+		ready.Add(1)
 		go func(gi int) {
 			defer wg.Done()
+			var once sync.Once
+			signal := func() { once.Do(ready.Done) }
+			defer signal()
 			r := rand.New(rand.NewPCG(uint64(gi)+1, 99))
-			live := make([]pool.Block, o.Live)
+			live := make([]pool.Block, liveN)
 			for i := range live {
 				b, err := p.Alloc(mix.sample(r), pool.AllocOptions{})
 				if err != nil {
@@ -238,6 +255,22 @@ func poolLatency(d device.Device, strategy string, g pool.Growth, mix Mix, gorou
 			for i := range sizes {
 				sizes[i] = mix.sample(r)
 			}
+			// Warm up untimed: the pool reaches its steady-state footprint,
+			// as a server's would after its first requests.
+			for i := 0; i < o.Pairs/4; i++ {
+				k := r.IntN(len(live))
+				if err := p.Free(live[k]); err != nil {
+					res[gi].err = err
+					return
+				}
+				b, err := p.Alloc(mix.sample(r), pool.AllocOptions{})
+				if err != nil {
+					res[gi].err = err
+					return
+				}
+				live[k] = b
+			}
+			signal()
 			<-start
 			for i := 0; i < o.Pairs; i++ {
 				k := r.IntN(len(live))
@@ -263,6 +296,8 @@ func poolLatency(d device.Device, strategy string, g pool.Growth, mix Mix, gorou
 			res[gi] = pr
 		}(gi)
 	}
+	ready.Wait()
+	callsBefore := p.Stats().DeviceCalls()
 	t0 := time.Now()
 	close(start)
 	wg.Wait()
@@ -277,12 +312,13 @@ func poolLatency(d device.Device, strategy string, g pool.Growth, mix Mix, gorou
 		frees = append(frees, r.frees...)
 	}
 	st := p.Stats()
+	calls := st.DeviceCalls() - callsBefore
 	return LatencyResult{
 		Allocator: fmt.Sprintf("memwall %s/%s", strategy, g), Mix: mix.Name, Goroutines: goroutines, Pairs: len(pairs),
 		P50ns: quantile(pairs, 0.5), P99ns: quantile(pairs, 0.99),
 		AllocP50ns: quantile(allocs, 0.5), FreeP50ns: quantile(frees, 0.5),
 		PairsPerSec:  float64(len(pairs)) / wall.Seconds(),
-		DeviceCalls:  st.DeviceCalls(),
+		DeviceCalls:  calls,
 		ReservedPeak: st.PeakReservedBytes,
 	}, nil
 }

@@ -1,8 +1,8 @@
 package pool
 
 import (
-	"container/heap"
 	"fmt"
+	"math/bits"
 
 	"github.com/memwall/memwall/alloc"
 	"github.com/memwall/memwall/device"
@@ -25,8 +25,9 @@ type arena struct {
 	virtual   bool
 	pageBytes uint64
 	pages     []page
-	freeHeap  pageHeap // mapped pages with no live block, highest address first
-	freePages uint64   // bytes in freeHeap (entries may be stale; see page.inHeap)
+	freeSet   []uint64 // bitset of mapped pages with no live block (page.inHeap mirrors it)
+	freeTop   uint64   // no free page at or above this index
+	freePages uint64   // bytes of pages in freeSet
 	mapped    uint64
 }
 
@@ -50,13 +51,20 @@ func (p *Pool) newVirtualArena() (*arena, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reserve %d bytes of address space: %w", o.ReserveBytes, err)
 	}
-	al, err := alloc.New(o.Strategy, o.ReserveBytes)
+	// The allocator's range starts at one page and grows only when nothing
+	// fits below its end (the frontier), so every strategy reuses free
+	// space low in the reservation before touching new pages. Strategies
+	// that cannot grow manage the whole reservation from the start.
+	al, err := alloc.New(o.Strategy, o.PageBytes)
+	if err == nil && al.Grow(2*o.PageBytes) != nil {
+		al, err = alloc.New(o.Strategy, o.ReserveBytes)
+	}
 	if err != nil {
 		_ = p.dev.Unreserve(base, o.ReserveBytes)
 		return nil, err
 	}
 	return &arena{base: base, size: o.ReserveBytes, alloc: al, virtual: true, pageBytes: o.PageBytes,
-		pages: make([]page, o.ReserveBytes/o.PageBytes)}, nil
+		pages: make([]page, o.ReserveBytes/o.PageBytes), freeSet: make([]uint64, (o.ReserveBytes/o.PageBytes+63)/64)}, nil
 }
 
 // newChunk obtains a chunk of size bytes from the device.
@@ -106,8 +114,7 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 			}
 		}
 		if pg.inHeap {
-			pg.inHeap = false
-			a.freePages -= a.pageBytes
+			a.markUsed(i)
 		}
 		pg.refs++
 	}
@@ -118,28 +125,36 @@ func (a *arena) unref(p *Pool, i uint64) {
 	pg := &a.pages[i]
 	pg.refs--
 	if pg.refs == 0 && pg.mapped && !pg.inHeap {
-		pg.inHeap = true
-		heap.Push(&a.freeHeap, i)
-		a.freePages += a.pageBytes
-		if len(a.freeHeap) > 2*len(a.pages)+1024 {
-			a.compactHeap()
-		}
+		a.markFree(i)
 	}
 }
 
-// compactHeap drops stale entries (pages touched again since they were
-// pushed) so the heap stays proportional to the page count.
-func (a *arena) compactHeap() {
-	h := a.freeHeap[:0]
-	seen := make(map[uint64]bool, len(a.freeHeap))
-	for _, i := range a.freeHeap {
-		if a.pages[i].inHeap && !seen[i] {
-			seen[i] = true
-			h = append(h, i)
+// markFree records page i as mapped and unreferenced.
+func (a *arena) markFree(i uint64) {
+	a.pages[i].inHeap = true
+	a.freeSet[i/64] |= 1 << (i % 64)
+	a.freePages += a.pageBytes
+	a.freeTop = max(a.freeTop, i+1)
+}
+
+// markUsed takes page i out of the free set.
+func (a *arena) markUsed(i uint64) {
+	a.pages[i].inHeap = false
+	a.freeSet[i/64] &^= 1 << (i % 64)
+	a.freePages -= a.pageBytes
+}
+
+// highestFree returns the highest free page, scanning down from freeTop.
+func (a *arena) highestFree() (uint64, bool) {
+	for w := int((a.freeTop+63)/64) - 1; w >= 0; w-- {
+		if x := a.freeSet[w]; x != 0 {
+			i := uint64(w)*64 + uint64(63-bits.LeadingZeros64(x))
+			a.freeTop = i + 1
+			return i, true
 		}
 	}
-	a.freeHeap = h
-	heap.Init(&a.freeHeap)
+	a.freeTop = 0
+	return 0, false
 }
 
 func (a *arena) mapPage(p *Pool, i uint64) error {
@@ -175,17 +190,13 @@ func (a *arena) mapPage(p *Pool, i uint64) error {
 // of free mapped pages remain.
 func (a *arena) shrink(p *Pool, keep uint64) uint64 {
 	var released uint64
-	for a.freePages > keep && a.freeHeap.Len() > 0 {
-		i := heap.Pop(&a.freeHeap).(uint64)
+	for a.freePages > keep {
+		i, ok := a.highestFree()
+		if !ok {
+			break
+		}
+		a.markUsed(i)
 		pg := &a.pages[i]
-		if !pg.inHeap {
-			continue // stale entry: the page was touched again
-		}
-		pg.inHeap = false
-		a.freePages -= a.pageBytes
-		if pg.refs != 0 || !pg.mapped {
-			continue
-		}
 		va := a.base + device.Ptr(i*a.pageBytes)
 		if err := p.dev.Unmap(va, a.pageBytes); err != nil {
 			p.logf("unmap page at %#x: %v", uint64(va), err)
@@ -214,8 +225,8 @@ func (a *arena) released(p *Pool, off, size uint64) {
 	for i := first; i <= last; i++ {
 		a.unref(p, i)
 	}
-	if a.freePages > p.opts.KeepFreeBytes {
-		a.shrink(p, p.opts.KeepFreeBytes)
+	if keep := a.keepBytes(p); a.freePages > keep {
+		a.shrink(p, keep)
 	}
 }
 
@@ -255,22 +266,15 @@ func (a *arena) destroy(p *Pool) error {
 	return first
 }
 
-// pageHeap is a max-heap of page indices.
-type pageHeap []uint64
-
-func (h pageHeap) Len() int           { return len(h) }
-func (h pageHeap) Less(i, j int) bool { return h[i] > h[j] }
-func (h pageHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *pageHeap) Push(x any)        { *h = append(*h, x.(uint64)) }
-func (h *pageHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
 func (p *Pool) logf(format string, a ...any) {
 	if p.opts.Logger != nil {
 		p.opts.Logger.Debug(fmt.Sprintf(format, a...), "pool", p.opts.Name)
 	}
+}
+
+// keepBytes is how many bytes of free mapped pages stay mapped: at least
+// KeepFreeBytes, and a quarter of what is mapped, so a working set that
+// breathes does not map and unmap on every swing.
+func (a *arena) keepBytes(p *Pool) uint64 {
+	return max(p.opts.KeepFreeBytes, a.mapped/4)
 }

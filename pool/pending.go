@@ -98,9 +98,9 @@ func (p *Pool) reapAwaiting(wait bool) uint64 {
 	var n uint64
 	kept := p.awaiting[:0]
 	for _, b := range p.awaiting {
-		done, err := p.dev.EventQuery(b.ev)
+		done, _ := p.dev.EventQuery(b.ev)
 		if !done && wait {
-			err = p.dev.EventSynchronize(b.ev)
+			err := p.dev.EventSynchronize(b.ev)
 			done = err == nil
 		}
 		if !done {

@@ -97,7 +97,7 @@ type Options struct {
 	ReserveBytes uint64
 	// KeepFreeBytes is how many bytes of fully free mapped pages a
 	// GrowVirtual pool keeps mapped for reuse before unmapping them
-	// (default 64 MiB). More keeps fewer driver calls, less returns memory
+	// (default 256 MiB, and never less than a quarter of what is mapped). More keeps fewer driver calls, less returns memory
 	// sooner.
 	KeepFreeBytes uint64
 	// ChunkBytes is the smallest chunk under GrowChunks (default 32 MiB);
@@ -172,7 +172,7 @@ func (o Options) withDefaults(in device.Info) Options {
 	}
 	o.ReserveBytes = roundUp(o.ReserveBytes, o.PageBytes)
 	if o.KeepFreeBytes == 0 {
-		o.KeepFreeBytes = 64 << 20
+		o.KeepFreeBytes = 256 << 20
 	}
 	if o.ChunkBytes == 0 {
 		o.ChunkBytes = 32 << 20

@@ -15,6 +15,7 @@ import (
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
 	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/pool"
 )
 
@@ -32,6 +33,7 @@ func newSim(t testing.TB, backing bool, total uint64) device.Device {
 	}
 	o := sim.DefaultOptions()
 	o.Backing = backing
+	o.Kernels = kernels.Sim()
 	if total > 0 {
 		o.TotalBytes = total
 	}

@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"strings"
@@ -88,6 +87,13 @@ func (p *Pool) slowAlloc(size, align uint64, s device.Stream) (*meta, error) {
 func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 	for _, a := range p.arenas {
 		b, err := a.alloc.Alloc(size, align)
+		if a.virtual && errors.Is(err, alloc.ErrOutOfMemory) && a.alloc.Capacity() < a.size {
+			// Move the frontier up by what the request needs.
+			grow := min(a.size, roundUp(a.alloc.Capacity()+size+align, a.pageBytes))
+			if gerr := a.alloc.Grow(grow); gerr == nil {
+				b, err = a.alloc.Alloc(size, align)
+			}
+		}
 		if err != nil {
 			if errors.Is(err, alloc.ErrOutOfMemory) || errors.Is(err, alloc.ErrTooLarge) {
 				continue
@@ -311,20 +317,12 @@ func (p *Pool) warmup(n uint64) error {
 		if err := a.mapPage(p, i); err != nil {
 			return err
 		}
-		a.unrefNew(i)
+		a.markFree(i)
 	}
 	if p.opts.KeepFreeBytes < pages*a.pageBytes {
 		p.opts.KeepFreeBytes = pages * a.pageBytes
 	}
 	return nil
-}
-
-// unrefNew puts a freshly mapped, unreferenced page on the free heap.
-func (a *arena) unrefNew(i uint64) {
-	pg := &a.pages[i]
-	pg.inHeap = true
-	heap.Push(&a.freeHeap, i)
-	a.freePages += a.pageBytes
 }
 
 // Trim returns memory the pool holds but does not use to the device: cached

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 )
 
 // env is what a verb may touch: its output streams and whether stdout is a
@@ -133,6 +132,3 @@ func printHelp(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nRun 'memwall <command> -h' for a command's flags.")
 }
-
-// joinLines is a small helper for multi-line human output.
-func joinLines(lines ...string) string { return strings.Join(lines, "\n") + "\n" }

@@ -129,17 +129,21 @@ func LibraryCandidates(getenv func(string) string) []string {
 var ErrNoDriver = errors.New("CUDA driver library not usable")
 
 func loadDriver(candidates []string) (*driver, error) {
-	var tried []string
+	var tried, missing []string
 	for _, p := range candidates {
 		if strings.ContainsRune(p, '/') {
 			if _, err := os.Stat(p); err != nil {
-				tried = append(tried, fmt.Sprintf("%s: %v", p, errors.Unwrap(err)))
+				missing = append(missing, p)
 				continue
 			}
 		}
 		lib, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 		if err != nil {
-			tried = append(tried, fmt.Sprintf("%s: %v", p, err))
+			if strings.Contains(err.Error(), "cannot open shared object file") {
+				missing = append(missing, p)
+			} else {
+				tried = append(tried, fmt.Sprintf("%s: %v", p, err))
+			}
 			continue
 		}
 		d := &driver{lib: lib, path: p}
@@ -150,7 +154,10 @@ func loadDriver(candidates []string) (*driver, error) {
 		}
 		return d, nil
 	}
-	return nil, fmt.Errorf("%w: tried %s", ErrNoDriver, strings.Join(tried, "; "))
+	if len(missing) > 0 {
+		tried = append(tried, "not found: "+strings.Join(missing, ", "))
+	}
+	return nil, fmt.Errorf("%w (set MEMWALL_LIBCUDA to its path): %s", ErrNoDriver, strings.Join(tried, "; "))
 }
 
 func (d *driver) bind() error {

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/pool"
+)
+
+func init() { benchVerbs["alloc"] = runBenchAlloc }
+
+func runBenchAlloc(e *env, args []string) error {
+	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--json]")
+	var df deviceFlag
+	fs.StringVar(&df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	pairs := fs.Int("pairs", 20000, "timed free+alloc pairs per goroutine")
+	gor := fs.String("goroutines", "1,4,16", "goroutine counts to measure")
+	strategies := fs.String("strategies", "bestfit,tlsf", "pool strategies to measure")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	var gs []int
+	for _, s := range strings.Split(*gor, ",") {
+		var n int
+		if _, err := fmt.Sscanf(strings.TrimSpace(s), "%d", &n); err != nil || n < 1 || n > 1024 {
+			return usagef("--goroutines: bad count %q", s)
+		}
+		gs = append(gs, n)
+	}
+	if *pairs < 100 {
+		return usagef("--pairs must be at least 100")
+	}
+	d, _, err := df.open(e)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	pb := newProgress(e, "alloc")
+	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{Pairs: *pairs, Goroutines: gs,
+		Strategies: strings.Split(*strategies, ","),
+		Growths:    []pool.Growth{pool.GrowVirtual, pool.GrowChunks},
+		Progress:   func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
+	pb.done()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(e.stdout, rep)
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "%s (%s); latency of one free+alloc pair, clock overhead %.0f ns included\n", rep.Device, rep.Backend, rep.TimerOverheadNs)
+	fmt.Fprintf(w, "%-26s %-18s %3s %9s %9s %12s %10s %s\n", "allocator", "mix", "gor", "p50", "p99", "pairs/s", "vs async", "")
+	anchor := map[string]float64{}
+	for _, r := range rep.Results {
+		if r.Allocator == "cuMemAllocAsync" {
+			anchor[r.Mix] = r.P50ns
+		}
+	}
+	for _, r := range rep.Results {
+		vs := "-"
+		if a := anchor[r.Mix]; a > 0 && r.P50ns > 0 {
+			vs = fmt.Sprintf("%.3f×", r.P50ns/a)
+		}
+		fmt.Fprintf(w, "%-26s %-18s %3d %7.0fns %7.0fns %12.0f %10s %s\n", r.Allocator, r.Mix, r.Goroutines, r.P50ns, r.P99ns, r.PairsPerSec, vs, r.Note)
+	}
+	if rep.Backend == "sim" {
+		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")
+	}
+	return nil
+}

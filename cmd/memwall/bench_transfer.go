@@ -1,0 +1,77 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/memwall/memwall/bench"
+)
+
+func init() { benchVerbs["transfer"] = runBenchTransfer }
+
+type transferJSON struct {
+	bench.TransferReport
+	Reason string `json:"device_choice"`
+	// PinnedOverPageable is H2D pinned over H2D pageable bandwidth.
+	PinnedOverPageable float64 `json:"pinned_over_pageable"`
+}
+
+func runBenchTransfer(e *env, args []string) error {
+	fs := newFlags(e, "bench transfer", "[--device auto|cuda|sim] [--size BYTES] [--reps N] [--json]")
+	var df deviceFlag
+	fs.StringVar(&df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	size := fs.String("size", "256MiB", "bytes per copy")
+	reps := fs.Int("reps", 10, "timed copies per case (median reported)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	n, err := parseBytes(*size)
+	if err != nil || n == 0 {
+		return usagef("--size: %v", err)
+	}
+	if *reps < 1 {
+		return usagef("--reps must be at least 1")
+	}
+	d, ch, err := df.open(e)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	pb := newProgress(e, "transfer")
+	rep, err := bench.Transfer(e.ctx, d, bench.TransferOptions{Bytes: n, Reps: *reps,
+		Progress: func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
+	pb.done()
+	if err != nil {
+		return err
+	}
+	out := transferJSON{TransferReport: rep, Reason: ch.Reason}
+	pin, _ := rep.Get("h2d_pinned")
+	pag, _ := rep.Get("h2d_pageable")
+	if pag.GBps > 0 {
+		out.PinnedOverPageable = pin.GBps / pag.GBps
+	}
+	if *asJSON {
+		return writeJSON(e.stdout, out)
+	}
+	printTransfer(e, rep)
+	if rep.Backend == "sim" {
+		fmt.Fprintln(e.stdout, "(simulated device: times come from its model, not from hardware)")
+	}
+	return nil
+}
+
+func printTransfer(e *env, rep bench.TransferReport) {
+	w := e.stdout
+	fmt.Fprintf(w, "%s (%s)\n", rep.Device, rep.Backend)
+	fmt.Fprintf(w, "%-14s %10s %10s %10s %10s\n", "copy", "size", "median", "best", "worst")
+	for _, r := range rep.Results {
+		fmt.Fprintf(w, "%-14s %10s %7.1f GB/s %5.1f GB/s %5.1f GB/s\n", r.Name, humanBytes(r.Size), r.GBps, r.Best, r.Worst)
+	}
+	pin, _ := rep.Get("h2d_pinned")
+	pag, _ := rep.Get("h2d_pageable")
+	fmt.Fprintf(w, "pinned H2D is %s pageable H2D: stream weights from pinned memory.\n", ratio(pin.GBps, pag.GBps))
+}

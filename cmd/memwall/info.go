@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/auto"
+)
+
+func init() {
+	register(verb{name: "info", summary: "show the device memwall sees and what it will do about it", run: runInfo})
+}
+
+// deviceFlag adds the --device flag shared by verbs that open a device.
+type deviceFlag struct{ backend string }
+
+func (f *deviceFlag) open(e *env) (device.Device, auto.Choice, error) {
+	return auto.Open(f.backend, auto.Options{Getenv: e.getenv})
+}
+
+// infoJSON is `memwall info --json`.
+type infoJSON struct {
+	device.Info
+	FreeBytes uint64      `json:"free_bytes"`
+	Choice    auto.Choice `json:"choice"`
+	Strategy  string      `json:"strategy"`
+}
+
+// strategyFor says what memwall does about the topology.
+func strategyFor(in device.Info) string {
+	switch {
+	case in.Integrated:
+		return "unified memory: weights are used in place from host memory (zero-copy through mapped pointers), no staging copies"
+	case in.PageableMemoryAccess:
+		return "discrete with pageable access: weights that do not fit are streamed from pinned host memory through device staging slots; the GPU could also read host memory directly"
+	default:
+		return "discrete: weights that do not fit are streamed from pinned host memory through device staging slots, copies overlapped with compute"
+	}
+}
+
+func runInfo(e *env, args []string) error {
+	fs := newFlags(e, "info", "[--device auto|cuda|sim] [--json]")
+	var df deviceFlag
+	fs.StringVar(&df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	d, ch, err := df.open(e)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	in := d.Info()
+	free, total, err := d.MemInfo()
+	if err != nil {
+		return fmt.Errorf("memory info: %w", err)
+	}
+	if total != 0 {
+		in.TotalBytes = total
+	}
+	out := infoJSON{Info: in, FreeBytes: free, Choice: ch, Strategy: strategyFor(in)}
+	if *asJSON {
+		return writeJSON(e.stdout, out)
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "device       %s (%s, ordinal %d)\n", in.Name, in.Backend, in.Ordinal)
+	fmt.Fprintf(w, "chosen       %s → %s: %s\n", ch.Requested, ch.Backend, ch.Reason)
+	if in.DriverVersion != "" {
+		if in.Backend == "cuda" {
+			fmt.Fprintf(w, "driver       CUDA %s\n", in.DriverVersion)
+		}
+	}
+	fmt.Fprintf(w, "memory       %s total, %s free\n", humanBytes(in.TotalBytes), humanBytes(free))
+	fmt.Fprintf(w, "compute      capability %d.%d, %d multiprocessors\n", in.ComputeMajor, in.ComputeMinor, in.Multiprocessors)
+	topo := "discrete GPU"
+	if in.Integrated {
+		topo = "integrated GPU (unified memory)"
+	}
+	link := "PCIe link unknown"
+	if in.PCIeGen > 0 {
+		link = fmt.Sprintf("PCIe Gen%d x%d", in.PCIeGen, in.PCIeWidth)
+	}
+	fmt.Fprintf(w, "topology     %s, %s, %d copy engines", topo, link, in.CopyEngines)
+	if in.PCIBusID != "" {
+		fmt.Fprintf(w, ", bus %s", in.PCIBusID)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "host memory  map into device: %s; pageable access: %s; read-only register: %s\n",
+		yesNo(in.CanMapHostMemory), yesNo(in.PageableMemoryAccess), yesNo(in.ReadOnlyHostRegister))
+	vm := "no"
+	if in.VirtualMemory {
+		vm = "yes, granularity " + humanBytes(in.Granularity)
+	}
+	fmt.Fprintf(w, "virtual mem  %s\n", vm)
+	fmt.Fprintf(w, "plan         %s\n", out.Strategy)
+	if len(in.Disabled) > 0 {
+		fmt.Fprintf(w, "disabled     %s\n", strings.Join(in.Disabled, "\n             "))
+	}
+	return nil
+}

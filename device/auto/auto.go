@@ -1,0 +1,77 @@
+// Package auto opens the device memwall should use: the real GPU through
+// device/cuda when it works, otherwise the simulated device, and says why.
+package auto
+
+import (
+	"fmt"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/cuda"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/kernels"
+)
+
+// Backends accepted by Open.
+const (
+	Auto = "auto"
+	CUDA = "cuda"
+	Sim  = "sim"
+)
+
+// Choice records which backend was opened and why.
+type Choice struct {
+	Requested string `json:"requested"`
+	Backend   string `json:"backend"`
+	// Reason explains the choice, e.g. why auto fell back to the simulator.
+	Reason string `json:"reason"`
+}
+
+// Options configure Open.
+type Options struct {
+	// Ordinal selects the GPU for cuda.
+	Ordinal int
+	// Getenv reads MEMWALL_LIBCUDA and friends; nil means the process
+	// environment.
+	Getenv func(string) string
+	// Sim configures the simulated device; zero means sim.DefaultOptions().
+	Sim *sim.Options
+}
+
+// Open opens a device by backend name: "cuda" fails if the GPU cannot be
+// used; "sim" always gives the simulator; "auto" tries cuda and falls back to
+// sim, recording the cuda error in Choice.Reason.
+func Open(backend string, o Options) (device.Device, Choice, error) {
+	ch := Choice{Requested: backend}
+	openSim := func() device.Device {
+		so := sim.DefaultOptions()
+		if o.Sim != nil {
+			so = *o.Sim
+		}
+		if so.Kernels == nil {
+			so.Kernels = kernels.Sim()
+		}
+		return sim.New(so)
+	}
+	switch backend {
+	case CUDA:
+		d, err := cuda.Open(cuda.Options{Ordinal: o.Ordinal, Getenv: o.Getenv})
+		if err != nil {
+			return nil, ch, fmt.Errorf("--device cuda: %w", err)
+		}
+		ch.Backend, ch.Reason = CUDA, "requested; driver "+d.DriverPath()
+		return d, ch, nil
+	case Sim:
+		ch.Backend, ch.Reason = Sim, "requested"
+		return openSim(), ch, nil
+	case Auto, "":
+		d, err := cuda.Open(cuda.Options{Ordinal: o.Ordinal, Getenv: o.Getenv})
+		if err == nil {
+			ch.Backend, ch.Reason = CUDA, "a CUDA GPU is usable (driver "+d.DriverPath()+")"
+			return d, ch, nil
+		}
+		ch.Backend, ch.Reason = Sim, "no usable CUDA GPU, using the simulated device: "+err.Error()
+		return openSim(), ch, nil
+	default:
+		return nil, ch, fmt.Errorf("unknown device backend %q (want auto, cuda or sim)", backend)
+	}
+}

@@ -280,3 +280,17 @@ func TestLoadONNX(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+// BenchmarkImportONNX measures import and shape inference (decoding
+// excluded) of the largest shared graph, bert_base with 128 tokens.
+func BenchmarkImportONNX(b *testing.B) {
+	m := loadShared(b, "bert_base")
+	inputs := map[string][]int64{"input_ids": {1, 128}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := FromONNX(m, inputs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(m.Graph.Nodes)), "ns/node")
+}

@@ -331,6 +331,21 @@ func (d *decoder) graph(b []byte, g *Graph) error {
 	if d.graphDepth > MaxGraphDepth {
 		return fmt.Errorf("%s: subgraphs nested deeper than %d: %w", msg, MaxGraphDepth, ErrCorrupt)
 	}
+	// Size the repeated fields first: appending large structs one at a time
+	// dominated decoding. Counts are bounded by len(b) (each field takes at
+	// least two bytes); a malformed message is reported by the pass below.
+	var counts [16]int
+	_ = each(msg, b, func(f field) error {
+		if f.num < 16 && f.typ == protowire.BytesType {
+			counts[f.num]++
+		}
+		return nil
+	})
+	g.Nodes = growCap(g.Nodes, counts[1])
+	g.Initializers = growCap(g.Initializers, counts[5])
+	g.Inputs = growCap(g.Inputs, counts[11])
+	g.Outputs = growCap(g.Outputs, counts[12])
+	g.ValueInfo = growCap(g.ValueInfo, counts[13])
 	return each(msg, b, func(f field) error {
 		var err error
 		var p []byte

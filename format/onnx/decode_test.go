@@ -358,3 +358,18 @@ func TestManyPackedFieldsStayLinear(t *testing.T) {
 		t.Errorf("%v allocations for one tensor", allocs)
 	}
 }
+
+// BenchmarkDecode measures decoding bert_base (212 KB, 755 nodes).
+func BenchmarkDecode(b *testing.B) {
+	data, err := os.ReadFile(filepath.Join(modelDir, "bert_base.onnx"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -77,8 +77,8 @@ func addFiles(f *testing.F, pattern string) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		if len(data) > 8<<10 {
-			data = data[:8<<10] // a truncated copy: large seeds slow the fuzzer
+		if len(data) > 4<<10 {
+			data = data[:4<<10] // a truncated copy: large seeds slow the fuzzer
 		}
 		f.Add(data, false)
 		f.Add(data, true)

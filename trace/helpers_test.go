@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math"
 	"strings"
 	"testing"
 )
@@ -141,6 +142,10 @@ func (p *pk) entry(kv ...any) *pk {
 			p.int(int64(v))
 		case int64:
 			p.int(v)
+		case []byte: // a LONG1 of these bytes
+			p.op(0x8a, byte(len(v))).op(v...)
+		case float64:
+			p.b = binary.BigEndian.AppendUint64(append(p.b, 'G'), math.Float64bits(v))
 		default:
 			panic("pk.entry: unsupported value")
 		}

@@ -128,6 +128,11 @@ func TestPickleBadEntries(t *testing.T) {
 		{"action is an int", []any{"action", 3, "addr", 8192, "size", 16}, ErrMalformed, []string{`"action" is a int`}},
 		{"negative addr", []any{"action", "alloc", "addr", -8192, "size", 16}, ErrMalformed, []string{"negative addr"}},
 		{"double alloc", []any{"action", "alloc", "addr", 4096, "size", 16}, ErrDoubleAlloc, []string{"already live"}},
+		{"size of 2^63", []any{"action", "alloc", "addr", 8192, "size", []byte{0, 0, 0, 0, 0, 0, 0, 0x80, 0}}, ErrBadSize, []string{"9223372036854775808 exceeds"}},
+		{"addr beyond 64 bits", []any{"action", "alloc", "addr", []byte{0, 0, 0, 0, 0, 0, 0, 0, 1}, "size", 16}, ErrMalformed, []string{"addr does not fit in 64 bits"}},
+		{"time_us of 2^63", []any{"action", "alloc", "addr", 8192, "size", 16, "time_us", []byte{0, 0, 0, 0, 0, 0, 0, 0x80, 0}}, ErrMalformed, []string{"time_us out of range"}},
+		{"time_us overflowing ns", []any{"action", "alloc", "addr", 8192, "size", 16, "time_us", int64(1) << 62}, ErrMalformed, []string{"time_us 4611686018427387904 out of range"}},
+		{"stream is a float", []any{"action", "alloc", "addr", 8192, "size", 16, "stream", 1.5}, ErrMalformed, []string{`"stream" is a float`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

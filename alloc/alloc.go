@@ -3,7 +3,45 @@
 // The device pool, the activation planner, the KV cache and trace replay all
 // use them through the Allocator interface.
 //
-// No allocator is safe for concurrent use; callers serialize access.
+// No allocator is safe for concurrent use; callers serialize access. All
+// metadata lives on the host, in memory proportional to the number of
+// blocks and free ranges (never to the capacity), and a successful Alloc or
+// Free allocates no Go memory once the tables have grown to the working set.
+//
+// # Strategies
+//
+// New builds one by name; Strategies lists the names.
+//
+//   - "tlsf" (TLSF): two-level segregated fit. Constant-time Alloc and Free
+//     through two levels of bitmaps over 32 size classes per power of two;
+//     free neighbours merge at once. It takes the first range of the
+//     smallest class sure to fit ("good fit"), so it may split a larger range
+//     than best fit would: slightly more fragmentation for a bounded,
+//     predictable cost. The fastest general choice; no internal waste.
+//   - "bestfit" (BestFit): exact best fit with address-ordered ties (the
+//     smallest free range that fits, lowest offset among equals, block at
+//     its lowest aligned offset); free neighbours merge at once. Least
+//     fragmentation of the general strategies and low addresses first, which
+//     suits a growable virtual-memory arena; costs O(log k) per operation
+//     (k: free ranges of one size class), somewhat slower than tlsf.
+//   - "buddy" (Buddy): binary buddy, blocks of 256 B × 2^k aligned to their
+//     size. Cheap, predictable merging and no external fragmentation below
+//     the block sizes freed, but up to 50% internal waste per block
+//     (257 B takes 512 B).
+//   - "slab" (Slab): generated size classes (sizeclasses.go) from 256 B to
+//     256 KiB over 2 MiB pages assigned to a class on demand and returned
+//     when empty. Constant time, at most 12.5% waste per block and per page
+//     for every size from 256 B up; larger requests fail with ErrTooLarge.
+//     Pages held by sparsely used classes are its fragmentation.
+//   - "linear" (Linear): a ring of bump allocations for per-step scratch.
+//     No search at all, but space returns only from the ends of the ring: a
+//     hole left by an early free waits until everything older (or newer)
+//     is freed, and one long-lived block can stall it.
+//
+// Check and CheckEmpty verify any Allocator's invariants (segments cover
+// the capacity exactly, Stats agree with Walk, coalescing, and this
+// package's internal structures); tests elsewhere can call them after every
+// step of a random sequence.
 package alloc
 
 import (

@@ -1,15 +1,23 @@
 package alloc
 
-import "fmt"
+import (
+	"fmt"
+	"math/bits"
+)
 
 // BestFit hands out the smallest free range that can hold a request and,
 // among free ranges of that size, the one at the lowest offset; the block
 // is placed at the lowest aligned offset of the range. Freed blocks merge
-// with free neighbours immediately. Free ranges are kept in a treap
-// ordered by (size, offset), so Alloc and Free take O(log n) expected time
-// in the number of free ranges; a hash table finds a live block from its
-// offset and a doubly linked list in address order gives each block its
-// physical neighbours.
+// with free neighbours immediately.
+//
+// Free ranges are ordered by (size, offset) in two levels: TLSF's size
+// classes (found through bitmaps in constant time; a class spans at most
+// 1/32 of its sizes) and, inside each class, a treap. The order is exact,
+// so the choice is the true best fit, while each treap stays small: Alloc
+// and Free take O(log k) expected time, k the number of free ranges in one
+// class (O(log n) when all free ranges share a class). A hash table finds
+// a live block from its offset and a doubly linked list in address order
+// gives each block its physical neighbours.
 //
 // The zero value is not usable; call NewBestFit.
 type BestFit struct {
@@ -17,9 +25,14 @@ type BestFit struct {
 	nodes       []bfNode
 	spare       []int32
 	first, last int32 // physical list ends
-	root        int32 // treap of free ranges
 	rng         uint32
-	stack       []int32 // scratch for in-order iteration
+
+	// Free ranges: one treap per TLSF class, with bitmaps of the
+	// non-empty classes.
+	flBitmap uint64
+	slBitmap [tlsfFLCount]uint32
+	roots    [tlsfFLCount][tlsfSLCount]int32
+	stack    []int32 // scratch for in-order iteration
 
 	live offsetMap // offset of a live block -> node id
 
@@ -69,11 +82,14 @@ func (b *BestFit) nextPrio() uint32 {
 	return x
 }
 
-// insert adds free node id to the treap.
+// insert adds free node id to the treap of its class.
 func (b *BestFit) insert(id int32) {
+	fl, sl := tlsfMapping(b.nodes[id].size)
+	b.flBitmap |= 1 << fl
+	b.slBitmap[fl] |= 1 << sl
 	prio := b.nextPrio()
 	b.nodes[id].prio = prio
-	link := &b.root
+	link := &b.roots[fl][sl]
 	for *link != nilID && b.nodes[*link].prio >= prio {
 		if b.less(id, *link) {
 			link = &b.nodes[*link].left
@@ -99,9 +115,11 @@ func (b *BestFit) insert(id int32) {
 	*link = id
 }
 
-// remove deletes free node id from the treap.
+// remove deletes free node id from the treap of its class.
 func (b *BestFit) remove(id int32) {
-	link := &b.root
+	fl, sl := tlsfMapping(b.nodes[id].size)
+	root := &b.roots[fl][sl]
+	link := root
 	for *link != id {
 		if b.less(id, *link) {
 			link = &b.nodes[*link].left
@@ -127,6 +145,12 @@ func (b *BestFit) remove(id int32) {
 	} else {
 		*link = y
 	}
+	if *root == nilID {
+		b.slBitmap[fl] &^= 1 << sl
+		if b.slBitmap[fl] == 0 {
+			b.flBitmap &^= 1 << fl
+		}
+	}
 }
 
 func (b *BestFit) newNode(off, size uint64, free bool) int32 {
@@ -144,10 +168,48 @@ func (b *BestFit) newNode(off, size uint64, free bool) int32 {
 // find returns the first free range in (size, offset) order that can hold
 // size bytes at the alignment, or nilID.
 func (b *BestFit) find(size, align uint64) int32 {
+	fl0, sl0 := tlsfMapping(size)
+	if fl0 >= tlsfFLCount {
+		return nilID
+	}
+	for flMap := b.flBitmap >> fl0 << fl0; flMap != 0; flMap &= flMap - 1 {
+		fl := bits.TrailingZeros64(flMap)
+		m := b.slBitmap[fl]
+		if fl == fl0 {
+			m &= ^uint32(0) << sl0
+		}
+		for ; m != 0; m &= m - 1 {
+			sl := bits.TrailingZeros32(m)
+			if id := b.findIn(b.roots[fl][sl], size, align); id != nilID {
+				return id
+			}
+		}
+	}
+	return nilID
+}
+
+// findIn returns the first range of one treap, in (size, offset) order,
+// that can hold size bytes at the alignment, or nilID.
+func (b *BestFit) findIn(root int32, size, align uint64) int32 {
+	// Usually the smallest range of at least size bytes fits.
+	lower := int32(nilID)
+	for cur := root; cur != nilID; {
+		if n := &b.nodes[cur]; n.size >= size {
+			lower, cur = cur, n.left
+		} else {
+			cur = n.right
+		}
+	}
+	if lower == nilID {
+		return nilID
+	}
+	if n := &b.nodes[lower]; alignUp(n.off, align)-n.off+size <= n.size {
+		return lower
+	}
 	// Descend to the smallest range of at least size bytes, stacking the
 	// nodes where the search went left: they are its in-order successors.
 	stack := b.stack[:0]
-	for cur := b.root; cur != nilID; {
+	for cur := root; cur != nilID; {
 		if b.nodes[cur].size >= size {
 			stack = append(stack, cur)
 			cur = b.nodes[cur].left
@@ -175,6 +237,8 @@ func (b *BestFit) find(size, align uint64) int32 {
 // Alloc returns a block of exactly size bytes at the lowest aligned offset
 // of the best-fitting free range: the smallest range that can hold it,
 // lowest offset first among equals. Alignment padding stays free.
+// Near exhaustion, or with alignments that most ranges cannot meet, the
+// search may visit many ranges before it fails or fits.
 // Errors: ErrInvalidArgument (size 0, alignment not a power of two),
 // ErrTooLarge (size above MaxCapacity), *OOMError (nothing fits).
 func (b *BestFit) Alloc(size, align uint64) (Block, error) {
@@ -318,7 +382,14 @@ func (b *BestFit) Reset() {
 	b.nodes = b.nodes[:0]
 	b.spare = b.spare[:0]
 	b.live.clear()
-	b.root, b.first, b.last = nilID, nilID, nilID
+	b.first, b.last = nilID, nilID
+	b.flBitmap = 0
+	b.slBitmap = [tlsfFLCount]uint32{}
+	for fl := range b.roots {
+		for sl := range b.roots[fl] {
+			b.roots[fl][sl] = nilID
+		}
+	}
 	b.used, b.liveBlocks, b.freeRanges = 0, 0, 0
 	if b.capacity > 0 {
 		id := b.newNode(0, b.capacity, true)
@@ -329,17 +400,25 @@ func (b *BestFit) Reset() {
 }
 
 func (b *BestFit) largestFree() uint64 {
-	if b.root == nilID {
+	if b.flBitmap == 0 {
 		return 0
 	}
-	id := b.root
-	for b.nodes[id].right != nilID {
+	fl := log2(b.flBitmap)
+	sl := bits.Len32(b.slBitmap[fl]) - 1
+	if sl < 0 {
+		return 0 // bitmaps disagree; checkInternal reports it
+	}
+	id := b.roots[fl][sl]
+	for id != nilID && b.nodes[id].right != nilID {
 		id = b.nodes[id].right
+	}
+	if id == nilID {
+		return 0
 	}
 	return b.nodes[id].size
 }
 
-// Stats returns the accounting; LargestFree costs O(log n).
+// Stats returns the accounting; LargestFree costs O(log k).
 func (b *BestFit) Stats() Stats {
 	return Stats{
 		Capacity:    b.capacity,
@@ -375,9 +454,9 @@ func (b *BestFit) walkCoalesced() bool    { return true }
 func (b *BestFit) largestIsWalkMax() bool { return true }
 func (b *BestFit) emptyFreeRanges() int   { return boolInt(b.capacity > 0) }
 
-// checkInternal verifies the physical list, the live index, and that the
-// treap holds exactly the free ranges in strict (size, offset) order with
-// the heap property on priorities.
+// checkInternal verifies the physical list, the live index, the class
+// bitmaps, and that the treaps hold exactly the free ranges, each in its
+// class, in strict (size, offset) order with the heap property.
 func (b *BestFit) checkInternal() error {
 	inUse := len(b.nodes) - len(b.spare)
 	var seen, physFree, physLive int
@@ -409,42 +488,56 @@ func (b *BestFit) checkInternal() error {
 	if physLive != b.live.len() {
 		return fmt.Errorf("bestfit: %d live nodes, offset index holds %d", physLive, b.live.len())
 	}
-	// In-order traversal of the treap.
-	var stack []int32
+	// In-order traversal of every class's treap.
 	count := 0
-	last := int32(nilID)
-	cur := b.root
-	for cur != nilID || len(stack) > 0 {
-		for cur != nilID {
-			if len(stack) > inUse {
-				return fmt.Errorf("bestfit: treap deeper than the %d nodes in use (cycle?)", inUse)
+	var stack []int32
+	for fl := 0; fl < tlsfFLCount; fl++ {
+		if (b.flBitmap&(1<<fl) != 0) != (b.slBitmap[fl] != 0) {
+			return fmt.Errorf("bestfit: first-level bit %d disagrees with its second-level bitmap %#x", fl, b.slBitmap[fl])
+		}
+		for sl := 0; sl < tlsfSLCount; sl++ {
+			root := b.roots[fl][sl]
+			if (b.slBitmap[fl]&(1<<sl) != 0) != (root != nilID) {
+				return fmt.Errorf("bestfit: class (%d,%d): bitmap bit disagrees with its treap", fl, sl)
 			}
-			stack = append(stack, cur)
-			cur = b.nodes[cur].left
-		}
-		id := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		n := &b.nodes[id]
-		if count++; count > physFree {
-			return fmt.Errorf("bestfit: treap holds more than the %d free ranges", physFree)
-		}
-		if !n.free {
-			return fmt.Errorf("bestfit: treap holds live block at offset %d", n.off)
-		}
-		if last != nilID && !b.less(last, id) {
-			return fmt.Errorf("bestfit: treap out of order: (%d,%d) before (%d,%d)",
-				b.nodes[last].size, b.nodes[last].off, n.size, n.off)
-		}
-		for _, c := range [2]int32{n.left, n.right} {
-			if c != nilID && b.nodes[c].prio > n.prio {
-				return fmt.Errorf("bestfit: treap heap order broken below offset %d", n.off)
+			last := int32(nilID)
+			cur := root
+			for cur != nilID || len(stack) > 0 {
+				for cur != nilID {
+					if len(stack) > inUse {
+						return fmt.Errorf("bestfit: treap deeper than the %d nodes in use (cycle?)", inUse)
+					}
+					stack = append(stack, cur)
+					cur = b.nodes[cur].left
+				}
+				id := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				n := &b.nodes[id]
+				if count++; count > physFree {
+					return fmt.Errorf("bestfit: treaps hold more than the %d free ranges", physFree)
+				}
+				if !n.free {
+					return fmt.Errorf("bestfit: treap holds live block at offset %d", n.off)
+				}
+				if f, s := tlsfMapping(n.size); f != fl || s != sl {
+					return fmt.Errorf("bestfit: range of %d bytes in class (%d,%d), belongs in (%d,%d)", n.size, fl, sl, f, s)
+				}
+				if last != nilID && !b.less(last, id) {
+					return fmt.Errorf("bestfit: treap out of order: (%d,%d) before (%d,%d)",
+						b.nodes[last].size, b.nodes[last].off, n.size, n.off)
+				}
+				for _, c := range [2]int32{n.left, n.right} {
+					if c != nilID && b.nodes[c].prio > n.prio {
+						return fmt.Errorf("bestfit: treap heap order broken below offset %d", n.off)
+					}
+				}
+				last = id
+				cur = n.right
 			}
 		}
-		last = id
-		cur = n.right
 	}
 	if count != physFree {
-		return fmt.Errorf("bestfit: treap holds %d ranges, physical list has %d free", count, physFree)
+		return fmt.Errorf("bestfit: treaps hold %d ranges, physical list has %d free", count, physFree)
 	}
 	return nil
 }

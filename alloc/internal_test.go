@@ -201,7 +201,9 @@ func TestCheckFindsCorruption(t *testing.T) {
 		{"bestfit treap order", func() Allocator { return NewBestFit(MiB) },
 			func(a Allocator, _ []Block) {
 				b := a.(*BestFit)
-				b.nodes[b.root].size, b.nodes[b.root].off = 1, 1<<40 // key no longer fits its place
+				fl := log2(b.flBitmap)
+				root := b.roots[fl][bits.Len32(b.slBitmap[fl])-1]
+				b.nodes[root].size++ // key no longer fits its class or order
 			}, ""},
 		{"bestfit free range counter", func() Allocator { return NewBestFit(MiB) },
 			func(a Allocator, _ []Block) { a.(*BestFit).freeRanges++ }, "FreeRanges"},

@@ -317,6 +317,10 @@ func TestActivationsSharedModels(t *testing.T) {
 				t.Errorf("in-place groups cover %d of %d activations", covered, activations)
 			}
 			p, q := liveMaxLive(plain.Buffers, plain.Steps), liveMaxLive(inplace.Buffers, inplace.Steps)
+			if LowerBound(plain.Buffers) != p || LowerBound(inplace.Buffers) != q {
+				t.Errorf("LowerBound disagrees with the step sweep: %d/%d vs %d/%d",
+					LowerBound(plain.Buffers), LowerBound(inplace.Buffers), p, q)
+			}
 			if !(largest <= q && q <= p && p <= plain.NaiveBytes) {
 				t.Errorf("largest %d, max-live in-place %d, max-live %d, naive %d: out of order", largest, q, p, plain.NaiveBytes)
 			}

@@ -86,7 +86,7 @@ func TestPlanSVGContent(t *testing.T) {
 	}
 	for _, want := range []string{
 		"lower bound 12 B", "arena 16 B", "capacity 20 B", // the three lines, labelled
-		"tiny&lt;&amp;&gt;",                           // escaped
+		"tiny&lt;&amp;&gt;", // escaped
 		"b3\n4 B (4 bytes)\nlive [0, 9)\noffset 4 (4 B)", // a tooltip
 		"op index", "offset (down)",
 		"…", // the long name is cut where it is written inside its rectangle

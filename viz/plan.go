@@ -6,11 +6,13 @@ package viz
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -147,20 +149,37 @@ func PlanSVG(w io.Writer, p PlanPicture) error {
 			num(x+3), num(y+rh/2), esc(string(text)))
 	}
 
-	// The lines the plan is judged by.
-	line := func(b uint64, colour, dash, name string) {
-		if b == 0 {
-			return
-		}
-		y := sy(b)
-		bw.printf(`<line x1="%d" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="1.5"%s/>`+"\n",
-			plotLeft, num(y), num(plotLeft+pw), num(y), colour, dash)
-		bw.printf(`<text x="%s" y="%s" fill="%s" dominant-baseline="middle">%s %s</text>`+"\n",
-			num(plotLeft+pw+6), num(y), colour, name, esc(humanBytes(b)))
+	// The lines the plan is judged by, labelled at the right; labels of
+	// lines closer than a text line are pushed apart, in order of offset.
+	type mark struct {
+		bytes             uint64
+		colour, dash, txt string
+		y, labelY         float64
 	}
-	line(p.CapacityBytes, "#666666", ` stroke-dasharray="2 3"`, "capacity")
-	line(p.LowerBoundBytes, "#c62828", ` stroke-dasharray="6 4"`, "lower bound")
-	line(p.ArenaBytes, "#1565c0", "", "arena")
+	var marks []mark
+	for _, m := range []mark{
+		{bytes: p.LowerBoundBytes, colour: "#c62828", dash: ` stroke-dasharray="6 4"`, txt: "lower bound"},
+		{bytes: p.ArenaBytes, colour: "#1565c0", txt: "arena"},
+		{bytes: p.CapacityBytes, colour: "#666666", dash: ` stroke-dasharray="2 3"`, txt: "capacity"},
+	} {
+		if m.bytes > 0 {
+			m.y = sy(m.bytes)
+			marks = append(marks, m)
+		}
+	}
+	slices.SortStableFunc(marks, func(a, b mark) int { return cmp.Compare(a.y, b.y) })
+	for i := range marks {
+		marks[i].labelY = marks[i].y
+		if i > 0 {
+			marks[i].labelY = max(marks[i].y, marks[i-1].labelY+labelFontPx+2)
+		}
+	}
+	for _, m := range marks {
+		bw.printf(`<line x1="%d" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="1.5"%s/>`+"\n",
+			plotLeft, num(m.y), num(plotLeft+pw), num(m.y), m.colour, m.dash)
+		bw.printf(`<text x="%s" y="%s" fill="%s" dominant-baseline="middle">%s %s</text>`+"\n",
+			num(plotLeft+pw+6), num(m.labelY), m.colour, m.txt, esc(humanBytes(m.bytes)))
+	}
 	bw.printf("</svg>\n")
 	if bw.err == nil {
 		bw.err = bw.w.Flush()

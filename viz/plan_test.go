@@ -156,6 +156,30 @@ func TestPlanSVGErrors(t *testing.T) {
 	}
 }
 
+// TestPlanSVGLabelsApart checks that the labels of lines at the same
+// offset (an arena at the lower bound) do not overprint.
+func TestPlanSVGLabelsApart(t *testing.T) {
+	p := PlanPicture{LowerBoundBytes: 1 << 20, ArenaBytes: 1 << 20,
+		Rects: []PlanRect{{Label: "a", Start: 0, End: 2, Size: 1 << 20}}}
+	var buf bytes.Buffer
+	if err := PlanSVG(&buf, p); err != nil {
+		t.Fatal(err)
+	}
+	var ys []float64
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if strings.Contains(line, "1.0 MiB</text>") && strings.Contains(line, "fill=") {
+			var y float64
+			if _, err := fmt.Sscanf(line[strings.Index(line, ` y="`)+4:], "%g", &y); err != nil {
+				t.Fatal(err)
+			}
+			ys = append(ys, y)
+		}
+	}
+	if len(ys) != 2 || ys[1]-ys[0] < labelFontPx {
+		t.Errorf("label positions %v, want two at least %d px apart", ys, labelFontPx)
+	}
+}
+
 func TestPlanSVGEmpty(t *testing.T) {
 	var buf bytes.Buffer
 	if err := PlanSVG(&buf, PlanPicture{}); err != nil {

@@ -82,9 +82,11 @@ import (
 )
 
 // Options configure a simulated device. Start from DefaultOptions: New
-// replaces zero (or, for Granularity, non-power-of-two) numeric fields with
-// the defaults, but takes booleans as given, so a zero Options describes a
-// device without host mapping, virtual memory or backing bytes.
+// replaces zero or negative sizes, counts and bandwidths (and a Granularity
+// that is not a power of two) with the defaults, and negative latencies
+// (zero latencies are kept: an idealised device). Booleans are taken as
+// given, so a zero Options describes a device without host mapping, virtual
+// memory or backing bytes.
 type Options struct {
 	// Name is reported by Info.
 	Name string
@@ -231,12 +233,8 @@ func (o Options) normalize() Options {
 	if o.Granularity == 0 || o.Granularity&(o.Granularity-1) != 0 {
 		o.Granularity = def.Granularity
 	}
-	if o.PCIeGen < 0 {
-		o.PCIeGen = 0
-	}
-	if o.PCIeWidth < 0 {
-		o.PCIeWidth = 0
-	}
+	setI(&o.PCIeGen, def.PCIeGen)
+	setI(&o.PCIeWidth, def.PCIeWidth)
 	setF(&o.PinnedHtoDGBps, def.PinnedHtoDGBps)
 	setF(&o.PinnedDtoHGBps, def.PinnedDtoHGBps)
 	setF(&o.PageableGBps, def.PageableGBps)

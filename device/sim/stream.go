@@ -87,7 +87,8 @@ type scheduler struct {
 	hostClock time.Duration
 	free      [numEngines]time.Duration
 	rng       *rand.Rand
-	orphans   []error // errors of destroyed streams, for Synchronize
+	orphans   []error   // errors of destroyed streams, for Synchronize
+	ready     []*stream // scratch for Shuffle
 }
 
 func (x *scheduler) init(o Options) {
@@ -162,15 +163,16 @@ func (d *Device) step() bool {
 	x := &d.exec
 	var pick *stream
 	if d.o.Shuffle {
-		var ready []*stream
+		x.ready = x.ready[:0]
 		for _, st := range x.active {
 			if st.runnable() {
-				ready = append(ready, st)
+				x.ready = append(x.ready, st)
 			}
 		}
-		if len(ready) > 0 {
-			pick = ready[x.rng.IntN(len(ready))]
+		if len(x.ready) > 0 {
+			pick = x.ready[x.rng.IntN(len(x.ready))]
 		}
+		clear(x.ready)
 	} else {
 		for _, st := range x.active {
 			if !st.runnable() {

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 
 	"github.com/memwall/memwall/alloc"
@@ -272,9 +273,12 @@ func (p *Pool) logf(format string, a ...any) {
 	}
 }
 
-// keepBytes is how many bytes of free mapped pages stay mapped: at least
-// KeepFreeBytes, and a quarter of what is mapped, so a working set that
-// breathes does not map and unmap on every swing.
+// keepBytes is how many bytes of free mapped pages stay mapped:
+// KeepFreeBytes, or all of them when it is 0 (then pages go back to the
+// device only under the limit's pressure or on Trim).
 func (a *arena) keepBytes(p *Pool) uint64 {
-	return max(p.opts.KeepFreeBytes, a.mapped/4)
+	if p.opts.KeepFreeBytes == 0 {
+		return math.MaxUint64
+	}
+	return p.opts.KeepFreeBytes
 }

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"math/rand/v2"
 	"sync"
 )
 
@@ -12,21 +13,22 @@ type shard struct {
 	mu    sync.Mutex
 	lists []*meta
 	count []int
-	bytes uint64
+	bytes uint64   // cached bytes
+	c     counters // accounting of operations served here
 	_     [64]byte // keep shards on separate cache lines
 }
 
-const shardMaxBytes = 4 << 20 // cached bytes per shard before draining
+const shardMaxBytes = 2 << 20 // cached bytes per shard before draining
 
 // batchFor is how many blocks of a class one refill takes from the arena.
 func batchFor(cls int) int {
 	n := int((256 << 10) / sizeClasses[cls])
-	return max(1, min(n, 16))
+	return max(1, min(n, 4))
 }
 
 func (p *Pool) pickShard() *shard {
 	n := uint32(len(p.shards))
-	i := p.shardSeq.Add(1)
+	i := rand.Uint32()
 	for j := uint32(0); j < n; j++ {
 		s := &p.shards[(i+j)%n]
 		if s.mu.TryLock() {
@@ -58,17 +60,19 @@ func (s *shard) push(m *meta, cls int) {
 
 // cacheAlloc serves a small block from a shard, refilling the shard from the
 // arenas in a batch when its list for the class is empty.
-func (p *Pool) cacheAlloc(cls int) (*meta, error) {
+func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
 	s := p.pickShard()
 	if s.count == nil {
 		s.count = make([]int, len(sizeClasses))
 	}
 	m := s.pop(cls)
-	s.mu.Unlock()
 	if m != nil {
-		p.cached.Add(^(sizeClasses[cls] - 1))
+		m.req, m.purpose, m.tenant = req, purpose, t
+		s.c.add(m)
+		s.mu.Unlock()
 		return m, nil
 	}
+	s.mu.Unlock()
 	size := sizeClasses[cls]
 	p.mu.Lock()
 	first, err := p.arenaAlloc(size, p.opts.Alignment, 0)
@@ -77,6 +81,8 @@ func (p *Pool) cacheAlloc(cls int) (*meta, error) {
 		return nil, err
 	}
 	first.class = cls + 1
+	first.req, first.purpose, first.tenant = req, purpose, t
+	p.central.add(first)
 	var extra []*meta
 	for k := 1; k < batchFor(cls); k++ {
 		m, err := p.tryArenas(size, p.opts.Alignment)
@@ -96,7 +102,6 @@ func (p *Pool) cacheAlloc(cls int) (*meta, error) {
 			s.push(m, cls)
 		}
 		s.mu.Unlock()
-		p.cached.Add(uint64(len(extra)) * size)
 	}
 	return first, nil
 }
@@ -109,8 +114,8 @@ func (p *Pool) cacheFree(m *meta) {
 	if s.count == nil {
 		s.count = make([]int, len(sizeClasses))
 	}
+	s.c.sub(m)
 	s.push(m, cls)
-	p.cached.Add(sizeClasses[cls])
 	var drain []*meta
 	if s.bytes > shardMaxBytes {
 		for s.bytes > shardMaxBytes/2 {
@@ -130,7 +135,6 @@ func (p *Pool) cacheFree(m *meta) {
 	if len(drain) > 0 {
 		p.mu.Lock()
 		for _, d := range drain {
-			p.cached.Add(^(d.size - 1))
 			p.release(d)
 		}
 		p.mu.Unlock()
@@ -151,7 +155,6 @@ func (p *Pool) flushCaches() uint64 {
 		}
 		s.mu.Unlock()
 		for _, m := range all {
-			p.cached.Add(^(m.size - 1))
 			n += m.size
 			p.release(m)
 		}

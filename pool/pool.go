@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -95,10 +96,11 @@ type Options struct {
 	// ReserveBytes is the address space reserved under GrowVirtual
 	// (default: the device's total memory, rounded up to PageBytes).
 	ReserveBytes uint64
-	// KeepFreeBytes is how many bytes of fully free mapped pages a
-	// GrowVirtual pool keeps mapped for reuse before unmapping them
-	// (default 256 MiB, and never less than a quarter of what is mapped). More keeps fewer driver calls, less returns memory
-	// sooner.
+	// KeepFreeBytes caps the bytes of fully free mapped pages a
+	// GrowVirtual pool keeps mapped for reuse; above it the highest free
+	// pages are unmapped. 0 (the default) keeps them all: pages go back
+	// only under the limit's pressure, on device OOM, or on Trim, so a
+	// steady workload makes no driver calls.
 	KeepFreeBytes uint64
 	// ChunkBytes is the smallest chunk under GrowChunks (default 32 MiB);
 	// requests larger than ChunkBytes/2 get a chunk of their own, rounded
@@ -171,9 +173,6 @@ func (o Options) withDefaults(in device.Info) Options {
 		}
 	}
 	o.ReserveBytes = roundUp(o.ReserveBytes, o.PageBytes)
-	if o.KeepFreeBytes == 0 {
-		o.KeepFreeBytes = 256 << 20
-	}
 	if o.ChunkBytes == 0 {
 		o.ChunkBytes = 32 << 20
 	}
@@ -212,7 +211,7 @@ type Block struct {
 	Size uint64
 	Host []byte
 	m    *meta
-	gen  uint32
+	gen  uint64
 	pool *Pool
 }
 
@@ -224,10 +223,10 @@ var (
 )
 
 // meta is the host-side record of one block, reused across allocations.
-// gen changes on every allocation so stale handles are detected.
+// state holds the generation (changed on every allocation, so stale handles
+// are detected) and, in its low bit, whether the block is live.
 type meta struct {
-	gen     atomic.Uint32
-	live    atomic.Bool
+	state   atomic.Uint64
 	arena   *arena
 	off     uint64 // offset within the arena
 	size    uint64 // allocator block size
@@ -253,20 +252,75 @@ type Pool struct {
 	awaiting []awaitBatch
 	tenants  map[string]*Tenant
 
-	shards   []shard
-	shardSeq atomic.Uint32
+	shards []shard
 
-	// Accounting (atomics so Stats and the fast path need no lock).
+	central counters // slow-path accounting, guarded by mu
+	lat     []telemetry.Histogram
+
+	// Pool-wide accounting, updated on the slow path.
 	reserved, peakReserved atomic.Uint64
-	used, requested        atomic.Uint64
 	peakUsed               atomic.Uint64
-	cached, pendingBytes   atomic.Uint64
-	live                   atomic.Int64
-	byPurpose              [numPurposes]atomic.Uint64
-	allocs, frees, ooms    atomic.Uint64
+	pendingBytes           atomic.Uint64
+	ooms                   atomic.Uint64
 	devAllocs, devFrees    atomic.Uint64
 	maps, unmaps           atomic.Uint64
-	latency                telemetry.Histogram
+}
+
+// counters is per-operation accounting. The pool keeps one set for the
+// slow path (under Pool.mu) and one per small-block shard (under the
+// shard's lock), so the fast path touches only its shard. A block may be
+// counted in one set when allocated and another when freed: sizes wrap, and
+// only the sum over all sets is meaningful.
+type counters struct {
+	used, requested uint64
+	live            int64
+	allocs, frees   uint64
+	byPurpose       [numPurposes]uint64
+}
+
+func (c *counters) add(m *meta) {
+	c.used += m.size
+	c.requested += m.req
+	c.byPurpose[m.purpose%numPurposes] += m.size
+	c.live++
+	c.allocs++
+}
+
+func (c *counters) sub(m *meta) {
+	c.used -= m.size
+	c.requested -= m.req
+	c.byPurpose[m.purpose%numPurposes] -= m.size
+	c.live--
+	c.frees++
+}
+
+func (c *counters) plus(o *counters) {
+	c.used += o.used
+	c.requested += o.requested
+	c.live += o.live
+	c.allocs += o.allocs
+	c.frees += o.frees
+	for i := range c.byPurpose {
+		c.byPurpose[i] += o.byPurpose[i]
+	}
+}
+
+// latencySample is the sampling period of the latency histogram.
+const latencySample = 8
+
+// totalsLocked sums the central and per-shard counters and the cached
+// bytes. Called with p.mu held; it takes each shard's lock in turn.
+func (p *Pool) totalsLocked() (c counters, cached uint64) {
+	c = p.central
+	for i := range p.shards {
+		s := &p.shards[i]
+		s.mu.Lock()
+		c.plus(&s.c)
+		cached += s.bytes
+		s.mu.Unlock()
+	}
+	updateMax(&p.peakUsed, c.used)
+	return c, cached
 }
 
 // New creates a device memory pool on d.
@@ -301,6 +355,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		pending: map[device.Stream]*pendingList{},
 		tenants: map[string]*Tenant{},
 	}
+	p.lat = make([]telemetry.Histogram, o.Shards)
 	p.shards = make([]shard, o.Shards)
 	for i := range p.shards {
 		p.shards[i].lists = make([]*meta, len(sizeClasses))
@@ -333,8 +388,15 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 // Options returns the pool's effective options.
 func (p *Pool) Options() Options { return p.opts }
 
-// AllocLatency is the histogram of Alloc latencies.
-func (p *Pool) AllocLatency() *telemetry.Histogram { return &p.latency }
+// AllocLatency returns a histogram of Alloc latencies, sampled (one
+// allocation in 8 is timed) so that timing does not slow the fast path.
+func (p *Pool) AllocLatency() *telemetry.Histogram {
+	var h telemetry.Histogram
+	for i := range p.lat {
+		h.Merge(&p.lat[i])
+	}
+	return &h
+}
 
 func roundUp(x, a uint64) uint64 {
 	if a == 0 {
@@ -351,7 +413,11 @@ func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
 }
 
 func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
-	start := time.Now()
+	var start time.Time
+	timed := rand.Uint32()%latencySample == 0
+	if timed {
+		start = time.Now()
+	}
 	align := o.Align
 	if align == 0 {
 		align = p.opts.Alignment
@@ -376,9 +442,9 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		}
 	}
 	if cls >= 0 {
-		m, err = p.cacheAlloc(cls)
+		m, err = p.cacheAlloc(cls, size, o.Purpose, t)
 	} else {
-		m, err = p.slowAlloc(size, align, o.Stream)
+		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t)
 	}
 	if err != nil {
 		if t != nil {
@@ -387,17 +453,8 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		p.ooms.Add(1)
 		return Block{}, err
 	}
-	m.req = size
-	m.purpose = o.Purpose
-	m.tenant = t
-	gen := m.gen.Add(1)
-	m.live.Store(true)
-	p.used.Add(m.size)
-	p.requested.Add(size)
-	p.byPurpose[o.Purpose%numPurposes].Add(m.size)
-	p.live.Add(1)
-	p.allocs.Add(1)
-	updateMax(&p.peakUsed, p.used.Load())
+	gen := m.state.Load()>>1 + 1
+	m.state.Store(gen<<1 | 1)
 	b := Block{Ptr: m.arena.ptr(m.off), Size: m.size, m: m, gen: gen, pool: p}
 	if p.host {
 		b.Host = m.arena.host[m.off : m.off+m.size : m.off+m.size]
@@ -407,7 +464,9 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		p.opts.OnEvent(Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: o.Stream, Purpose: o.Purpose, Tenant: t.name()})
 		p.mu.Unlock()
 	}
-	p.latency.Observe(time.Since(start))
+	if timed {
+		p.lat[rand.Uint32()%uint32(len(p.lat))].Observe(time.Since(start))
+	}
 	return b, nil
 }
 
@@ -427,24 +486,21 @@ func (p *Pool) validate(b Block, t *Tenant) (*meta, error) {
 		return nil, fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	m := b.m
-	if m.gen.Load() != b.gen {
+	if m.state.Load()>>1 != b.gen {
 		return nil, fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	if m.tenant != t {
 		return nil, fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
 	}
-	if !m.live.CompareAndSwap(true, false) {
+	if !m.state.CompareAndSwap(b.gen<<1|1, b.gen<<1) {
 		return nil, fmt.Errorf("pool %s: double free of %#x: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	return m, nil
 }
 
-func (p *Pool) account(m *meta) {
-	p.used.Add(^(m.size - 1))
-	p.requested.Add(^(m.req - 1))
-	p.byPurpose[m.purpose%numPurposes].Add(^(m.size - 1))
-	p.live.Add(-1)
-	p.frees.Add(1)
+// freed does what every free does besides accounting: the tenant's charge
+// and the event hook.
+func (p *Pool) freed(m *meta) {
 	if m.tenant != nil {
 		m.tenant.uncharge(m.size)
 	}
@@ -466,12 +522,13 @@ func (p *Pool) free(t *Tenant, b Block) error {
 	if err != nil {
 		return err
 	}
-	p.account(m)
+	p.freed(m)
 	if m.class > 0 {
 		p.cacheFree(m)
 		return nil
 	}
 	p.mu.Lock()
+	p.central.sub(m)
 	p.release(m)
 	p.mu.Unlock()
 	return nil
@@ -491,9 +548,10 @@ func (p *Pool) freeAsync(t *Tenant, b Block, s device.Stream) error {
 	if err != nil {
 		return err
 	}
-	p.account(m)
+	p.freed(m)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.central.sub(m)
 	pl := p.pending[s]
 	if pl == nil {
 		pl = &pendingList{}
@@ -530,7 +588,7 @@ func (p *Pool) newMeta() *meta {
 
 func (p *Pool) putMeta(m *meta) {
 	m.arena, m.tenant, m.class = nil, nil, 0
-	m.gen.Add(1) // invalidate any copy of the old handle
+	m.state.Store((m.state.Load()>>1 + 1) << 1) // invalidate any copy of the old handle
 	m.next = p.metaFree
 	p.metaFree = m
 }

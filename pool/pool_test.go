@@ -547,6 +547,18 @@ func TestMetrics(t *testing.T) {
 	b1, _ := p.Alloc(3<<20, pool.AllocOptions{Purpose: pool.KV})
 	b2, _ := tn.Alloc(5<<20, pool.AllocOptions{Purpose: pool.Activations})
 	_, _ = tn.Alloc(2<<30, pool.AllocOptions{}) // over quota: one OOM
+	// Latency is sampled (one allocation in 8): make enough to see it.
+	var small []pool.Block
+	for i := 0; i < 400; i++ {
+		b, err := p.Alloc(4096, pool.AllocOptions{Purpose: pool.Scratch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		small = append(small, b)
+	}
+	for _, b := range small {
+		_ = p.Free(b)
+	}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -577,13 +589,16 @@ func TestMetrics(t *testing.T) {
 		"memwall_pool_tenant_used_bytes{tenant=bert}":          5 << 20,
 		"memwall_pool_tenant_quota_bytes{tenant=bert}":         1 << 30,
 		"memwall_pool_oom_total":                               1,
-		"memwall_pool_allocs_total":                            2,
-		"memwall_pool_alloc_latency_seconds":                   2,
+		"memwall_pool_allocs_total":                            402,
+		"memwall_pool_frees_total":                             400,
 	}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
+	}
+	if n := got["memwall_pool_alloc_latency_seconds"]; n < 10 || n > 150 {
+		t.Errorf("latency histogram holds %v samples of 402 allocations sampled 1 in 8", n)
 	}
 	if got["memwall_pool_reserved_bytes"] < 8<<20 || got["memwall_pool_utilization_ratio"] <= 0 {
 		t.Errorf("reserved %v utilization %v", got["memwall_pool_reserved_bytes"], got["memwall_pool_utilization_ratio"])

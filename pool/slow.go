@@ -68,18 +68,26 @@ func (e *OOMError) Is(target error) bool { return target == ErrOutOfMemory }
 func (e *OOMError) Unwrap() error { return e.Err }
 
 // slowAlloc allocates outside the small-block caches.
-func (p *Pool) slowAlloc(size, align uint64, s device.Stream) (*meta, error) {
+func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant) (*meta, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var m *meta
 	if s != 0 {
 		if l := p.pending[s]; l != nil {
-			if m := l.take(size, align); m != nil {
+			if m = l.take(size, align); m != nil {
 				p.pendingBytes.Add(^(m.size - 1))
-				return m, nil
 			}
 		}
 	}
-	return p.arenaAlloc(size, align, s)
+	if m == nil {
+		var err error
+		if m, err = p.arenaAlloc(size, align, s); err != nil {
+			return nil, err
+		}
+	}
+	m.req, m.purpose, m.tenant = size, purpose, t
+	p.central.add(m)
+	return m, nil
 }
 
 // tryArenas places a block in the existing arenas without growing. It
@@ -117,6 +125,14 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 // arenaAlloc places a block, reclaiming and growing as needed. Called with
 // p.mu held.
 func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
+	m, err := p.arenaAlloc1(size, align, s)
+	if err == nil {
+		updateMax(&p.peakUsed, p.central.used+m.size)
+	}
+	return m, err
+}
+
+func (p *Pool) arenaAlloc1(size, align uint64, s device.Stream) (*meta, error) {
 	if p.closed {
 		return nil, fmt.Errorf("pool %s: %w", p.opts.Name, ErrClosed)
 	}
@@ -148,12 +164,10 @@ func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
 			}
 		}
 	}
-	if p.cached.Load() > 0 {
+	if p.flushCaches() > 0 {
 		tried = append(tried, "flush small-block caches")
-		if p.flushCaches() > 0 {
-			if m, ok := attempt(); ok {
-				return m, nil
-			}
+		if m, ok := attempt(); ok {
+			return m, nil
 		}
 	}
 	// Grow.
@@ -240,8 +254,10 @@ func (p *Pool) trimChunks() uint64 {
 
 func (p *Pool) oomError(size, align uint64, tried []string, limitHit bool, devErr error) *OOMError {
 	st := p.arenaStats()
+	c, _ := p.totalsLocked()
+	used := c.used
 	e := &OOMError{Pool: p.opts.Name, Requested: size, Align: align, Limit: p.opts.Limit,
-		Reserved: p.reserved.Load(), Used: p.used.Load(), Free: st.free, LargestFree: st.largest,
+		Reserved: p.reserved.Load(), Used: used, Free: st.free, LargestFree: st.largest,
 		Fragmentation: st.frag(), Tried: tried}
 	switch {
 	case devErr != nil && !limitHit:

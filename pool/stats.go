@@ -8,7 +8,9 @@ import (
 func (p *Pool) Stats() telemetry.PoolStats {
 	p.mu.Lock()
 	st := p.arenaStats()
+	c, cached := p.totalsLocked()
 	p.mu.Unlock()
+	lat := p.AllocLatency()
 	s := telemetry.PoolStats{
 		Name:              p.opts.Name,
 		Backend:           p.info.Backend,
@@ -17,26 +19,26 @@ func (p *Pool) Stats() telemetry.PoolStats {
 		ReservedBytes:     p.reserved.Load(),
 		PeakReservedBytes: p.peakReserved.Load(),
 		LimitBytes:        p.opts.Limit,
-		UsedBytes:         p.used.Load(),
-		RequestedBytes:    p.requested.Load(),
+		UsedBytes:         c.used,
+		RequestedBytes:    c.requested,
 		PeakUsedBytes:     p.peakUsed.Load(),
-		CachedBytes:       p.cached.Load(),
+		CachedBytes:       cached,
 		PendingBytes:      p.pendingBytes.Load(),
-		LiveBlocks:        int(p.live.Load()),
+		LiveBlocks:        int(c.live),
 		FreeBytes:         st.free,
 		LargestFreeBytes:  st.largest,
 		Fragmentation:     st.frag(),
 		ByPurpose:         map[string]uint64{},
 		Tenants:           p.tenantStats(),
-		Allocs:            p.allocs.Load(),
-		Frees:             p.frees.Load(),
+		Allocs:            c.allocs,
+		Frees:             c.frees,
 		OOMs:              p.ooms.Load(),
 		DeviceAllocs:      p.devAllocs.Load(),
 		DeviceFrees:       p.devFrees.Load(),
 		Maps:              p.maps.Load(),
 		Unmaps:            p.unmaps.Load(),
-		AllocP50:          p.latency.Quantile(0.5),
-		AllocP99:          p.latency.Quantile(0.99),
+		AllocP50:          lat.Quantile(0.5),
+		AllocP99:          lat.Quantile(0.99),
 	}
 	if p.host {
 		s.Backend += "-pinned-host"
@@ -45,7 +47,7 @@ func (p *Pool) Stats() telemetry.PoolStats {
 		s.Utilization = float64(s.UsedBytes) / float64(s.ReservedBytes)
 	}
 	for i := Purpose(0); i < numPurposes; i++ {
-		if v := p.byPurpose[i].Load(); v > 0 {
+		if v := c.byPurpose[i]; v > 0 {
 			s.ByPurpose[i.String()] = v
 		}
 	}

@@ -106,3 +106,14 @@ func (h *Histogram) Reset() {
 	h.sumNs.Store(0)
 	h.n.Store(0)
 }
+
+// Merge adds o's observations to h.
+func (h *Histogram) Merge(o *Histogram) {
+	for i := range o.counts {
+		if c := o.counts[i].Load(); c != 0 {
+			h.counts[i].Add(c)
+		}
+	}
+	h.sumNs.Add(o.sumNs.Load())
+	h.n.Add(o.n.Load())
+}

@@ -1,0 +1,50 @@
+package pool_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/memwall/memwall/pool"
+)
+
+// BenchmarkPair measures one free+alloc pair against a working set of 32
+// live blocks, log-uniform 512 B–64 MiB, after a warm-up.
+func BenchmarkPair(b *testing.B) {
+	for _, o := range configs() {
+		b.Run(o.Name, func(b *testing.B) {
+			d := newSim(b, false, 64<<30)
+			p, err := pool.New(d, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			r := rand.New(rand.NewPCG(1, 2))
+			lo, hi := math.Log(512), math.Log(64<<20)
+			sample := func() uint64 { return uint64(math.Exp(lo + r.Float64()*(hi-lo))) }
+			live := make([]pool.Block, 32)
+			for i := range live {
+				live[i], _ = p.Alloc(sample(), pool.AllocOptions{})
+			}
+			step := func() {
+				k := r.IntN(len(live))
+				if err := p.Free(live[k]); err != nil {
+					b.Fatal(err)
+				}
+				var err error
+				if live[k], err = p.Alloc(sample(), pool.AllocOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := 0; i < 5000; i++ {
+				step()
+			}
+			calls := p.Stats().DeviceCalls()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				step()
+			}
+			b.ReportMetric(float64(p.Stats().DeviceCalls()-calls)/float64(b.N), "calls/op")
+		})
+	}
+}

@@ -326,3 +326,43 @@ func TestClose(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeWaitsForQueuedWork: Free, HostFree and Unmap run all queued work
+// first, as the driver's free waits, so a queued copy out of the memory
+// being freed still sees its data.
+func TestFreeWaitsForQueuedWork(t *testing.T) {
+	const g = 2 << 20
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, d *sim.Device, s device.Stream, out []byte)
+	}{
+		{"Free", func(t *testing.T, d *sim.Device, s device.Stream, out []byte) {
+			p := get(d.Alloc(4096)).ok(t)
+			ok(t, d.Memset8(p, 7, 4096, s))
+			ok(t, d.CopyDtoH(out, p, s))
+			ok(t, d.Free(p))
+		}},
+		{"HostFree", func(t *testing.T, d *sim.Device, s device.Stream, out []byte) {
+			hb := get(d.HostAlloc(4096)).ok(t)
+			ok(t, d.Memset8(hb.DevicePtr, 7, 4096, s))
+			ok(t, d.CopyDtoH(out, hb.DevicePtr, s))
+			ok(t, d.HostFree(hb))
+		}},
+		{"Unmap", func(t *testing.T, d *sim.Device, s device.Stream, out []byte) {
+			va := get(d.Reserve(g)).ok(t)
+			ok(t, d.Map(va, g, get(d.CreatePhysical(g)).ok(t)))
+			ok(t, d.Memset8(va, 7, 4096, s))
+			ok(t, d.CopyDtoH(out, va, s))
+			ok(t, d.Unmap(va, g))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDev(t, nil)
+			out := make([]byte, 16)
+			tc.run(t, d, get(d.NewStream()).ok(t), out)
+			if out[0] != 7 || d.Stats().Pending != 0 {
+				t.Errorf("%s returned with the copy not run (out %v, %d pending)", tc.name, out[:2], d.Stats().Pending)
+			}
+		})
+	}
+}

@@ -476,3 +476,40 @@ func TestStats(t *testing.T) {
 		t.Errorf("Now %v: one stream should be the sum of its work", st.Now)
 	}
 }
+
+func TestDefaultInfo(t *testing.T) {
+	in := sim.New(sim.DefaultOptions()).Info()
+	want := device.Info{
+		Backend: "sim", Name: "memwall-sim (8 GiB discrete, PCIe 4.0 x16)", TotalBytes: 8 << 30,
+		ComputeMajor: 8, ComputeMinor: 6, Multiprocessors: 46, CanMapHostMemory: true,
+		ReadOnlyHostRegister: true, CopyEngines: 2, VirtualMemory: true, Granularity: 2 << 20,
+		PCIeGen: 4, PCIeWidth: 16, MemoryBusBit: 256,
+	}
+	got := in
+	got.UUID, got.DriverVersion, got.PCIBusID, got.Disabled = "", "", "", nil
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Info:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestZeroOptions(t *testing.T) {
+	d := sim.New(sim.Options{})
+	defer d.Close()
+	in, o := d.Info(), d.Options()
+	def := sim.DefaultOptions()
+	if in.TotalBytes != def.TotalBytes || o.PinnedHtoDGBps != def.PinnedHtoDGBps || o.Granularity != def.Granularity || o.MaxPending != def.MaxPending {
+		t.Errorf("zero numeric options not filled: %+v", o)
+	}
+	if in.VirtualMemory || in.CanMapHostMemory || o.Backing || o.CopyLatency != 0 {
+		t.Errorf("zero booleans or latencies changed: %+v", o)
+	}
+	if _, err := d.Reserve(2 << 20); !errors.Is(err, device.ErrUnsupported) {
+		t.Errorf("Reserve on a device without virtual memory = %v", err)
+	}
+	odd := sim.DefaultOptions()
+	odd.Granularity = 3 << 20
+	odd.CopyLatency = -1
+	if o := sim.New(odd).Options(); o.Granularity != 2<<20 || o.CopyLatency != def.CopyLatency {
+		t.Errorf("bad Granularity / negative latency not replaced: %v, %v", o.Granularity, o.CopyLatency)
+	}
+}

@@ -30,6 +30,10 @@
 //   - memwall's event log, JSON lines written by Writer (below), so memwall
 //     users can replay their own runs.
 //
+// Other snapshot keys are parsed and dropped: "allocator_settings",
+// "external_annotations", and "host_segments"/"host_traces" (pinned host
+// memory, which memwall's device pool does not serve).
+//
 // # Actions
 //
 // Kept: alloc, free_requested, free_completed, segment_alloc, segment_free,

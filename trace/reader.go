@@ -218,7 +218,10 @@ func NewReader(src io.Reader, name string, opts Options) (*Reader, error) {
 
 // detect guesses the format from the first bytes of br, then from name.
 func detect(br *bufio.Reader, name string) (Format, error) {
-	head, _ := br.Peek(512)
+	head, err := br.Peek(512)
+	if len(head) == 0 && err != nil && err != io.EOF {
+		return FormatAuto, fmt.Errorf("reading: %w", err)
+	}
 	trimmed := bytes.TrimLeft(head, " \t\r\n")
 	switch {
 	case len(head) >= 2 && head[0] == pickleProto && head[1] >= 2:

@@ -234,6 +234,9 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := Open("testdata/no-such-file.csv", Options{}); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Open of a missing file: %v", err)
 	}
+	if _, err := Open("testdata", Options{}); err == nil || errors.Is(err, ErrFormat) {
+		t.Errorf("Open of a directory: %v, want a read error", err)
+	}
 	r, err := Open("testdata/snapshot.golden.jsonl", Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ var ErrInfeasible = errors.New("no layout fits the capacity")
 const (
 	// MaxSearchBuffers is the most buffers of non-zero size the search
 	// accepts.
-	MaxSearchBuffers = 8192
+	MaxSearchBuffers = 4096
 	// maxSearchPairs bounds the pairs of buffers live together, which the
 	// search keeps as adjacency lists.
 	maxSearchPairs = 1 << 23
@@ -384,7 +384,10 @@ func (s *searcher) fit(capacity, nodeLimit int64, deadline time.Time, done <-cha
 		s.unplaced[sec] = s.memOff[sec+1] - s.memOff[sec]
 	}
 	copy(s.sum, s.sum0)
-	s.failed = make(map[uint64]struct{})
+	if s.failed == nil {
+		s.failed = make(map[uint64]struct{})
+	}
+	clear(s.failed)
 	copy(s.cut, s.cut0)
 	for i := range s.rank {
 		s.rank[i] = int32(i)

@@ -127,8 +127,14 @@ func PlanSVG(w io.Writer, p PlanPicture) error {
 	for _, r := range p.Rects {
 		x, y := sx(r.Start), sy(r.Offset)
 		rw, rh := max(sx(r.End)-x, 0.5), max(sy(r.Offset+r.Size)-y, 0.5)
-		bw.printf(`<rect x="%s" y="%s" width="%s" height="%s" fill="%s"><title>%s</title></rect>`+"\n",
-			num(x), num(y), num(rw), num(rh), colour(r.Label), esc(tooltip(r)))
+		// Outlines would blacken slivers: only rectangles of some size
+		// get one.
+		stroke := ""
+		if rw < 2 || rh < 2 {
+			stroke = ` stroke="none"`
+		}
+		bw.printf(`<rect x="%s" y="%s" width="%s" height="%s" fill="%s"%s><title>%s</title></rect>`+"\n",
+			num(x), num(y), num(rw), num(rh), colour(r.Label), stroke, esc(tooltip(r)))
 	}
 	bw.printf("</g>\n")
 	// Labels where they fit, above every rectangle.

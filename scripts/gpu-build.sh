@@ -9,7 +9,7 @@ rm -rf gpubin
 mkdir -p gpubin
 export CGO_ENABLED=0
 go build -ldflags="-s -w" -o gpubin/memwall ./cmd/memwall
-for pkg in device/cuda pool kernels ${GPU_PKGS:-}; do
+for pkg in device/cuda pool kernels plan/bind stream ${GPU_PKGS:-}; do
   [ -d "$pkg" ] || continue
   go test -c -ldflags="-s -w" -o "gpubin/$(echo "$pkg" | tr / _).test" "./$pkg" || echo "skipped $pkg: does not build"
 done

@@ -40,7 +40,7 @@ run "bad MEMWALL_LIBCUDA, --device auto" bash -c "MEMWALL_LIBCUDA=/nonexistent/l
 [ -x "$bin/device_cuda.test" ] && run "device conformance (cuda)" bash -c "cd device/cuda && '$bin/device_cuda.test' -test.v -test.timeout 300s"
 [ -x "$bin/kernels.test" ] && run "kernels (cuda)" bash -c "cd kernels && MEMWALL_TEST_DEVICE=cuda '$bin/kernels.test' -test.v -test.timeout 300s"
 [ -x "$bin/pool.test" ] && run "pool suite (cuda)" bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.v -test.timeout 300s"
-[ -x "$bin/plan.test" ] && run "plan binding (cuda)" bash -c "cd plan && MEMWALL_TEST_DEVICE=cuda '$bin/plan.test' -test.v -test.run GPU -test.timeout 300s"
+[ -x "$bin/plan_bind.test" ] && run "plan lifetimes on the GPU" bash -c "cd plan/bind && MEMWALL_TEST_DEVICE=cuda '$bin/plan_bind.test' -test.v -test.timeout 300s"
 run "bench transfer" bash -c "'$bin/memwall' bench transfer | tee '$OUT/transfer.txt'"
 run "bench alloc" bash -c "'$bin/memwall' bench alloc | tee '$OUT/alloc.txt'"
 [ -n "${EXTRA:-}" ] && run "extra" bash -c "$EXTRA"

@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/memwall/memwall/bench"
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/pool"
 )
 
 func init() {
@@ -22,6 +24,8 @@ type demoStep struct {
 func demoSteps() []demoStep {
 	return []demoStep{
 		{"the link: host↔device bandwidth", demoTransfer},
+		{"a pool under load, next to the driver", demoPool},
+		{"activations of a real ONNX model packed by liveness", func(e *env, _ device.Device) error { return planDemo(e) }},
 	}
 }
 
@@ -55,6 +59,42 @@ func runDemo(e *env, args []string) error {
 			return fmt.Errorf("demo step %q: %w", s.title, err)
 		}
 		fmt.Fprintf(w, "  (%.1fs)\n", time.Since(t0).Seconds())
+	}
+	return nil
+}
+
+// demoPool runs a random allocation workload through a pool and shows what
+// it cost: latency, memory held, driver calls made.
+func demoPool(e *env, d device.Device) error {
+	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{
+		Mixes:      []bench.Mix{{Name: "random 512B-64MiB", Min: 512, Max: 64 << 20}},
+		Strategies: []string{"bestfit"}, Growths: []pool.Growth{pool.DefaultOptions(d).Growth},
+		Goroutines: []int{1, 4}, Pairs: 5000, DriverPairs: 300,
+	})
+	if err != nil {
+		return err
+	}
+	var async float64
+	for _, r := range rep.Results {
+		if r.Allocator == "cuMemAllocAsync" {
+			async = r.P50ns
+		}
+	}
+	for _, r := range rep.Results {
+		if r.Pairs == 0 {
+			continue
+		}
+		line := fmt.Sprintf("  %-24s %d goroutine(s): free+alloc p50 %5.0f ns, p99 %7.0f ns", r.Allocator, r.Goroutines, r.P50ns, r.P99ns)
+		if strings.HasPrefix(r.Allocator, "memwall") {
+			line += fmt.Sprintf(", %d driver calls in %d pairs, peak %s held", r.DeviceCalls, r.Pairs, humanBytes(r.ReservedPeak))
+			if async > 0 {
+				line += fmt.Sprintf(" (%.2f× cuMemAllocAsync)", r.P50ns/async)
+			}
+		}
+		fmt.Fprintln(e.stdout, line)
+	}
+	if rep.Backend == "sim" {
+		fmt.Fprintln(e.stdout, "  (no GPU: the driver's allocators are measured only on a real one)")
 	}
 	return nil
 }

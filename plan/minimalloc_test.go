@@ -35,19 +35,28 @@ func readInstance(t testing.TB, name string) []Buffer {
 
 // TestMinimallocInstances is the acceptance test of the search: every
 // shared instance fits its 1,048,576-byte capacity within the default 5 s
-// limit. The greedy planners alone need 1.31-1.41x the lower bound.
+// limit. The greedy planners alone need 1.29-1.37x the lower bound. Under
+// the race detector, which slows the search 10-20x, only the two quickest
+// instances run, with a minute each.
 func TestMinimallocInstances(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join(minimallocDir, "*.csv"))
 	if err != nil || len(files) != 6 {
 		t.Fatalf("want the 6 instances in %s, got %v (%v)", minimallocDir, files, err)
 	}
+	opts := Options{Capacity: minimallocCapacity}
+	if raceEnabled {
+		opts.TimeLimit = time.Minute
+	}
 	for _, f := range files {
 		name := filepath.Base(f)
 		t.Run(name, func(t *testing.T) {
+			if raceEnabled && name != "A.1048576.csv" && name != "F.1048576.csv" {
+				t.Skip("too slow under the race detector")
+			}
 			t.Parallel()
 			bufs := readInstance(t, name)
 			start := time.Now()
-			l, rep, err := Solve(context.Background(), bufs, Options{Capacity: minimallocCapacity})
+			l, rep, err := Solve(context.Background(), bufs, opts)
 			took := time.Since(start)
 			if err != nil {
 				t.Fatal(err)

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -344,6 +347,10 @@ type searcher struct {
 	failed    map[uint64]struct{} // hashes of subproblems with no layout
 	deadline  time.Time
 	done      <-chan struct{}
+	// In a parallel round, index is this preorder's place and stop the
+	// index above which searches give up.
+	index int32
+	stop  *atomic.Int32
 }
 
 func newSearcher(in *searchInst) *searcher {
@@ -402,7 +409,22 @@ func (s *searcher) fit(capacity, nodeLimit int64, deadline time.Time, done <-cha
 	for r := range s.n {
 		s.slab = append(s.slab, int32(r))
 	}
-	return s.split(0, int32(s.nsec), s.slab[:s.n])
+	st := s.split(0, int32(s.nsec), s.slab[:s.n])
+	if s.stop != nil {
+		// A layout stops the preorders after this one; a proof that none
+		// exists stops all.
+		limit := s.index
+		if st == statusNotFound {
+			limit = -1
+		}
+		for st == statusFound || st == statusNotFound {
+			cur := s.stop.Load()
+			if cur <= limit || s.stop.CompareAndSwap(cur, limit) {
+				break
+			}
+		}
+	}
+	return st
 }
 
 // split solves the independent groups of cands (sorted by minOff, rank)
@@ -500,6 +522,9 @@ func (s *searcher) search(lo, hi int32, cands []int32, lastOff int64, last int32
 		return statusBudget
 	}
 	if s.nodes&255 == 0 {
+		if s.stop != nil && s.stop.Load() < s.index {
+			return statusBudget // an earlier preorder found a layout
+		}
 		if time.Now().After(s.deadline) {
 			return statusDeadline
 		}
@@ -758,34 +783,75 @@ type searchRun struct {
 // preorders round robin with a node budget that doubles each round, until
 // one finds a layout, one exhausts the space, nodeLimit (0: none) is spent,
 // or the deadline passes.
+//
+// With more than one CPU the preorders of a round run at once. The result
+// does not depend on it: each preorder's search under its budget is
+// deterministic, and of a round's results the first preorder's that ended
+// wins, as it would have run first. A preorder that finds a layout stops
+// those after it (they could not win); one that proves nothing fits stops
+// all.
 func searchFit(insts []*searcher, bufs []Buffer, alignment uint64, capacity uint64, nodeLimit int64, deadline time.Time, done <-chan struct{}) searchRun {
 	a := max(alignment, 1)
 	units := int64(min(capacity/a, 1<<62))
 	var run searchRun
 	budget := int64(max(insts[0].n, 64))
+	parallel := runtime.GOMAXPROCS(0) > 1 && insts[0].n >= 32
+	results := make([]searchStatus, len(insts))
 	for {
-		for _, s := range insts {
-			b := budget
-			if nodeLimit > 0 {
-				b = min(b, nodeLimit-run.nodes)
+		b := budget
+		if nodeLimit > 0 {
+			b = min(b, (nodeLimit-run.nodes)/int64(len(insts)))
+			if b <= 0 {
+				run.status = statusBudget
+				return run
 			}
-			before := s.nodes
-			st := s.fit(units, b, deadline, done)
-			run.nodes += s.nodes - before
+		}
+		var stop atomic.Int32 // preorders with a larger index stop
+		stop.Store(int32(len(insts)))
+		for i, s := range insts {
+			s.index, s.stop = int32(i), &stop
+		}
+		before := make([]int64, len(insts))
+		for i, s := range insts {
+			before[i] = s.nodes
+		}
+		if parallel {
+			var wg sync.WaitGroup
+			for i, s := range insts {
+				wg.Go(func() { results[i] = s.fit(units, b, deadline, done) })
+			}
+			wg.Wait()
+		} else {
+			for i, s := range insts {
+				if results[i] = s.fit(units, b, deadline, done); results[i] == statusFound || results[i] == statusNotFound {
+					for j := i + 1; j < len(insts); j++ {
+						results[j] = statusBudget
+					}
+					break
+				}
+			}
+		}
+		for i, s := range insts {
+			run.nodes += s.nodes - before[i]
+		}
+		for i, st := range results {
 			switch st {
 			case statusFound:
+				s := insts[i]
 				offsets := make([]uint64, len(bufs))
-				for r, i := range s.orig {
-					offsets[i] = uint64(s.sol[r]) * a
+				for r, k := range s.orig {
+					offsets[k] = uint64(s.sol[r]) * a
 				}
 				run.offsets, run.arena, run.status = offsets, arenaOf(bufs, offsets, a), st
 				return run
-			case statusNotFound, statusDeadline:
+			case statusNotFound:
 				run.status = st
 				return run
 			}
-			if nodeLimit > 0 && run.nodes >= nodeLimit {
-				run.status = statusBudget
+		}
+		for _, st := range results {
+			if st == statusDeadline {
+				run.status = st
 				return run
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -369,6 +370,26 @@ func TestSolveDeterministic(t *testing.T) {
 	}
 	if a.ArenaBytes != b.ArenaBytes || a.Algorithm != b.Algorithm || !slices.Equal(a.Offsets, b.Offsets) {
 		t.Errorf("two runs differ: %d by %s vs %d by %s", a.ArenaBytes, a.Algorithm, b.ArenaBytes, b.Algorithm)
+	}
+}
+
+// TestSearchParallelSameResult checks that running a round's preorders at
+// once gives the layout running them one after another gives.
+func TestSearchParallelSameResult(t *testing.T) {
+	bufs := readInstance(t, "E.1048576.csv")
+	opts := Options{Capacity: LowerBound(bufs), TimeLimit: time.Minute}
+	var layouts []Layout
+	for _, procs := range []int{1, 4} {
+		prev := runtime.GOMAXPROCS(procs)
+		l, err := Search(context.Background(), bufs, opts)
+		runtime.GOMAXPROCS(prev)
+		if err != nil {
+			t.Fatalf("GOMAXPROCS=%d: %v", procs, err)
+		}
+		layouts = append(layouts, l)
+	}
+	if !slices.Equal(layouts[0].Offsets, layouts[1].Offsets) {
+		t.Error("layouts differ between one and four CPUs")
 	}
 }
 

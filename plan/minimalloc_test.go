@@ -227,3 +227,25 @@ func FuzzReadMinimallocCSV(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkSolveMinimalloc times the portfolio on each shared instance at
+// its capacity and reports the search nodes and the arena over the lower
+// bound.
+func BenchmarkSolveMinimalloc(b *testing.B) {
+	files, _ := filepath.Glob(filepath.Join(minimallocDir, "*.csv"))
+	for _, f := range files {
+		name := filepath.Base(f)
+		b.Run(name, func(b *testing.B) {
+			bufs := readInstance(b, name)
+			var rep Report
+			for b.Loop() {
+				var err error
+				if _, rep, err = Solve(context.Background(), bufs, Options{Capacity: minimallocCapacity}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(rep.Runs[len(rep.Runs)-1].Nodes), "nodes")
+			b.ReportMetric(float64(rep.ArenaBytes)/float64(rep.LowerBoundBytes), "arena/lb")
+		})
+	}
+}

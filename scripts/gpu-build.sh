@@ -5,12 +5,13 @@
 # to gpubin/ (git-ignored); scripts/gpu-run.sh runs it on the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf gpubin
-mkdir -p gpubin
+bin=${BIN:-gpubin}
+rm -rf "$bin"
+mkdir -p "$bin"
 export CGO_ENABLED=0
-go build -ldflags="-s -w" -o gpubin/memwall ./cmd/memwall
+go build -ldflags="-s -w" -o "$bin/memwall" ./cmd/memwall
 for pkg in device/cuda pool kernels plan/bind stream ${GPU_PKGS:-}; do
   [ -d "$pkg" ] || continue
-  go test -c -ldflags="-s -w" -o "gpubin/$(echo "$pkg" | tr / _).test" "./$pkg" || echo "skipped $pkg: does not build"
+  go test -c -ldflags="-s -w" -o "$bin/$(echo "$pkg" | tr / _).test" "./$pkg" || echo "skipped $pkg: does not build"
 done
-ls -la gpubin
+ls -la "$bin"

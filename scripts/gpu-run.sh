@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-bin=$PWD/gpubin
+bin=$PWD/${BIN:-gpubin}
 log=$OUT/log.txt
 : >"$log"
 status=()

@@ -47,7 +47,14 @@ func (a *arena) ptr(off uint64) device.Ptr {
 }
 
 func (p *Pool) newVirtualArena() (*arena, error) {
+	return p.newVirtualArenaSized(p.opts.ReserveBytes)
+}
+
+// newVirtualArenaSized reserves size bytes of address space (a multiple of
+// PageBytes) for a virtual arena.
+func (p *Pool) newVirtualArenaSized(size uint64) (*arena, error) {
 	o := p.opts
+	o.ReserveBytes = size
 	base, err := p.dev.Reserve(o.ReserveBytes)
 	if err != nil {
 		return nil, fmt.Errorf("reserve %d bytes of address space: %w", o.ReserveBytes, err)
@@ -104,18 +111,31 @@ func (p *Pool) addReserved(n uint64) {
 // referenced.
 func (a *arena) touch(p *Pool, off, size uint64) error {
 	first, last := off/a.pageBytes, (off+size-1)/a.pageBytes
+	// Reference the pages already mapped first, so that mapping the
+	// others (which may recycle free pages) cannot take one of them.
 	for i := first; i <= last; i++ {
 		pg := &a.pages[i]
-		if !pg.mapped {
-			if err := a.mapPage(p, i); err != nil {
-				for j := first; j < i; j++ {
+		if pg.mapped {
+			if pg.inHeap {
+				a.markUsed(i)
+			}
+			pg.refs++
+		}
+	}
+	for i := first; i <= last; i++ {
+		pg := &a.pages[i]
+		if pg.mapped {
+			continue
+		}
+		if err := a.mapPage(p, i); err != nil {
+			for j := first; j <= last; j++ {
+				// Below i every page is ours; above it, the mapped ones
+				// were referenced in the first pass.
+				if j < i || (j > i && a.pages[j].mapped) {
 					a.unref(p, j)
 				}
-				return err
 			}
-		}
-		if pg.inHeap {
-			a.markUsed(i)
+			return err
 		}
 		pg.refs++
 	}
@@ -159,6 +179,17 @@ func (a *arena) highestFree() (uint64, bool) {
 }
 
 func (a *arena) mapPage(p *Pool, i uint64) error {
+	if r := p.opts.TargetRatio; r > 0 && a.freePages > 0 {
+		// Above the soft target, recycle: move the highest free page here
+		// (an unmap and a map, no allocation), so reserved memory tracks
+		// the peak of use.
+		target := uint64(r * float64(p.peakUsed.Load()))
+		if p.reserved.Load()+a.pageBytes > target {
+			if h, ok := a.steal(p); ok {
+				return a.mapHandle(p, i, h)
+			}
+		}
+	}
 	if p.reserved.Load()+a.pageBytes > p.opts.Limit {
 		// Make room by unmapping free pages first.
 		a.shrink(p, 0)
@@ -174,6 +205,11 @@ func (a *arena) mapPage(p *Pool, i uint64) error {
 		}
 	}
 	p.devAllocs.Add(1)
+	return a.mapHandle(p, i, h)
+}
+
+// mapHandle maps the physical page h at page i. On failure h is released.
+func (a *arena) mapHandle(p *Pool, i uint64, h device.PhysMem) error {
 	va := a.base + device.Ptr(i*a.pageBytes)
 	if err := p.dev.Map(va, a.pageBytes, h); err != nil {
 		_ = p.dev.ReleasePhysical(h)
@@ -185,6 +221,30 @@ func (a *arena) mapPage(p *Pool, i uint64) error {
 	a.mapped += a.pageBytes
 	p.addReserved(a.pageBytes)
 	return nil
+}
+
+// steal unmaps the highest free page and returns its physical memory,
+// still allocated, for mapping elsewhere; ok is false when no page is free
+// or the unmap failed.
+func (a *arena) steal(p *Pool) (h device.PhysMem, ok bool) {
+	i, ok := a.highestFree()
+	if !ok {
+		return 0, false
+	}
+	a.markUsed(i)
+	pg := &a.pages[i]
+	va := a.base + device.Ptr(i*a.pageBytes)
+	if err := p.dev.Unmap(va, a.pageBytes); err != nil {
+		p.logf("unmap page at %#x: %v", uint64(va), err)
+		a.markFree(i)
+		return 0, false
+	}
+	p.unmaps.Add(1)
+	h = pg.h
+	*pg = page{}
+	a.mapped -= a.pageBytes
+	p.reserved.Add(^(a.pageBytes - 1))
+	return h, true
 }
 
 // shrink unmaps free pages, highest address first, until at most keep bytes

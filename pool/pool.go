@@ -102,6 +102,15 @@ type Options struct {
 	// only under the limit's pressure, on device OOM, or on Trim, so a
 	// steady workload makes no driver calls.
 	KeepFreeBytes uint64
+	// TargetRatio is a soft cap on a GrowVirtual pool's reserved bytes as
+	// a multiple of its peak used bytes (default DefaultTargetRatio; a
+	// negative value turns it off): a page that must be mapped while the
+	// pool holds that much takes the physical memory of the highest free
+	// mapped page instead of a new allocation (one unmap and one map).
+	// Reserved memory then tracks the peak of use, at the price of driver
+	// calls when placement wanders onto unmapped pages; see the package
+	// documentation for the measurements behind the default.
+	TargetRatio float64
 	// ChunkBytes is the smallest chunk under GrowChunks (default 32 MiB);
 	// requests larger than ChunkBytes/2 get a chunk of their own, rounded
 	// up to 2 MiB.
@@ -119,6 +128,12 @@ type Options struct {
 	CacheMax uint64
 	// NoCache disables the per-shard small-block caches.
 	NoCache bool
+	// SmallMax is the largest block a GrowVirtual pool places in a
+	// separate virtual range for small blocks (default 256 KiB), so that
+	// small and cached blocks pin no pages between large ones. MixSmall
+	// turns the separate range off (SmallMax becomes 0).
+	SmallMax uint64
+	MixSmall bool
 	// Shards is the number of small-block caches (default GOMAXPROCS,
 	// at most 16).
 	Shards int
@@ -130,6 +145,9 @@ type Options struct {
 	// allocation and free, e.g. to record a replayable event log.
 	OnEvent func(Event)
 }
+
+// DefaultTargetRatio is the default Options.TargetRatio.
+const DefaultTargetRatio = 1.02
 
 // Event is an allocation or free, as reported to Options.OnEvent.
 type Event struct {
@@ -184,6 +202,15 @@ func (o Options) withDefaults(in device.Info) Options {
 	}
 	if o.NoCache {
 		o.CacheMax = 0
+	}
+	if o.TargetRatio == 0 {
+		o.TargetRatio = DefaultTargetRatio
+	}
+	if o.SmallMax == 0 {
+		o.SmallMax = 256 << 10
+	}
+	if o.MixSmall || o.Growth != GrowVirtual {
+		o.SmallMax = 0
 	}
 	if o.Shards <= 0 {
 		o.Shards = min(runtime.GOMAXPROCS(0), 16)
@@ -366,6 +393,14 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 			return nil, fmt.Errorf("pool %s: %w", o.Name, err)
 		}
 		p.arenas = []*arena{a}
+		if o.SmallMax > 0 {
+			small, err := p.newVirtualArenaSized(max(o.PageBytes, roundUp(o.ReserveBytes/8, o.PageBytes)))
+			if err != nil {
+				p.Close()
+				return nil, fmt.Errorf("pool %s: small-block range: %w", o.Name, err)
+			}
+			p.arenas = append(p.arenas, small)
+		}
 	}
 	if o.Warmup > 0 {
 		p.mu.Lock()

@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 
 	"github.com/memwall/memwall/alloc"
@@ -93,14 +94,28 @@ func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t
 // tryArenas places a block in the existing arenas without growing. It
 // returns (nil, nil) when nothing fits. Called with p.mu held.
 func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
-	for _, a := range p.arenas {
+	arenas := p.arenas
+	if len(arenas) == 2 && arenas[1].virtual {
+		// A virtual pool keeps small blocks in a range of their own so they
+		// pin no pages among the large ones; they spill into the main range
+		// only when their own is full. Large blocks never go there.
+		if size <= p.opts.SmallMax {
+			arenas = []*arena{arenas[1], arenas[0]}
+		} else {
+			arenas = arenas[:1]
+		}
+	}
+	for _, a := range arenas {
 		b, err := a.alloc.Alloc(size, align)
-		if a.virtual && errors.Is(err, alloc.ErrOutOfMemory) && a.alloc.Capacity() < a.size {
-			// Move the frontier up by what the request needs.
-			grow := min(a.size, roundUp(a.alloc.Capacity()+size+align, a.pageBytes))
-			if gerr := a.alloc.Grow(grow); gerr == nil {
-				b, err = a.alloc.Alloc(size, align)
+		// Move the frontier up by what the request needs; a strategy
+		// that places blocks at aligned offsets (buddy) may need more, so
+		// try twice and four times that before giving up.
+		for k := uint64(1); k <= 4 && a.virtual && errors.Is(err, alloc.ErrOutOfMemory) && a.alloc.Capacity() < a.size; k *= 2 {
+			grow := min(a.size, roundUp(a.alloc.Capacity()+k*(size+align), a.pageBytes))
+			if gerr := a.alloc.Grow(grow); gerr != nil {
+				break
 			}
+			b, err = a.alloc.Alloc(size, align)
 		}
 		if err != nil {
 			if errors.Is(err, alloc.ErrOutOfMemory) || errors.Is(err, alloc.ErrTooLarge) {
@@ -210,15 +225,20 @@ func (p *Pool) arenaAlloc1(size, align uint64, s device.Stream) (*meta, error) {
 // growChunk adds a chunk that holds the request and allocates from it.
 func (p *Pool) growChunk(size, align uint64) (*meta, error) {
 	const unit = 2 << 20
+	need := size + align
+	if p.opts.Strategy == "buddy" {
+		// Buddy blocks are powers of two at offsets aligned to their size.
+		need = max(need, 1<<bits.Len64(size-1))
+	}
 	csize := p.opts.ChunkBytes
-	if size+align > csize/2 {
-		csize = roundUp(size+align, unit)
+	if need > csize/2 {
+		csize = roundUp(need, unit)
 	}
 	if p.reserved.Load()+csize > p.opts.Limit {
-		if p.reserved.Load()+roundUp(size+align, unit) > p.opts.Limit {
+		if p.reserved.Load()+roundUp(need, unit) > p.opts.Limit {
 			return nil, errLimit
 		}
-		csize = roundUp(size+align, unit)
+		csize = roundUp(need, unit)
 	}
 	a, err := p.newChunk(csize)
 	if err != nil {
@@ -226,7 +246,13 @@ func (p *Pool) growChunk(size, align uint64) (*meta, error) {
 	}
 	p.arenas = append(p.arenas, a)
 	p.logf("new %d-byte chunk, %d reserved", csize, p.reserved.Load())
-	return p.tryArenas(size, align)
+	m, err := p.tryArenas(size, align)
+	if m == nil && err == nil {
+		// The strategy could not place the request even in a chunk sized
+		// for it (buddy rounds sizes up to a power of two).
+		err = fmt.Errorf("a new %d-byte chunk cannot hold %d bytes aligned to %d: %w", csize, size, align, device.ErrOutOfMemory)
+	}
+	return m, err
 }
 
 // trimChunks frees chunks that hold no block. Called with p.mu held.

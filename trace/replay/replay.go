@@ -1,0 +1,301 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/pool"
+)
+
+// Config is one pool configuration to replay a trace through.
+type Config struct {
+	Name    string
+	Options pool.Options
+}
+
+// Options tune Run.
+type Options struct {
+	// Limit caps the bytes the pool may reserve (pool.Options.Limit); 0
+	// leaves the pool unlimited (the simulated device's TotalBytes).
+	Limit uint64
+	// TotalBytes is the simulated device's memory (default 1 TiB).
+	TotalBytes uint64
+	// ReserveBytes is the address space a virtual pool reserves (default
+	// 4 × the trace's peak live bytes + 1 GiB, whatever the Limit, so that
+	// a Limit caps physical memory and not address space).
+	ReserveBytes uint64
+	// Samples is the number of points in Result.Timeline (default 400; a
+	// negative value records none).
+	Samples int
+	// AddressMap records Result.Map, the pool's address space at the
+	// trace's peak of live bytes.
+	AddressMap bool
+}
+
+// Sample is one point of a replay's timeline, covering the ops up to and
+// including Op since the previous sample.
+type Sample struct {
+	Op       int     // index into Trace.Ops
+	Live     uint64  // the most requested bytes live in the interval
+	Reserved uint64  // the most bytes the pool held in the interval
+	Frag     float64 // the pool's fragmentation factor at Op (1 = free space in one range)
+}
+
+// Span is a range of the address space, relative to AddressMap.Base.
+type Span struct {
+	Off, Size uint64
+}
+
+// AddressMap is the pool's address space at one moment: the reserved
+// ranges (device memory held) and the live blocks in them. Offsets are from
+// Base, the lowest reserved address; free reserved bytes are the holes.
+type AddressMap struct {
+	Op       int
+	Base     device.Ptr
+	Reserved []Span
+	Blocks   []Span
+}
+
+// Result is one configuration's replay of a trace.
+type Result struct {
+	Config string
+	// Strategy and Growth are the pool's effective options.
+	Strategy string
+	Growth   string
+	Options  pool.Options
+	// Ops is the number of ops replayed (all of them unless Err is set).
+	Ops int
+	// PeakLive is the trace's peak of requested bytes; PeakUsed the pool's
+	// peak of block bytes (requests rounded to alignment and size
+	// classes).
+	PeakLive, PeakUsed uint64
+	// PeakReserved is the most device memory the pool held.
+	PeakReserved uint64
+	// Ratio is PeakReserved / PeakLive; Utilization its inverse.
+	Ratio, Utilization float64
+	// DeviceCalls is the driver allocations, frees, maps and unmaps the
+	// pool made during the replay (not counting closing the pool).
+	DeviceCalls                             uint64
+	DeviceAllocs, DeviceFrees, Maps, Unmaps uint64
+	// FragMin and FragMean summarize the fragmentation factor over the
+	// timeline (1 = all free reserved space is one range).
+	FragMin, FragMean float64
+	Timeline          []Sample
+	Map               *AddressMap
+	Elapsed           time.Duration
+	// Err is why the replay stopped early: an *OpError, typically wrapping
+	// pool.ErrOutOfMemory under a Limit.
+	Err error
+}
+
+// OpError is a replay step the pool refused.
+type OpError struct {
+	Op  int // index into Trace.Ops
+	Err error
+}
+
+func (e *OpError) Error() string { return fmt.Sprintf("op %d: %v", e.Op, e.Err) }
+
+// Unwrap returns the pool's error.
+func (e *OpError) Unwrap() error { return e.Err }
+
+// NewDevice returns the metadata-only simulated device replays run on:
+// virtual memory with 2 MiB granularity, total bytes as given (1 TiB when
+// 0), no host memory behind allocations.
+func NewDevice(total uint64) device.Device {
+	o := sim.DefaultOptions()
+	o.Name = "memwall-sim (replay)"
+	o.Backing = false
+	o.VirtualMemory = true
+	o.TotalBytes = total
+	if total == 0 {
+		o.TotalBytes = 1 << 40
+	}
+	return sim.New(o)
+}
+
+func (o Options) withDefaults(t *Trace) Options {
+	if o.TotalBytes == 0 {
+		o.TotalBytes = 1 << 40
+	}
+	if o.ReserveBytes == 0 {
+		o.ReserveBytes = 4*t.PeakLive + 1<<30
+	}
+	if o.Samples == 0 {
+		o.Samples = 400
+	}
+	return o
+}
+
+// Run replays t through a fresh pool configured by c on a simulated device.
+// The returned Result is never nil; when the pool refuses an op (out of
+// memory under o.Limit, a strategy that cannot serve a size) Result.Err and
+// the returned error are an *OpError and the figures cover the ops before
+// it. Other errors (the pool cannot be built) return a Result with only
+// the configuration filled in.
+func Run(t *Trace, c Config, o Options) (*Result, error) {
+	o = o.withDefaults(t)
+	res := &Result{Config: c.Name, PeakLive: t.PeakLive}
+	d := NewDevice(o.TotalBytes)
+	defer d.Close()
+	po := c.Options
+	if po.Name == "" {
+		po.Name = c.Name
+	}
+	po.Limit = o.Limit
+	if po.ReserveBytes == 0 {
+		po.ReserveBytes = o.ReserveBytes
+	}
+	po.Registerer, po.OnEvent, po.Logger = nil, nil, nil
+	if po.Shards == 0 {
+		po.Shards = 1 // one goroutine replays: one cache, deterministic placement
+	}
+	p, err := pool.New(d, po)
+	if err != nil {
+		res.Err = err
+		return res, fmt.Errorf("replay %s: %w", c.Name, err)
+	}
+	defer p.Close()
+	eff := p.Options()
+	res.Options, res.Strategy, res.Growth = eff, eff.Strategy, eff.Growth.String()
+
+	blocks := make([]pool.Block, t.MaxID)
+	every := len(t.Ops)
+	if o.Samples > 0 {
+		every = max(1, (len(t.Ops)+o.Samples-1)/o.Samples)
+	}
+	var live, bLive, bRes uint64
+	var fragSum float64
+	res.FragMin = 1
+	sample := func(i int) {
+		st := p.Stats()
+		res.Timeline = append(res.Timeline, Sample{Op: i, Live: bLive, Reserved: bRes, Frag: st.Fragmentation})
+		fragSum += st.Fragmentation
+		res.FragMin = min(res.FragMin, st.Fragmentation)
+		bLive, bRes = live, p.ReservedBytes()
+	}
+	start := time.Now()
+	for i, op := range t.Ops {
+		if op.Free {
+			if err := p.Free(blocks[op.ID]); err != nil {
+				res.Err = &OpError{Op: i, Err: err}
+				break
+			}
+			blocks[op.ID] = pool.Block{}
+			live -= op.Size
+		} else {
+			b, err := p.Alloc(op.Size, pool.AllocOptions{})
+			if err != nil {
+				res.Err = &OpError{Op: i, Err: err}
+				break
+			}
+			blocks[op.ID] = b
+			live += op.Size
+			bLive = max(bLive, live)
+			bRes = max(bRes, p.ReservedBytes())
+		}
+		res.Ops = i + 1
+		if o.AddressMap && i == t.PeakOp {
+			res.Map = addressMap(p, blocks, i)
+		}
+		if o.Samples > 0 && (i+1)%every == 0 {
+			sample(i)
+		}
+	}
+	if o.Samples > 0 && res.Ops%every != 0 && res.Ops > 0 {
+		sample(res.Ops - 1)
+	}
+	res.Elapsed = time.Since(start)
+	st := p.Stats()
+	res.PeakUsed = st.PeakUsedBytes
+	res.PeakReserved = st.PeakReservedBytes
+	res.DeviceAllocs, res.DeviceFrees, res.Maps, res.Unmaps = st.DeviceAllocs, st.DeviceFrees, st.Maps, st.Unmaps
+	res.DeviceCalls = st.DeviceCalls()
+	if res.PeakLive > 0 {
+		res.Ratio = float64(res.PeakReserved) / float64(res.PeakLive)
+	}
+	if res.PeakReserved > 0 {
+		res.Utilization = float64(res.PeakLive) / float64(res.PeakReserved)
+	}
+	if n := len(res.Timeline); n > 0 {
+		res.FragMean = fragSum / float64(n)
+	}
+	if res.Err != nil {
+		return res, fmt.Errorf("replay %s of %s: %w", c.Name, t.Name, res.Err)
+	}
+	return res, nil
+}
+
+// addressMap captures the pool's reserved ranges and the live blocks.
+func addressMap(p *pool.Pool, blocks []pool.Block, op int) *AddressMap {
+	rs := p.Reservations()
+	m := &AddressMap{Op: op}
+	if len(rs) == 0 {
+		return m
+	}
+	base := rs[0].Ptr
+	for _, r := range rs {
+		base = min(base, r.Ptr)
+	}
+	m.Base = base
+	for _, r := range rs {
+		m.Reserved = append(m.Reserved, Span{Off: uint64(r.Ptr - base), Size: r.Size})
+	}
+	for _, b := range blocks {
+		if b.Size > 0 && b.Ptr >= base {
+			m.Blocks = append(m.Blocks, Span{Off: uint64(b.Ptr - base), Size: b.Size})
+		}
+	}
+	return m
+}
+
+// MinCapacity returns the smallest pool Limit, a multiple of step (default
+// 2 MiB), with which c replays t to the end, by bisection between the
+// trace's peak live bytes (no pool can do with less) and hi, a Limit known
+// to succeed (0: replay unlimited first and use its peak reserved). It
+// returns the number of replays it ran. A pool is not strictly monotone
+// in its Limit, so the answer is the smallest success the bisection found.
+func MinCapacity(t *Trace, c Config, o Options, hi, step uint64) (uint64, int, error) {
+	if step == 0 {
+		step = 2 << 20
+	}
+	o.Samples, o.AddressMap = -1, false
+	runs := 0
+	if hi == 0 {
+		o.Limit = 0
+		r, err := Run(t, c, o)
+		runs++
+		if err != nil {
+			return 0, runs, err
+		}
+		hi = r.PeakReserved
+	}
+	hi = (hi + step - 1) / step * step
+	lo := t.PeakLive / step * step // fails unless the peak is a multiple of step...
+	if lo == 0 || lo >= hi {
+		return hi, runs, nil
+	}
+	// Invariant: hi succeeds; lo is below anything that can succeed or has
+	// failed.
+	if t.PeakLive%step == 0 {
+		lo -= step
+	}
+	for hi-lo > step {
+		mid := lo + (hi-lo)/2/step*step
+		o.Limit = mid
+		_, err := Run(t, c, o)
+		runs++
+		switch {
+		case err == nil:
+			hi = mid
+		case errors.Is(err, pool.ErrOutOfMemory):
+			lo = mid
+		default:
+			return 0, runs, err
+		}
+	}
+	return hi, runs, nil
+}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Fixtures copied into the repository (see their READMEs).
@@ -241,6 +243,51 @@ func TestPlanErrors(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want exit %d and %q", code, errOut, tc.code, tc.want)
 			}
 		})
+	}
+}
+
+// planSymbolicModel encodes a one-op ONNX model, y = Relu(x), whose input
+// x has symbolic dimensions [batch, seq].
+func planSymbolicModel() []byte {
+	msg := func(num protowire.Number, parts ...[]byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), bytes.Join(parts, nil))
+	}
+	str := func(num protowire.Number, v string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), v)
+	}
+	varint := func(num protowire.Number, v uint64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
+	}
+	// ValueInfoProto{name, type: TypeProto{tensor_type: {elem_type FLOAT,
+	// shape: {dim: [{dim_param}...]}}}}.
+	value := func(name string) []byte {
+		shape := msg(2, msg(1, str(2, "batch")), msg(1, str(2, "seq")))
+		return append(str(1, name), msg(2, msg(1, varint(1, 1), shape))...)
+	}
+	node := msg(1, str(1, "x"), str(2, "y"), str(3, "relu"), str(4, "Relu"))
+	g := msg(7, node, str(2, "g"), msg(11, value("x")), msg(12, value("y")))
+	return bytes.Join([][]byte{varint(1, 8), msg(8, varint(2, 17)), g}, nil)
+}
+
+func TestPlanSymbolicInputs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sym.onnx")
+	if err := os.WriteFile(path, planSymbolicModel(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runPlanVerb(t, path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "input        x 1x128 (assumed batch=1, seq=128)") {
+		t.Errorf("defaults not reported:\n%s", out)
+	}
+	code, out, errOut = runPlanVerb(t, path, "--json", "--input", "x=2x64")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	// y is 2*64 float32s: 512 bytes, already a multiple of 256.
+	if j := planJSON(t, out, "naive_bytes"); planNum(t, j, "naive_bytes") != 512 {
+		t.Errorf("naive_bytes %v, want 512", j["naive_bytes"])
 	}
 }
 

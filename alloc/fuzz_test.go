@@ -6,8 +6,12 @@ import (
 	"github.com/memwall/memwall/alloc"
 )
 
-// maxFuzzOps bounds the work per input.
-const maxFuzzOps = 1024
+// maxFuzzOps and maxFuzzLive bound the work per input (every operation is
+// followed by a full check of five allocators).
+const (
+	maxFuzzOps  = 512
+	maxFuzzLive = 64
+)
 
 // FuzzOps decodes an operation sequence from the input and runs it over
 // every strategy through the harness: shadow model checks on every answer
@@ -33,7 +37,7 @@ func FuzzOps(f *testing.F) {
 
 // runFuzzOps runs 4-byte operations [op, x, y, z]:
 //
-//	op%16 in 0..8:  Alloc(size(x, y), align(z))
+//	op%16 in 0..8:  Alloc(size(x, y), align(z)), or a free once 64 are live
 //	op%16 in 9..11: free a live block (x picks it, by offset or by age)
 //	op%16 == 12:    free an offset that is no live block
 //	op%16 == 13:    Grow by x*(y+1)*256 bytes, up to 4× the start
@@ -44,7 +48,11 @@ func runFuzzOps(h *harness, ops []byte) {
 	for n := 0; len(ops) >= 4 && n < maxFuzzOps; n++ {
 		op, x, y, z := ops[0], ops[1], ops[2], ops[3]
 		ops = ops[4:]
-		switch op % 16 {
+		kind := op % 16
+		if kind < 9 && len(h.live) >= maxFuzzLive {
+			kind = 9
+		}
+		switch kind {
 		default:
 			h.alloc(fuzzSize(x, y), fuzzAlign(z))
 		case 9, 10, 11:

@@ -208,7 +208,7 @@ func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, er
 func solveSearch(ctx context.Context, bufs []Buffer, a uint64, opts Options, lb uint64, best Layout, have bool, deadline time.Time) (Layout, bool, Run) {
 	run := Run{Algorithm: AlgorithmSearch}
 	if opts.timeLimit() == 0 {
-		run.Outcome = "skipped: no time limit left"
+		run.Outcome = "skipped: search disabled (negative time limit)"
 		return Layout{}, false, run
 	}
 	sb, err := newSearchBase(bufs, a)

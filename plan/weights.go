@@ -293,6 +293,9 @@ type WeightOptions struct {
 	// LinkGBps is the host-to-device bandwidth streamed weights move at
 	// (1e9 bytes/s), as measured on the device.
 	LinkGBps float64
+	// CopyLatency is added to every extent copy (the device's fixed cost
+	// per copy; 0 on real hardware, where it hides in the bandwidth).
+	CopyLatency time.Duration
 	// Cost is the matrix-product cost model; nil means Roofline at the
 	// H200's measured rates (167 TFLOP/s, 3.3 TB/s, 5 µs per launch).
 	Cost MatmulCost
@@ -549,7 +552,7 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 		}
 		g.Slot = slot % p.Slots
 		slot++
-		g.CopyTime = time.Duration(math.Round(float64(g.Copy) / o.LinkGBps))
+		g.CopyTime = time.Duration(math.Round(float64(g.Copy)/o.LinkGBps)) + time.Duration(len(g.Extents))*o.CopyLatency
 		p.StreamedBytes += g.Copy
 	}
 	for s := range p.Slots {

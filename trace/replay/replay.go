@@ -1,8 +1,11 @@
 package replay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/memwall/memwall/device"
@@ -44,7 +47,8 @@ type Sample struct {
 	Frag     float64 // the pool's fragmentation factor at Op (1 = free space in one range)
 }
 
-// Span is a range of the address space, relative to AddressMap.Base.
+// Span is a range of the address space, relative to AddressMap.Base (after
+// gaps between far-apart reservations are shortened).
 type Span struct {
 	Off, Size uint64
 }
@@ -241,12 +245,32 @@ func addressMap(p *pool.Pool, blocks []pool.Block, op int) *AddressMap {
 		base = min(base, r.Ptr)
 	}
 	m.Base = base
+	slices.SortFunc(rs, func(a, b pool.Range) int { return cmp.Compare(a.Ptr, b.Ptr) })
+	var total uint64
 	for _, r := range rs {
-		m.Reserved = append(m.Reserved, Span{Off: uint64(r.Ptr - base), Size: r.Size})
+		total += r.Size
+	}
+	// Separate reservations (chunks, the small-block range) may lie far
+	// apart: a gap wider than all reserved memory is drawn as 2 MiB.
+	// shift[i] is what to subtract from addresses at or above rs[i].
+	shift := make([]uint64, len(rs))
+	for i := 1; i < len(rs); i++ {
+		shift[i] = shift[i-1]
+		prevEnd := rs[i-1].Ptr + device.Ptr(rs[i-1].Size)
+		if gap := uint64(rs[i].Ptr - prevEnd); rs[i].Ptr > prevEnd && gap > total {
+			shift[i] += gap - 2<<20
+		}
+	}
+	rel := func(p device.Ptr) uint64 {
+		i := sort.Search(len(rs), func(i int) bool { return rs[i].Ptr > p }) - 1
+		return uint64(p-base) - shift[max(i, 0)]
+	}
+	for _, r := range rs {
+		m.Reserved = append(m.Reserved, Span{Off: rel(r.Ptr), Size: r.Size})
 	}
 	for _, b := range blocks {
 		if b.Size > 0 && b.Ptr >= base {
-			m.Blocks = append(m.Blocks, Span{Off: uint64(b.Ptr - base), Size: b.Size})
+			m.Blocks = append(m.Blocks, Span{Off: rel(b.Ptr), Size: b.Size})
 		}
 	}
 	return m

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	_ "embed"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/trace"
+	"github.com/memwall/memwall/trace/replay"
+	"github.com/memwall/memwall/viz"
+)
+
+func init() {
+	register(verb{name: "replay", summary: "replay a PyTorch (or memwall) allocation trace through memwall's pool, against PyTorch's own figures", run: runReplay})
+}
+
+func runReplay(e *env, args []string) error {
+	fs := newFlags(e, "replay", "TRACE [--strategy LIST] [--capacity BYTES] [--free-at completed|requested] [--lenient] [--json] [--html FILE]")
+	strategy := fs.String("strategy", "all", "configurations to replay: all, default, a strategy (bestfit, tlsf, buddy) or configuration names, comma-separated")
+	capacity := fs.String("capacity", "", "replay with this fixed pool capacity (e.g. 600MiB) instead of searching the smallest one")
+	freeAt := fs.String("free-at", "completed", "free blocks at free_completed (completed) or free_requested (requested)")
+	lenient := fs.Bool("lenient", false, "skip and count bad records instead of failing")
+	asJSON := fs.Bool("json", false, "print JSON")
+	html := fs.String("html", "", "write a self-contained HTML page (live vs reserved over time, address map at the peak) to FILE")
+	noSearch := fs.Bool("no-search", false, "skip the search for the smallest capacity (one replay per configuration)")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want exactly one trace file, got %d arguments", len(pos))
+	}
+	fa, err := replay.ParseFreeAt(*freeAt)
+	if err != nil {
+		return usagef("--free-at: %v", err)
+	}
+	var capBytes uint64
+	if *capacity != "" {
+		if capBytes, err = parseBytes(*capacity); err != nil || capBytes == 0 {
+			return usagef("--capacity %q: want a positive size such as 600MiB", *capacity)
+		}
+	}
+	cs, err := replay.SelectConfigs(replay.Configs(), *strategy)
+	if err != nil {
+		return usagef("--strategy: %v", err)
+	}
+	t, err := replay.Load(pos[0], replay.LoadOptions{FreeAt: fa, Lenient: *lenient})
+	if err != nil {
+		return err
+	}
+	t.Name = filepath.Base(pos[0])
+	rep, err := replay.Evaluate(t, cs, replay.EvalOptions{Capacity: capBytes, NoSearch: *noSearch,
+		Timeline: *html != "", AddressMap: *html != ""})
+	if err != nil {
+		return err
+	}
+	rep.FreeAt = fa.String()
+	if *html != "" {
+		if err := writeReplayHTML(*html, rep); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		return writeJSON(e.stdout, rep)
+	}
+	printReplay(e.stdout, rep, t)
+	if *html != "" {
+		fmt.Fprintf(e.stdout, "\nwrote %s\n", *html)
+	}
+	return nil
+}
+
+// printReplay writes the human table.
+func printReplay(w io.Writer, rep *replay.Report, t *replay.Trace) {
+	fmt.Fprintf(w, "trace %s (%s, freed at free_%s): %d events, %d allocs, peak live %s\n",
+		rep.Trace, rep.Format, rep.FreeAt, rep.Events, rep.Allocs, humanBytes(rep.PeakLive))
+	if rep.Skipped > 0 {
+		fmt.Fprintf(w, "skipped %d bad records (first: %v)\n", rep.Skipped, t.FirstSkipped)
+	}
+	switch {
+	case rep.PyTorchReserved != nil && rep.PyTorchRatio != nil:
+		fmt.Fprintf(w, "PyTorch reserved %s (%.2f× peak live)", humanBytes(*rep.PyTorchReserved), *rep.PyTorchRatio)
+		if rep.PyTorchDeviceAllocs != nil {
+			fmt.Fprintf(w, " with %d cudaMalloc calls", *rep.PyTorchDeviceAllocs)
+		}
+		fmt.Fprintln(w)
+	default:
+		fmt.Fprintln(w, "PyTorch's reserved bytes: not in this trace")
+	}
+	fmt.Fprintf(w, "goal: peak reserved ≤ %.2f× peak live with device calls ≤ %.0f%% of allocs\n\n", rep.GoalRatio, 100*rep.GoalCallShare)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "configuration\tpeak reserved\t× live\tutil\tdevice calls\t% allocs\tmin capacity\tgoal\t")
+	for _, r := range rep.Results {
+		name := r.Config
+		if name == rep.Default {
+			name += " *"
+		}
+		if r.Error != "" {
+			fmt.Fprintf(tw, "%s\t%s\t\t\t%d\t\t\tfailed\t\n", name, humanBytes(r.PeakReserved), r.DeviceCalls)
+			continue
+		}
+		minCap := "-"
+		if r.MinCapacity != nil {
+			minCap = humanBytes(*r.MinCapacity)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.1f%%\t%d\t%.2f%%\t%s\t%s\t\n", name, humanBytes(r.PeakReserved), r.Ratio,
+			100*r.Utilization, r.DeviceCalls, 100*r.CallsPerAlloc, minCap, goalText(r))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\n* the pool's default. goal: met, or how far off (memory ×, calls ×) the 1.05× / 1% bounds.")
+	for _, r := range rep.Results {
+		if r.Error != "" {
+			fmt.Fprintf(w, "%s failed: %s\n", r.Config, r.Error)
+		}
+	}
+}
+
+func goalText(r replay.ResultJSON) string {
+	if r.MeetsGoal {
+		return "met"
+	}
+	s := ""
+	if r.RatioToGoal > 1 {
+		s = fmt.Sprintf("mem %.3f×", r.RatioToGoal)
+	}
+	if r.CallsToGoal > 1 {
+		if s != "" {
+			s += ", "
+		}
+		s += fmt.Sprintf("calls %.1f×", r.CallsToGoal)
+	}
+	return s
+}
+
+// writeReplayHTML draws the report's timelines and the default's address
+// map at the peak into path.
+func writeReplayHTML(path string, rep *replay.Report) error {
+	pic := viz.ReplayPicture{Title: "memwall replay: " + rep.Trace}
+	pic.Notes = append(pic.Notes, fmt.Sprintf("%d events, %d allocs, peak live %s.", rep.Events, rep.Allocs, humanBytes(rep.PeakLive)))
+	if rep.PyTorchReserved != nil && rep.PyTorchRatio != nil {
+		pic.Notes = append(pic.Notes, fmt.Sprintf("PyTorch reserved %s (%.2f× peak live).", humanBytes(*rep.PyTorchReserved), *rep.PyTorchRatio))
+	}
+	for i, r := range rep.Runs {
+		line := rep.Results[i]
+		s := viz.ReplaySeries{Name: fmt.Sprintf("%s: peak reserved %s (%.3f×), %d device calls", line.Config, humanBytes(line.PeakReserved), line.Ratio, line.DeviceCalls)}
+		if line.Error != "" {
+			s.Name = line.Config + ": failed: " + line.Error
+		}
+		for _, smp := range r.Timeline {
+			s.X = append(s.X, float64(smp.Op))
+			s.Live = append(s.Live, smp.Live)
+			s.Reserved = append(s.Reserved, smp.Reserved)
+		}
+		pic.Series = append(pic.Series, s)
+		if pic.Map == nil && r.Map != nil {
+			m := &viz.ReplayMap{Name: fmt.Sprintf("%s, after op %d", line.Config, r.Map.Op)}
+			for _, sp := range r.Map.Reserved {
+				m.Reserved = append(m.Reserved, viz.ReplaySpan{Off: sp.Off, Size: sp.Size})
+			}
+			for _, sp := range r.Map.Blocks {
+				m.Blocks = append(m.Blocks, viz.ReplaySpan{Off: sp.Off, Size: sp.Size})
+			}
+			pic.Map = m
+		}
+	}
+	var buf bytes.Buffer
+	if err := viz.ReplayHTML(&buf, pic); err != nil {
+		return fmt.Errorf("html: %w", err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("html: %w", err)
+	}
+	return nil
+}
+
+//go:embed demodata/bert_base_varlen.csv.gz
+var demoTrace []byte
+
+// demoReplay replays the bundled BERT trace through the pool's default
+// configuration (on the simulated device: a replay measures placement, not
+// the GPU) and compares it with what PyTorch reserved.
+func demoReplay(e *env, d device.Device) error {
+	r, err := trace.NewReader(bytes.NewReader(demoTrace), "bert_base_varlen.csv.gz", trace.Options{})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	t, err := replay.Read(r, "bert_base_varlen.csv.gz", replay.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	def := replay.DefaultConfig()
+	res, err := replay.Run(t, def, replay.Options{Samples: -1})
+	if err != nil {
+		return err
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "  BERT-base, 150 forward calls of varying shape: %d allocs, peak live %s\n", t.Allocs, humanBytes(t.PeakLive))
+	fmt.Fprintf(w, "  memwall pool (%s): reserved %s, %.2f× peak live\n", def.Name, humanBytes(res.PeakReserved), res.Ratio)
+	if v, ok := t.PyTorchReserved(); ok && t.PeakLive > 0 {
+		fmt.Fprintf(w, "  PyTorch's caching allocator:           reserved %s, %.2f× peak live\n", humanBytes(v), float64(v)/float64(t.PeakLive))
+	}
+	fmt.Fprintf(w, "  device calls: %d (%.2f%% of allocs", res.DeviceCalls, 100*float64(res.DeviceCalls)/float64(max(t.Allocs, 1)))
+	if n, ok := t.PyTorchDeviceAllocs(); ok {
+		fmt.Fprintf(w, "; PyTorch made %d cudaMalloc calls", n)
+	}
+	fmt.Fprintf(w, "); replayed at %.1fM events/s\n", float64(res.Ops)/res.Elapsed.Seconds()/1e6)
+	return nil
+}

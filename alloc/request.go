@@ -6,21 +6,23 @@ import (
 )
 
 // checkRequest validates an Alloc request against the contract shared by
-// every strategy and returns the normalized alignment (0 means 1).
+// every strategy and returns the normalized alignment (0 means 1). The
+// common case is small enough to inline.
 func checkRequest(name string, size, align, maxAlloc uint64) (uint64, error) {
-	if size == 0 {
-		return 0, fmt.Errorf("%s: alloc of 0 bytes: %w", name, ErrInvalidArgument)
+	if size-1 < maxAlloc && align&(align-1) == 0 { // 1 <= size <= maxAlloc
+		return max(align, 1), nil
 	}
-	if align == 0 {
-		align = 1
+	return 0, requestError(name, size, align, maxAlloc)
+}
+
+func requestError(name string, size, align, maxAlloc uint64) error {
+	if size == 0 {
+		return fmt.Errorf("%s: alloc of 0 bytes: %w", name, ErrInvalidArgument)
 	}
 	if align&(align-1) != 0 {
-		return 0, fmt.Errorf("%s: alloc of %d bytes: alignment %d is not a power of two: %w", name, size, align, ErrInvalidArgument)
+		return fmt.Errorf("%s: alloc of %d bytes: alignment %d is not a power of two: %w", name, size, align, ErrInvalidArgument)
 	}
-	if size > maxAlloc {
-		return 0, fmt.Errorf("%s: alloc of %d bytes exceeds the largest accepted size %d: %w", name, size, maxAlloc, ErrTooLarge)
-	}
-	return align, nil
+	return fmt.Errorf("%s: alloc of %d bytes exceeds the largest accepted size %d: %w", name, size, maxAlloc, ErrTooLarge)
 }
 
 // checkGrow validates a Grow request; it reports whether anything changes.

@@ -48,3 +48,37 @@ func BenchmarkPair(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSmallPair is the small-block fast path: free and allocate a
+// 4 KiB block against a working set of 32, one goroutine or all.
+func BenchmarkSmallPair(b *testing.B) {
+	d := newSim(b, false, 8<<30)
+	p, err := pool.New(d, pool.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	b.RunParallel(func(pb *testing.PB) {
+		live := make([]pool.Block, 32)
+		for i := range live {
+			live[i], _ = p.Alloc(4096, pool.AllocOptions{})
+		}
+		i := 0
+		for pb.Next() {
+			k := i % len(live)
+			i++
+			if err := p.Free(live[k]); err != nil {
+				b.Error(err)
+				return
+			}
+			var err error
+			if live[k], err = p.Alloc(4096, pool.AllocOptions{}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+		for _, x := range live {
+			_ = p.Free(x)
+		}
+	})
+}

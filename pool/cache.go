@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"math/rand/v2"
 	"sync"
 )
 
@@ -26,16 +25,33 @@ func batchFor(cls int) int {
 	return max(1, min(n, 4))
 }
 
-func (p *Pool) pickShard() *shard {
-	n := uint32(len(p.shards))
-	i := rand.Uint32()
-	for j := uint32(0); j < n; j++ {
-		s := &p.shards[(i+j)%n]
+// token gives a goroutine affinity to one shard: tokens live in a
+// sync.Pool, whose Get returns the token last Put on the same processor, so
+// work on one processor keeps using one shard (its cache lines stay local)
+// without any shared counter. A token the pool dropped at a GC is simply
+// made again.
+type token struct {
+	shard int
+	n     uint32 // operations through this token, for latency sampling
+}
+
+func (p *Pool) getToken() *token { return p.tokens.Get().(*token) }
+
+func (p *Pool) newToken() any {
+	return &token{shard: int(p.tokenSeq.Add(1)) % len(p.shards)}
+}
+
+// pickShard locks the token's shard, or the next free one when another
+// processor holds it.
+func (p *Pool) pickShard(t *token) *shard {
+	n := len(p.shards)
+	for j := 0; j < n; j++ {
+		s := &p.shards[(t.shard+j)%n]
 		if s.mu.TryLock() {
 			return s
 		}
 	}
-	s := &p.shards[i%n]
+	s := &p.shards[t.shard]
 	s.mu.Lock()
 	return s
 }
@@ -60,8 +76,8 @@ func (s *shard) push(m *meta, cls int) {
 
 // cacheAlloc serves a small block from a shard, refilling the shard from the
 // arenas in a batch when its list for the class is empty.
-func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
-	s := p.pickShard()
+func (p *Pool) cacheAlloc(tok *token, cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
+	s := p.pickShard(tok)
 	if s.count == nil {
 		s.count = make([]int, len(sizeClasses))
 	}
@@ -94,7 +110,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 	}
 	p.mu.Unlock()
 	if len(extra) > 0 {
-		s = p.pickShard()
+		s = p.pickShard(tok)
 		if s.count == nil {
 			s.count = make([]int, len(sizeClasses))
 		}
@@ -108,9 +124,9 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 
 // cacheFree puts a small block back into a shard, draining the shard into
 // the arenas when it holds too much.
-func (p *Pool) cacheFree(m *meta) {
+func (p *Pool) cacheFree(tok *token, m *meta) {
 	cls := m.class - 1
-	s := p.pickShard()
+	s := p.pickShard(tok)
 	if s.count == nil {
 		s.count = make([]int, len(sizeClasses))
 	}

@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -279,7 +278,9 @@ type Pool struct {
 	awaiting []awaitBatch
 	tenants  map[string]*Tenant
 
-	shards []shard
+	shards   []shard
+	tokens   sync.Pool // of *token
+	tokenSeq atomic.Uint32
 
 	central counters // slow-path accounting, guarded by mu
 	lat     []telemetry.Histogram
@@ -384,6 +385,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	}
 	p.lat = make([]telemetry.Histogram, o.Shards)
 	p.shards = make([]shard, o.Shards)
+	p.tokens.New = p.newToken
 	for i := range p.shards {
 		p.shards[i].lists = make([]*meta, len(sizeClasses))
 	}
@@ -448,8 +450,11 @@ func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
 }
 
 func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
+	tok := p.getToken()
+	defer p.tokens.Put(tok)
 	var start time.Time
-	timed := rand.Uint32()%latencySample == 0
+	tok.n++
+	timed := tok.n%latencySample == 0
 	if timed {
 		start = time.Now()
 	}
@@ -477,7 +482,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		}
 	}
 	if cls >= 0 {
-		m, err = p.cacheAlloc(cls, size, o.Purpose, t)
+		m, err = p.cacheAlloc(tok, cls, size, o.Purpose, t)
 	} else {
 		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t)
 	}
@@ -500,7 +505,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		p.mu.Unlock()
 	}
 	if timed {
-		p.lat[rand.Uint32()%uint32(len(p.lat))].Observe(time.Since(start))
+		p.lat[tok.shard].Observe(time.Since(start))
 	}
 	return b, nil
 }
@@ -559,7 +564,9 @@ func (p *Pool) free(t *Tenant, b Block) error {
 	}
 	p.freed(m)
 	if m.class > 0 {
-		p.cacheFree(m)
+		tok := p.getToken()
+		p.cacheFree(tok, m)
+		p.tokens.Put(tok)
 		return nil
 	}
 	p.mu.Lock()

@@ -16,7 +16,8 @@ type arena struct {
 	base  device.Ptr
 	size  uint64
 	alloc alloc.Allocator
-	live  int // live (or cached/pending) blocks
+	live  int    // live (or cached/pending) blocks
+	held  uint64 // bytes of those blocks
 
 	// chunk arenas
 	host    []byte
@@ -279,6 +280,7 @@ func (a *arena) shrink(p *Pool, keep uint64) uint64 {
 // released is called after a block's range went back to the allocator.
 func (a *arena) released(p *Pool, off, size uint64) {
 	a.live--
+	a.held -= size
 	if !a.virtual {
 		return
 	}

@@ -132,6 +132,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		m := p.newMeta()
 		m.arena, m.off, m.size, m.class = a, b.Offset, b.Size, 0
 		a.live++
+		a.held += b.Size
 		return m, nil
 	}
 	return nil, nil

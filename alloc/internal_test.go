@@ -68,11 +68,11 @@ func TestOffsetMapAgainstMap(t *testing.T) {
 // TestSizeClassesGenerated checks that sizeclasses.go is what the
 // generator writes now: edit the generator, not the table.
 func TestSizeClassesGenerated(t *testing.T) {
-	classes, err := sizeclass.Compute(sizeclass.Default)
+	classes, err := sizeclass.Compute(sizeclass.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := sizeclass.Source(sizeclass.Default, classes)
+	want, err := sizeclass.Source(sizeclass.Default(), classes)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,11 @@
 
 package alloc
 
-// Slab geometry: pages of SlabPageSize bytes, each serving one class.
+// Slab geometry: pages of SlabPageSize bytes, each serving one class;
+// requests up to SlabMaxAlloc bytes.
 const (
 	SlabPageSize = 2097152
+	SlabMaxAlloc = 262144
 	slabMinClass = 256
 	slabMaxClass = 262144
 	slabQuantum  = 32

@@ -13,9 +13,6 @@ type slabClass struct {
 	objects uint64 // blocks per page
 }
 
-// SlabMaxAlloc is the largest request the slab allocator accepts.
-const SlabMaxAlloc = slabMaxClass
-
 // Slab serves small requests from size classes (generated into
 // sizeclasses.go by internal/mkclasses, each with its worst-case waste
 // stated): the capacity is split into pages of SlabPageSize bytes, a page
@@ -24,8 +21,8 @@ const SlabMaxAlloc = slabMaxClass
 // and Free take constant time (a bitmap per page finds the lowest free
 // block) and blocks of one class never fragment each other. The costs:
 // rounding up to the class (at most 12.5% of a block, and of a page full
-// of the smallest requests of a class, for every size from slabMinClass
-// up), and pages held by classes that are mostly empty. Requests above
+// of the smallest requests of a class, for every size from 256 B up), and
+// pages held by classes that are mostly empty. Requests above
 // SlabMaxAlloc bytes fail with ErrTooLarge.
 //
 // A block of class size c sits at a multiple of the largest power of two

@@ -15,7 +15,7 @@ import (
 )
 
 func main() {
-	p := sizeclass.Default
+	p := sizeclass.Default()
 	out := flag.String("o", "sizeclasses.go", "output file (- for stdout)")
 	flag.Uint64Var(&p.PageSize, "page", p.PageSize, "slab page size in bytes")
 	flag.Uint64Var(&p.MinSize, "min", p.MinSize, "smallest class in bytes")

@@ -382,14 +382,19 @@ type BudgetError struct {
 }
 
 func (e *BudgetError) Error() string {
-	return fmt.Sprintf("budget %d bytes (%.2f GiB) is below the minimum %d bytes (%.2f GiB): two staging slots of %d bytes (largest group %s) + activations %d + KV cache %d",
-		e.Budget, gib(e.Budget), e.Minimum, gib(e.Minimum), e.SlotBytes, e.LargestGroup, e.ActivationBytes, e.KVBytes)
+	return fmt.Sprintf("budget %d bytes (%s) is below the minimum %d bytes (%s): two staging slots of %d bytes (largest group %s) + activations %d + KV cache %d",
+		e.Budget, mib(e.Budget), e.Minimum, mib(e.Minimum), e.SlotBytes, e.LargestGroup, e.ActivationBytes, e.KVBytes)
 }
 
 // Is makes errors.Is(err, ErrBudget) true.
 func (e *BudgetError) Is(target error) bool { return target == ErrBudget }
 
-func gib(n uint64) float64 { return float64(n) / (1 << 30) }
+func mib(n uint64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+}
 
 // H200Cost is the default matrix cost model: the rates measured on the
 // H200 for memwall's own kernels.

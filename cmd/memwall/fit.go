@@ -1,0 +1,311 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/auto"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/format"
+	"github.com/memwall/memwall/format/weights"
+	"github.com/memwall/memwall/kernels"
+	"github.com/memwall/memwall/plan"
+	"github.com/memwall/memwall/stream"
+)
+
+func init() {
+	register(verb{name: "fit", summary: "plan a model into a VRAM budget: what stays resident, what streams, predicted peak and step time", run: runFit})
+}
+
+const fitUsage = `MODEL --vram SIZE [--tokens T] [--ctx N] [--batch B] [--slots N] [--link-gbps X] [--device auto|cuda|sim] [--json]
+
+MODEL is a safetensors file, a sharded index (.json) or a GGUF file. The plan
+reserves a ring of --slots staging slots (each the size of the largest layer),
+the activation arena for --tokens rows and the KV cache for --ctx tokens of
+--batch sequences, keeps what else fits resident and streams the rest. The link
+bandwidth is measured on the device (a short pinned host-to-device copy) unless
+--link-gbps is given; matrix-product times are measured with memwall's kernels
+on the device.`
+
+// planFlags are the flags fit and stream share.
+type planFlags struct {
+	df       deviceFlag
+	vram     string
+	tokens   int
+	ctx      int
+	batch    int
+	slots    int
+	linkGBps float64
+	asJSON   bool
+}
+
+func (f *planFlags) add(fs interface {
+	StringVar(*string, string, string, string)
+	IntVar(*int, string, int, string)
+	Float64Var(*float64, string, float64, string)
+	BoolVar(*bool, string, bool, string)
+}) {
+	fs.StringVar(&f.df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	fs.StringVar(&f.vram, "vram", "", "VRAM budget, e.g. 8GiB (required)")
+	fs.IntVar(&f.tokens, "tokens", 1, "activation rows per step: 1 is a decode step, 4096 a prefill-sized one")
+	fs.IntVar(&f.ctx, "ctx", 0, "context length of the KV cache to reserve (0: none)")
+	fs.IntVar(&f.batch, "batch", 1, "sequences in the KV cache")
+	fs.IntVar(&f.slots, "slots", 2, "staging slots in the ring (at least 2)")
+	fs.Float64Var(&f.linkGBps, "link-gbps", 0, "host-to-device bandwidth in GB/s (default: measure it)")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+}
+
+// check validates the flags and returns the budget.
+func (f *planFlags) check(pos []string) (string, uint64, error) {
+	if len(pos) != 1 {
+		return "", 0, usagef("want exactly one MODEL argument, got %d", len(pos))
+	}
+	if f.vram == "" {
+		return "", 0, usagef("--vram is required")
+	}
+	budget, err := parseBytes(f.vram)
+	if err != nil || budget == 0 {
+		return "", 0, usagef("--vram: bad size %q", f.vram)
+	}
+	switch {
+	case f.tokens < 1 || f.tokens > 1<<20:
+		return "", 0, usagef("--tokens must be 1..%d", 1<<20)
+	case f.ctx < 0 || f.ctx > 1<<24:
+		return "", 0, usagef("--ctx must be 0..%d", 1<<24)
+	case f.batch < 1 || f.batch > 1<<16:
+		return "", 0, usagef("--batch must be 1..%d", 1<<16)
+	case f.slots < 2 || f.slots > 64:
+		return "", 0, usagef("--slots must be 2..64")
+	case f.linkGBps < 0:
+		return "", 0, usagef("--link-gbps must be positive")
+	}
+	return pos[0], budget, nil
+}
+
+// simBackingLimit is the model size above which the simulated device keeps
+// no data (products are timed, not computed): the Go kernels are too slow
+// for large models.
+const simBackingLimit = 64 << 20
+
+// planned is a model planned on a device.
+type planned struct {
+	model         *format.Model
+	dev           device.Device
+	choice        auto.Choice
+	kernels       *kernels.Set
+	plan          *plan.WeightPlan
+	linkSource    string
+	computeSource string
+	pinnedGBps    float64 // the pinned H2D figure measured, 0 if given
+	timings       []stream.MatmulTiming
+}
+
+func (p *planned) close() {
+	if p.kernels != nil {
+		p.kernels.Close()
+	}
+	if p.dev != nil {
+		p.dev.Close()
+	}
+	if p.model != nil {
+		p.model.Close()
+	}
+}
+
+// fitModel opens the model and the device, measures the link and the
+// products, and plans. needKernels makes a kernel load failure an error
+// (stream); otherwise the products are modeled (fit).
+func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uint64, needKernels bool) (*planned, error) {
+	m, err := weights.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	pl := &planned{model: m}
+	groups, err := plan.GroupWeights(m.Tensors)
+	if err != nil {
+		pl.close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	so := sim.DefaultOptions()
+	so.Kernels = kernels.Sim()
+	so.TotalBytes = max(so.TotalBytes, budget)
+	if m.DataBytes > simBackingLimit {
+		so.Backing = false
+	}
+	d, ch, err := auto.Open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
+	if err != nil {
+		pl.close()
+		return nil, err
+	}
+	pl.dev, pl.choice = d, ch
+	fail := func(err error) (*planned, error) {
+		pl.close()
+		return nil, err
+	}
+	info := d.Info()
+	link := f.linkGBps
+	pl.linkSource = "given (--link-gbps)"
+	if link == 0 {
+		rep, err := bench.Transfer(ctx, d, bench.TransferOptions{Bytes: 64 << 20, Reps: 5})
+		if err != nil {
+			return fail(fmt.Errorf("measure the link: %w", err))
+		}
+		r, _ := rep.Get("h2d_pinned")
+		link, pl.pinnedGBps = r.GBps, r.GBps
+		pl.linkSource = "measured (pinned host-to-device, 64 MiB × 5, median)"
+	}
+	wo := plan.WeightOptions{Budget: budget, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch, LinkGBps: link, Granule: 2 << 20}
+	if sd, ok := d.(*sim.Device); ok {
+		o := sd.Options()
+		wo.Granule = 512
+		wo.CopyLatency = o.CopyLatency
+		wo.Cost = plan.Roofline(o.PeakFLOPS, o.DeviceGBps*1e9, o.LaunchLatency)
+		pl.computeSource = "modeled (the simulator's compute model)"
+	}
+	ks, kerr := kernels.Load(d, e.getenv)
+	switch {
+	case kerr == nil:
+		pl.kernels = ks
+		ts, cost, err := stream.MeasureMatmuls(ctx, d, ks, groups, f.tokens, 3)
+		if err != nil {
+			return fail(fmt.Errorf("measure the products: %w", err))
+		}
+		wo.Cost, pl.timings = cost, ts
+		pl.computeSource = fmt.Sprintf("measured (%d product shapes × %d tokens on the device)", len(ts), f.tokens)
+	case needKernels:
+		return fail(kerr)
+	case info.Backend != "sim":
+		pl.computeSource = "modeled (H200 rates; kernels did not load: " + kerr.Error() + ")"
+	}
+	p, err := plan.PlanWeights(groups, wo)
+	if err != nil {
+		return fail(budgetHint(fmt.Errorf("%s: %w", path, err)))
+	}
+	pl.plan = p
+	return pl, nil
+}
+
+// layerJSON is one group in fit's and stream's JSON.
+type layerJSON struct {
+	Name     string `json:"name"`
+	Bytes    uint64 `json:"bytes"`
+	Resident bool   `json:"resident"`
+	Slot     int    `json:"slot"`
+	// Predicted and (stream) measured device seconds per step.
+	PredictedCopy    float64  `json:"predicted_copy_seconds"`
+	PredictedCompute float64  `json:"predicted_compute_seconds"`
+	Copy             *float64 `json:"copy_seconds,omitempty"`
+	Compute          *float64 `json:"compute_seconds,omitempty"`
+	Stall            *float64 `json:"stall_seconds,omitempty"`
+}
+
+// fitJSON is `memwall fit --json`.
+type fitJSON struct {
+	Model                   string      `json:"model"`
+	Format                  string      `json:"format"`
+	Device                  string      `json:"device"`
+	Backend                 string      `json:"backend"`
+	DeviceChoice            string      `json:"device_choice"`
+	BudgetBytes             uint64      `json:"budget_bytes"`
+	Tokens                  int         `json:"tokens"`
+	Ctx                     int         `json:"ctx"`
+	Batch                   int         `json:"batch"`
+	Slots                   int         `json:"slots"`
+	ModelBytes              uint64      `json:"model_bytes"`
+	ResidentBytes           uint64      `json:"resident_bytes"`
+	StreamedBytes           uint64      `json:"streamed_bytes"`
+	StagingBytes            uint64      `json:"staging_bytes"`
+	ActivationBytes         uint64      `json:"activation_bytes"`
+	KVBytes                 uint64      `json:"kv_bytes"`
+	MinimumBytes            uint64      `json:"minimum_bytes"`
+	PredictedPeakBytes      uint64      `json:"predicted_peak_bytes"`
+	PredictedSecondsPerStep float64     `json:"predicted_seconds_per_step"`
+	PredictedCopySeconds    float64     `json:"predicted_copy_seconds"`
+	PredictedComputeSeconds float64     `json:"predicted_compute_seconds"`
+	LinkGBps                float64     `json:"link_GBps"`
+	LinkSource              string      `json:"link_source"`
+	ComputeSource           string      `json:"compute_source"`
+	ResidentLayers          int         `json:"resident_layers"`
+	StreamedLayers          int         `json:"streamed_layers"`
+	Layers                  []layerJSON `json:"layers"`
+}
+
+func (pl *planned) json(path string, f *planFlags) fitJSON {
+	p := pl.plan
+	in := pl.dev.Info()
+	out := fitJSON{Model: path, Format: pl.model.Format, Device: in.Name, Backend: in.Backend, DeviceChoice: pl.choice.Reason,
+		BudgetBytes: p.Budget, Tokens: p.Tokens, Ctx: f.ctx, Batch: f.batch, Slots: p.Slots,
+		ModelBytes: p.ModelBytes, ResidentBytes: p.ResidentBytes, StreamedBytes: p.StreamedBytes,
+		StagingBytes: p.StagingBytes, ActivationBytes: p.ActivationBytes, KVBytes: p.KVBytes,
+		MinimumBytes: p.MinimumBytes, PredictedPeakBytes: p.PeakBytes,
+		PredictedSecondsPerStep: p.StepTime.Seconds(), PredictedCopySeconds: p.CopyTime.Seconds(),
+		PredictedComputeSeconds: p.ComputeTime.Seconds(), LinkGBps: p.LinkGBps,
+		LinkSource: pl.linkSource, ComputeSource: pl.computeSource}
+	for _, g := range p.Groups {
+		if g.Resident {
+			out.ResidentLayers++
+		} else {
+			out.StreamedLayers++
+		}
+		out.Layers = append(out.Layers, layerJSON{Name: g.Name, Bytes: g.Bytes, Resident: g.Resident, Slot: g.Slot,
+			PredictedCopy: g.CopyTime.Seconds(), PredictedCompute: g.ComputeTime.Seconds()})
+	}
+	return out
+}
+
+func runFit(e *env, args []string) error {
+	fs := newFlags(e, "fit", fitUsage)
+	var f planFlags
+	f.add(fs)
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	path, budget, err := f.check(pos)
+	if err != nil {
+		return err
+	}
+	pl, err := fitModel(e.ctx, e, &f, path, budget, false)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
+	out := pl.json(path, &f)
+	if f.asJSON {
+		return writeJSON(e.stdout, out)
+	}
+	printFit(e, out)
+	return nil
+}
+
+func printFit(e *env, o fitJSON) {
+	w := e.stdout
+	fmt.Fprintf(w, "model      %s (%s, %s, %d groups)\n", o.Model, o.Format, humanBytes(o.ModelBytes), len(o.Layers))
+	fmt.Fprintf(w, "device     %s (%s)\n", o.Device, o.Backend)
+	fmt.Fprintf(w, "budget     %s: minimum to stream %s\n", humanBytes(o.BudgetBytes), humanBytes(o.MinimumBytes))
+	fmt.Fprintf(w, "resident   %s in %d groups\n", humanBytes(o.ResidentBytes), o.ResidentLayers)
+	if o.StreamedLayers > 0 {
+		fmt.Fprintf(w, "streamed   %s per step in %d groups, through %d slots (%s)\n",
+			humanBytes(o.StreamedBytes), o.StreamedLayers, o.Slots, humanBytes(o.StagingBytes))
+	} else {
+		fmt.Fprintf(w, "streamed   nothing: the whole model fits\n")
+	}
+	fmt.Fprintf(w, "reserved   activations %s (%d tokens), KV cache %s (ctx %d × batch %d)\n",
+		humanBytes(o.ActivationBytes), o.Tokens, humanBytes(o.KVBytes), o.Ctx, o.Batch)
+	fmt.Fprintf(w, "link       %.1f GB/s, %s\n", o.LinkGBps, o.LinkSource)
+	fmt.Fprintf(w, "compute    %s\n", o.ComputeSource)
+	fmt.Fprintf(w, "predicted  peak %s; %.4f s per step (copy %.4f s, compute %.4f s)\n",
+		humanBytes(o.PredictedPeakBytes), o.PredictedSecondsPerStep, o.PredictedCopySeconds, o.PredictedComputeSeconds)
+}
+
+// budgetHint adds the minimum to a budget error for people.
+func budgetHint(err error) error {
+	var be *plan.BudgetError
+	if errors.As(err, &be) {
+		return fmt.Errorf("%w; try --vram %d (%s) or more", err, be.Minimum, humanBytes(be.Minimum))
+	}
+	return err
+}

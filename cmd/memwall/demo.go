@@ -27,6 +27,7 @@ func demoSteps() []demoStep {
 		{"a pool under load, next to the driver", demoPool},
 		{"activations of a real ONNX model packed by liveness", func(e *env, _ device.Device) error { return planDemo(e) }},
 		{"a PyTorch trace replayed through the pool", demoReplay},
+		{"a model larger than its VRAM budget, streamed", demoStream},
 	}
 }
 

@@ -21,6 +21,40 @@
 // and leaves the pool unchanged.
 //
 // A Pool is safe for concurrent use.
+//
+// # The default configuration, and why
+//
+// DefaultOptions picks GrowVirtual with address-ordered best fit, small
+// blocks (≤ SmallMax, 256 KiB) in a virtual range of their own, 2 MiB
+// pages, and TargetRatio 1.02: while the pool holds 1.02 × its peak used
+// bytes, a page it must map takes the physical memory of its highest free
+// page (unmap + map, no new allocation) instead of growing. Replaying the
+// two PyTorch traces of testdata/traces through the pool (memwall replay,
+// trace/replay; BENCHMARKS.md has the full table, docs/pool-policy.md the
+// reasoning), peak reserved over peak live bytes and driver calls per
+// allocation were:
+//
+//	                                  GPT-2 generate     BERT varlen
+//	PyTorch caching allocator         1.26×  (51 calls)  2.33×  (15 calls)
+//	default (bestfit, target 1.02)    1.022× 0.58%       1.037× 16.8%
+//	keep every page (before)          1.051× 0.19%       1.389× 0.87%
+//	... and small blocks among large  1.066× 0.19%       1.609× 1.01%
+//	tlsf, target 1.02                 1.095× 1.52%       1.046× 39.5%
+//	4 MiB pages, target 1.02          1.018× 0.26%       1.055× 7.6%
+//	8 MiB pages, target 1.02          1.040× 0.11%       1.125× 2.7%
+//	unmap every free page             1.008× 44%         1.029× 946%
+//	chunks (bestfit)                  1.055× 0.01%       2.180× 0.02%
+//
+// Best fit keeps the fewest pages touched; separating small blocks stops
+// cached small blocks from pinning pages between large ones; the soft
+// target keeps reserved memory within a few percent of the peak. On the
+// GPT-2 trace that meets both goals (≤ 1.05×, ≤ 1% calls). On the BERT
+// trace (about ten live blocks whose sizes change with every call) no
+// configuration measured meets both: memory within 1.05× costs 7–17%
+// calls, calls within 1% cost 1.39× memory. The default takes the memory
+// side, since running out of memory is what the pool exists to prevent; a
+// workload that prefers fewer calls sets TargetRatio -1 (keep every page)
+// or larger PageBytes.
 package pool
 
 import (

@@ -7,6 +7,7 @@ import (
 
 	"github.com/memwall/memwall/bench"
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/kernels"
@@ -222,7 +223,9 @@ func demoStream(e *env, d device.Device) error {
 		return err
 	}
 	wo := plan.WeightOptions{Budget: 1 << 50, LinkGBps: link.GBps, Cost: cost, Granule: 512}
-	if d.Info().Backend != "sim" {
+	if sd, ok := d.(*sim.Device); ok {
+		wo.CopyLatency = sd.Options().CopyLatency
+	} else {
 		wo.Granule = 2 << 20
 	}
 	full, err := plan.PlanWeights(groups, wo)

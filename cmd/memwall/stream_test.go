@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/kernels"
+)
+
+func runVerbSim(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, getenv: func(string) string { return "" }}
+	code = run(args, env)
+	return code, o.String(), e.String()
+}
+
+// tinyFile writes the Tiny model in the format into a temp dir.
+func tinyFile(t *testing.T, formatName string) string {
+	t.Helper()
+	p, err := synth.WriteTiny(context.Background(), t.TempDir(), formatName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestFitAndStreamJSON(t *testing.T) {
+	for _, f := range []string{synth.Safetensors, synth.GGUF} {
+		t.Run(f, func(t *testing.T) {
+			path := tinyFile(t, f)
+			code, out, errOut := runVerbSim(t, "fit", path, "--vram", "5MiB", "--ctx", "128", "--device", "sim", "--json")
+			if code != 0 {
+				t.Fatalf("fit: exit %d: %s", code, errOut)
+			}
+			var fit map[string]any
+			if err := json.Unmarshal([]byte(out), &fit); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{"model_bytes", "resident_bytes", "streamed_bytes", "staging_bytes", "activation_bytes",
+				"kv_bytes", "predicted_peak_bytes", "predicted_seconds_per_step", "link_GBps", "layers"} {
+				if _, ok := fit[k]; !ok {
+					t.Errorf("fit --json lacks %q", k)
+				}
+			}
+			if fit["streamed_bytes"].(float64) == 0 || fit["kv_bytes"].(float64) == 0 {
+				t.Errorf("fit: streamed %v, kv %v", fit["streamed_bytes"], fit["kv_bytes"])
+			}
+			if !strings.HasPrefix(fit["link_source"].(string), "measured") {
+				t.Errorf("link source %q", fit["link_source"])
+			}
+			code, out, errOut = runVerbSim(t, "stream", path, "--vram", "5MiB", "--ctx", "128", "--tokens", "8", "--steps", "3", "--device", "sim", "--json")
+			if code != 0 {
+				t.Fatalf("stream: exit %d: %s", code, errOut)
+			}
+			var st map[string]any
+			if err := json.Unmarshal([]byte(out), &st); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{"peak_bytes", "seconds_per_step", "achieved_GBps", "overlap_efficiency", "verified", "predicted_peak_bytes"} {
+				if _, ok := st[k]; !ok {
+					t.Errorf("stream --json lacks %q", k)
+				}
+			}
+			if st["verified"] != true {
+				t.Errorf("not verified: %v", st["verify_note"])
+			}
+			if st["peak_bytes"] != st["predicted_peak_bytes"] {
+				t.Errorf("peak %v, predicted %v", st["peak_bytes"], st["predicted_peak_bytes"])
+			}
+			m, p := st["seconds_per_step"].(float64), st["predicted_seconds_per_step"].(float64)
+			if math.Abs(m-p)/p > 0.02 {
+				t.Errorf("step %v s, predicted %v s", m, p)
+			}
+			if stderr := errOut; stderr != "" {
+				t.Errorf("stderr without a terminal: %q", stderr)
+			}
+		})
+	}
+}
+
+func TestFitHuman(t *testing.T) {
+	path := tinyFile(t, synth.Safetensors)
+	code, out, errOut := runVerbSim(t, "fit", path, "--vram", "1GiB", "--link-gbps", "12.5", "--device", "sim")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"streamed   nothing: the whole model fits", "12.5 GB/s, given (--link-gbps)", "predicted  peak"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, errOut = runVerbSim(t, "stream", path, "--vram", "5MiB", "--steps", "2", "--device", "sim")
+	if code != 0 {
+		t.Fatalf("stream: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"measured   peak", "streamed", "verified   "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stream output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestFitBadInput(t *testing.T) {
+	path := tinyFile(t, synth.Safetensors)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trunc := filepath.Join(t.TempDir(), "trunc.safetensors")
+	if err := os.WriteFile(trunc, data[:len(data)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gpath := tinyFile(t, synth.GGUF)
+	gdata, err := os.ReadFile(gpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gtrunc := filepath.Join(t.TempDir(), "trunc.gguf")
+	if err := os.WriteFile(gtrunc, gdata[:len(gdata)-1000], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"truncated safetensors", []string{"fit", trunc, "--vram", "1GiB", "--device", "sim"}, 1, "trunc.safetensors"},
+		{"truncated gguf", []string{"stream", gtrunc, "--vram", "1GiB", "--device", "sim"}, 1, "trunc.gguf"},
+		{"missing file", []string{"fit", filepath.Join(t.TempDir(), "none"), "--vram", "1GiB", "--device", "sim"}, 1, "none"},
+		{"below the minimum", []string{"fit", path, "--vram", "2MiB", "--device", "sim"}, 1, "below the minimum 2907648 bytes"},
+		{"stream below the minimum", []string{"stream", path, "--vram", "1MiB", "--device", "sim"}, 1, "try --vram 2907648"},
+		{"no vram", []string{"fit", path}, 2, "--vram is required"},
+		{"bad vram", []string{"fit", path, "--vram", "lots"}, 2, "--vram"},
+		{"no model", []string{"stream", "--vram", "1GiB"}, 2, "MODEL"},
+		{"one slot", []string{"stream", path, "--vram", "1GiB", "--slots", "1"}, 2, "--slots"},
+		{"zero steps", []string{"stream", path, "--vram", "1GiB", "--steps", "0"}, 2, "--steps"},
+		{"bad source", []string{"stream", path, "--vram", "1GiB", "--source", "floppy"}, 2, "--source"},
+		{"negative ctx", []string{"fit", path, "--vram", "1GiB", "--ctx", "-1"}, 2, "--ctx"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errOut := runVerbSim(t, c.args...)
+			if code != c.code || !strings.Contains(errOut, c.want) {
+				t.Errorf("exit %d, stderr %q; want exit %d mentioning %q", code, errOut, c.code, c.want)
+			}
+		})
+	}
+}
+
+func TestDemoStream(t *testing.T) {
+	o := sim.DefaultOptions()
+	o.Kernels = kernels.Sim()
+	d := sim.New(o)
+	defer d.Close()
+	var out bytes.Buffer
+	e := &env{ctx: context.Background(), stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+	if err := demoStream(e, d); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(out.String(), "\n"); lines < 3 || lines > 4 || !strings.Contains(out.String(), "verified: ") {
+		t.Errorf("demo printed %d lines:\n%s", lines, out.String())
+	}
+	t.Log("\n" + out.String())
+}

@@ -163,7 +163,11 @@ func runLifetimes(t *testing.T, d device.Device, bufs []plan.Buffer, lay plan.La
 // dependencies, no tensor is overwritten before its last reader ran. On the
 // GPU machine it runs with MEMWALL_TEST_DEVICE=cuda.
 func TestGPULifetimes(t *testing.T) {
-	for _, m := range []string{"mobilenet_v2", "resnet50", "bert_base"} {
+	models := []string{"mobilenet_v2", "resnet50", "bert_base"}
+	if testing.Short() {
+		models = models[:1]
+	}
+	for _, m := range models {
 		for _, inplace := range []bool{false, true} {
 			name := m
 			if inplace {

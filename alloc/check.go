@@ -34,7 +34,8 @@ type invariants interface {
 // structures are consistent. It returns nil or an error describing the
 // first violation. It works on any Allocator; allocators from other
 // packages get the generic checks only. Cost: one Walk plus the
-// strategy's own checks, linear in the number of blocks.
+// strategy's own checks, linear in the number of blocks and free ranges
+// (for slab, in the bitmap words of the pages in use).
 func Check(a Allocator) error {
 	name := a.Name()
 	capacity := a.Capacity()

@@ -170,6 +170,9 @@ func (p *Pool) arenaAlloc1(size, align uint64, s device.Stream) (*meta, error) {
 	if m, ok := attempt(); ok {
 		return m, nil
 	}
+	if p.opts.Growth == GrowVirtual {
+		tried = append(tried, "map pages in the reserved range (unmapping free pages when refused)")
+	}
 	// Reclaim what is already free but parked: finished stream-ordered
 	// frees, then the small-block caches.
 	if len(p.awaiting) > 0 {

@@ -46,11 +46,31 @@ func (m Mix) sample(r *rand.Rand) uint64 {
 	return uint64(math.Exp(lo + r.Float64()*(hi-lo)))
 }
 
+// Policy is a named pool configuration (strategy is set per run).
+type Policy struct {
+	Name    string
+	Options pool.Options
+}
+
+// DefaultPolicies are the pool's default (virtual memory, with its soft
+// memory target that moves pages to stay near peak use), the same keeping
+// every page it mapped (no driver calls once warm: the latency end of the
+// trade-off), and chunk growth.
+func DefaultPolicies() []Policy {
+	return []Policy{
+		{"virtual", pool.Options{Growth: pool.GrowVirtual}},
+		{"virtual-keep", pool.Options{Growth: pool.GrowVirtual, TargetRatio: -1}},
+		{"chunks", pool.Options{Growth: pool.GrowChunks}},
+	}
+}
+
 // AllocOptions configure Alloc.
 type AllocOptions struct {
 	Mixes      []Mix
 	Strategies []string // pool strategies (default bestfit, tlsf)
-	Growths    []pool.Growth
+	// Policies are the pool configurations measured per strategy
+	// (default DefaultPolicies).
+	Policies   []Policy
 	Goroutines []int // default 1, 4, 16
 	// Pairs is the number of timed free+alloc pairs per goroutine (default 20000).
 	Pairs int
@@ -103,8 +123,8 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 	if len(o.Strategies) == 0 {
 		o.Strategies = []string{"bestfit", "tlsf"}
 	}
-	if len(o.Growths) == 0 {
-		o.Growths = []pool.Growth{pool.GrowVirtual, pool.GrowChunks}
+	if len(o.Policies) == 0 {
+		o.Policies = DefaultPolicies()
 	}
 	if len(o.Goroutines) == 0 {
 		o.Goroutines = []int{1, 4, 16}
@@ -120,7 +140,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 	}
 	in := d.Info()
 	rep := AllocReport{Device: in.Name, Backend: in.Backend, TimerOverheadNs: timerOverhead()}
-	total := len(o.Mixes) * (len(o.Strategies)*len(o.Growths)*len(o.Goroutines) + 2)
+	total := len(o.Mixes) * (len(o.Strategies)*len(o.Policies)*len(o.Goroutines) + 2)
 	done := 0
 	step := func(name string) {
 		done++
@@ -129,8 +149,8 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 		}
 	}
 	for _, mix := range o.Mixes {
-		for _, g := range o.Growths {
-			if g == pool.GrowVirtual && !in.VirtualMemory {
+		for _, g := range o.Policies {
+			if g.Options.Growth == pool.GrowVirtual && !in.VirtualMemory {
 				continue
 			}
 			for _, s := range o.Strategies {
@@ -140,7 +160,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 					}
 					r, err := poolLatency(d, s, g, mix, n, o)
 					if err != nil {
-						return rep, fmt.Errorf("bench alloc: %s/%s %s ×%d: %w", s, g, mix.Name, n, err)
+						return rep, fmt.Errorf("bench alloc: %s/%s %s ×%d: %w", s, g.Name, mix.Name, n, err)
 					}
 					rep.Results = append(rep.Results, r)
 					step(r.Allocator)
@@ -214,8 +234,10 @@ func timerOverhead() float64 {
 
 // poolLatency times free+alloc pairs on a fresh pool: each goroutine keeps a
 // working set of live blocks and replaces a random one per pair.
-func poolLatency(d device.Device, strategy string, g pool.Growth, mix Mix, goroutines int, o AllocOptions) (LatencyResult, error) {
-	p, err := pool.New(d, pool.Options{Name: "bench", Strategy: strategy, Growth: g})
+func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines int, o AllocOptions) (LatencyResult, error) {
+	po := g.Options
+	po.Name, po.Strategy = "bench", strategy
+	p, err := pool.New(d, po)
 	if err != nil {
 		return LatencyResult{}, err
 	}
@@ -314,7 +336,7 @@ func poolLatency(d device.Device, strategy string, g pool.Growth, mix Mix, gorou
 	st := p.Stats()
 	calls := st.DeviceCalls() - callsBefore
 	return LatencyResult{
-		Allocator: fmt.Sprintf("memwall %s/%s", strategy, g), Mix: mix.Name, Goroutines: goroutines, Pairs: len(pairs),
+		Allocator: fmt.Sprintf("memwall %s/%s", strategy, g.Name), Mix: mix.Name, Goroutines: goroutines, Pairs: len(pairs),
 		P50ns: quantile(pairs, 0.5), P99ns: quantile(pairs, 0.99),
 		AllocP50ns: quantile(allocs, 0.5), FreeP50ns: quantile(frees, 0.5),
 		PairsPerSec:  float64(len(pairs)) / wall.Seconds(),

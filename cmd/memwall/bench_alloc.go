@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/memwall/memwall/bench"
-	"github.com/memwall/memwall/pool"
 )
 
 func init() { benchVerbs["alloc"] = runBenchAlloc }
@@ -44,7 +43,6 @@ func runBenchAlloc(e *env, args []string) error {
 	pb := newProgress(e, "alloc")
 	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{Pairs: *pairs, Goroutines: gs,
 		Strategies: strings.Split(*strategies, ","),
-		Growths:    []pool.Growth{pool.GrowVirtual, pool.GrowChunks},
 		Progress:   func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
 	pb.done()
 	if err != nil {

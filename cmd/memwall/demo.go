@@ -70,7 +70,7 @@ func runDemo(e *env, args []string) error {
 func demoPool(e *env, d device.Device) error {
 	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{
 		Mixes:      []bench.Mix{{Name: "random 512B-64MiB", Min: 512, Max: 64 << 20}},
-		Strategies: []string{"bestfit"}, Growths: []pool.Growth{pool.DefaultOptions(d).Growth},
+		Strategies: []string{"bestfit"}, Policies: []bench.Policy{{Name: "default", Options: pool.DefaultOptions(d)}},
 		Goroutines: []int{1, 4}, Pairs: 5000, DriverPairs: 300,
 	})
 	if err != nil {

@@ -17,7 +17,7 @@ run() { # run NAME CMD...: log output, remember pass/fail
   local t0=$(date +%s.%N)
   if "$@" >>"$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
   local t1=$(date +%s.%N)
-  status+=("$(printf '%-34s %-9s %6.1fs' "$name" "$r" "$(echo "$t1 - $t0" | bc)")")
+  status+=("$(printf '%-34s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
   tail -n 3 "$log"
 }
 

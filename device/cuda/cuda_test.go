@@ -10,6 +10,7 @@ import (
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
 	"github.com/memwall/memwall/device/devicetest"
+	"github.com/memwall/memwall/device/fault"
 	"github.com/memwall/memwall/kernels"
 )
 
@@ -42,6 +43,13 @@ func loadKernels(d device.Device) (device.Module, error) {
 
 func TestConformance(t *testing.T) {
 	devicetest.Run(t, open, devicetest.Options{LoadKernels: loadKernels, LargeBytes: 256 << 20})
+}
+
+// TestConformanceThroughFault runs the suite through the fault wrapper with
+// no rules set: the wrapper must be transparent on the real driver too.
+func TestConformanceThroughFault(t *testing.T) {
+	devicetest.Run(t, func(t *testing.T) device.Device { return fault.Wrap(open(t), &fault.Config{}) },
+		devicetest.Options{LoadKernels: loadKernels, LargeBytes: 64 << 20})
 }
 
 func TestInfo(t *testing.T) {

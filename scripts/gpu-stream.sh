@@ -24,7 +24,7 @@ MODEL_DIR=${MODEL_DIR:-/tmp/memwall-stream}
 VRAM=${VRAM:-8GiB}
 PRESET=${PRESET:-llama-7b} # tiny, with VRAM=5MiB, tries the script anywhere
 STEPS=${STEPS:-5}
-bin=$PWD/gpubin
+bin=$(cd "${BIN:-gpubin}" 2>/dev/null && pwd || echo "$PWD/gpubin") # as scripts/gpu-build.sh writes it
 mkdir -p "$OUT" "$MODEL_DIR"
 log=$OUT/stream-log.txt
 : >"$log"

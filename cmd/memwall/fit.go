@@ -148,6 +148,12 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	info := d.Info()
 	link := f.linkGBps
 	pl.linkSource = "given (--link-gbps)"
+	if sd, ok := d.(*sim.Device); ok && link == 0 && !sd.Options().Backing {
+		// Without backing bytes the transfer benchmark cannot check its data.
+		link = sd.Options().PinnedHtoDGBps
+		pl.pinnedGBps = link
+		pl.linkSource = "modeled (the simulator's pinned host-to-device rate; it keeps no data for a model this size)"
+	}
 	if link == 0 {
 		rep, err := bench.Transfer(ctx, d, bench.TransferOptions{Bytes: 64 << 20, Reps: 5})
 		if err != nil {

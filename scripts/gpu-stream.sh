@@ -37,7 +37,7 @@ step() {
 	local t0=$(date +%s.%N)
 	"$@" >>"$log" 2>&1
 	local rc=$?
-	printf '%-46s rc=%d %6.1fs\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$log"
+	printf '%-46s rc=%d %6.1fs\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" | tee -a "$log"
 	[ $rc -ne 0 ] && tail -n 15 "$log"
 	return $rc
 }

@@ -366,12 +366,15 @@ func (s *Streamer) prepareSource() error {
 }
 
 // register page-locks, per file, the page-aligned range of the mapping
-// that holds the streamed extents, read-only, and points each streamed
-// extent at it.
+// that holds every extent, read-only, and points each streamed extent at
+// it. The range covers the resident extents too: a copy whose source
+// straddles the edge of a registered range (a resident tensor sharing a
+// page with a streamed one) is refused by the driver (seen on the H200:
+// CUDA_ERROR_INVALID_VALUE uploading model.norm.weight).
 func (s *Streamer) register(streamed []int) error {
 	type span struct{ lo, hi uint64 }
 	spans := map[string]*span{}
-	for _, i := range streamed {
+	for i := range s.groups {
 		for _, e := range s.groups[i].Extents {
 			sp := spans[e.File]
 			if sp == nil {

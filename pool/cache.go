@@ -10,6 +10,7 @@ import (
 // other or for the central lock.
 type shard struct {
 	mu    sync.Mutex
+	idx   int
 	lists []*meta
 	count []int
 	bytes uint64   // cached bytes
@@ -41,17 +42,17 @@ func (p *Pool) newToken() any {
 	return &token{shard: int(p.tokenSeq.Add(1)) % len(p.shards)}
 }
 
-// pickShard locks the token's shard, or the next free one when another
-// processor holds it.
-func (p *Pool) pickShard(t *token) *shard {
+// pickShard locks shard i, or the next free one when another processor
+// holds it.
+func (p *Pool) pickShard(i int) *shard {
 	n := len(p.shards)
 	for j := 0; j < n; j++ {
-		s := &p.shards[(t.shard+j)%n]
+		s := &p.shards[(i+j)%n]
 		if s.mu.TryLock() {
 			return s
 		}
 	}
-	s := &p.shards[t.shard]
+	s := &p.shards[i]
 	s.mu.Lock()
 	return s
 }
@@ -77,13 +78,13 @@ func (s *shard) push(m *meta, cls int) {
 // cacheAlloc serves a small block from a shard, refilling the shard from the
 // arenas in a batch when its list for the class is empty.
 func (p *Pool) cacheAlloc(tok *token, cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
-	s := p.pickShard(tok)
+	s := p.pickShard(tok.shard)
 	if s.count == nil {
 		s.count = make([]int, len(sizeClasses))
 	}
 	m := s.pop(cls)
 	if m != nil {
-		m.req, m.purpose, m.tenant = req, purpose, t
+		m.req, m.purpose, m.tenant, m.shard = req, purpose, t, s.idx
 		s.c.add(m)
 		s.mu.Unlock()
 		return m, nil
@@ -97,7 +98,7 @@ func (p *Pool) cacheAlloc(tok *token, cls int, req uint64, purpose Purpose, t *T
 		return nil, err
 	}
 	first.class = cls + 1
-	first.req, first.purpose, first.tenant = req, purpose, t
+	first.req, first.purpose, first.tenant, first.shard = req, purpose, t, tok.shard
 	p.central.add(first)
 	var extra []*meta
 	for k := 1; k < batchFor(cls); k++ {
@@ -110,7 +111,7 @@ func (p *Pool) cacheAlloc(tok *token, cls int, req uint64, purpose Purpose, t *T
 	}
 	p.mu.Unlock()
 	if len(extra) > 0 {
-		s = p.pickShard(tok)
+		s = p.pickShard(tok.shard)
 		if s.count == nil {
 			s.count = make([]int, len(sizeClasses))
 		}
@@ -124,9 +125,9 @@ func (p *Pool) cacheAlloc(tok *token, cls int, req uint64, purpose Purpose, t *T
 
 // cacheFree puts a small block back into a shard, draining the shard into
 // the arenas when it holds too much.
-func (p *Pool) cacheFree(tok *token, m *meta) {
+func (p *Pool) cacheFree(m *meta) {
 	cls := m.class - 1
-	s := p.pickShard(tok)
+	s := p.pickShard(m.shard)
 	if s.count == nil {
 		s.count = make([]int, len(sizeClasses))
 	}

@@ -1,5 +1,7 @@
 package pool
 
+import "math/bits"
+
 // sizeClasses are the sizes the per-shard caches round small blocks to:
 // multiples of 256 bytes up to 2 KiB, then 8 classes per doubling, so the
 // rounding wastes at most 12.5% of a block (TestSizeClassWaste holds it).
@@ -19,9 +21,21 @@ func makeSizeClasses(max uint64) []uint64 {
 	return cs
 }
 
-// classOf returns the smallest class that holds size (size ≤ the largest
-// class).
+// classOf returns the smallest class that holds size (0 < size ≤ the
+// largest class), in constant time from the table's construction:
+// multiples of 256 up to 2 KiB, then 8 steps per doubling.
 func classOf(size uint64) int {
+	if size <= 2048 {
+		return int((size+255)/256) - 1
+	}
+	exp := bits.Len64(size-1) - 1 // base = 1<<exp < size ≤ 2*base
+	step := uint64(1) << (exp - 3)
+	return 8 + (exp-11)*8 + int((size-(1<<exp)+step-1)/step) - 1
+}
+
+// classOfSearch is classOf by binary search over the table (the test's
+// reference).
+func classOfSearch(size uint64) int {
 	lo, hi := 0, len(sizeClasses)-1
 	for lo < hi {
 		mid := (lo + hi) / 2

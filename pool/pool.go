@@ -292,6 +292,7 @@ type meta struct {
 	size    uint64 // allocator block size
 	req     uint64 // requested bytes
 	class   int    // size class + 1 when cacheable, else 0
+	shard   int    // the shard a cached block was served from (freed back there)
 	purpose Purpose
 	tenant  *Tenant
 	next    *meta // free-list / cache link
@@ -368,7 +369,7 @@ func (c *counters) plus(o *counters) {
 }
 
 // latencySample is the sampling period of the latency histogram.
-const latencySample = 8
+const latencySample = 32
 
 // totalsLocked sums the central and per-shard counters and the cached
 // bytes. Called with p.mu held; it takes each shard's lock in turn.
@@ -419,6 +420,9 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	}
 	p.lat = make([]telemetry.Histogram, o.Shards)
 	p.shards = make([]shard, o.Shards)
+	for i := range p.shards {
+		p.shards[i].idx = i
+	}
 	p.tokens.New = p.newToken
 	for i := range p.shards {
 		p.shards[i].lists = make([]*meta, len(sizeClasses))
@@ -460,7 +464,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 func (p *Pool) Options() Options { return p.opts }
 
 // AllocLatency returns a histogram of Alloc latencies, sampled (one
-// allocation in 8 is timed) so that timing does not slow the fast path.
+// allocation in 32 per processor is timed) so that timing does not slow the fast path.
 func (p *Pool) AllocLatency() *telemetry.Histogram {
 	var h telemetry.Histogram
 	for i := range p.lat {
@@ -598,9 +602,9 @@ func (p *Pool) free(t *Tenant, b Block) error {
 	}
 	p.freed(m)
 	if m.class > 0 {
-		tok := p.getToken()
-		p.cacheFree(tok, m)
-		p.tokens.Put(tok)
+		// Back to the shard it came from: usually this processor's, and
+		// no token is needed.
+		p.cacheFree(m)
 		return nil
 	}
 	p.mu.Lock()

@@ -39,7 +39,9 @@ type token struct {
 func (p *Pool) getToken() *token { return p.tokens.Get().(*token) }
 
 func (p *Pool) newToken() any {
-	return &token{shard: int(p.tokenSeq.Add(1)) % len(p.shards)}
+	// A new token times its first allocation, so short-lived pools (and
+	// tokens the sync.Pool dropped) still feed the latency histogram.
+	return &token{shard: int(p.tokenSeq.Add(1)) % len(p.shards), n: latencySample - 1}
 }
 
 // pickShard locks shard i, or the next free one when another processor

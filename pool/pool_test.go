@@ -598,8 +598,10 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
 	}
-	if n := got["memwall_pool_alloc_latency_seconds"]; n < 5 || n > 60 {
-		t.Errorf("latency histogram holds %v samples of 402 allocations sampled 1 in 32", n)
+	// One allocation in 32 per processor is timed, plus the first through
+	// each new shard token (the race detector makes sync.Pool drop some).
+	if n := got["memwall_pool_alloc_latency_seconds"]; n < 1 || n > 402 || n != float64(p.AllocLatency().Count()) {
+		t.Errorf("latency histogram holds %v samples of 402 allocations (pool says %d)", n, p.AllocLatency().Count())
 	}
 	if got["memwall_pool_reserved_bytes"] < 8<<20 || got["memwall_pool_utilization_ratio"] <= 0 {
 		t.Errorf("reserved %v utilization %v", got["memwall_pool_reserved_bytes"], got["memwall_pool_utilization_ratio"])

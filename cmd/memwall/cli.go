@@ -26,9 +26,11 @@ func newEnv() *env {
 	return &env{ctx: ctx, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), getenv: os.Getenv}
 }
 
+// isTerminal reports whether f is a terminal: a character device that
+// answers the terminal ioctl (so /dev/null, also a character device, is not).
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return err == nil && st.Mode()&os.ModeCharDevice != 0 && isTTY(f.Fd())
 }
 
 // verb is one memwall sub-command; each lives in its own file and registers

@@ -183,8 +183,9 @@ func (a *arena) mapPage(p *Pool, i uint64) error {
 	if r := p.opts.TargetRatio; r > 0 && a.freePages > 0 {
 		// Above the soft target, recycle: move the highest free page here
 		// (an unmap and a map, no allocation), so reserved memory tracks
-		// the peak of use.
-		target := uint64(r * float64(p.peakUsed.Load()))
+		// the peak of use. Memory reserved by the warm-up is never
+		// counted against the target.
+		target := max(uint64(r*float64(p.peakUsed.Load())), p.opts.Warmup)
 		if p.reserved.Load()+a.pageBytes > target {
 			if h, ok := a.steal(p); ok {
 				return a.mapHandle(p, i, h)

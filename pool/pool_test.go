@@ -649,3 +649,42 @@ func TestHostPool(t *testing.T) {
 	}
 	_ = hp.Free(b)
 }
+
+// TestWarmup reserves memory at New, so the first requests within it make
+// no driver call; Trim gives it back.
+func TestWarmup(t *testing.T) {
+	for _, o := range configs() {
+		t.Run(o.Name, func(t *testing.T) {
+			d := newSim(t, false, 1<<30)
+			o.Warmup = 64 << 20
+			o.NoCache = true
+			p, err := pool.New(d, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			st := p.Stats()
+			if st.ReservedBytes < 64<<20 {
+				t.Fatalf("warm-up of 64 MiB reserved %d bytes", st.ReservedBytes)
+			}
+			calls := st.DeviceCalls()
+			var held []pool.Block
+			for i := 0; i < 12; i++ {
+				b, err := p.Alloc(4<<20, pool.AllocOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, b)
+			}
+			if got := p.Stats().DeviceCalls(); got != calls {
+				t.Fatalf("48 MiB inside a 64 MiB warm-up made %d driver calls", got-calls)
+			}
+			for _, b := range held {
+				_ = p.Free(b)
+			}
+			if n := p.Trim(); n < 64<<20 {
+				t.Fatalf("Trim gave back %d bytes of a 64 MiB warm-up", n)
+			}
+		})
+	}
+}

@@ -365,7 +365,8 @@ func (p *Pool) warmup(n uint64) error {
 		}
 		a.markFree(i)
 	}
-	if p.opts.KeepFreeBytes < pages*a.pageBytes {
+	// A cap on kept free pages (0 = keep all) must not undo the warm-up.
+	if k := p.opts.KeepFreeBytes; k != 0 && k < pages*a.pageBytes {
 		p.opts.KeepFreeBytes = pages * a.pageBytes
 	}
 	return nil

@@ -31,7 +31,7 @@ func (l *pendingList) add(m *meta) {
 func (l *pendingList) take(size, align uint64) *meta {
 	var prev *meta
 	for m := l.head; m != nil; prev, m = m, m.next {
-		if m.size < size || m.size > size+size/4 || uint64(m.arena.ptr(m.off))%align != 0 {
+		if m.size-m.shift < size || m.size > size+size/4 || uint64(m.ptr())%align != 0 {
 			continue
 		}
 		if prev == nil {

@@ -293,9 +293,18 @@ type meta struct {
 	req     uint64 // requested bytes
 	class   int    // size class + 1 when cacheable, else 0
 	shard   int    // the shard a cached block was served from (freed back there)
+	shift   uint64 // bytes from the allocator's offset to the handed-out address (alignment slack)
 	purpose Purpose
 	tenant  *Tenant
 	next    *meta // free-list / cache link
+}
+
+// ptr is the block's handed-out address.
+func (m *meta) ptr() device.Ptr {
+	if p := m.arena.ptr(m.off); p != 0 {
+		return p + device.Ptr(m.shift)
+	}
+	return 0
 }
 
 // Pool is a device (or pinned host) memory pool.
@@ -533,9 +542,10 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	}
 	gen := m.state.Load()>>1 + 1
 	m.state.Store(gen<<1 | 1)
-	b := Block{Ptr: m.arena.ptr(m.off), Size: m.size, m: m, gen: gen, pool: p}
+	b := Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: gen, pool: p}
 	if p.host {
-		b.Host = m.arena.host[m.off : m.off+m.size : m.off+m.size]
+		lo := m.off + m.shift
+		b.Host = m.arena.host[lo : m.off+m.size : m.off+m.size]
 	}
 	if p.opts.OnEvent != nil {
 		p.mu.Lock()
@@ -584,7 +594,7 @@ func (p *Pool) freed(m *meta) {
 	}
 	if p.opts.OnEvent != nil {
 		p.mu.Lock()
-		p.opts.OnEvent(Event{Time: time.Now(), Free: true, Ptr: m.arena.ptr(m.off), Size: m.req, Purpose: m.purpose, Tenant: m.tenant.name()})
+		p.opts.OnEvent(Event{Time: time.Now(), Free: true, Ptr: m.ptr(), Size: m.req, Purpose: m.purpose, Tenant: m.tenant.name()})
 		p.mu.Unlock()
 	}
 }
@@ -667,7 +677,7 @@ func (p *Pool) newMeta() *meta {
 }
 
 func (p *Pool) putMeta(m *meta) {
-	m.arena, m.tenant, m.class = nil, nil, 0
+	m.arena, m.tenant, m.class, m.shift = nil, nil, 0, 0
 	m.state.Store((m.state.Load()>>1 + 1) << 1) // invalidate any copy of the old handle
 	m.next = p.metaFree
 	p.metaFree = m

@@ -688,3 +688,43 @@ func TestWarmup(t *testing.T) {
 		})
 	}
 }
+
+// TestAlignment: the device address, not just the arena offset, honours the
+// requested alignment.
+func TestAlignment(t *testing.T) {
+	for _, o := range configs() {
+		t.Run(o.Name, func(t *testing.T) {
+			d := newSim(t, false, 1<<30)
+			// A small allocation first leaves the next device allocations
+			// (the pool's chunks) only 512-byte aligned on the simulator.
+			odd, err := d.Alloc(512)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Free(odd)
+			p, err := pool.New(d, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			var held []pool.Block
+			for _, align := range []uint64{256, 4096, 65536, 1 << 20, 2 << 20} {
+				for _, size := range []uint64{100, 5000, 3 << 20} {
+					b, err := p.Alloc(size, pool.AllocOptions{Align: align})
+					if err != nil {
+						t.Fatalf("size %d align %d: %v", size, align, err)
+					}
+					if uint64(b.Ptr)%align != 0 {
+						t.Fatalf("size %d align %d: address %#x is not aligned", size, align, b.Ptr)
+					}
+					held = append(held, b)
+				}
+			}
+			for _, b := range held {
+				if err := p.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -106,7 +106,18 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		}
 	}
 	for _, a := range arenas {
-		b, err := a.alloc.Alloc(size, align)
+		if !a.virtual && a.size-a.held < size {
+			continue // cannot fit: skip without asking the allocator
+		}
+		// The allocator aligns offsets; the address is base+offset, so a
+		// chunk whose base is less aligned than asked for gets a block
+		// with slack, and the handed-out address is shifted into it.
+		want, slack := align, uint64(0)
+		if base := uint64(a.ptr(0)); base != 0 && base%align != 0 {
+			want = base & -base // the base's own alignment
+			slack = align - want
+		}
+		b, err := a.alloc.Alloc(size+slack, want)
 		// Move the frontier up by what the request needs; a strategy
 		// that places blocks at aligned offsets (buddy) may need more, so
 		// try twice and four times that before giving up.
@@ -131,6 +142,10 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		}
 		m := p.newMeta()
 		m.arena, m.off, m.size, m.class = a, b.Offset, b.Size, 0
+		m.shift = 0
+		if slack != 0 {
+			m.shift = (align - (uint64(a.ptr(b.Offset)) % align)) % align
+		}
 		a.live++
 		a.held += b.Size
 		return m, nil

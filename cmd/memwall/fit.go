@@ -22,7 +22,8 @@ func init() {
 
 const fitUsage = `MODEL --vram SIZE [--tokens T] [--ctx N] [--batch B] [--slots N] [--link-gbps X] [--device auto|cuda|sim] [--json]
 
-MODEL is a safetensors file, a sharded index (.json) or a GGUF file. The plan
+MODEL is a safetensors file, a sharded index (.json), a GGUF file, or an ONNX
+model whose initializers are its weights (external data or inline). The plan
 reserves a ring of --slots staging slots (each the size of the largest layer),
 the activation arena for --tokens rows and the KV cache for --ctx tokens of
 --batch sequences, keeps what else fits resident and streams the rest. The link

@@ -21,11 +21,8 @@ import (
 //
 // The zero value is not usable; call NewBestFit.
 type BestFit struct {
-	capacity    uint64
-	nodes       []bfNode
-	spare       []int32
-	first, last int32 // physical list ends
-	rng         uint32
+	rangeList // blocks in address order; this type indexes the free ones
+	rng       uint32
 
 	// Free ranges: one treap per TLSF class, with bitmaps of the
 	// non-empty classes.
@@ -33,38 +30,19 @@ type BestFit struct {
 	slBitmap [tlsfFLCount]uint32
 	roots    [tlsfFLCount][tlsfSLCount]int32
 	stack    []int32 // scratch for in-order iteration
-
-	live offsetMap // offset of a live block -> node id
-
-	used       uint64
-	liveBlocks int
-	freeRanges int
-	allocs     uint64
-	frees      uint64
-	failures   uint64
-}
-
-type bfNode struct {
-	off, size          uint64
-	prevPhys, nextPhys int32
-	left, right        int32
-	prio               uint32
-	free               bool
 }
 
 // NewBestFit returns an empty best-fit allocator over [0, capacity);
 // capacity is clamped to MaxCapacity (New reports that as an error).
 func NewBestFit(capacity uint64) *BestFit {
-	b := &BestFit{capacity: min(capacity, MaxCapacity), rng: 0x9E3779B9}
+	b := &BestFit{rng: 0x9E3779B9}
+	b.rangeList = rangeList{name: "bestfit", capacity: min(capacity, MaxCapacity), idx: b}
 	b.Reset()
 	return b
 }
 
 // Name returns "bestfit".
 func (b *BestFit) Name() string { return "bestfit" }
-
-// Capacity returns the size of the managed range.
-func (b *BestFit) Capacity() uint64 { return b.capacity }
 
 // less orders free ranges by size, then offset.
 func (b *BestFit) less(x, y int32) bool {
@@ -83,7 +61,7 @@ func (b *BestFit) nextPrio() uint32 {
 }
 
 // insert adds free node id to the treap of its class.
-func (b *BestFit) insert(id int32) {
+func (b *BestFit) insertFree(id int32) {
 	fl, sl := tlsfMapping(b.nodes[id].size)
 	b.flBitmap |= 1 << fl
 	b.slBitmap[fl] |= 1 << sl
@@ -116,7 +94,7 @@ func (b *BestFit) insert(id int32) {
 }
 
 // remove deletes free node id from the treap of its class.
-func (b *BestFit) remove(id int32) {
+func (b *BestFit) removeFree(id int32) {
 	fl, sl := tlsfMapping(b.nodes[id].size)
 	root := &b.roots[fl][sl]
 	link := root
@@ -151,18 +129,6 @@ func (b *BestFit) remove(id int32) {
 			b.flBitmap &^= 1 << fl
 		}
 	}
-}
-
-func (b *BestFit) newNode(off, size uint64, free bool) int32 {
-	n := bfNode{off: off, size: size, free: free, prevPhys: nilID, nextPhys: nilID, left: nilID, right: nilID}
-	if k := len(b.spare); k > 0 {
-		id := b.spare[k-1]
-		b.spare = b.spare[:k-1]
-		b.nodes[id] = n
-		return id
-	}
-	b.nodes = append(b.nodes, n)
-	return int32(len(b.nodes) - 1)
 }
 
 // find returns the first free range in (size, offset) order that can hold
@@ -234,155 +200,8 @@ func (b *BestFit) findIn(root int32, size, align uint64) int32 {
 	return found
 }
 
-// Alloc returns a block of exactly size bytes at the lowest aligned offset
-// of the best-fitting free range: the smallest range that can hold it,
-// lowest offset first among equals. Alignment padding stays free.
-// Near exhaustion, or with alignments that most ranges cannot meet, the
-// search may visit many ranges before it fails or fits.
-// Errors: ErrInvalidArgument (size 0, alignment not a power of two),
-// ErrTooLarge (size above MaxCapacity), *OOMError (nothing fits).
-func (b *BestFit) Alloc(size, align uint64) (Block, error) {
-	align, err := checkRequest("bestfit", size, align, MaxCapacity)
-	if err != nil {
-		b.failures++
-		return Block{}, err
-	}
-	id := int32(nilID)
-	if size <= b.capacity-b.used {
-		id = b.find(size, align)
-	}
-	if id == nilID {
-		b.failures++
-		return Block{}, b.oom(size, align)
-	}
-	b.remove(id)
-	b.freeRanges--
-	n := b.nodes[id]
-	if start := alignUp(n.off, align); start > n.off {
-		pad := b.newNode(n.off, start-n.off, true)
-		b.linkBefore(pad, id)
-		b.nodes[id].off, b.nodes[id].size = start, n.size-(start-n.off)
-		b.insert(pad)
-		b.freeRanges++
-	}
-	if rest := b.nodes[id].size - size; rest > 0 {
-		tail := b.newNode(b.nodes[id].off+size, rest, true)
-		b.linkAfter(tail, id)
-		b.nodes[id].size = size
-		b.insert(tail)
-		b.freeRanges++
-	}
-	blk := &b.nodes[id]
-	blk.free = false
-	b.live.put(blk.off, uint64(id))
-	b.used += size
-	b.liveBlocks++
-	b.allocs++
-	return Block{Offset: blk.off, Size: size}, nil
-}
-
-func (b *BestFit) linkBefore(id, next int32) {
-	prev := b.nodes[next].prevPhys
-	b.nodes[id].prevPhys, b.nodes[id].nextPhys = prev, next
-	b.nodes[next].prevPhys = id
-	if prev == nilID {
-		b.first = id
-	} else {
-		b.nodes[prev].nextPhys = id
-	}
-}
-
-func (b *BestFit) linkAfter(id, prev int32) {
-	next := b.nodes[prev].nextPhys
-	b.nodes[id].prevPhys, b.nodes[id].nextPhys = prev, next
-	b.nodes[prev].nextPhys = id
-	if next == nilID {
-		b.last = id
-	} else {
-		b.nodes[next].prevPhys = id
-	}
-}
-
-func (b *BestFit) unlink(id int32) {
-	n := &b.nodes[id]
-	if n.prevPhys == nilID {
-		b.first = n.nextPhys
-	} else {
-		b.nodes[n.prevPhys].nextPhys = n.nextPhys
-	}
-	if n.nextPhys == nilID {
-		b.last = n.prevPhys
-	} else {
-		b.nodes[n.nextPhys].prevPhys = n.prevPhys
-	}
-	b.spare = append(b.spare, id)
-}
-
-// Free releases the live block at offset and merges it with free
-// neighbours. An offset that does not start a live block returns an error
-// wrapping ErrInvalidFree and changes nothing. O(log n) expected.
-func (b *BestFit) Free(offset uint64) error {
-	v, ok := b.live.take(offset)
-	if !ok {
-		return invalidFree("bestfit", offset)
-	}
-	id := int32(v)
-	n := &b.nodes[id]
-	n.free = true
-	b.used -= n.size
-	b.liveBlocks--
-	b.frees++
-	b.freeRanges++
-	if prev := n.prevPhys; prev != nilID && b.nodes[prev].free {
-		b.remove(prev)
-		b.nodes[prev].size += b.nodes[id].size
-		b.unlink(id)
-		id = prev
-		b.freeRanges--
-	}
-	if next := b.nodes[id].nextPhys; next != nilID && b.nodes[next].free {
-		b.remove(next)
-		b.nodes[id].size += b.nodes[next].size
-		b.unlink(next)
-		b.freeRanges--
-	}
-	b.insert(id)
-	return nil
-}
-
-// Grow extends the range to capacity bytes; the new space merges with a
-// free range at the old end. Shrinking, or growing past MaxCapacity,
-// returns ErrInvalidArgument.
-func (b *BestFit) Grow(capacity uint64) error {
-	more, err := checkGrow("bestfit", b.capacity, capacity)
-	if !more {
-		return err
-	}
-	delta := capacity - b.capacity
-	b.capacity = capacity
-	if b.last != nilID && b.nodes[b.last].free {
-		b.remove(b.last)
-		b.nodes[b.last].size += delta
-		b.insert(b.last)
-		return nil
-	}
-	id := b.newNode(capacity-delta, delta, true)
-	if b.last == nilID {
-		b.first, b.last = id, id
-	} else {
-		b.linkAfter(id, b.last)
-	}
-	b.insert(id)
-	b.freeRanges++
-	return nil
-}
-
-// Reset frees every block. The Allocs, Frees and Failures counts are kept.
-func (b *BestFit) Reset() {
-	b.nodes = b.nodes[:0]
-	b.spare = b.spare[:0]
-	b.live.clear()
-	b.first, b.last = nilID, nilID
+// resetIndex empties the treaps.
+func (b *BestFit) resetIndex() {
 	b.flBitmap = 0
 	b.slBitmap = [tlsfFLCount]uint32{}
 	for fl := range b.roots {
@@ -390,15 +209,9 @@ func (b *BestFit) Reset() {
 			b.roots[fl][sl] = nilID
 		}
 	}
-	b.used, b.liveBlocks, b.freeRanges = 0, 0, 0
-	if b.capacity > 0 {
-		id := b.newNode(0, b.capacity, true)
-		b.first, b.last = id, id
-		b.insert(id)
-		b.freeRanges = 1
-	}
 }
 
+// largestFree returns the largest range of the highest non-empty class.
 func (b *BestFit) largestFree() uint64 {
 	if b.flBitmap == 0 {
 		return 0
@@ -417,42 +230,6 @@ func (b *BestFit) largestFree() uint64 {
 	}
 	return b.nodes[id].size
 }
-
-// Stats returns the accounting; LargestFree costs O(log k).
-func (b *BestFit) Stats() Stats {
-	return Stats{
-		Capacity:    b.capacity,
-		Used:        b.used,
-		Free:        b.capacity - b.used,
-		LargestFree: b.largestFree(),
-		LiveBlocks:  b.liveBlocks,
-		FreeRanges:  b.freeRanges,
-		Allocs:      b.allocs,
-		Frees:       b.frees,
-		Failures:    b.failures,
-		MaxAlloc:    MaxCapacity,
-	}
-}
-
-// Walk reports every block and free range in offset order; free ranges
-// are maximal.
-func (b *BestFit) Walk(fn func(Segment) bool) {
-	for id := b.first; id != nilID; id = b.nodes[id].nextPhys {
-		n := &b.nodes[id]
-		if !fn(Segment{Offset: n.off, Size: n.size, Free: n.free}) {
-			return
-		}
-	}
-}
-
-func (b *BestFit) oom(size, align uint64) error {
-	return &OOMError{Strategy: "bestfit", Requested: size, Align: align, Capacity: b.capacity,
-		Free: b.capacity - b.used, LargestFree: b.largestFree()}
-}
-
-func (b *BestFit) walkCoalesced() bool    { return true }
-func (b *BestFit) largestIsWalkMax() bool { return true }
-func (b *BestFit) emptyFreeRanges() int   { return boolInt(b.capacity > 0) }
 
 // checkInternal verifies the physical list, the live index, the class
 // bitmaps, and that the treaps hold exactly the free ranges, each in its

@@ -31,46 +31,24 @@ const nilID = -1
 // finds a live block from its offset. The zero value is not usable; call
 // NewTLSF.
 type TLSF struct {
-	capacity uint64
-	nodes    []tlsfNode
-	spare    []int32 // recycled node ids
-	first    int32   // node at offset 0 (nilID when capacity is 0)
-	last     int32   // node ending at capacity
+	rangeList // blocks in address order; this type indexes the free ones
 
 	flBitmap uint64
 	slBitmap [tlsfFLCount]uint32
 	heads    [tlsfFLCount][tlsfSLCount]int32
-
-	live offsetMap // offset of a live block -> node id
-
-	used       uint64
-	liveBlocks int
-	freeRanges int
-	allocs     uint64
-	frees      uint64
-	failures   uint64
-}
-
-type tlsfNode struct {
-	off, size          uint64
-	prevPhys, nextPhys int32
-	prevFree, nextFree int32
-	free               bool
 }
 
 // NewTLSF returns an empty TLSF allocator over [0, capacity); capacity is
 // clamped to MaxCapacity (New reports that as an error instead).
 func NewTLSF(capacity uint64) *TLSF {
-	t := &TLSF{capacity: min(capacity, MaxCapacity)}
+	t := &TLSF{}
+	t.rangeList = rangeList{name: "tlsf", capacity: min(capacity, MaxCapacity), idx: t}
 	t.Reset()
 	return t
 }
 
 // Name returns "tlsf".
 func (t *TLSF) Name() string { return "tlsf" }
-
-// Capacity returns the size of the managed range.
-func (t *TLSF) Capacity() uint64 { return t.capacity }
 
 // tlsfMapping returns the class of a free block of the given size.
 func tlsfMapping(size uint64) (fl, sl int) {
@@ -135,18 +113,6 @@ func (t *TLSF) removeFree(id int32) {
 	}
 }
 
-func (t *TLSF) newNode(off, size uint64, free bool) int32 {
-	n := tlsfNode{off: off, size: size, free: free, prevPhys: nilID, nextPhys: nilID, prevFree: nilID, nextFree: nilID}
-	if k := len(t.spare); k > 0 {
-		id := t.spare[k-1]
-		t.spare = t.spare[:k-1]
-		t.nodes[id] = n
-		return id
-	}
-	t.nodes = append(t.nodes, n)
-	return int32(len(t.nodes) - 1)
-}
-
 func (t *TLSF) fits(id int32, size, align uint64) bool {
 	n := &t.nodes[id]
 	return alignUp(n.off, align)-n.off+size <= n.size
@@ -190,170 +156,14 @@ func (t *TLSF) find(size, align uint64) int32 {
 	return nilID
 }
 
-// Alloc returns a block of exactly size bytes at the requested alignment,
-// carved from the front of a free range (alignment padding stays free).
-// Errors: ErrInvalidArgument (size 0, alignment not a power of two),
-// ErrTooLarge (size above MaxCapacity), *OOMError (nothing fits). Time is
-// constant except near exhaustion, when one or a few class lists are
-// scanned before failing.
-func (t *TLSF) Alloc(size, align uint64) (Block, error) {
-	align, err := checkRequest("tlsf", size, align, MaxCapacity)
-	if err != nil {
-		t.failures++
-		return Block{}, err
-	}
-	id := int32(nilID)
-	if size <= t.capacity-t.used {
-		id = t.find(size, align)
-	}
-	if id == nilID {
-		t.failures++
-		return Block{}, t.oom(size, align)
-	}
-	t.removeFree(id)
-	t.freeRanges--
-	n := t.nodes[id]
-	if start := alignUp(n.off, align); start > n.off {
-		pad := t.newNode(n.off, start-n.off, true)
-		t.linkBefore(pad, id)
-		t.nodes[id].off, t.nodes[id].size = start, n.size-(start-n.off)
-		t.insertFree(pad)
-		t.freeRanges++
-	}
-	if rest := t.nodes[id].size - size; rest > 0 {
-		tail := t.newNode(t.nodes[id].off+size, rest, true)
-		t.linkAfter(tail, id)
-		t.nodes[id].size = size
-		t.insertFree(tail)
-		t.freeRanges++
-	}
-	b := &t.nodes[id]
-	b.free = false
-	t.live.put(b.off, uint64(id))
-	t.used += size
-	t.liveBlocks++
-	t.allocs++
-	return Block{Offset: b.off, Size: size}, nil
-}
-
-// linkBefore inserts node id into the physical list just before next.
-func (t *TLSF) linkBefore(id, next int32) {
-	prev := t.nodes[next].prevPhys
-	t.nodes[id].prevPhys, t.nodes[id].nextPhys = prev, next
-	t.nodes[next].prevPhys = id
-	if prev == nilID {
-		t.first = id
-	} else {
-		t.nodes[prev].nextPhys = id
-	}
-}
-
-// linkAfter inserts node id into the physical list just after prev.
-func (t *TLSF) linkAfter(id, prev int32) {
-	next := t.nodes[prev].nextPhys
-	t.nodes[id].prevPhys, t.nodes[id].nextPhys = prev, next
-	t.nodes[prev].nextPhys = id
-	if next == nilID {
-		t.last = id
-	} else {
-		t.nodes[next].prevPhys = id
-	}
-}
-
-// unlink removes node id from the physical list and recycles it.
-func (t *TLSF) unlink(id int32) {
-	n := &t.nodes[id]
-	if n.prevPhys == nilID {
-		t.first = n.nextPhys
-	} else {
-		t.nodes[n.prevPhys].nextPhys = n.nextPhys
-	}
-	if n.nextPhys == nilID {
-		t.last = n.prevPhys
-	} else {
-		t.nodes[n.nextPhys].prevPhys = n.prevPhys
-	}
-	t.spare = append(t.spare, id)
-}
-
-// Free releases the live block at offset and merges it with free
-// neighbours. An offset that does not start a live block returns an error
-// wrapping ErrInvalidFree and changes nothing. Constant time.
-func (t *TLSF) Free(offset uint64) error {
-	v, ok := t.live.take(offset)
-	if !ok {
-		return invalidFree("tlsf", offset)
-	}
-	id := int32(v)
-	n := &t.nodes[id]
-	n.free = true
-	t.used -= n.size
-	t.liveBlocks--
-	t.frees++
-	t.freeRanges++
-	if prev := n.prevPhys; prev != nilID && t.nodes[prev].free {
-		t.removeFree(prev)
-		t.nodes[prev].size += t.nodes[id].size
-		t.unlink(id)
-		id = prev
-		t.freeRanges--
-	}
-	if next := t.nodes[id].nextPhys; next != nilID && t.nodes[next].free {
-		t.removeFree(next)
-		t.nodes[id].size += t.nodes[next].size
-		t.unlink(next)
-		t.freeRanges--
-	}
-	t.insertFree(id)
-	return nil
-}
-
-// Grow extends the range to capacity bytes; the new space merges with a
-// free range at the old end. Shrinking, or growing past MaxCapacity,
-// returns ErrInvalidArgument.
-func (t *TLSF) Grow(capacity uint64) error {
-	more, err := checkGrow("tlsf", t.capacity, capacity)
-	if !more {
-		return err
-	}
-	delta := capacity - t.capacity
-	t.capacity = capacity
-	if t.last != nilID && t.nodes[t.last].free {
-		t.removeFree(t.last)
-		t.nodes[t.last].size += delta
-		t.insertFree(t.last)
-		return nil
-	}
-	id := t.newNode(capacity-delta, delta, true)
-	if t.last == nilID {
-		t.first, t.last = id, id
-	} else {
-		t.linkAfter(id, t.last)
-	}
-	t.insertFree(id)
-	t.freeRanges++
-	return nil
-}
-
-// Reset frees every block. The Allocs, Frees and Failures counts are kept.
-func (t *TLSF) Reset() {
-	t.nodes = t.nodes[:0]
-	t.spare = t.spare[:0]
+// resetIndex empties the class lists.
+func (t *TLSF) resetIndex() {
 	t.flBitmap = 0
 	t.slBitmap = [tlsfFLCount]uint32{}
 	for fl := range t.heads {
 		for sl := range t.heads[fl] {
 			t.heads[fl][sl] = nilID
 		}
-	}
-	t.live.clear()
-	t.used, t.liveBlocks, t.freeRanges = 0, 0, 0
-	t.first, t.last = nilID, nilID
-	if t.capacity > 0 {
-		id := t.newNode(0, t.capacity, true)
-		t.first, t.last = id, id
-		t.insertFree(id)
-		t.freeRanges = 1
 	}
 }
 
@@ -373,43 +183,6 @@ func (t *TLSF) largestFree() uint64 {
 	}
 	return largest
 }
-
-// Stats returns the accounting. LargestFree scans one class list; the rest
-// is constant time.
-func (t *TLSF) Stats() Stats {
-	return Stats{
-		Capacity:    t.capacity,
-		Used:        t.used,
-		Free:        t.capacity - t.used,
-		LargestFree: t.largestFree(),
-		LiveBlocks:  t.liveBlocks,
-		FreeRanges:  t.freeRanges,
-		Allocs:      t.allocs,
-		Frees:       t.frees,
-		Failures:    t.failures,
-		MaxAlloc:    MaxCapacity,
-	}
-}
-
-// Walk reports every block and free range in offset order; free ranges
-// are maximal.
-func (t *TLSF) Walk(fn func(Segment) bool) {
-	for id := t.first; id != nilID; id = t.nodes[id].nextPhys {
-		n := &t.nodes[id]
-		if !fn(Segment{Offset: n.off, Size: n.size, Free: n.free}) {
-			return
-		}
-	}
-}
-
-func (t *TLSF) oom(size, align uint64) error {
-	return &OOMError{Strategy: "tlsf", Requested: size, Align: align, Capacity: t.capacity,
-		Free: t.capacity - t.used, LargestFree: t.largestFree()}
-}
-
-func (t *TLSF) walkCoalesced() bool    { return true }
-func (t *TLSF) largestIsWalkMax() bool { return true }
-func (t *TLSF) emptyFreeRanges() int   { return boolInt(t.capacity > 0) }
 
 // checkInternal verifies the physical list, the free lists against the
 // bitmaps, the live index and node recycling.

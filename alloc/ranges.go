@@ -1,0 +1,259 @@
+package alloc
+
+// rangeList is the machinery TLSF and BestFit share: blocks and free ranges
+// as nodes in address order (the physical list), a free range split on
+// allocation and merged with free neighbours on free, a hash index from the
+// offset of each live block to its node, and the accounting. How free
+// ranges are found — TLSF's segregated lists, best fit's treaps — is the
+// strategy's, behind freeIndex.
+type rangeList struct {
+	name        string
+	capacity    uint64
+	nodes       []rangeNode
+	spare       []int32 // recycled node ids
+	first, last int32   // physical list ends (nilID when capacity is 0)
+	live        offsetMap
+
+	used       uint64
+	liveBlocks int
+	freeRanges int
+	allocs     uint64
+	frees      uint64
+	failures   uint64
+
+	idx freeIndex
+}
+
+// rangeNode is one block or free range. prevFree/nextFree are TLSF's list
+// links; left/right/prio are best fit's treap fields.
+type rangeNode struct {
+	off, size          uint64
+	prevPhys, nextPhys int32
+	prevFree, nextFree int32
+	left, right        int32
+	prio               uint32
+	free               bool
+}
+
+// freeIndex finds free ranges. insertFree and removeFree keep it in step
+// with the free nodes; find returns a free node that holds size bytes at
+// the alignment (or nilID); largestFree the size of the largest free range;
+// resetIndex empties it.
+type freeIndex interface {
+	insertFree(id int32)
+	removeFree(id int32)
+	find(size, align uint64) int32
+	largestFree() uint64
+	resetIndex()
+}
+
+// Capacity returns the size of the managed range.
+func (r *rangeList) Capacity() uint64 { return r.capacity }
+
+func (r *rangeList) newNode(off, size uint64, free bool) int32 {
+	n := rangeNode{off: off, size: size, free: free, prevPhys: nilID, nextPhys: nilID,
+		prevFree: nilID, nextFree: nilID, left: nilID, right: nilID}
+	if k := len(r.spare); k > 0 {
+		id := r.spare[k-1]
+		r.spare = r.spare[:k-1]
+		r.nodes[id] = n
+		return id
+	}
+	r.nodes = append(r.nodes, n)
+	return int32(len(r.nodes) - 1)
+}
+
+// Alloc returns a block of exactly size bytes at the alignment, carved from
+// the front of the free range the index finds (alignment padding stays
+// free). Errors: ErrInvalidArgument (size 0, alignment not a power of two),
+// ErrTooLarge (size above MaxCapacity), *OOMError (nothing fits).
+func (r *rangeList) Alloc(size, align uint64) (Block, error) {
+	align, err := checkRequest(r.name, size, align, MaxCapacity)
+	if err != nil {
+		r.failures++
+		return Block{}, err
+	}
+	id := int32(nilID)
+	if size <= r.capacity-r.used {
+		id = r.idx.find(size, align)
+	}
+	if id == nilID {
+		r.failures++
+		return Block{}, r.oom(size, align)
+	}
+	r.idx.removeFree(id)
+	r.freeRanges--
+	n := r.nodes[id]
+	if start := alignUp(n.off, align); start > n.off {
+		pad := r.newNode(n.off, start-n.off, true)
+		r.linkBefore(pad, id)
+		r.nodes[id].off, r.nodes[id].size = start, n.size-(start-n.off)
+		r.idx.insertFree(pad)
+		r.freeRanges++
+	}
+	if rest := r.nodes[id].size - size; rest > 0 {
+		tail := r.newNode(r.nodes[id].off+size, rest, true)
+		r.linkAfter(tail, id)
+		r.nodes[id].size = size
+		r.idx.insertFree(tail)
+		r.freeRanges++
+	}
+	b := &r.nodes[id]
+	b.free = false
+	r.live.put(b.off, uint64(id))
+	r.used += size
+	r.liveBlocks++
+	r.allocs++
+	return Block{Offset: b.off, Size: size}, nil
+}
+
+// linkBefore inserts node id into the physical list just before next.
+func (r *rangeList) linkBefore(id, next int32) {
+	prev := r.nodes[next].prevPhys
+	r.nodes[id].prevPhys, r.nodes[id].nextPhys = prev, next
+	r.nodes[next].prevPhys = id
+	if prev == nilID {
+		r.first = id
+	} else {
+		r.nodes[prev].nextPhys = id
+	}
+}
+
+// linkAfter inserts node id into the physical list just after prev.
+func (r *rangeList) linkAfter(id, prev int32) {
+	next := r.nodes[prev].nextPhys
+	r.nodes[id].prevPhys, r.nodes[id].nextPhys = prev, next
+	r.nodes[prev].nextPhys = id
+	if next == nilID {
+		r.last = id
+	} else {
+		r.nodes[next].prevPhys = id
+	}
+}
+
+// unlink removes node id from the physical list and recycles it.
+func (r *rangeList) unlink(id int32) {
+	n := &r.nodes[id]
+	if n.prevPhys == nilID {
+		r.first = n.nextPhys
+	} else {
+		r.nodes[n.prevPhys].nextPhys = n.nextPhys
+	}
+	if n.nextPhys == nilID {
+		r.last = n.prevPhys
+	} else {
+		r.nodes[n.nextPhys].prevPhys = n.prevPhys
+	}
+	r.spare = append(r.spare, id)
+}
+
+// Free releases the live block at offset and merges it with free
+// neighbours. An offset that does not start a live block returns an error
+// wrapping ErrInvalidFree and changes nothing.
+func (r *rangeList) Free(offset uint64) error {
+	v, ok := r.live.take(offset)
+	if !ok {
+		return invalidFree(r.name, offset)
+	}
+	id := int32(v)
+	n := &r.nodes[id]
+	n.free = true
+	r.used -= n.size
+	r.liveBlocks--
+	r.frees++
+	r.freeRanges++
+	if prev := n.prevPhys; prev != nilID && r.nodes[prev].free {
+		r.idx.removeFree(prev)
+		r.nodes[prev].size += r.nodes[id].size
+		r.unlink(id)
+		id = prev
+		r.freeRanges--
+	}
+	if next := r.nodes[id].nextPhys; next != nilID && r.nodes[next].free {
+		r.idx.removeFree(next)
+		r.nodes[id].size += r.nodes[next].size
+		r.unlink(next)
+		r.freeRanges--
+	}
+	r.idx.insertFree(id)
+	return nil
+}
+
+// Grow extends the range to capacity bytes; the new space merges with a
+// free range at the old end. Shrinking, or growing past MaxCapacity,
+// returns ErrInvalidArgument.
+func (r *rangeList) Grow(capacity uint64) error {
+	more, err := checkGrow(r.name, r.capacity, capacity)
+	if !more {
+		return err
+	}
+	delta := capacity - r.capacity
+	r.capacity = capacity
+	if r.last != nilID && r.nodes[r.last].free {
+		r.idx.removeFree(r.last)
+		r.nodes[r.last].size += delta
+		r.idx.insertFree(r.last)
+		return nil
+	}
+	id := r.newNode(capacity-delta, delta, true)
+	if r.last == nilID {
+		r.first, r.last = id, id
+	} else {
+		r.linkAfter(id, r.last)
+	}
+	r.idx.insertFree(id)
+	r.freeRanges++
+	return nil
+}
+
+// Reset frees every block. The Allocs, Frees and Failures counts are kept.
+func (r *rangeList) Reset() {
+	r.nodes = r.nodes[:0]
+	r.spare = r.spare[:0]
+	r.idx.resetIndex()
+	r.live.clear()
+	r.used, r.liveBlocks, r.freeRanges = 0, 0, 0
+	r.first, r.last = nilID, nilID
+	if r.capacity > 0 {
+		id := r.newNode(0, r.capacity, true)
+		r.first, r.last = id, id
+		r.idx.insertFree(id)
+		r.freeRanges = 1
+	}
+}
+
+// Stats returns the accounting; LargestFree is the index's.
+func (r *rangeList) Stats() Stats {
+	return Stats{
+		Capacity:    r.capacity,
+		Used:        r.used,
+		Free:        r.capacity - r.used,
+		LargestFree: r.idx.largestFree(),
+		LiveBlocks:  r.liveBlocks,
+		FreeRanges:  r.freeRanges,
+		Allocs:      r.allocs,
+		Frees:       r.frees,
+		Failures:    r.failures,
+		MaxAlloc:    MaxCapacity,
+	}
+}
+
+// Walk reports every block and free range in offset order; free ranges
+// are maximal.
+func (r *rangeList) Walk(fn func(Segment) bool) {
+	for id := r.first; id != nilID; id = r.nodes[id].nextPhys {
+		n := &r.nodes[id]
+		if !fn(Segment{Offset: n.off, Size: n.size, Free: n.free}) {
+			return
+		}
+	}
+}
+
+func (r *rangeList) oom(size, align uint64) error {
+	return &OOMError{Strategy: r.name, Requested: size, Align: align, Capacity: r.capacity,
+		Free: r.capacity - r.used, LargestFree: r.idx.largestFree()}
+}
+
+func (r *rangeList) walkCoalesced() bool    { return true }
+func (r *rangeList) largestIsWalkMax() bool { return true }
+func (r *rangeList) emptyFreeRanges() int   { return boolInt(r.capacity > 0) }

@@ -283,8 +283,10 @@ var (
 )
 
 // meta is the host-side record of one block, reused across allocations.
-// state holds the generation (changed on every allocation, so stale handles
-// are detected) and, in its low bit, whether the block is live.
+// state is its generation: a handle carries the generation it was handed
+// out at, and freeing moves the generation on (one compare-and-swap), so a
+// second free, or a free through a stale copy, finds a different value.
+// Allocation reads it and writes nothing.
 type meta struct {
 	state   atomic.Uint64
 	arena   *arena
@@ -540,8 +542,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		p.ooms.Add(1)
 		return Block{}, err
 	}
-	gen := m.state.Load()>>1 + 1
-	m.state.Store(gen<<1 | 1)
+	gen := m.state.Load()
 	b := Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: gen, pool: p}
 	if p.host {
 		lo := m.off + m.shift
@@ -574,14 +575,17 @@ func (p *Pool) validate(b Block, t *Tenant) (*meta, error) {
 		return nil, fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	m := b.m
-	if m.state.Load()>>1 != b.gen {
+	if cur := m.state.Load(); cur != b.gen {
+		if cur == b.gen+1 {
+			return nil, fmt.Errorf("pool %s: %#x was already freed (double free, or a copy of a freed handle): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+		}
 		return nil, fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	if m.tenant != t {
 		return nil, fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
 	}
-	if !m.state.CompareAndSwap(b.gen<<1|1, b.gen<<1) {
-		return nil, fmt.Errorf("pool %s: double free of %#x: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+	if !m.state.CompareAndSwap(b.gen, b.gen+1) {
+		return nil, fmt.Errorf("pool %s: %#x freed twice at once: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	return m, nil
 }
@@ -677,8 +681,7 @@ func (p *Pool) newMeta() *meta {
 }
 
 func (p *Pool) putMeta(m *meta) {
-	m.arena, m.tenant, m.class, m.shift = nil, nil, 0, 0
-	m.state.Store((m.state.Load()>>1 + 1) << 1) // invalidate any copy of the old handle
+	m.arena, m.tenant, m.class, m.shift = nil, nil, 0, 0 // its generation already moved on when it was freed
 	m.next = p.metaFree
 	p.metaFree = m
 }

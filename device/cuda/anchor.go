@@ -19,6 +19,20 @@ import (
 // with the context made current once, so no binding overhead is added per
 // call beyond the foreign call itself.
 func (c *Device) DriverAllocTimes(sizes []uint64, async bool) (alloc, free []time.Duration, err error) {
+	return c.driverTimes(sizes, async, true)
+}
+
+// DriverPairTimes is DriverAllocTimes timing each allocation and its free
+// together, with one clock read before and one after (no read between the
+// two calls), the way bench measures memwall's pairs.
+func (c *Device) DriverPairTimes(sizes []uint64, async bool) ([]time.Duration, error) {
+	pairs, _, err := c.driverTimes(sizes, async, false)
+	return pairs, err
+}
+
+// driverTimes runs the loop; with split it returns alloc and free times,
+// without it pair times (and a nil second slice).
+func (c *Device) driverTimes(sizes []uint64, async, split bool) (alloc, free []time.Duration, err error) {
 	if async && !c.info.MemoryPools {
 		return nil, nil, fmt.Errorf("cuda: cuMemAllocAsync: %w", device.ErrUnsupported)
 	}
@@ -43,7 +57,10 @@ func (c *Device) DriverAllocTimes(sizes []uint64, async bool) (alloc, free []tim
 		} else {
 			r, _, _ = purego.SyscallN(c.d.cuMemAlloc, uintptr(unsafe.Pointer(p)), uintptr(size))
 		}
-		t1 := time.Now()
+		var t1 time.Time
+		if split {
+			t1 = time.Now()
+		}
 		if r != 0 {
 			return alloc, free, fmt.Errorf("cuda: driver alloc of %d bytes: %w", size, c.d.err("alloc", result(r)))
 		}
@@ -56,8 +73,12 @@ func (c *Device) DriverAllocTimes(sizes []uint64, async bool) (alloc, free []tim
 		if r != 0 {
 			return alloc, free, fmt.Errorf("cuda: driver free: %w", c.d.err("free", result(r)))
 		}
-		alloc = append(alloc, t1.Sub(t0))
-		free = append(free, t2.Sub(t1))
+		if split {
+			alloc = append(alloc, t1.Sub(t0))
+			free = append(free, t2.Sub(t1))
+		} else {
+			alloc = append(alloc, t2.Sub(t0))
+		}
 	}
 	if async {
 		err = c.StreamSynchronize(s)

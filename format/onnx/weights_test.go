@@ -130,3 +130,33 @@ func TestOpenWeightsSharedModelsWithoutData(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// FuzzOpenWeights feeds arbitrary bytes as a model file next to a small
+// data file: opening must fail cleanly or give tensors whose bytes lie in
+// their files.
+func FuzzOpenWeights(f *testing.F) {
+	ext := onnxtest.Initializer{Name: "w", Dims: []int64{16, 32}, DataType: int32(onnx.BFloat16), Location: "model.bin", Length: 1024}
+	f.Add(onnxtest.Model([]onnxtest.Initializer{ext}))
+	f.Add(onnxtest.Model([]onnxtest.Initializer{{Name: "r", Dims: []int64{2}, DataType: int32(onnx.Float), RawData: make([]byte, 8)}}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, model []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "model.bin"), make([]byte, 4096), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, "model.onnx")
+		if err := os.WriteFile(p, model, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m, err := onnx.OpenWeights(p)
+		if err != nil {
+			return
+		}
+		defer m.Close()
+		for _, ts := range m.Tensors {
+			if b := m.Data(ts); uint64(len(b)) != ts.Bytes {
+				t.Fatalf("tensor %q: %d bytes mapped, %d described", ts.Name, len(b), ts.Bytes)
+			}
+		}
+	})
+}

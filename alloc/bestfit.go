@@ -22,14 +22,9 @@ import (
 // The zero value is not usable; call NewBestFit.
 type BestFit struct {
 	rangeList // blocks in address order; this type indexes the free ones
+	classMap  // per class, the root of a treap of free ranges
 	rng       uint32
-
-	// Free ranges: one treap per TLSF class, with bitmaps of the
-	// non-empty classes.
-	flBitmap uint64
-	slBitmap [tlsfFLCount]uint32
-	roots    [tlsfFLCount][tlsfSLCount]int32
-	stack    []int32 // scratch for in-order iteration
+	stack     []int32 // scratch for in-order iteration
 }
 
 // NewBestFit returns an empty best-fit allocator over [0, capacity);
@@ -63,8 +58,7 @@ func (b *BestFit) nextPrio() uint32 {
 // insert adds free node id to the treap of its class.
 func (b *BestFit) insertFree(id int32) {
 	fl, sl := tlsfMapping(b.nodes[id].size)
-	b.flBitmap |= 1 << fl
-	b.slBitmap[fl] |= 1 << sl
+	b.mark(fl, sl)
 	prio := b.nextPrio()
 	b.nodes[id].prio = prio
 	link := &b.roots[fl][sl]
@@ -124,10 +118,7 @@ func (b *BestFit) removeFree(id int32) {
 		*link = y
 	}
 	if *root == nilID {
-		b.slBitmap[fl] &^= 1 << sl
-		if b.slBitmap[fl] == 0 {
-			b.flBitmap &^= 1 << fl
-		}
+		b.unmark(fl, sl)
 	}
 }
 
@@ -201,25 +192,13 @@ func (b *BestFit) findIn(root int32, size, align uint64) int32 {
 }
 
 // resetIndex empties the treaps.
-func (b *BestFit) resetIndex() {
-	b.flBitmap = 0
-	b.slBitmap = [tlsfFLCount]uint32{}
-	for fl := range b.roots {
-		for sl := range b.roots[fl] {
-			b.roots[fl][sl] = nilID
-		}
-	}
-}
+func (b *BestFit) resetIndex() { b.reset() }
 
 // largestFree returns the largest range of the highest non-empty class.
 func (b *BestFit) largestFree() uint64 {
-	if b.flBitmap == 0 {
+	fl, sl, ok := b.highest()
+	if !ok {
 		return 0
-	}
-	fl := log2(b.flBitmap)
-	sl := bits.Len32(b.slBitmap[fl]) - 1
-	if sl < 0 {
-		return 0 // bitmaps disagree; checkInternal reports it
 	}
 	id := b.roots[fl][sl]
 	for id != nilID && b.nodes[id].right != nilID {
@@ -235,48 +214,20 @@ func (b *BestFit) largestFree() uint64 {
 // bitmaps, and that the treaps hold exactly the free ranges, each in its
 // class, in strict (size, offset) order with the heap property.
 func (b *BestFit) checkInternal() error {
+	physFree, err := b.checkPhysical()
+	if err != nil {
+		return err
+	}
+	if err := b.check("bestfit"); err != nil {
+		return err
+	}
 	inUse := len(b.nodes) - len(b.spare)
-	var seen, physFree, physLive int
-	prev := int32(nilID)
-	for id := b.first; id != nilID; id = b.nodes[id].nextPhys {
-		if seen++; seen > inUse {
-			return fmt.Errorf("bestfit: physical list longer than the %d nodes in use (cycle?)", inUse)
-		}
-		n := &b.nodes[id]
-		if n.prevPhys != prev {
-			return fmt.Errorf("bestfit: node at offset %d: prevPhys %d, want %d", n.off, n.prevPhys, prev)
-		}
-		if n.free {
-			physFree++
-		} else {
-			physLive++
-			if v, ok := b.live.get(n.off); !ok || int32(v) != id {
-				return fmt.Errorf("bestfit: live node at offset %d missing from the offset index", n.off)
-			}
-		}
-		prev = id
-	}
-	if prev != b.last {
-		return fmt.Errorf("bestfit: last node is %d, physical list ends at %d", b.last, prev)
-	}
-	if seen != inUse {
-		return fmt.Errorf("bestfit: %d nodes in the physical list, %d in use (leak)", seen, inUse)
-	}
-	if physLive != b.live.len() {
-		return fmt.Errorf("bestfit: %d live nodes, offset index holds %d", physLive, b.live.len())
-	}
 	// In-order traversal of every class's treap.
 	count := 0
 	var stack []int32
 	for fl := 0; fl < tlsfFLCount; fl++ {
-		if (b.flBitmap&(1<<fl) != 0) != (b.slBitmap[fl] != 0) {
-			return fmt.Errorf("bestfit: first-level bit %d disagrees with its second-level bitmap %#x", fl, b.slBitmap[fl])
-		}
 		for sl := 0; sl < tlsfSLCount; sl++ {
 			root := b.roots[fl][sl]
-			if (b.slBitmap[fl]&(1<<sl) != 0) != (root != nilID) {
-				return fmt.Errorf("bestfit: class (%d,%d): bitmap bit disagrees with its treap", fl, sl)
-			}
 			last := int32(nilID)
 			cur := root
 			for cur != nilID || len(stack) > 0 {

@@ -1,5 +1,7 @@
 package alloc
 
+import "fmt"
+
 // rangeList is the machinery TLSF and BestFit share: blocks and free ranges
 // as nodes in address order (the physical list), a free range split on
 // allocation and merged with free neighbours on free, a hash index from the
@@ -257,3 +259,43 @@ func (r *rangeList) oom(size, align uint64) error {
 func (r *rangeList) walkCoalesced() bool    { return true }
 func (r *rangeList) largestIsWalkMax() bool { return true }
 func (r *rangeList) emptyFreeRanges() int   { return boolInt(r.capacity > 0) }
+
+// checkPhysical verifies the physical list (links, contiguity, ends, no
+// leaked or cyclic nodes) and the live index, and returns the number of
+// free nodes for the strategy to compare with its index.
+func (r *rangeList) checkPhysical() (free int, err error) {
+	inUse := len(r.nodes) - len(r.spare)
+	var seen, live int
+	prev := int32(nilID)
+	for id := r.first; id != nilID; id = r.nodes[id].nextPhys {
+		if seen++; seen > inUse {
+			return 0, fmt.Errorf("%s: physical list longer than the %d nodes in use (cycle?)", r.name, inUse)
+		}
+		n := &r.nodes[id]
+		if n.prevPhys != prev {
+			return 0, fmt.Errorf("%s: node at offset %d: prevPhys %d, want %d", r.name, n.off, n.prevPhys, prev)
+		}
+		if prev != nilID && r.nodes[prev].off+r.nodes[prev].size != n.off {
+			return 0, fmt.Errorf("%s: node at offset %d does not follow its physical predecessor", r.name, n.off)
+		}
+		if n.free {
+			free++
+		} else {
+			live++
+			if v, ok := r.live.get(n.off); !ok || int32(v) != id {
+				return 0, fmt.Errorf("%s: live node at offset %d missing from the offset index", r.name, n.off)
+			}
+		}
+		prev = id
+	}
+	if prev != r.last {
+		return 0, fmt.Errorf("%s: last node is %d, physical list ends at %d", r.name, r.last, prev)
+	}
+	if seen != inUse {
+		return 0, fmt.Errorf("%s: %d nodes in the physical list, %d in use (leak)", r.name, seen, inUse)
+	}
+	if live != r.live.len() {
+		return 0, fmt.Errorf("%s: %d live nodes, offset index holds %d", r.name, live, r.live.len())
+	}
+	return free, nil
+}

@@ -32,10 +32,7 @@ const nilID = -1
 // NewTLSF.
 type TLSF struct {
 	rangeList // blocks in address order; this type indexes the free ones
-
-	flBitmap uint64
-	slBitmap [tlsfFLCount]uint32
-	heads    [tlsfFLCount][tlsfSLCount]int32
+	classMap  // per class, the head of a doubly linked list of free ranges
 }
 
 // NewTLSF returns an empty TLSF allocator over [0, capacity); capacity is
@@ -84,14 +81,13 @@ func (t *TLSF) findClass(size uint64) (fl, sl int, ok bool) {
 func (t *TLSF) insertFree(id int32) {
 	n := &t.nodes[id]
 	fl, sl := tlsfMapping(n.size)
-	head := t.heads[fl][sl]
+	head := t.roots[fl][sl]
 	n.prevFree, n.nextFree = nilID, head
 	if head != nilID {
 		t.nodes[head].prevFree = id
 	}
-	t.heads[fl][sl] = id
-	t.flBitmap |= 1 << fl
-	t.slBitmap[fl] |= 1 << sl
+	t.roots[fl][sl] = id
+	t.mark(fl, sl)
 }
 
 func (t *TLSF) removeFree(id int32) {
@@ -104,12 +100,9 @@ func (t *TLSF) removeFree(id int32) {
 		return
 	}
 	fl, sl := tlsfMapping(n.size)
-	t.heads[fl][sl] = n.nextFree
+	t.roots[fl][sl] = n.nextFree
 	if n.nextFree == nilID {
-		t.slBitmap[fl] &^= 1 << sl
-		if t.slBitmap[fl] == 0 {
-			t.flBitmap &^= 1 << fl
-		}
+		t.unmark(fl, sl)
 	}
 }
 
@@ -122,14 +115,14 @@ func (t *TLSF) fits(id int32, size, align uint64) bool {
 // nilID.
 func (t *TLSF) find(size, align uint64) int32 {
 	if fl, sl, ok := t.findClass(size); ok {
-		if id := t.heads[fl][sl]; t.fits(id, size, align) {
+		if id := t.roots[fl][sl]; t.fits(id, size, align) {
 			return id
 		}
 	}
 	worst := size + align - 1 // any block this large fits at any alignment
 	if align > 1 && worst <= t.capacity {
 		if fl, sl, ok := t.findClass(worst); ok {
-			return t.heads[fl][sl]
+			return t.roots[fl][sl]
 		}
 	}
 	// Slow path, taken only near exhaustion: blocks that might fit but are
@@ -146,7 +139,7 @@ func (t *TLSF) find(size, align uint64) int32 {
 		}
 		for ; m != 0; m &= m - 1 {
 			sl := bits.TrailingZeros32(m)
-			for id := t.heads[fl][sl]; id != nilID; id = t.nodes[id].nextFree {
+			for id := t.roots[fl][sl]; id != nilID; id = t.nodes[id].nextFree {
 				if t.fits(id, size, align) {
 					return id
 				}
@@ -157,28 +150,16 @@ func (t *TLSF) find(size, align uint64) int32 {
 }
 
 // resetIndex empties the class lists.
-func (t *TLSF) resetIndex() {
-	t.flBitmap = 0
-	t.slBitmap = [tlsfFLCount]uint32{}
-	for fl := range t.heads {
-		for sl := range t.heads[fl] {
-			t.heads[fl][sl] = nilID
-		}
-	}
-}
+func (t *TLSF) resetIndex() { t.reset() }
 
 // largestFree scans the highest non-empty class.
 func (t *TLSF) largestFree() uint64 {
-	if t.flBitmap == 0 {
+	fl, sl, ok := t.highest()
+	if !ok {
 		return 0
 	}
-	fl := log2(t.flBitmap)
-	sl := bits.Len32(t.slBitmap[fl]) - 1
-	if sl < 0 {
-		return 0 // bitmaps disagree; checkInternal reports it
-	}
 	var largest uint64
-	for id := t.heads[fl][sl]; id != nilID; id = t.nodes[id].nextFree {
+	for id := t.roots[fl][sl]; id != nilID; id = t.nodes[id].nextFree {
 		largest = max(largest, t.nodes[id].size)
 	}
 	return largest
@@ -187,51 +168,18 @@ func (t *TLSF) largestFree() uint64 {
 // checkInternal verifies the physical list, the free lists against the
 // bitmaps, the live index and node recycling.
 func (t *TLSF) checkInternal() error {
-	nodesInUse := len(t.nodes) - len(t.spare)
-	var physFree, physLive, seen int
-	prev := int32(nilID)
-	for id := t.first; id != nilID; id = t.nodes[id].nextPhys {
-		if seen++; seen > nodesInUse {
-			return fmt.Errorf("tlsf: physical list longer than the %d nodes in use (cycle?)", nodesInUse)
-		}
-		n := &t.nodes[id]
-		if n.prevPhys != prev {
-			return fmt.Errorf("tlsf: node at offset %d: prevPhys %d, want %d", n.off, n.prevPhys, prev)
-		}
-		if prev != nilID && t.nodes[prev].off+t.nodes[prev].size != n.off {
-			return fmt.Errorf("tlsf: node at offset %d does not follow its physical predecessor", n.off)
-		}
-		if n.free {
-			physFree++
-			fl, sl := tlsfMapping(n.size)
-			if t.flBitmap&(1<<fl) == 0 || t.slBitmap[fl]&(1<<sl) == 0 {
-				return fmt.Errorf("tlsf: free node at offset %d (size %d): class (%d,%d) bit clear", n.off, n.size, fl, sl)
-			}
-		} else {
-			physLive++
-			if v, ok := t.live.get(n.off); !ok || int32(v) != id {
-				return fmt.Errorf("tlsf: live node at offset %d missing from the offset index", n.off)
-			}
-		}
-		prev = id
+	physFree, err := t.checkPhysical()
+	if err != nil {
+		return err
 	}
-	if prev != t.last {
-		return fmt.Errorf("tlsf: last node is %d, physical list ends at %d", t.last, prev)
-	}
-	if seen != nodesInUse {
-		return fmt.Errorf("tlsf: %d nodes in the physical list, %d in use (leak)", seen, nodesInUse)
-	}
-	if physLive != t.live.len() {
-		return fmt.Errorf("tlsf: %d live nodes, offset index holds %d", physLive, t.live.len())
+	if err := t.check("tlsf"); err != nil {
+		return err
 	}
 	listed := 0
 	for fl := 0; fl < tlsfFLCount; fl++ {
-		if (t.flBitmap&(1<<fl) != 0) != (t.slBitmap[fl] != 0) {
-			return fmt.Errorf("tlsf: first-level bit %d disagrees with its second-level bitmap %#x", fl, t.slBitmap[fl])
-		}
 		for m := t.slBitmap[fl]; m != 0; m &= m - 1 {
 			sl := bits.TrailingZeros32(m)
-			head := t.heads[fl][sl]
+			head := t.roots[fl][sl]
 			if head == nilID {
 				return fmt.Errorf("tlsf: class (%d,%d) bit set but list empty", fl, sl)
 			}

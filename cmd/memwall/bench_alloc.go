@@ -12,17 +12,13 @@ func init() { benchVerbs["alloc"] = runBenchAlloc }
 func runBenchAlloc(e *env, args []string) error {
 	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--json]")
 	var df deviceFlag
-	fs.StringVar(&df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	df.add(fs)
 	pairs := fs.Int("pairs", 20000, "timed free+alloc pairs per goroutine")
 	gor := fs.String("goroutines", "1,4,16", "goroutine counts to measure")
 	strategies := fs.String("strategies", "bestfit,tlsf", "pool strategies to measure")
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseFlags(fs, args)
-	if err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
 	}
 	var gs []int
 	for _, s := range strings.Split(*gor, ",") {

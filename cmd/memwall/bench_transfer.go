@@ -18,16 +18,12 @@ type transferJSON struct {
 func runBenchTransfer(e *env, args []string) error {
 	fs := newFlags(e, "bench transfer", "[--device auto|cuda|sim] [--size BYTES] [--reps N] [--json]")
 	var df deviceFlag
-	fs.StringVar(&df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	df.add(fs)
 	size := fs.String("size", "256MiB", "bytes per copy")
 	reps := fs.Int("reps", 10, "timed copies per case (median reported)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseFlags(fs, args)
-	if err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
 	}
 	n, err := parseBytes(*size)
 	if err != nil || n == 0 {

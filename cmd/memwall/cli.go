@@ -90,6 +90,18 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 
 var errHelp = errors.New("help requested")
 
+// parseNoArgs parses args for a verb that takes flags only.
+func parseNoArgs(fs *flag.FlagSet, args []string) error {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	return nil
+}
+
 func run(args []string, e *env) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		printHelp(e.stdout)

@@ -34,13 +34,9 @@ func demoSteps() []demoStep {
 func runDemo(e *env, args []string) error {
 	fs := newFlags(e, "demo", "[--device auto|cuda|sim]")
 	var df deviceFlag
-	fs.StringVar(&df.backend, "device", "auto", "device backend: auto, cuda or sim")
-	pos, err := parseFlags(fs, args)
-	if err != nil {
+	df.add(fs)
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
 	}
 	d, ch, err := df.open(e)
 	if err != nil {

@@ -49,7 +49,7 @@ func (f *planFlags) add(fs interface {
 	Float64Var(*float64, string, float64, string)
 	BoolVar(*bool, string, bool, string)
 }) {
-	fs.StringVar(&f.df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	f.df.add(fs)
 	fs.StringVar(&f.vram, "vram", "", "VRAM budget, e.g. 8GiB (required)")
 	fs.IntVar(&f.tokens, "tokens", 1, "activation rows per step: 1 is a decode step, 4096 a prefill-sized one")
 	fs.IntVar(&f.ctx, "ctx", 0, "context length of the KV cache to reserve (0: none)")

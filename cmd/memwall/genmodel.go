@@ -45,12 +45,8 @@ func runGenModel(e *env, args []string) error {
 	workers := fs.Int("workers", 0, "generator goroutines (default: GOMAXPROCS)")
 	out := fs.String("out", "", "output file (the index file with --shards)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	pos, err := parseFlags(fs, args)
-	if err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
 	}
 	if *out == "" {
 		return usagef("--out is required")

@@ -12,8 +12,15 @@ func init() {
 	register(verb{name: "info", summary: "show the device memwall sees and what it will do about it", run: runInfo})
 }
 
-// deviceFlag adds the --device flag shared by verbs that open a device.
+// deviceFlag is the --device flag shared by verbs that open a device.
 type deviceFlag struct{ backend string }
+
+// add registers --device on fs.
+func (f *deviceFlag) add(fs interface {
+	StringVar(*string, string, string, string)
+}) {
+	fs.StringVar(&f.backend, "device", "auto", "device backend: auto, cuda or sim")
+}
 
 func (f *deviceFlag) open(e *env) (device.Device, auto.Choice, error) {
 	return auto.Open(f.backend, auto.Options{Getenv: e.getenv})
@@ -42,14 +49,10 @@ func strategyFor(in device.Info) string {
 func runInfo(e *env, args []string) error {
 	fs := newFlags(e, "info", "[--device auto|cuda|sim] [--json]")
 	var df deviceFlag
-	fs.StringVar(&df.backend, "device", "auto", "device backend: auto, cuda or sim")
+	df.add(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseFlags(fs, args)
-	if err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
 	}
 	d, ch, err := df.open(e)
 	if err != nil {

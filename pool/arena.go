@@ -282,6 +282,7 @@ func (a *arena) shrink(p *Pool, keep uint64) uint64 {
 func (a *arena) released(p *Pool, off, size uint64) {
 	a.live--
 	a.held -= size
+	p.held -= size
 	if !a.virtual {
 		return
 	}

@@ -82,3 +82,49 @@ func BenchmarkSmallPair(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkCentralPair is the central path: blocks above the small-block
+// classes, sizes drawn in advance, pages kept (no driver calls once warm).
+func BenchmarkCentralPair(b *testing.B) {
+	for _, mix := range []struct {
+		name   string
+		lo, hi float64
+	}{{"1MiB", 1 << 20, 1 << 20}, {"random-256K-64M", 256 << 10, 64 << 20}} {
+		for _, s := range []string{"bestfit", "tlsf"} {
+			b.Run(mix.name+"/"+s, func(b *testing.B) {
+				d := newSim(b, false, 64<<30)
+				p, err := pool.New(d, pool.Options{Strategy: s, TargetRatio: -1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer p.Close()
+				r := rand.New(rand.NewPCG(1, 2))
+				sizes := make([]uint64, 4096)
+				for i := range sizes {
+					sizes[i] = uint64(math.Exp(math.Log(mix.lo) + r.Float64()*(math.Log(mix.hi)-math.Log(mix.lo))))
+				}
+				live := make([]pool.Block, 32)
+				for i := range live {
+					live[i], _ = p.Alloc(sizes[i], pool.AllocOptions{})
+				}
+				step := func(i int) {
+					k := (i * 7) & 31
+					if err := p.Free(live[k]); err != nil {
+						b.Fatal(err)
+					}
+					var err error
+					if live[k], err = p.Alloc(sizes[i&4095], pool.AllocOptions{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for i := 0; i < 10000; i++ {
+					step(i)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					step(i)
+				}
+			})
+		}
+	}
+}

@@ -1,24 +1,34 @@
 package pool
 
-import (
-	"sync"
-)
-
-// shard is one small-block cache: per size class, a stack of freed blocks
-// that are still allocated in their arena. Goroutines pick a shard by
-// rotating try-locks, so concurrent small allocations rarely wait for each
-// other or for the central lock.
-type shard struct {
-	mu    sync.Mutex
-	idx   int
-	lists []*meta
-	count []int
-	bytes uint64   // cached bytes
-	c     counters // accounting of operations served here
-	_     [64]byte // keep shards on separate cache lines
+// procCache is one processor's cache of free blocks: per size class a stack
+// of freed small blocks, and a few recently freed large blocks ("parked"),
+// all still allocated in their arenas. Its owner reaches it only while
+// pinned to the processor (see pin.go), so the fast paths take no lock and
+// make no atomic read-modify-write; other goroutines reach it only while
+// the caches are stopped (Pool.stopCaches). Blocks freed on one processor
+// go to that processor's cache, wherever they were allocated.
+type procCache struct {
+	g     cacheGuard
+	lists []*meta // per size class, linked through meta.next
+	count []int32
+	bytes uint64 // bytes of cached small blocks
+	// large holds parked large blocks, newest first; largeBytes their bytes.
+	large      [largeSlots]*meta
+	largeBytes uint64
+	c          counters // accounting of operations served here
+	n          uint32   // allocations here, for latency sampling
+	_          [64]byte // keep caches on separate cache lines
 }
 
-const shardMaxBytes = 2 << 20 // cached bytes per shard before draining
+const (
+	// procMaxBytes caps one processor's cached small blocks; above it the
+	// cache gives half back to the arenas.
+	procMaxBytes = 2 << 20
+	// largeSlots is how many freed large blocks a processor parks for a
+	// request of about the same size (a loop allocating the same shapes
+	// step after step).
+	largeSlots = 2
+)
 
 // batchFor is how many blocks of a class one refill takes from the arena.
 func batchFor(cls int) int {
@@ -26,72 +36,122 @@ func batchFor(cls int) int {
 	return max(1, min(n, 4))
 }
 
-// token gives a goroutine affinity to one shard: tokens live in a
-// sync.Pool, whose Get returns the token last Put on the same processor, so
-// work on one processor keeps using one shard (its cache lines stay local)
-// without any shared counter. A token the pool dropped at a GC is simply
-// made again.
-type token struct {
-	shard int
-	n     uint32 // operations through this token, for latency sampling
-}
-
-func (p *Pool) getToken() *token { return p.tokens.Get().(*token) }
-
-func (p *Pool) newToken() any {
-	// A new token times its first allocation, so short-lived pools (and
-	// tokens the sync.Pool dropped) still feed the latency histogram.
-	return &token{shard: int(p.tokenSeq.Add(1)) % len(p.shards), n: latencySample - 1}
-}
-
-// pickShard locks shard i, or the next free one when another processor
-// holds it.
-func (p *Pool) pickShard(i int) *shard {
-	n := len(p.shards)
-	for j := 0; j < n; j++ {
-		s := &p.shards[(i+j)%n]
-		if s.mu.TryLock() {
-			return s
+// pin pins the goroutine to its processor and returns that processor's
+// cache, or nil (unpinned again) when the cache cannot be used now: the
+// caches are stopped, the pool is closed, or GOMAXPROCS grew after New.
+func (p *Pool) pin() (*procCache, int) {
+	pid := procPin()
+	if pid < len(p.procs) && !p.revoked.Load() {
+		c := &p.procs[pid]
+		if c.g.enter() {
+			return c, pid
 		}
 	}
-	s := &p.shards[i]
-	s.mu.Lock()
-	return s
+	procUnpin()
+	return nil, pid
 }
 
-func (s *shard) pop(cls int) *meta {
-	m := s.lists[cls]
+func (c *procCache) unpin() {
+	c.g.exit()
+	procUnpin()
+}
+
+func (c *procCache) pop(cls int) *meta {
+	m := c.lists[cls]
 	if m != nil {
-		s.lists[cls] = m.next
+		c.lists[cls] = m.next
 		m.next = nil
-		s.count[cls]--
-		s.bytes -= sizeClasses[cls]
+		c.count[cls]--
+		c.bytes -= sizeClasses[cls]
 	}
 	return m
 }
 
-func (s *shard) push(m *meta, cls int) {
-	m.next = s.lists[cls]
-	s.lists[cls] = m
-	s.count[cls]++
-	s.bytes += sizeClasses[cls]
+func (c *procCache) push(m *meta, cls int) {
+	m.next = c.lists[cls]
+	c.lists[cls] = m
+	c.count[cls]++
+	c.bytes += sizeClasses[cls]
 }
 
-// cacheAlloc serves a small block from a shard, refilling the shard from the
-// arenas in a batch when its list for the class is empty.
-func (p *Pool) cacheAlloc(tok *token, cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
-	s := p.pickShard(tok.shard)
-	if s.count == nil {
-		s.count = make([]int, len(sizeClasses))
+// fits reports whether parked block m can serve a request of size bytes
+// without wasting more than an eighth of it.
+func fits(m *meta, size uint64) bool {
+	return m != nil && m.size-m.shift >= size && m.size-m.shift-size <= size/8
+}
+
+// takeLarge removes and returns a parked block that fits size, or nil.
+func (c *procCache) takeLarge(size uint64) *meta {
+	for i := range c.large {
+		if m := c.large[i]; fits(m, size) {
+			copy(c.large[i:], c.large[i+1:])
+			c.large[largeSlots-1] = nil
+			c.largeBytes -= m.size
+			return m
+		}
 	}
-	m := s.pop(cls)
-	if m != nil {
-		m.req, m.purpose, m.tenant, m.shard = req, purpose, t, s.idx
-		s.c.add(m)
-		s.mu.Unlock()
-		return m, nil
+	return nil
+}
+
+// park keeps m as the newest parked block and returns the block it evicts
+// (nil when a slot was free).
+func (c *procCache) park(m *meta) (evicted *meta) {
+	evicted = c.large[largeSlots-1]
+	if evicted != nil {
+		c.largeBytes -= evicted.size
 	}
-	s.mu.Unlock()
+	copy(c.large[1:], c.large[:largeSlots-1])
+	c.large[0] = m
+	c.largeBytes += m.size
+	return evicted
+}
+
+// unparkAll removes every parked block, returning them as a chain.
+func (c *procCache) unparkAll() (chain *meta) {
+	for i, m := range c.large {
+		if m != nil {
+			m.next = chain
+			chain = m
+			c.large[i] = nil
+		}
+	}
+	c.largeBytes = 0
+	return chain
+}
+
+// drain removes cached small blocks until at most keep bytes remain,
+// taking class cls first, and returns them as a chain.
+func (c *procCache) drain(cls int, keep uint64) (chain *meta) {
+	for c.bytes > keep {
+		k := cls
+		if c.count[k] == 0 {
+			for k = range c.lists {
+				if c.count[k] > 0 {
+					break
+				}
+			}
+		}
+		m := c.pop(k)
+		m.next = chain
+		chain = m
+	}
+	return chain
+}
+
+// cacheAlloc serves a small block of class cls: from this processor's
+// cache, else from the arenas, taking a few more of the class into the
+// cache in the same trip.
+func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
+	if c, _ := p.pin(); c != nil {
+		m := c.pop(cls)
+		if m != nil {
+			m.req, m.purpose, m.tenant = req, purpose, t
+			c.c.add(m)
+			c.unpin()
+			return m, nil
+		}
+		c.unpin()
+	}
 	size := sizeClasses[cls]
 	p.mu.Lock()
 	first, err := p.arenaAlloc(size, p.opts.Alignment, 0)
@@ -100,83 +160,137 @@ func (p *Pool) cacheAlloc(tok *token, cls int, req uint64, purpose Purpose, t *T
 		return nil, err
 	}
 	first.class = cls + 1
-	first.req, first.purpose, first.tenant, first.shard = req, purpose, t, tok.shard
-	p.central.add(first)
-	var extra []*meta
+	first.req, first.purpose, first.tenant = req, purpose, t
+	var extra *meta
 	for k := 1; k < batchFor(cls); k++ {
 		m, err := p.tryArenas(size, p.opts.Alignment)
 		if m == nil || err != nil {
 			break // the batch is an optimization: never grow for it
 		}
 		m.class = cls + 1
-		extra = append(extra, m)
+		m.next = extra
+		extra = m
 	}
+	c, _ := p.pin()
+	if c == nil {
+		// No cache now: count centrally and give the extras back.
+		p.central.add(first)
+		p.releaseList(extra)
+		p.mu.Unlock()
+		return first, nil
+	}
+	c.c.add(first)
+	for extra != nil {
+		m := extra
+		extra = m.next
+		c.push(m, cls)
+	}
+	c.unpin()
 	p.mu.Unlock()
-	if len(extra) > 0 {
-		s = p.pickShard(tok.shard)
-		if s.count == nil {
-			s.count = make([]int, len(sizeClasses))
-		}
-		for _, m := range extra {
-			s.push(m, cls)
-		}
-		s.mu.Unlock()
-	}
 	return first, nil
 }
 
-// cacheFree puts a small block back into a shard, draining the shard into
-// the arenas when it holds too much.
+// cacheFree puts a small block into this processor's cache, giving half of
+// the cache back to the arenas when it holds too much.
 func (p *Pool) cacheFree(m *meta) {
-	cls := m.class - 1
-	s := p.pickShard(m.shard)
-	if s.count == nil {
-		s.count = make([]int, len(sizeClasses))
-	}
-	s.c.sub(m)
-	s.push(m, cls)
-	var drain []*meta
-	if s.bytes > shardMaxBytes {
-		for s.bytes > shardMaxBytes/2 {
-			// Drain the class just freed first, then any other.
-			c := cls
-			if s.count[c] == 0 {
-				for c = range s.lists {
-					if s.count[c] > 0 {
-						break
-					}
-				}
-			}
-			drain = append(drain, s.pop(c))
-		}
-	}
-	s.mu.Unlock()
-	if len(drain) > 0 {
+	c, _ := p.pin()
+	if c == nil {
 		p.mu.Lock()
-		for _, d := range drain {
-			p.release(d)
-		}
+		p.central.sub(m)
+		p.release(m)
+		p.mu.Unlock()
+		return
+	}
+	cls := m.class - 1
+	c.c.sub(m)
+	c.push(m, cls)
+	var chain *meta
+	if c.bytes > procMaxBytes {
+		chain = c.drain(cls, procMaxBytes/2)
+	}
+	c.unpin()
+	if chain != nil {
+		p.mu.Lock()
+		p.releaseList(chain)
 		p.mu.Unlock()
 	}
 }
 
-// flushCaches returns every cached block to its arena. Called with p.mu held.
+// parkable reports whether a freed large block may be parked: blocks up to
+// a sixty-fourth of the pool's limit.
+func (p *Pool) parkable(m *meta) bool {
+	return m.class == 0 && m.size <= p.opts.Limit/64 && p.procs != nil
+}
+
+// parkFree parks a freed large block in this processor's cache; false when
+// the cache cannot be used now. An evicted older block goes back to its
+// arena.
+func (p *Pool) parkFree(m *meta) bool {
+	c, _ := p.pin()
+	if c == nil {
+		return false
+	}
+	c.c.sub(m)
+	old := c.park(m)
+	c.unpin()
+	if old != nil {
+		p.mu.Lock()
+		p.release(old)
+		p.mu.Unlock()
+	}
+	return true
+}
+
+// unparkOwn takes this processor's parked blocks, so that a central
+// allocation first gives them back to the arenas (they may coalesce with
+// their neighbours and serve the request).
+func (p *Pool) unparkOwn() *meta {
+	c, _ := p.pin()
+	if c == nil {
+		return nil
+	}
+	var chain *meta
+	if c.largeBytes > 0 {
+		chain = c.unparkAll()
+	}
+	c.unpin()
+	return chain
+}
+
+// flushCaches returns every cached and parked block of every processor to
+// its arena, and returns the bytes given back. Called with p.mu held.
 func (p *Pool) flushCaches() uint64 {
+	if len(p.procs) == 0 || p.closed {
+		return 0
+	}
+	p.stopCaches()
+	var chain *meta
 	var n uint64
-	for i := range p.shards {
-		s := &p.shards[i]
-		s.mu.Lock()
-		var all []*meta
-		for c := range s.lists {
-			for s.count != nil && s.count[c] > 0 {
-				all = append(all, s.pop(c))
-			}
+	for i := range p.procs {
+		c := &p.procs[i]
+		n += c.bytes + c.largeBytes
+		if c.bytes > 0 {
+			sub := c.drain(0, 0)
+			chain = appendChain(sub, chain)
 		}
-		s.mu.Unlock()
-		for _, m := range all {
-			n += m.size
-			p.release(m)
+		if c.largeBytes > 0 {
+			chain = appendChain(c.unparkAll(), chain)
 		}
 	}
+	p.resumeCaches()
+	p.releaseList(chain)
 	return n
+}
+
+// appendChain links chain b after chain a and returns the head.
+func appendChain(a, b *meta) *meta {
+	if a == nil {
+		return b
+	}
+	t := a
+	for t.next != nil {
+		t = t.next
+	}
+	t.next = b
+	return a
 }

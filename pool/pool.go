@@ -155,11 +155,12 @@ type Options struct {
 	Warmup uint64
 	// Alignment is the default block alignment (default 256; a power of two).
 	Alignment uint64
-	// CacheMax is the largest block served from the per-shard caches
-	// (default 64 KiB; 0 after DefaultOptions means caches off — set
-	// NoCache). Blocks up to it are rounded to a size class.
+	// CacheMax is the largest block served from the per-processor caches
+	// of small blocks (default 64 KiB). Blocks up to it are rounded to a
+	// size class.
 	CacheMax uint64
-	// NoCache disables the per-shard small-block caches.
+	// NoCache disables the per-processor caches: small-block classes and
+	// parked large blocks alike.
 	NoCache bool
 	// SmallMax is the largest block a GrowVirtual pool places in a
 	// separate virtual range for small blocks (default 256 KiB), so that
@@ -167,9 +168,6 @@ type Options struct {
 	// turns the separate range off (SmallMax becomes 0).
 	SmallMax uint64
 	MixSmall bool
-	// Shards is the number of small-block caches (default GOMAXPROCS,
-	// at most 16).
-	Shards int
 	// Logger receives debug logs of growth and trims; nil is silent.
 	Logger *slog.Logger
 	// Registerer, when set, gets the pool's Prometheus collector.
@@ -245,9 +243,6 @@ func (o Options) withDefaults(in device.Info) Options {
 	if o.MixSmall || o.Growth != GrowVirtual {
 		o.SmallMax = 0
 	}
-	if o.Shards <= 0 {
-		o.Shards = min(runtime.GOMAXPROCS(0), 16)
-	}
 	return o
 }
 
@@ -264,15 +259,25 @@ type AllocOptions struct {
 
 // Block is a live allocation. Ptr is its device address (for a host pool,
 // the device-mapped address, or 0 when the device cannot map host memory)
-// and Host its bytes for a host pool. Size is the usable size (≥ requested).
-// A Block is a handle: copies refer to the same allocation.
+// and Size its usable size (≥ requested); a host pool's block also has its
+// bytes (Bytes). A Block is a handle: copies refer to the same allocation.
 type Block struct {
 	Ptr  device.Ptr
 	Size uint64
-	Host []byte
 	m    *meta
 	gen  uint64
 	pool *Pool
+}
+
+// Bytes returns a host pool's block as a byte slice of length Size; nil for
+// a device pool's block, or once the block has been freed.
+func (b Block) Bytes() []byte {
+	if b.m == nil || b.pool == nil || !b.pool.host || b.m.state.Load() != b.gen {
+		return nil
+	}
+	m := b.m
+	lo := m.off + m.shift
+	return m.arena.host[lo : m.off+m.size : m.off+m.size]
 }
 
 // Errors; match with errors.Is.
@@ -294,7 +299,7 @@ type meta struct {
 	size    uint64 // allocator block size
 	req     uint64 // requested bytes
 	class   int    // size class + 1 when cacheable, else 0
-	shard   int    // the shard a cached block was served from (freed back there)
+	charged uint64 // bytes charged to the tenant
 	shift   uint64 // bytes from the allocator's offset to the handed-out address (alignment slack)
 	purpose Purpose
 	tenant  *Tenant
@@ -324,16 +329,22 @@ type Pool struct {
 	awaiting []awaitBatch
 	tenants  map[string]*Tenant
 
-	shards   []shard
-	tokens   sync.Pool // of *token
-	tokenSeq atomic.Uint32
+	// procs are the per-processor caches (nil with NoCache); revoked
+	// sends fast paths to the central path while another goroutine has
+	// the caches stopped, and for good once the pool is closed.
+	procs   []procCache
+	revoked atomic.Bool
 
 	central counters // slow-path accounting, guarded by mu
 	lat     []telemetry.Histogram
 
+	// held is the bytes of blocks taken out of the arenas (live, cached,
+	// parked or pending); guarded by mu.
+	held uint64
+
 	// Pool-wide accounting, updated on the slow path.
 	reserved, peakReserved atomic.Uint64
-	peakUsed               atomic.Uint64
+	peakUsed               atomic.Uint64 // peak of held
 	pendingBytes           atomic.Uint64
 	ooms                   atomic.Uint64
 	devAllocs, devFrees    atomic.Uint64
@@ -341,37 +352,30 @@ type Pool struct {
 }
 
 // counters is per-operation accounting. The pool keeps one set for the
-// slow path (under Pool.mu) and one per small-block shard (under the
-// shard's lock), so the fast path touches only its shard. A block may be
+// central path (under Pool.mu) and one per processor cache (touched only
+// while pinned), so the fast path touches only its processor's. A block may be
 // counted in one set when allocated and another when freed: sizes wrap, and
 // only the sum over all sets is meaningful.
 type counters struct {
-	used, requested uint64
-	live            int64
-	allocs, frees   uint64
-	byPurpose       [numPurposes]uint64
+	requested     uint64
+	allocs, frees uint64
+	byPurpose     [numPurposes]uint64 // block bytes; their sum is the used bytes
 }
 
 func (c *counters) add(m *meta) {
-	c.used += m.size
 	c.requested += m.req
 	c.byPurpose[m.purpose%numPurposes] += m.size
-	c.live++
 	c.allocs++
 }
 
 func (c *counters) sub(m *meta) {
-	c.used -= m.size
 	c.requested -= m.req
 	c.byPurpose[m.purpose%numPurposes] -= m.size
-	c.live--
 	c.frees++
 }
 
 func (c *counters) plus(o *counters) {
-	c.used += o.used
 	c.requested += o.requested
-	c.live += o.live
 	c.allocs += o.allocs
 	c.frees += o.frees
 	for i := range c.byPurpose {
@@ -379,21 +383,35 @@ func (c *counters) plus(o *counters) {
 	}
 }
 
+// used is the bytes of live blocks.
+func (c *counters) used() uint64 {
+	var n uint64
+	for _, v := range c.byPurpose {
+		n += v
+	}
+	return n
+}
+
 // latencySample is the sampling period of the latency histogram.
 const latencySample = 32
 
-// totalsLocked sums the central and per-shard counters and the cached
-// bytes. Called with p.mu held; it takes each shard's lock in turn.
+// totalsLocked sums the central and per-processor counters and the cached
+// and parked bytes. Called with p.mu held; with caches in use it stops them
+// (for a moment, see stopTheWorld) to read them.
 func (p *Pool) totalsLocked() (c counters, cached uint64) {
 	c = p.central
-	for i := range p.shards {
-		s := &p.shards[i]
-		s.mu.Lock()
-		c.plus(&s.c)
-		cached += s.bytes
-		s.mu.Unlock()
+	if len(p.procs) == 0 {
+		return c, 0
 	}
-	updateMax(&p.peakUsed, c.used)
+	if !p.closed { // a closed pool's caches stay stopped
+		p.stopCaches()
+		defer p.resumeCaches()
+	}
+	for i := range p.procs {
+		pc := &p.procs[i]
+		c.plus(&pc.c)
+		cached += pc.bytes + pc.largeBytes
+	}
 	return c, cached
 }
 
@@ -429,14 +447,14 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		pending: map[device.Stream]*pendingList{},
 		tenants: map[string]*Tenant{},
 	}
-	p.lat = make([]telemetry.Histogram, o.Shards)
-	p.shards = make([]shard, o.Shards)
-	for i := range p.shards {
-		p.shards[i].idx = i
-	}
-	p.tokens.New = p.newToken
-	for i := range p.shards {
-		p.shards[i].lists = make([]*meta, len(sizeClasses))
+	nproc := runtime.GOMAXPROCS(0)
+	p.lat = make([]telemetry.Histogram, nproc)
+	if !o.NoCache {
+		p.procs = make([]procCache, nproc)
+		for i := range p.procs {
+			p.procs[i].lists = make([]*meta, len(sizeClasses))
+			p.procs[i].count = make([]int32, len(sizeClasses))
+		}
 	}
 	if o.Growth == GrowVirtual {
 		a, err := p.newVirtualArena()
@@ -499,14 +517,6 @@ func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
 }
 
 func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
-	tok := p.getToken()
-	defer p.tokens.Put(tok)
-	var start time.Time
-	tok.n++
-	timed := tok.n%latencySample == 0
-	if timed {
-		start = time.Now()
-	}
 	align := o.Align
 	if align == 0 {
 		align = p.opts.Alignment
@@ -514,49 +524,108 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	if size == 0 || align&(align-1) != 0 {
 		return Block{}, fmt.Errorf("pool %s: alloc of %d bytes with alignment %d: %w", p.opts.Name, size, align, alloc.ErrInvalidArgument)
 	}
-	var m *meta
-	var err error
+	// Blocks with the pool's alignment and no stream may come from this
+	// processor's cache: small ones rounded to a size class, large ones
+	// parked by an earlier free.
+	cached := align <= p.opts.Alignment && o.Stream == 0 && p.procs != nil
 	cls := -1
-	if align <= p.opts.Alignment && size <= p.opts.CacheMax && o.Stream == 0 {
+	charge := size
+	if cached && size <= p.opts.CacheMax {
 		cls = classOf(size)
-	}
-	bsize := size
-	if cls >= 0 {
-		bsize = sizeClasses[cls]
+		charge = sizeClasses[cls]
 	}
 	if t != nil {
-		if err := t.charge(bsize); err != nil {
+		if err := t.charge(charge); err != nil {
 			p.ooms.Add(1)
 			return Block{}, err
 		}
 	}
-	if cls >= 0 {
-		m, err = p.cacheAlloc(tok, cls, size, o.Purpose, t)
-	} else {
-		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t)
+	timed, lat := false, 0
+	if cached {
+		// The fast path: one pin, a pop, the counters.
+		if c, pid := p.pin(); c != nil {
+			if c.n++; c.n%latencySample != 0 {
+				var m *meta
+				if cls >= 0 {
+					m = c.pop(cls)
+				} else {
+					m = c.takeLarge(size)
+				}
+				if m != nil {
+					m.req, m.purpose, m.tenant, m.charged = size, o.Purpose, t, charge
+					c.c.add(m)
+					c.unpin()
+					if p.opts.OnEvent == nil {
+						return Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load(), pool: p}, nil
+					}
+					return p.handout(m, size, o.Stream), nil
+				}
+			} else {
+				timed, lat = true, pid
+			}
+			c.unpin()
+		}
+	}
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	var m *meta
+	var err error
+	switch {
+	case cls >= 0:
+		m, err = p.cacheAlloc(cls, size, o.Purpose, t)
+	case cached:
+		m, err = p.largeAlloc(size, align, o.Purpose, t)
+	default:
+		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t, nil)
 	}
 	if err != nil {
 		if t != nil {
-			t.uncharge(bsize)
+			t.uncharge(charge)
 		}
 		p.ooms.Add(1)
 		return Block{}, err
 	}
-	gen := m.state.Load()
-	b := Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: gen, pool: p}
-	if p.host {
-		lo := m.off + m.shift
-		b.Host = m.arena.host[lo : m.off+m.size : m.off+m.size]
-	}
-	if p.opts.OnEvent != nil {
-		p.mu.Lock()
-		p.opts.OnEvent(Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: o.Stream, Purpose: o.Purpose, Tenant: t.name()})
-		p.mu.Unlock()
-	}
+	m.charged = charge
+	b := p.handout(m, size, o.Stream)
 	if timed {
-		p.lat[tok.shard].Observe(time.Since(start))
+		p.lat[lat%len(p.lat)].Observe(time.Since(start))
 	}
 	return b, nil
+}
+
+// largeAlloc serves a large block: one parked on this processor that fits,
+// else from the arenas, after giving this processor's parked blocks back.
+func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta, error) {
+	c, _ := p.pin()
+	if c == nil {
+		return p.slowAlloc(size, align, 0, purpose, t, nil)
+	}
+	m := c.takeLarge(size)
+	if m != nil {
+		m.req, m.purpose, m.tenant = size, purpose, t
+		c.c.add(m)
+		c.unpin()
+		return m, nil
+	}
+	var parked *meta
+	if c.largeBytes > 0 {
+		parked = c.unparkAll()
+	}
+	c.unpin()
+	return p.slowAlloc(size, align, 0, purpose, t, parked)
+}
+
+// handout makes the handle for a block just allocated.
+func (p *Pool) handout(m *meta, size uint64, s device.Stream) Block {
+	b := Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load(), pool: p}
+	if p.opts.OnEvent != nil {
+		p.mu.Lock()
+		p.opts.OnEvent(Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: s, Purpose: m.purpose, Tenant: m.tenant.name()})
+		p.mu.Unlock()
+	}
+	return b
 }
 
 func updateMax(a *atomic.Uint64, v uint64) {
@@ -594,7 +663,7 @@ func (p *Pool) validate(b Block, t *Tenant) (*meta, error) {
 // and the event hook.
 func (p *Pool) freed(m *meta) {
 	if m.tenant != nil {
-		m.tenant.uncharge(m.size)
+		m.tenant.uncharge(m.charged)
 	}
 	if p.opts.OnEvent != nil {
 		p.mu.Lock()
@@ -616,9 +685,10 @@ func (p *Pool) free(t *Tenant, b Block) error {
 	}
 	p.freed(m)
 	if m.class > 0 {
-		// Back to the shard it came from: usually this processor's, and
-		// no token is needed.
 		p.cacheFree(m)
+		return nil
+	}
+	if p.parkable(m) && p.parkFree(m) {
 		return nil
 	}
 	p.mu.Lock()
@@ -681,7 +751,7 @@ func (p *Pool) newMeta() *meta {
 }
 
 func (p *Pool) putMeta(m *meta) {
-	m.arena, m.tenant, m.class, m.shift = nil, nil, 0, 0 // its generation already moved on when it was freed
+	m.arena, m.tenant, m.class, m.shift, m.charged = nil, nil, 0, 0, 0 // its generation already moved on when it was freed
 	m.next = p.metaFree
 	p.metaFree = m
 }
@@ -695,6 +765,16 @@ func (p *Pool) Close() error {
 		return nil
 	}
 	p.closed = true
+	// Empty the caches and keep them stopped: fast paths take the central
+	// path from now on, which reports the pool closed.
+	if len(p.procs) > 0 {
+		p.stopCaches()
+		for i := range p.procs {
+			c := &p.procs[i]
+			c.drain(0, 0)
+			c.unparkAll()
+		}
+	}
 	var first error
 	for _, b := range p.awaiting {
 		_ = p.dev.DestroyEvent(b.ev)

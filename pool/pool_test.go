@@ -487,6 +487,23 @@ func TestConcurrent(t *testing.T) {
 			defer p.Close()
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
+			// Stats while the others allocate: it stops the caches to read them.
+			stop := make(chan struct{})
+			statsDone := make(chan struct{})
+			go func() {
+				defer close(statsDone)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if st := p.Stats(); st.UsedBytes > st.ReservedBytes {
+						errs <- fmt.Errorf("mid-run stats: used %d > reserved %d", st.UsedBytes, st.ReservedBytes)
+						return
+					}
+				}
+			}()
 			for g := 0; g < 16; g++ {
 				wg.Add(1)
 				go func(g int) {
@@ -524,6 +541,8 @@ func TestConcurrent(t *testing.T) {
 				}(g)
 			}
 			wg.Wait()
+			close(stop)
+			<-statsDone
 			close(errs)
 			for err := range errs {
 				t.Fatal(err)
@@ -624,16 +643,17 @@ func TestHostPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if uint64(len(b.Host)) != b.Size || b.Size < 3<<20 {
-		t.Fatalf("host bytes %d, size %d", len(b.Host), b.Size)
+	host := b.Bytes()
+	if uint64(len(host)) != b.Size || b.Size < 3<<20 {
+		t.Fatalf("host bytes %d, size %d", len(host), b.Size)
 	}
-	for i := range b.Host {
-		b.Host[i] = byte(i * 7)
+	for i := range host {
+		host[i] = byte(i * 7)
 	}
 	// Pinned staging: a copy from it to the device carries the bytes.
 	dst, _ := d.Alloc(3 << 20)
 	s, _ := d.NewStream()
-	if err := d.CopyHtoD(dst, b.Host[:3<<20], s); err != nil {
+	if err := d.CopyHtoD(dst, host[:3<<20], s); err != nil {
 		t.Fatal(err)
 	}
 	back := make([]byte, 3<<20)
@@ -648,6 +668,9 @@ func TestHostPool(t *testing.T) {
 		t.Fatalf("host pool stats %+v", st)
 	}
 	_ = hp.Free(b)
+	if b.Bytes() != nil {
+		t.Fatal("a freed host block still gives its bytes")
+	}
 }
 
 // TestWarmup reserves memory at New, so the first requests within it make

@@ -68,10 +68,13 @@ func (e *OOMError) Is(target error) bool { return target == ErrOutOfMemory }
 // Unwrap returns the device error, if any.
 func (e *OOMError) Unwrap() error { return e.Err }
 
-// slowAlloc allocates outside the small-block caches.
-func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant) (*meta, error) {
+// slowAlloc allocates outside the processor caches, first giving the
+// chain parked (blocks the caller took from its processor's cache) back to
+// the arenas.
+func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant, parked *meta) (*meta, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.releaseList(parked)
 	var m *meta
 	if s != 0 {
 		if l := p.pending[s]; l != nil {
@@ -148,6 +151,8 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		}
 		a.live++
 		a.held += b.Size
+		p.held += b.Size
+		updateMax(&p.peakUsed, p.held)
 		return m, nil
 	}
 	return nil, nil
@@ -156,11 +161,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 // arenaAlloc places a block, reclaiming and growing as needed. Called with
 // p.mu held.
 func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
-	m, err := p.arenaAlloc1(size, align, s)
-	if err == nil {
-		updateMax(&p.peakUsed, p.central.used+m.size)
-	}
-	return m, err
+	return p.arenaAlloc1(size, align, s)
 }
 
 func (p *Pool) arenaAlloc1(size, align uint64, s device.Stream) (*meta, error) {
@@ -300,7 +301,7 @@ func (p *Pool) trimChunks() uint64 {
 func (p *Pool) oomError(size, align uint64, tried []string, limitHit bool, devErr error) *OOMError {
 	st := p.arenaStats()
 	c, _ := p.totalsLocked()
-	used := c.used
+	used := c.used()
 	e := &OOMError{Pool: p.opts.Name, Requested: size, Align: align, Limit: p.opts.Limit,
 		Reserved: p.reserved.Load(), Used: used, Free: st.free, LargestFree: st.largest,
 		Fragmentation: st.frag(), Tried: tried}

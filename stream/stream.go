@@ -452,6 +452,7 @@ func (s *Streamer) copyPinned(streamed []int) error {
 			return fmt.Errorf("stream: pinned copy of %s (%d bytes): %w", g.Name, g.Copy, err)
 		}
 		s.hostBlocks = append(s.hostBlocks, blk)
+		blkBytes := blk.Bytes()
 		g.host = make([][]byte, len(g.Extents))
 		var off uint64
 		for j, e := range g.Extents {
@@ -459,7 +460,7 @@ func (s *Streamer) copyPinned(streamed []int) error {
 			if err != nil {
 				return err
 			}
-			dst := blk.Host[off : off+e.Bytes : off+e.Bytes]
+			dst := blkBytes[off : off+e.Bytes : off+e.Bytes]
 			parallelCopy(dst, src)
 			g.host[j] = dst
 			off += e.Bytes

@@ -154,9 +154,6 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 		po.ReserveBytes = o.ReserveBytes
 	}
 	po.Registerer, po.OnEvent, po.Logger = nil, nil, nil
-	if po.Shards == 0 {
-		po.Shards = 1 // one goroutine replays: one cache, deterministic placement
-	}
 	p, err := pool.New(d, po)
 	if err != nil {
 		res.Err = err

@@ -1,0 +1,191 @@
+package pool_test
+
+import (
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/memwall/memwall/pool"
+)
+
+// TestParkedLargeBlock: a freed large block is parked on its processor and
+// serves the next request of about its size with no device call; it counts
+// as cached, and Trim gives it back.
+func TestParkedLargeBlock(t *testing.T) {
+	for _, o := range configs() {
+		t.Run(o.Name, func(t *testing.T) {
+			d := newSim(t, false, 4<<30)
+			p, err := pool.New(d, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			// Pin the test to one processor's cache as far as Go allows:
+			// the goroutine may still move, so retry a few times.
+			ok := false
+			for try := 0; try < 20 && !ok; try++ {
+				a, err := p.Alloc(4<<20, pool.AllocOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.Free(a); err != nil {
+					t.Fatal(err)
+				}
+				if st := p.Stats(); st.CachedBytes < 4<<20 || st.UsedBytes != 0 {
+					t.Fatalf("after free: cached %d used %d", st.CachedBytes, st.UsedBytes)
+				}
+				calls := p.Stats().DeviceCalls()
+				b, err := p.Alloc(4<<20-100<<10, pool.AllocOptions{Purpose: pool.Activations})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ok = b.Ptr == a.Ptr && b.Size == a.Size
+				st := p.Stats()
+				if st.DeviceCalls() != calls && ok {
+					t.Fatalf("reusing a parked block made %d device calls", st.DeviceCalls()-calls)
+				}
+				if st.UsedBytes != b.Size || st.ByPurpose["activations"] != b.Size || st.RequestedBytes != 4<<20-100<<10 {
+					t.Fatalf("accounting after reuse: %+v", st)
+				}
+				if err := p.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !ok {
+				t.Fatal("a parked 4 MiB block never served a 3.9 MiB request")
+			}
+			// A request much smaller than the parked block does not take it.
+			c, err := p.Alloc(1<<20, pool.AllocOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Size > 1<<20+256 {
+				t.Fatalf("1 MiB request got a %d-byte block", c.Size)
+			}
+			_ = p.Free(c)
+			p.Trim()
+			if st := p.Stats(); st.CachedBytes != 0 || st.ReservedBytes != 0 {
+				t.Fatalf("after Trim: cached %d reserved %d", st.CachedBytes, st.ReservedBytes)
+			}
+		})
+	}
+}
+
+// TestCachesGiveBackUnderLimit: blocks cached and parked on every processor
+// are reclaimed when a request needs the memory.
+func TestCachesGiveBackUnderLimit(t *testing.T) {
+	for _, o := range configs() {
+		t.Run(o.Name, func(t *testing.T) {
+			d := newSim(t, false, 4<<30)
+			o.Limit = 1 << 30
+			p, err := pool.New(d, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			var wg sync.WaitGroup
+			for g := 0; g < 4*runtime.GOMAXPROCS(0); g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var bs []pool.Block
+					for i := 0; i < 64; i++ {
+						size := uint64(4 << 10)
+						if i%16 == 0 {
+							size = 12 << 20
+						}
+						b, err := p.Alloc(size, pool.AllocOptions{})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						bs = append(bs, b)
+					}
+					for _, b := range bs {
+						if err := p.Free(b); err != nil {
+							t.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if st := p.Stats(); st.CachedBytes == 0 || st.UsedBytes != 0 {
+				t.Fatalf("nothing cached after the goroutines: %+v", st)
+			}
+			big, err := p.Alloc(1<<30-64<<20, pool.AllocOptions{})
+			if err != nil {
+				t.Fatalf("cached blocks were not given back: %v", err)
+			}
+			_ = p.Free(big)
+		})
+	}
+}
+
+// TestMoreProcessorsAfterNew: processors added after New have no cache and
+// use the central path; accounting stays exact.
+func TestMoreProcessorsAfterNew(t *testing.T) {
+	prev := runtime.GOMAXPROCS(1)
+	d := newSim(t, false, 4<<30)
+	p, err := pool.New(d, pool.Options{})
+	runtime.GOMAXPROCS(max(prev, 4))
+	defer runtime.GOMAXPROCS(prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				b, err := p.Alloc(uint64(256+(i*g)%(128<<10)), pool.AllocOptions{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := p.Free(b); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	if st := p.Stats(); st.UsedBytes != 0 || st.LiveBlocks != 0 || st.Allocs != 16000 || st.Frees != 16000 {
+		t.Fatalf("accounting: %+v", st)
+	}
+}
+
+// TestTenantChargesWhatItFrees: a tenant is charged per block what its free
+// gives back, whatever rounding the block got.
+func TestTenantChargesWhatItFrees(t *testing.T) {
+	d := newSim(t, false, 1<<30)
+	p, err := pool.New(d, pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tn, err := p.Tenant("a", 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 200; i++ {
+		var bs []pool.Block
+		for _, size := range []uint64{1, 1000, 3<<20 + 1, 70 << 10, 5 << 20} {
+			b, err := tn.Alloc(size+uint64(i), pool.AllocOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, b)
+		}
+		for _, b := range bs {
+			if err := tn.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if u := tn.Used(); u != 0 {
+			t.Fatalf("round %d: tenant uses %d bytes after freeing everything", i, u)
+		}
+	}
+}

@@ -1,0 +1,22 @@
+//go:build !race
+
+package pool
+
+// cacheGuard orders accesses to one processor's cache. Without the race
+// detector, pinning already excludes other goroutines on the same
+// processor, and other processors reach the cache only while the caches
+// are revoked (Pool.stopCaches), so the guard is empty.
+type cacheGuard struct{}
+
+func (*cacheGuard) enter() bool { return true }
+func (*cacheGuard) exit()       {}
+
+// stopCaches gives the caller exclusive access to every processor's cache:
+// after it, fast paths find the caches revoked and take the central path.
+// Called with p.mu held; resumeCaches undoes it.
+func (p *Pool) stopCaches() {
+	p.revoked.Store(true)
+	stopTheWorld()
+}
+
+func (p *Pool) resumeCaches() { p.revoked.Store(false) }

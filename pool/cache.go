@@ -74,16 +74,17 @@ func (c *procCache) push(m *meta, cls int) {
 	c.bytes += sizeClasses[cls]
 }
 
-// fits reports whether parked block m can serve a request of size bytes
-// without wasting more than an eighth of it.
-func fits(m *meta, size uint64) bool {
-	return m != nil && m.size-m.shift >= size && m.size-m.shift-size <= size/8
+// fits reports whether parked block m can serve a request of size bytes as
+// the allocator would have: the same size, rounded to the alignment (a
+// looser fit would hand out, and hold, more memory than best fit does).
+func fits(m *meta, size, align uint64) bool {
+	return m != nil && m.size-m.shift >= size && m.size-m.shift-size < align
 }
 
 // takeLarge removes and returns a parked block that fits size, or nil.
-func (c *procCache) takeLarge(size uint64) *meta {
+func (c *procCache) takeLarge(size, align uint64) *meta {
 	for i := range c.large {
-		if m := c.large[i]; fits(m, size) {
+		if m := c.large[i]; fits(m, size, align) {
 			copy(c.large[i:], c.large[i+1:])
 			c.large[largeSlots-1] = nil
 			c.largeBytes -= m.size

@@ -9,8 +9,8 @@ import (
 )
 
 // TestParkedLargeBlock: a freed large block is parked on its processor and
-// serves the next request of about its size with no device call; it counts
-// as cached, and Trim gives it back.
+// serves the next request of its size with no device call; it counts as
+// cached, and Trim gives it back.
 func TestParkedLargeBlock(t *testing.T) {
 	for _, o := range configs() {
 		t.Run(o.Name, func(t *testing.T) {
@@ -35,7 +35,7 @@ func TestParkedLargeBlock(t *testing.T) {
 					t.Fatalf("after free: cached %d used %d", st.CachedBytes, st.UsedBytes)
 				}
 				calls := p.Stats().DeviceCalls()
-				b, err := p.Alloc(4<<20-100<<10, pool.AllocOptions{Purpose: pool.Activations})
+				b, err := p.Alloc(4<<20-100, pool.AllocOptions{Purpose: pool.Activations})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -44,7 +44,7 @@ func TestParkedLargeBlock(t *testing.T) {
 				if st.DeviceCalls() != calls && ok {
 					t.Fatalf("reusing a parked block made %d device calls", st.DeviceCalls()-calls)
 				}
-				if st.UsedBytes != b.Size || st.ByPurpose["activations"] != b.Size || st.RequestedBytes != 4<<20-100<<10 {
+				if st.UsedBytes != b.Size || st.ByPurpose["activations"] != b.Size || st.RequestedBytes != 4<<20-100 {
 					t.Fatalf("accounting after reuse: %+v", st)
 				}
 				if err := p.Free(b); err != nil {
@@ -52,15 +52,15 @@ func TestParkedLargeBlock(t *testing.T) {
 				}
 			}
 			if !ok {
-				t.Fatal("a parked 4 MiB block never served a 3.9 MiB request")
+				t.Fatal("a parked 4 MiB block never served a request of its size")
 			}
-			// A request much smaller than the parked block does not take it.
-			c, err := p.Alloc(1<<20, pool.AllocOptions{})
+			// A smaller request does not take the parked block.
+			c, err := p.Alloc(4<<20-4096, pool.AllocOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Size > 1<<20+256 {
-				t.Fatalf("1 MiB request got a %d-byte block", c.Size)
+			if c.Size > 4<<20-4096+256 {
+				t.Fatalf("a request for 4 MiB - 4 KiB got a %d-byte block", c.Size)
 			}
 			_ = p.Free(c)
 			p.Trim()

@@ -549,7 +549,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 				if cls >= 0 {
 					m = c.pop(cls)
 				} else {
-					m = c.takeLarge(size)
+					m = c.takeLarge(size, p.opts.Alignment)
 				}
 				if m != nil {
 					m.req, m.purpose, m.tenant, m.charged = size, o.Purpose, t, charge
@@ -602,7 +602,7 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta
 	if c == nil {
 		return p.slowAlloc(size, align, 0, purpose, t, nil)
 	}
-	m := c.takeLarge(size)
+	m := c.takeLarge(size, p.opts.Alignment)
 	if m != nil {
 		m.req, m.purpose, m.tenant = size, purpose, t
 		c.c.add(m)

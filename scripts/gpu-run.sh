@@ -42,7 +42,12 @@ run "bad MEMWALL_LIBCUDA, --device auto" bash -c "MEMWALL_LIBCUDA=/nonexistent/l
 [ -x "$bin/pool.test" ] && run "pool suite (cuda)" bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.v -test.timeout 300s"
 [ -x "$bin/plan_bind.test" ] && run "plan lifetimes on the GPU" bash -c "cd plan/bind && MEMWALL_TEST_DEVICE=cuda '$bin/plan_bind.test' -test.v -test.timeout 300s"
 run "bench transfer" bash -c "'$bin/memwall' bench transfer | tee '$OUT/transfer.txt'"
-run "bench alloc" bash -c "'$bin/memwall' bench alloc | tee '$OUT/alloc.txt'"
+if nvcc -O2 -o "$OUT/anchor-alloc" scripts/anchor-alloc.c -lcuda >>"$log" 2>&1; then
+  run "driver allocators from C" bash -c "'$OUT/anchor-alloc' | tee '$OUT/anchor-alloc.jsonl'"
+else
+  status+=("$(printf '%-34s %-9s' "nvcc anchor-alloc" FAIL)")
+fi
+run "bench alloc" bash -c "'$bin/memwall' bench alloc --out '$OUT/alloc.json' | tee '$OUT/alloc.txt'"
 [ -n "${EXTRA:-}" ] && run "extra" bash -c "$EXTRA"
 
 echo

@@ -19,20 +19,31 @@ import (
 // with the context made current once, so no binding overhead is added per
 // call beyond the foreign call itself.
 func (c *Device) DriverAllocTimes(sizes []uint64, async bool) (alloc, free []time.Duration, err error) {
-	return c.driverTimes(sizes, async, true)
+	return c.driverTimes(sizes, async, true, 1)
 }
 
 // DriverPairTimes is DriverAllocTimes timing each allocation and its free
 // together, with one clock read before and one after (no read between the
 // two calls), the way bench measures memwall's pairs.
 func (c *Device) DriverPairTimes(sizes []uint64, async bool) ([]time.Duration, error) {
-	pairs, _, err := c.driverTimes(sizes, async, false)
+	pairs, _, err := c.driverTimes(sizes, async, false, 1)
 	return pairs, err
 }
 
+// DriverBatchTimes times batches of batch pairs (allocation then free, back
+// to back) with one clock read before and one after each batch, the way
+// bench times memwall's batches; it returns one duration per whole batch.
+func (c *Device) DriverBatchTimes(sizes []uint64, async bool, batch int) ([]time.Duration, error) {
+	if batch < 1 {
+		return nil, fmt.Errorf("cuda: batch of %d pairs: %w", batch, device.ErrInvalid)
+	}
+	ts, _, err := c.driverTimes(sizes, async, false, batch)
+	return ts, err
+}
+
 // driverTimes runs the loop; with split it returns alloc and free times,
-// without it pair times (and a nil second slice).
-func (c *Device) driverTimes(sizes []uint64, async, split bool) (alloc, free []time.Duration, err error) {
+// without it the times of batches of batch pairs (and a nil second slice).
+func (c *Device) driverTimes(sizes []uint64, async, split bool, batch int) (alloc, free []time.Duration, err error) {
 	if async && !c.info.MemoryPools {
 		return nil, nil, fmt.Errorf("cuda: cuMemAllocAsync: %w", device.ErrUnsupported)
 	}
@@ -49,9 +60,12 @@ func (c *Device) driverTimes(sizes []uint64, async, split bool) (alloc, free []t
 	defer runtime.UnlockOSThread()
 	purego.SyscallN(c.d.cuCtxSetCurrent, c.ctx)
 	p := new(uint64)
-	for _, size := range sizes {
+	var t0 time.Time
+	for i, size := range sizes {
 		var r uintptr
-		t0 := time.Now()
+		if i%batch == 0 {
+			t0 = time.Now()
+		}
 		if async {
 			r, _, _ = purego.SyscallN(c.d.cuMemAllocAsync, uintptr(unsafe.Pointer(p)), uintptr(size), uintptr(s))
 		} else {
@@ -69,10 +83,13 @@ func (c *Device) driverTimes(sizes []uint64, async, split bool) (alloc, free []t
 		} else {
 			r, _, _ = purego.SyscallN(c.d.cuMemFree, uintptr(*p))
 		}
-		t2 := time.Now()
 		if r != 0 {
 			return alloc, free, fmt.Errorf("cuda: driver free: %w", c.d.err("free", result(r)))
 		}
+		if (i+1)%batch != 0 {
+			continue
+		}
+		t2 := time.Now()
 		if split {
 			alloc = append(alloc, t1.Sub(t0))
 			free = append(free, t2.Sub(t1))

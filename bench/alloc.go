@@ -84,10 +84,10 @@ type AllocOptions struct {
 
 // LatencyResult is one configuration's numbers.
 type LatencyResult struct {
-	Allocator  string  `json:"allocator"` // e.g. "memwall bestfit/virtual", "cuMemAllocAsync"
-	Mix        string  `json:"mix"`
-	Goroutines int     `json:"goroutines"`
-	Pairs      int     `json:"pairs"`
+	Allocator  string `json:"allocator"` // e.g. "memwall bestfit/virtual", "cuMemAllocAsync"
+	Mix        string `json:"mix"`
+	Goroutines int    `json:"goroutines"`
+	Pairs      int    `json:"pairs"`
 	// BatchP50ns is the median latency of one free+alloc pair measured
 	// over batches of BatchPairs pairs timed together, so the two clock
 	// reads (TimerOverheadNs, as much as a tenth of a driver pair on some

@@ -26,6 +26,7 @@ type arena struct {
 	// virtual arena
 	virtual   bool
 	pageBytes uint64
+	pageShift uint // log2(pageBytes) when it is a power of two, else 0
 	pages     []page
 	freeSet   []uint64 // bitset of mapped pages with no live block (page.inHeap mirrors it)
 	freeTop   uint64   // no free page at or above this index
@@ -38,6 +39,15 @@ type page struct {
 	mapped bool
 	inHeap bool
 	refs   int32
+}
+
+// pageOf returns the index of the page holding offset off (a shift for
+// the usual power-of-two page size: this runs on every allocation).
+func (a *arena) pageOf(off uint64) uint64 {
+	if a.pageShift != 0 {
+		return off >> a.pageShift
+	}
+	return off / a.pageBytes
 }
 
 func (a *arena) ptr(off uint64) device.Ptr {
@@ -72,8 +82,12 @@ func (p *Pool) newVirtualArenaSized(size uint64) (*arena, error) {
 		_ = p.dev.Unreserve(base, o.ReserveBytes)
 		return nil, err
 	}
-	return &arena{base: base, size: o.ReserveBytes, alloc: al, virtual: true, pageBytes: o.PageBytes,
-		pages: make([]page, o.ReserveBytes/o.PageBytes), freeSet: make([]uint64, (o.ReserveBytes/o.PageBytes+63)/64)}, nil
+	a := &arena{base: base, size: o.ReserveBytes, alloc: al, virtual: true, pageBytes: o.PageBytes,
+		pages: make([]page, o.ReserveBytes/o.PageBytes), freeSet: make([]uint64, (o.ReserveBytes/o.PageBytes+63)/64)}
+	if o.PageBytes&(o.PageBytes-1) == 0 {
+		a.pageShift = uint(bits.TrailingZeros64(o.PageBytes))
+	}
+	return a, nil
 }
 
 // newChunk obtains a chunk of size bytes from the device.
@@ -111,7 +125,7 @@ func (p *Pool) addReserved(n uint64) {
 // take away a page this block already holds. On failure nothing stays
 // referenced.
 func (a *arena) touch(p *Pool, off, size uint64) error {
-	first, last := off/a.pageBytes, (off+size-1)/a.pageBytes
+	first, last := a.pageOf(off), a.pageOf(off+size-1)
 	// Reference the pages already mapped first, so that mapping the
 	// others (which may recycle free pages) cannot take one of them.
 	for i := first; i <= last; i++ {
@@ -286,7 +300,7 @@ func (a *arena) released(p *Pool, off, size uint64) {
 	if !a.virtual {
 		return
 	}
-	first, last := off/a.pageBytes, (off+size-1)/a.pageBytes
+	first, last := a.pageOf(off), a.pageOf(off+size-1)
 	for i := first; i <= last; i++ {
 		a.unref(p, i)
 	}

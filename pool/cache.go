@@ -9,8 +9,8 @@ package pool
 // go to that processor's cache, wherever they were allocated.
 type procCache struct {
 	g     cacheGuard
-	lists []*meta // per size class, linked through meta.next
-	count []int32
+	lists [numClasses]*meta // per size class, linked through meta.next
+	count [numClasses]int32
 	bytes uint64 // bytes of cached small blocks
 	// large holds parked large blocks, newest first; largeBytes their bytes.
 	large      [largeSlots]*meta

@@ -1,10 +1,13 @@
 package pool_test
 
 import (
+	"errors"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/memwall/memwall/alloc"
 	"github.com/memwall/memwall/pool"
 )
 
@@ -187,5 +190,23 @@ func TestTenantChargesWhatItFrees(t *testing.T) {
 		if u := tn.Used(); u != 0 {
 			t.Fatalf("round %d: tenant uses %d bytes after freeing everything", i, u)
 		}
+	}
+}
+
+// TestBadPurpose: an unknown purpose is refused with a clear error, not
+// counted somewhere.
+func TestBadPurpose(t *testing.T) {
+	d := newSim(t, false, 1<<30)
+	p, err := pool.New(d, pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, err = p.Alloc(4096, pool.AllocOptions{Purpose: pool.Purpose(42)})
+	if !errors.Is(err, alloc.ErrInvalidArgument) || !strings.Contains(err.Error(), "purpose(42)") {
+		t.Fatalf("purpose 42: %v", err)
+	}
+	if st := p.Stats(); st.Allocs != 0 || st.UsedBytes != 0 {
+		t.Fatalf("a refused allocation was counted: %+v", st)
 	}
 }

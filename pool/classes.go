@@ -2,10 +2,18 @@ package pool
 
 import "math/bits"
 
-// sizeClasses are the sizes the per-shard caches round small blocks to:
+// sizeClasses are the sizes the per-processor caches round small blocks to:
 // multiples of 256 bytes up to 2 KiB, then 8 classes per doubling, so the
 // rounding wastes at most 12.5% of a block (TestSizeClassWaste holds it).
-var sizeClasses = makeSizeClasses(1 << 20)
+var sizeClasses = makeSizeClasses(maxClassBytes)
+
+// maxClassBytes is the largest size class; numClasses the table's length
+// (TestClassOf holds it to the table), so that the per-processor caches
+// keep their lists in fixed arrays.
+const (
+	maxClassBytes = 1 << 20
+	numClasses    = 80
+)
 
 func makeSizeClasses(max uint64) []uint64 {
 	var cs []uint64
@@ -29,8 +37,8 @@ func classOf(size uint64) int {
 		return int((size+255)/256) - 1
 	}
 	exp := bits.Len64(size-1) - 1 // base = 1<<exp < size ≤ 2*base
-	step := uint64(1) << (exp - 3)
-	return 8 + (exp-11)*8 + int((size-(1<<exp)+step-1)/step) - 1
+	shift := uint(exp - 3)        // steps of base/8 (a shift, not a division)
+	return 8 + (exp-11)*8 + int((size-(1<<exp)+(1<<shift)-1)>>shift) - 1
 }
 
 // classOfSearch is classOf by binary search over the table (the test's

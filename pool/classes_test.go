@@ -3,6 +3,9 @@ package pool
 import "testing"
 
 func TestClassOf(t *testing.T) {
+	if len(sizeClasses) != numClasses || sizeClasses[numClasses-1] != maxClassBytes {
+		t.Fatalf("%d classes up to %d; numClasses %d, maxClassBytes %d", len(sizeClasses), sizeClasses[len(sizeClasses)-1], numClasses, maxClassBytes)
+	}
 	max := sizeClasses[len(sizeClasses)-1]
 	for size := uint64(1); size <= max; size += 1 + size/97 {
 		c, want := classOf(size), classOfSearch(size)

@@ -234,6 +234,7 @@ func (o Options) withDefaults(in device.Info) Options {
 	if o.NoCache {
 		o.CacheMax = 0
 	}
+	o.CacheMax = min(o.CacheMax, maxClassBytes)
 	if o.TargetRatio == 0 {
 		o.TargetRatio = DefaultTargetRatio
 	}
@@ -264,15 +265,14 @@ type AllocOptions struct {
 type Block struct {
 	Ptr  device.Ptr
 	Size uint64
-	m    *meta
-	gen  uint64
-	pool *Pool
+	m   *meta
+	gen uint64
 }
 
 // Bytes returns a host pool's block as a byte slice of length Size; nil for
 // a device pool's block, or once the block has been freed.
 func (b Block) Bytes() []byte {
-	if b.m == nil || b.pool == nil || !b.pool.host || b.m.state.Load() != b.gen {
+	if b.m == nil || !b.m.pool.host || b.m.state.Load() != b.gen {
 		return nil
 	}
 	m := b.m
@@ -294,6 +294,7 @@ var (
 // Allocation reads it and writes nothing.
 type meta struct {
 	state   atomic.Uint64
+	pool    *Pool // set once: a meta serves one pool for its whole life
 	arena   *arena
 	off     uint64 // offset within the arena
 	size    uint64 // allocator block size
@@ -359,18 +360,18 @@ type Pool struct {
 type counters struct {
 	requested     uint64
 	allocs, frees uint64
-	byPurpose     [numPurposes]uint64 // block bytes; their sum is the used bytes
+	byPurpose     [8]uint64 // block bytes by purpose (< numPurposes); their sum is the used bytes
 }
 
 func (c *counters) add(m *meta) {
 	c.requested += m.req
-	c.byPurpose[m.purpose%numPurposes] += m.size
+	c.byPurpose[m.purpose&7] += m.size
 	c.allocs++
 }
 
 func (c *counters) sub(m *meta) {
 	c.requested -= m.req
-	c.byPurpose[m.purpose%numPurposes] -= m.size
+	c.byPurpose[m.purpose&7] -= m.size
 	c.frees++
 }
 
@@ -451,10 +452,6 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	p.lat = make([]telemetry.Histogram, nproc)
 	if !o.NoCache {
 		p.procs = make([]procCache, nproc)
-		for i := range p.procs {
-			p.procs[i].lists = make([]*meta, len(sizeClasses))
-			p.procs[i].count = make([]int32, len(sizeClasses))
-		}
 	}
 	if o.Growth == GrowVirtual {
 		a, err := p.newVirtualArena()
@@ -521,8 +518,8 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	if align == 0 {
 		align = p.opts.Alignment
 	}
-	if size == 0 || align&(align-1) != 0 {
-		return Block{}, fmt.Errorf("pool %s: alloc of %d bytes with alignment %d: %w", p.opts.Name, size, align, alloc.ErrInvalidArgument)
+	if size == 0 || align&(align-1) != 0 || o.Purpose >= numPurposes {
+		return Block{}, fmt.Errorf("pool %s: alloc of %d bytes with alignment %d, purpose %v: %w", p.opts.Name, size, align, o.Purpose, alloc.ErrInvalidArgument)
 	}
 	// Blocks with the pool's alignment and no stream may come from this
 	// processor's cache: small ones rounded to a size class, large ones
@@ -556,7 +553,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 					c.c.add(m)
 					c.unpin()
 					if p.opts.OnEvent == nil {
-						return Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load(), pool: p}, nil
+						return Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load()}, nil
 					}
 					return p.handout(m, size, o.Stream), nil
 				}
@@ -619,7 +616,7 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta
 
 // handout makes the handle for a block just allocated.
 func (p *Pool) handout(m *meta, size uint64, s device.Stream) Block {
-	b := Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load(), pool: p}
+	b := Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load()}
 	if p.opts.OnEvent != nil {
 		p.mu.Lock()
 		p.opts.OnEvent(Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: s, Purpose: m.purpose, Tenant: m.tenant.name()})
@@ -640,23 +637,22 @@ func updateMax(a *atomic.Uint64, v uint64) {
 // validate checks that b is a live block of this pool (and of tenant t when
 // t is non-nil) and marks it dead. It changes nothing on error.
 func (p *Pool) validate(b Block, t *Tenant) (*meta, error) {
-	if b.pool != p || b.m == nil {
+	if b.m == nil || b.m.pool != p {
 		return nil, fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	m := b.m
+	// One compare-and-swap moves the generation on; everything else is
+	// the diagnosis of a refused handle.
+	if m.tenant == t && m.state.CompareAndSwap(b.gen, b.gen+1) {
+		return m, nil
+	}
 	if cur := m.state.Load(); cur != b.gen {
 		if cur == b.gen+1 {
 			return nil, fmt.Errorf("pool %s: %#x was already freed (double free, or a copy of a freed handle): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 		}
 		return nil, fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
-	if m.tenant != t {
-		return nil, fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
-	}
-	if !m.state.CompareAndSwap(b.gen, b.gen+1) {
-		return nil, fmt.Errorf("pool %s: %#x freed twice at once: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
-	}
-	return m, nil
+	return nil, fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
 }
 
 // freed does what every free does besides accounting: the tenant's charge
@@ -747,7 +743,7 @@ func (p *Pool) newMeta() *meta {
 		m.next = nil
 		return m
 	}
-	return &meta{}
+	return &meta{pool: p}
 }
 
 func (p *Pool) putMeta(m *meta) {

@@ -116,7 +116,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		// chunk whose base is less aligned than asked for gets a block
 		// with slack, and the handed-out address is shifted into it.
 		want, slack := align, uint64(0)
-		if base := uint64(a.ptr(0)); base != 0 && base%align != 0 {
+		if base := uint64(a.ptr(0)); base != 0 && base&(align-1) != 0 {
 			want = base & -base // the base's own alignment
 			slack = align - want
 		}

@@ -265,8 +265,8 @@ type AllocOptions struct {
 type Block struct {
 	Ptr  device.Ptr
 	Size uint64
-	m   *meta
-	gen uint64
+	m    *meta
+	gen  uint64
 }
 
 // Bytes returns a host pool's block as a byte slice of length Size; nil for

@@ -128,3 +128,17 @@ func BenchmarkCentralPair(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStats is the cost of a stats snapshot, which stops the
+// per-processor caches (and, briefly, the world) to read them.
+func BenchmarkStats(b *testing.B) {
+	d := newSim(b, false, 8<<30)
+	p, err := pool.New(d, pool.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	for i := 0; i < b.N; i++ {
+		_ = p.Stats()
+	}
+}

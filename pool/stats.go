@@ -4,7 +4,11 @@ import (
 	"github.com/memwall/memwall/telemetry"
 )
 
-// Stats returns a snapshot of the pool's accounting.
+// Stats returns a snapshot of the pool's accounting. It reads the
+// per-processor caches by stopping them, which stops the world for a
+// moment (as runtime.ReadMemStats does): tens of microseconds, meant for
+// monitoring and tests, not for every allocation. ReservedBytes is the
+// lock-free figure to sample often.
 func (p *Pool) Stats() telemetry.PoolStats {
 	p.mu.Lock()
 	st := p.arenaStats()

@@ -242,22 +242,6 @@ func (p *Pool) parkFree(m *meta) bool {
 	return true
 }
 
-// unparkOwn takes this processor's parked blocks, so that a central
-// allocation first gives them back to the arenas (they may coalesce with
-// their neighbours and serve the request).
-func (p *Pool) unparkOwn() *meta {
-	c, _ := p.pin()
-	if c == nil {
-		return nil
-	}
-	var chain *meta
-	if c.largeBytes > 0 {
-		chain = c.unparkAll()
-	}
-	c.unpin()
-	return chain
-}
-
 // flushCaches returns every cached and parked block of every processor to
 // its arena, and returns the bytes given back. Called with p.mu held.
 func (p *Pool) flushCaches() uint64 {

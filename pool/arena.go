@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -38,6 +39,7 @@ type page struct {
 	h      device.PhysMem
 	mapped bool
 	inHeap bool
+	busy   bool // a goroutine is mapping or unmapping it (without p.mu)
 	refs   int32
 }
 
@@ -120,41 +122,223 @@ func (p *Pool) addReserved(n uint64) {
 }
 
 // touch maps the pages under [off, off+size) of a virtual arena and takes a
-// reference on each. Referenced pages are never unmapped, so mapping a
-// missing page (which may unmap free pages to stay under the limit) cannot
-// take away a page this block already holds. On failure nothing stays
-// referenced.
+// reference on each. Referenced pages are never unmapped. On failure
+// nothing stays referenced.
+//
+// Called with p.mu held, touch releases it while it waits for pages that
+// another goroutine is mapping or unmapping, and while it makes its own
+// device calls (a page map costs tens of microseconds), so that other
+// allocations go on meanwhile. Pages in flight are marked busy: nobody
+// else maps, unmaps or steals them until the caller that marked them has
+// relocked and settled them. Wait for busy pages happens before this call
+// marks any page of its own, so two callers never wait for each other.
 func (a *arena) touch(p *Pool, off, size uint64) error {
 	first, last := a.pageOf(off), a.pageOf(off+size-1)
-	// Reference the pages already mapped first, so that mapping the
-	// others (which may recycle free pages) cannot take one of them.
+	for a.anyBusy(first, last) {
+		p.cond.Wait()
+	}
+	// Reference the mapped pages, and claim the unmapped ones.
+	need := 0
 	for i := first; i <= last; i++ {
 		pg := &a.pages[i]
 		if pg.mapped {
 			if pg.inHeap {
 				a.markUsed(i)
 			}
-			pg.refs++
-		}
-	}
-	for i := first; i <= last; i++ {
-		pg := &a.pages[i]
-		if pg.mapped {
-			continue
-		}
-		if err := a.mapPage(p, i); err != nil {
-			for j := first; j <= last; j++ {
-				// Below i every page is ours; above it, the mapped ones
-				// were referenced in the first pass.
-				if j < i || (j > i && a.pages[j].mapped) {
-					a.unref(p, j)
-				}
-			}
-			return err
+		} else {
+			pg.busy = true
+			need++
 		}
 		pg.refs++
 	}
+	if need == 0 {
+		return nil
+	}
+	// Plan where each page's memory comes from: above the soft target,
+	// the highest free page's (one unmap, one map); otherwise a new
+	// allocation, within the limit.
+	plan := make([]mapStep, 0, need)
+	var err error
+	for i := first; i <= last && err == nil; i++ {
+		if a.pages[i].mapped {
+			continue
+		}
+		st := mapStep{page: i, from: -1}
+		if src, ok := a.stealSource(p); ok {
+			st.from = int64(src)
+		} else if err = a.makeRoom(p); err == nil {
+			p.inflight += a.pageBytes
+		}
+		if err == nil {
+			plan = append(plan, st)
+		}
+	}
+	if err == nil {
+		p.mu.Unlock()
+		for k := range plan {
+			a.runStep(p, &plan[k])
+		}
+		p.mu.Lock()
+	}
+	failed := err != nil
+	for k := range plan {
+		if !a.settle(p, &plan[k]) && !failed {
+			failed, err = true, plan[k].err
+		}
+	}
+	for i := first; i <= last; i++ {
+		a.pages[i].busy = false
+	}
+	p.cond.Broadcast()
+	if failed {
+		for i := first; i <= last; i++ {
+			a.unref(p, i)
+		}
+		return err
+	}
 	return nil
+}
+
+// mapStep is one page to map: with memory stolen from page from (≥ 0), or
+// with a new physical allocation (from < 0).
+type mapStep struct {
+	page     uint64
+	from     int64
+	h        device.PhysMem
+	unmapped bool // the stolen page was unmapped
+	created  bool // h was created here
+	mapped   bool
+	err      error
+}
+
+func (a *arena) va(i uint64) device.Ptr { return a.base + device.Ptr(i*a.pageBytes) }
+
+// anyBusy reports whether a page in [first, last] is being mapped or
+// unmapped by another goroutine.
+func (a *arena) anyBusy(first, last uint64) bool {
+	for i := first; i <= last; i++ {
+		if a.pages[i].busy {
+			return true
+		}
+	}
+	return false
+}
+
+// stealSource picks the page whose memory a new mapping takes when the
+// pool is at its soft target: the highest free page, marked busy. Called
+// with p.mu held.
+func (a *arena) stealSource(p *Pool) (uint64, bool) {
+	r := p.opts.TargetRatio
+	if r <= 0 || a.freePages == 0 {
+		return 0, false
+	}
+	// Memory reserved by the warm-up is never counted against the target.
+	target := max(uint64(r*float64(p.peakUsed.Load())), p.opts.Warmup)
+	if p.reserved.Load()+p.inflight+a.pageBytes <= target {
+		return 0, false
+	}
+	i, ok := a.highestFree()
+	if !ok {
+		return 0, false
+	}
+	a.markUsed(i)
+	a.pages[i].busy = true
+	return i, true
+}
+
+// makeRoom makes sure one more page fits under the limit, unmapping free
+// pages if it must. Called with p.mu held.
+func (a *arena) makeRoom(p *Pool) error {
+	if p.reserved.Load()+p.inflight+a.pageBytes <= p.opts.Limit {
+		return nil
+	}
+	a.shrink(p, 0)
+	if p.reserved.Load()+p.inflight+a.pageBytes > p.opts.Limit {
+		return errLimit
+	}
+	return nil
+}
+
+// runStep makes the device calls of one step. Called without p.mu: the
+// pages involved are busy, so only this goroutine touches them.
+func (a *arena) runStep(p *Pool, st *mapStep) {
+	if st.from >= 0 {
+		src := uint64(st.from)
+		if err := p.dev.Unmap(a.va(src), a.pageBytes); err != nil {
+			st.err = fmt.Errorf("unmap page at %#x: %w", uint64(a.va(src)), err)
+			return
+		}
+		st.unmapped, st.h = true, a.pages[src].h
+	} else {
+		h, err := p.dev.CreatePhysical(a.pageBytes)
+		if err != nil {
+			st.err = fmt.Errorf("create %d-byte page: %w", a.pageBytes, err)
+			return
+		}
+		st.h, st.created = h, true
+	}
+	if err := p.dev.Map(a.va(st.page), a.pageBytes, st.h); err != nil {
+		st.err = fmt.Errorf("map page at %#x: %w", uint64(a.va(st.page)), err)
+		return
+	}
+	st.mapped = true
+}
+
+// settle records the outcome of a step (with p.mu held again) and reports
+// whether its page is mapped. A page whose new allocation the device
+// refused gets one more try after unmapping the free pages, as before
+// growth failed.
+func (a *arena) settle(p *Pool, st *mapStep) bool {
+	pg := &a.pages[st.page]
+	if st.from >= 0 {
+		src := uint64(st.from)
+		sp := &a.pages[src]
+		sp.busy = false
+		if !st.unmapped {
+			if st.err == nil {
+				st.err = errLimit // planned, never run: another step failed first
+			}
+			a.markFree(src) // still mapped: free again
+			return false
+		}
+		p.unmaps.Add(1)
+		*sp = page{}
+		a.mapped -= a.pageBytes
+		p.reserved.Add(^(a.pageBytes - 1))
+	} else {
+		p.inflight -= a.pageBytes
+		if st.created {
+			p.devAllocs.Add(1)
+		}
+	}
+	if !st.mapped {
+		if st.unmapped || st.created {
+			_ = p.dev.ReleasePhysical(st.h)
+			p.devFrees.Add(1)
+		}
+		if st.from < 0 && !st.created && st.err != nil && errors.Is(st.err, device.ErrOutOfMemory) {
+			// The device refused a new page: unmap free pages and retry
+			// once, synchronously (this is the out-of-memory path).
+			a.shrink(p, 0)
+			if err := a.makeRoom(p); err == nil {
+				if h, err := p.dev.CreatePhysical(a.pageBytes); err == nil {
+					p.devAllocs.Add(1)
+					if err := a.mapHandle(p, st.page, h); err == nil {
+						return true
+					}
+				}
+			}
+		}
+		if st.err == nil {
+			st.err = errLimit
+		}
+		return false
+	}
+	p.maps.Add(1)
+	pg.h, pg.mapped = st.h, true
+	a.mapped += a.pageBytes
+	p.addReserved(a.pageBytes)
+	return true
 }
 
 func (a *arena) unref(p *Pool, i uint64) {
@@ -233,7 +417,8 @@ func (a *arena) mapHandle(p *Pool, i uint64, h device.PhysMem) error {
 		return fmt.Errorf("map page at %#x: %w", uint64(va), err)
 	}
 	p.maps.Add(1)
-	a.pages[i] = page{h: h, mapped: true}
+	pg := &a.pages[i]
+	pg.h, pg.mapped = h, true
 	a.mapped += a.pageBytes
 	p.addReserved(a.pageBytes)
 	return nil

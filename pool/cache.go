@@ -1,5 +1,7 @@
 package pool
 
+import "sync"
+
 // procCache is one processor's cache of free blocks: per size class a stack
 // of freed small blocks, and a few recently freed large blocks ("parked"),
 // all still allocated in their arenas. Its owner reaches it only while
@@ -9,6 +11,7 @@ package pool
 // go to that processor's cache, wherever they were allocated.
 type procCache struct {
 	g     cacheGuard
+	mu    sync.Mutex        // guards the single shared cache of Options.SingleCache
 	lists [numClasses]*meta // per size class, linked through meta.next
 	count [numClasses]int32
 	bytes uint64 // bytes of cached small blocks
@@ -40,6 +43,15 @@ func batchFor(cls int) int {
 // cache, or nil (unpinned again) when the cache cannot be used now: the
 // caches are stopped, the pool is closed, or GOMAXPROCS grew after New.
 func (p *Pool) pin() (*procCache, int) {
+	if p.single {
+		c := &p.procs[0]
+		c.mu.Lock()
+		if p.revoked.Load() {
+			c.mu.Unlock()
+			return nil, 0
+		}
+		return c, 0
+	}
 	pid := procPin()
 	if pid < len(p.procs) && !p.revoked.Load() {
 		c := &p.procs[pid]
@@ -51,7 +63,11 @@ func (p *Pool) pin() (*procCache, int) {
 	return nil, pid
 }
 
-func (c *procCache) unpin() {
+func (p *Pool) unpin(c *procCache) {
+	if p.single {
+		c.mu.Unlock()
+		return
+	}
 	c.g.exit()
 	procUnpin()
 }
@@ -148,10 +164,10 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 		if m != nil {
 			m.req, m.purpose, m.tenant = req, purpose, t
 			c.c.add(m)
-			c.unpin()
+			p.unpin(c)
 			return m, nil
 		}
-		c.unpin()
+		p.unpin(c)
 	}
 	size := sizeClasses[cls]
 	p.mu.Lock()
@@ -186,7 +202,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 		extra = m.next
 		c.push(m, cls)
 	}
-	c.unpin()
+	p.unpin(c)
 	p.mu.Unlock()
 	return first, nil
 }
@@ -209,7 +225,7 @@ func (p *Pool) cacheFree(m *meta) {
 	if c.bytes > procMaxBytes {
 		chain = c.drain(cls, procMaxBytes/2)
 	}
-	c.unpin()
+	p.unpin(c)
 	if chain != nil {
 		p.mu.Lock()
 		p.releaseList(chain)
@@ -233,7 +249,7 @@ func (p *Pool) parkFree(m *meta) bool {
 	}
 	c.c.sub(m)
 	old := c.park(m)
-	c.unpin()
+	p.unpin(c)
 	if old != nil {
 		p.mu.Lock()
 		p.release(old)

@@ -1,13 +1,18 @@
 package pool_test
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/memwall/memwall/alloc"
+	"github.com/memwall/memwall/device/fault"
+	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/pool"
 )
 
@@ -208,5 +213,120 @@ func TestBadPurpose(t *testing.T) {
 	}
 	if st := p.Stats(); st.Allocs != 0 || st.UsedBytes != 0 {
 		t.Fatalf("a refused allocation was counted: %+v", st)
+	}
+}
+
+// TestConcurrentMappingWithData: goroutines allocate and free while pages
+// are mapped, stolen and unmapped without the pool's lock (the soft target
+// moves pages on many allocations here); every block keeps its own
+// pattern until it is freed, and the device's count of maps and unmaps
+// matches the pool's.
+func TestConcurrentMappingWithData(t *testing.T) {
+	for _, strategy := range []string{"bestfit", "tlsf"} {
+		t.Run(strategy, func(t *testing.T) {
+			so := sim.DefaultOptions()
+			so.Backing = true
+			so.TotalBytes = 1 << 30
+			so.Granularity = 64 << 10 // small pages: many maps
+			cfg := &fault.Config{}
+			d := fault.Wrap(sim.New(so), cfg)
+			p, err := pool.New(d, pool.Options{Strategy: strategy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			var wg sync.WaitGroup
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func(g int) {
+					defer wg.Done()
+					s, err := d.NewStream()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					r := rand.New(rand.NewPCG(uint64(g), 3))
+					type held struct {
+						b   pool.Block
+						tag uint32
+					}
+					var mine []held
+					check := func(h held) bool {
+						buf := make([]byte, h.b.Size)
+						if err := d.CopyDtoH(buf, h.b.Ptr, s); err != nil {
+							t.Error(err)
+							return false
+						}
+						if err := d.StreamSynchronize(s); err != nil {
+							t.Error(err)
+							return false
+						}
+						var word [4]byte
+						binary.LittleEndian.PutUint32(word[:], h.tag)
+						want := bytes.Repeat(word[:], len(buf)/4)
+						if !bytes.Equal(buf[:len(want)], want) {
+							i := 0
+							for buf[i] == want[i] {
+								i++
+							}
+							t.Errorf("goroutine %d: block %#x byte %d = %#x, want %#x", g, h.b.Ptr, i, buf[i], want[i])
+							return false
+						}
+						return true
+					}
+					steps, span := 400, 2<<20
+					if raceOn {
+						steps, span = 120, 256<<10 // the detector slows the simulator's copies
+					}
+					for i := 0; i < steps; i++ {
+						if len(mine) > 0 && (r.IntN(2) == 0 || len(mine) > 12) {
+							k := r.IntN(len(mine))
+							if !check(mine[k]) {
+								return
+							}
+							if err := p.Free(mine[k].b); err != nil {
+								t.Error(err)
+								return
+							}
+							mine[k] = mine[len(mine)-1]
+							mine = mine[:len(mine)-1]
+							continue
+						}
+						size := uint64(64<<10 + r.IntN(span))
+						b, err := p.Alloc(size, pool.AllocOptions{})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						tag := uint32(g)<<24 | uint32(i) | 1
+						if err := d.Memset32(b.Ptr, tag, b.Size/4, s); err != nil {
+							t.Error(err)
+							return
+						}
+						mine = append(mine, held{b, tag})
+					}
+					for _, h := range mine {
+						check(h)
+						if err := p.Free(h.b); err != nil {
+							t.Error(err)
+						}
+					}
+				}(g)
+			}
+			wg.Wait()
+			st := p.Stats()
+			if st.UsedBytes != 0 || st.LiveBlocks != 0 {
+				t.Fatalf("after all frees: %+v", st)
+			}
+			p.Trim()
+			st = p.Stats()
+			c := cfg.Counts()
+			if st.Maps != c.Map || st.Unmaps != c.Unmap || st.ReservedBytes != 0 {
+				t.Fatalf("pool: %d maps, %d unmaps, %d reserved; device saw %d maps, %d unmaps", st.Maps, st.Unmaps, st.ReservedBytes, c.Map, c.Unmap)
+			}
+			if st.Unmaps < 10 {
+				t.Fatalf("only %d unmaps: the test did not exercise stolen pages", st.Unmaps)
+			}
+		})
 	}
 }

@@ -15,6 +15,10 @@ func (*cacheGuard) exit()       {}
 // after it, fast paths find the caches revoked and take the central path.
 // Called with p.mu held; resumeCaches undoes it.
 func (p *Pool) stopCaches() {
+	if p.single {
+		p.procs[0].mu.Lock()
+		defer p.procs[0].mu.Unlock()
+	}
 	p.revoked.Store(true)
 	stopTheWorld()
 }

@@ -17,6 +17,10 @@ func (g *cacheGuard) exit()       { g.mu.Unlock() }
 // stopCaches gives the caller exclusive access to every processor's cache.
 // Called with p.mu held; resumeCaches undoes it.
 func (p *Pool) stopCaches() {
+	if p.single {
+		p.procs[0].mu.Lock()
+		defer p.procs[0].mu.Unlock()
+	}
 	p.revoked.Store(true)
 	for i := range p.procs {
 		p.procs[i].g.mu.Lock()

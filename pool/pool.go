@@ -162,6 +162,11 @@ type Options struct {
 	// NoCache disables the per-processor caches: small-block classes and
 	// parked large blocks alike.
 	NoCache bool
+	// SingleCache replaces the per-processor caches by one cache under a
+	// lock, so placement depends only on the order of calls and not on
+	// which processor ran them: replays reproduce exactly. Slower when
+	// goroutines allocate concurrently.
+	SingleCache bool
 	// SmallMax is the largest block a GrowVirtual pool places in a
 	// separate virtual range for small blocks (default 256 KiB), so that
 	// small and cached blocks pin no pages between large ones. MixSmall
@@ -334,6 +339,7 @@ type Pool struct {
 	// sends fast paths to the central path while another goroutine has
 	// the caches stopped, and for good once the pool is closed.
 	procs   []procCache
+	single  bool // Options.SingleCache
 	revoked atomic.Bool
 	slowN   atomic.Uint32 // allocations that bypass the caches, for latency sampling
 
@@ -341,8 +347,12 @@ type Pool struct {
 	lat     []telemetry.Histogram
 
 	// held is the bytes of blocks taken out of the arenas (live, cached,
-	// parked or pending); guarded by mu.
-	held uint64
+	// parked or pending); inflight the bytes of pages being created and
+	// mapped without mu (arena.touch). Both guarded by mu; cond (on mu)
+	// wakes goroutines waiting for pages in flight.
+	held     uint64
+	inflight uint64
+	cond     *sync.Cond
 
 	// Pool-wide accounting, updated on the slow path.
 	reserved, peakReserved atomic.Uint64
@@ -453,9 +463,14 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		tenants: map[string]*Tenant{},
 	}
 	nproc := runtime.GOMAXPROCS(0)
+	p.single = o.SingleCache
+	p.cond = sync.NewCond(&p.mu)
 	p.lat = make([]telemetry.Histogram, nproc)
 	if !o.NoCache {
 		p.procs = make([]procCache, nproc)
+		if p.single {
+			p.procs = p.procs[:1]
+		}
 		for i := range p.procs {
 			p.procs[i].n = latencySample - 1 // time each processor's first allocation
 		}
@@ -563,7 +578,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 				if m != nil {
 					m.req, m.purpose, m.tenant, m.charged = size, o.Purpose, t, charge
 					c.c.add(m)
-					c.unpin()
+					p.unpin(c)
 					if p.opts.OnEvent == nil {
 						return Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load()}, nil
 					}
@@ -572,7 +587,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 			} else {
 				timed, lat = true, pid
 			}
-			c.unpin()
+			p.unpin(c)
 		}
 	}
 	var start time.Time
@@ -615,14 +630,14 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta
 	if m != nil {
 		m.req, m.purpose, m.tenant = size, purpose, t
 		c.c.add(m)
-		c.unpin()
+		p.unpin(c)
 		return m, nil
 	}
 	var parked *meta
 	if c.largeBytes > 0 {
 		parked = c.unparkAll()
 	}
-	c.unpin()
+	p.unpin(c)
 	return p.slowAlloc(size, align, 0, purpose, t, parked)
 }
 

@@ -154,6 +154,7 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 		po.ReserveBytes = o.ReserveBytes
 	}
 	po.Registerer, po.OnEvent, po.Logger = nil, nil, nil
+	po.SingleCache = true // one goroutine replays: placement must not depend on which processor ran it
 	p, err := pool.New(d, po)
 	if err != nil {
 		res.Err = err

@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/memwall/memwall/alloc"
+	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/fault"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/pool"
@@ -224,12 +226,22 @@ func TestBadPurpose(t *testing.T) {
 func TestConcurrentMappingWithData(t *testing.T) {
 	for _, strategy := range []string{"bestfit", "tlsf"} {
 		t.Run(strategy, func(t *testing.T) {
-			so := sim.DefaultOptions()
-			so.Backing = true
-			so.TotalBytes = 1 << 30
-			so.Granularity = 64 << 10 // small pages: many maps
+			// On the simulator, small pages make many maps; on a GPU
+			// (MEMWALL_TEST_DEVICE=cuda) its own 2 MiB pages, sizes scaled.
+			var base device.Device
+			scale := 1
+			if os.Getenv("MEMWALL_TEST_DEVICE") == "cuda" {
+				base = newSim(t, true, 0)
+				scale = int(base.Info().Granularity / (64 << 10))
+			} else {
+				so := sim.DefaultOptions()
+				so.Backing = true
+				so.TotalBytes = 1 << 30
+				so.Granularity = 64 << 10
+				base = sim.New(so)
+			}
 			cfg := &fault.Config{}
-			d := fault.Wrap(sim.New(so), cfg)
+			d := fault.Wrap(base, cfg)
 			p, err := pool.New(d, pool.Options{Strategy: strategy})
 			if err != nil {
 				t.Fatal(err)
@@ -292,7 +304,7 @@ func TestConcurrentMappingWithData(t *testing.T) {
 							mine = mine[:len(mine)-1]
 							continue
 						}
-						size := uint64(64<<10 + r.IntN(span))
+						size := uint64(scale * (64<<10 + r.IntN(span)))
 						b, err := p.Alloc(size, pool.AllocOptions{})
 						if err != nil {
 							t.Error(err)

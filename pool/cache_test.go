@@ -94,14 +94,16 @@ func TestCachesGiveBackUnderLimit(t *testing.T) {
 			}
 			defer p.Close()
 			var wg sync.WaitGroup
-			for g := 0; g < 4*runtime.GOMAXPROCS(0); g++ {
+			// At most 16 goroutines, each holding at most 2 × 12 MiB and
+			// 62 × 4 KiB at once: well within the limit together.
+			for g := 0; g < min(4*runtime.GOMAXPROCS(0), 16); g++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					var bs []pool.Block
 					for i := 0; i < 64; i++ {
 						size := uint64(4 << 10)
-						if i%16 == 0 {
+						if i%32 == 0 {
 							size = 12 << 20
 						}
 						b, err := p.Alloc(size, pool.AllocOptions{})

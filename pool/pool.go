@@ -11,9 +11,13 @@
 //   - GrowChunks: separate device allocations ("chunks"), each managed by its
 //     own offset allocator; large requests get a chunk of their own.
 //
-// Offsets inside the arenas come from package alloc (Options.Strategy).
-// Small blocks (≤ Options.CacheMax) go through per-shard caches that
-// goroutines reach without the central lock. Blocks freed with FreeAsync are
+// Offsets inside the arenas come from package alloc (Options.Strategy),
+// under the pool's lock. In front of it, each processor has a cache that
+// its goroutines reach without any lock (pinned to the processor, as
+// sync.Pool does): small blocks (≤ Options.CacheMax) rounded to size
+// classes, and the last large blocks freed there, which serve a request of
+// the same size. A pair of free and alloc through a cache costs one atomic
+// instruction. Page maps happen outside the lock. Blocks freed with FreeAsync are
 // stream-ordered: reusable at once on the freeing stream and on other
 // streams only after an event recorded on the freeing stream has completed.
 // Tenants are named sub-pools with quotas. Every failure is a value: an
@@ -573,6 +577,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 				if cls >= 0 {
 					m = c.pop(cls)
 				} else {
+					c.lastLarge = size
 					m = c.takeLarge(size, p.opts.Alignment)
 				}
 				if m != nil {
@@ -626,6 +631,7 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta
 	if c == nil {
 		return p.slowAlloc(size, align, 0, purpose, t, nil)
 	}
+	c.lastLarge = size
 	m := c.takeLarge(size, p.opts.Alignment)
 	if m != nil {
 		m.req, m.purpose, m.tenant = size, purpose, t

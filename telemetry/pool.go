@@ -24,7 +24,7 @@ type PoolStats struct {
 	UsedBytes      uint64 `json:"used_bytes"`
 	RequestedBytes uint64 `json:"requested_bytes"`
 	PeakUsedBytes  uint64 `json:"peak_used_bytes"`
-	// CachedBytes are freed small blocks kept in per-shard caches;
+	// CachedBytes are freed blocks kept in per-processor caches;
 	// PendingBytes blocks freed on a stream whose work may still run.
 	CachedBytes  uint64 `json:"cached_bytes"`
 	PendingBytes uint64 `json:"pending_bytes"`
@@ -107,7 +107,7 @@ func NewPoolCollector(pools ...PoolSource) *PoolCollector {
 		utilization:   d("utilization_ratio", "Used over reserved bytes."),
 		fragmentation: d("fragmentation_ratio", "Largest free range over total free bytes in reserved memory (1 = unfragmented)."),
 		largestFree:   d("largest_free_bytes", "Largest contiguous free range in reserved memory."),
-		cached:        d("cached_bytes", "Freed small blocks held in per-shard caches."),
+		cached:        d("cached_bytes", "Freed blocks held in per-processor caches."),
 		pending:       d("pending_bytes", "Blocks freed on a stream whose work may still be running."),
 		deviceCalls:   d("device_calls_total", "Driver calls made by the pool (the fallback count).", "call"),
 		ooms:          d("oom_total", "Failed allocations."),

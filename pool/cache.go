@@ -18,7 +18,7 @@ type procCache struct {
 	// large holds parked large blocks, newest first; largeBytes their bytes.
 	large      [largeSlots]*meta
 	largeBytes uint64
-	lastLarge  uint64 // size of the last large request here
+	lastLarge  uint64   // size of the last large request here
 	c          counters // accounting of operations served here
 	n          uint32   // allocations here, for latency sampling
 	_          [64]byte // keep caches on separate cache lines

@@ -248,8 +248,8 @@ func (p *Pool) parkable(m *meta) bool {
 // A parked block that serves the next request skips best fit, which might
 // have placed that request in a tighter hole and kept the freed range
 // whole. Parking only repeated sizes keeps that rare where sizes vary
-// (replaying the GPT-2 trace with chunk growth: 1.055× peak live, against
-// 1.114× when any freed block was parked); on the BERT trace, whose layers
+// (replaying the GPT-2 trace with best fit in chunks: 1.055× peak live,
+// against 1.114× when any freed block was parked); on the BERT trace, whose layers
 // repeat their shapes within a call, the default makes 18.8% device calls
 // per allocation against 16.8% without parking, at the same 1.037× memory.
 func (p *Pool) parkFree(m *meta) bool {

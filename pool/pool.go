@@ -40,13 +40,13 @@
 //
 //	                                  GPT-2 generate     BERT varlen
 //	PyTorch caching allocator         1.26×  (51 calls)  2.33×  (15 calls)
-//	default (bestfit, target 1.02)    1.022× 0.58%       1.037× 16.8%
+//	default (bestfit, target 1.02)    1.022× 0.57%       1.037× 18.8%
 //	keep every page (before)          1.051× 0.19%       1.389× 0.87%
 //	... and small blocks among large  1.066× 0.19%       1.609× 1.01%
-//	tlsf, target 1.02                 1.095× 1.52%       1.046× 39.5%
-//	4 MiB pages, target 1.02          1.018× 0.26%       1.055× 7.6%
-//	8 MiB pages, target 1.02          1.040× 0.11%       1.125× 2.7%
-//	unmap every free page             1.008× 44%         1.029× 946%
+//	tlsf, target 1.02                 1.033× 0.68%       1.055× 35.1%
+//	4 MiB pages, target 1.02          1.018× 0.27%       1.055× 8.5%
+//	8 MiB pages, target 1.02          1.040× 0.11%       1.125× 2.9%
+//	unmap every free page             1.008× 37%         1.029× 737%
 //	chunks (bestfit)                  1.055× 0.01%       2.180× 0.02%
 //
 // Best fit keeps the fewest pages touched; separating small blocks stops
@@ -54,7 +54,7 @@
 // target keeps reserved memory within a few percent of the peak. On the
 // GPT-2 trace that meets both goals (≤ 1.05×, ≤ 1% calls). On the BERT
 // trace (about ten live blocks whose sizes change with every call) no
-// configuration measured meets both: memory within 1.05× costs 7–17%
+// configuration measured meets both: memory within 1.05× costs 8.5–19%
 // calls, calls within 1% cost 1.39× memory. The default takes the memory
 // side, since running out of memory is what the pool exists to prevent; a
 // workload that prefers fewer calls sets TargetRatio -1 (keep every page)

@@ -99,8 +99,11 @@ type LatencyResult struct {
 	P99ns      float64 `json:"p99_ns"`
 	AllocP50ns float64 `json:"alloc_p50_ns"`
 	FreeP50ns  float64 `json:"free_p50_ns"`
-	// PairsPerSec is total throughput over all goroutines.
+	// PairsPerSec is total throughput over all goroutines; TotalPairs
+	// counts every timed pair (batched, one by one, and split), the pairs
+	// DeviceCalls were made in.
 	PairsPerSec  float64 `json:"pairs_per_sec"`
+	TotalPairs   int     `json:"total_pairs,omitempty"`
 	DeviceCalls  uint64  `json:"device_calls,omitempty"`
 	ReservedPeak uint64  `json:"peak_reserved_bytes,omitempty"`
 	Note         string  `json:"note,omitempty"`
@@ -401,6 +404,7 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 		P50ns:      quantile(pairs, 0.5), P99ns: quantile(pairs, 0.99),
 		AllocP50ns: quantile(allocs, 0.5), FreeP50ns: quantile(frees, 0.5),
 		PairsPerSec:  float64(len(batches)*BatchPairs+len(pairs)+len(allocs)) / wall.Seconds(),
+		TotalPairs:   len(batches)*BatchPairs + len(pairs) + len(allocs),
 		DeviceCalls:  calls,
 		ReservedPeak: st.PeakReservedBytes,
 	}, nil

@@ -61,32 +61,34 @@ func runDemo(e *env, args []string) error {
 	return nil
 }
 
-// demoPool runs a random allocation workload through a pool and shows what
-// it cost: latency, memory held, driver calls made.
+// demoPool runs two allocation workloads through a pool, a size repeated
+// (the per-processor caches' fast path) and random sizes (the central
+// allocator), and shows what they cost: latency, memory held, driver calls.
 func demoPool(e *env, d device.Device) error {
 	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{
-		Mixes:      []bench.Mix{{Name: "random 512B-64MiB", Min: 512, Max: 64 << 20}},
+		Mixes: []bench.Mix{{Name: "1 MiB repeated", Min: 1 << 20, Max: 1 << 20},
+			{Name: "random 512B-64MiB", Min: 512, Max: 64 << 20}},
 		Strategies: []string{"bestfit"}, Policies: []bench.Policy{{Name: "default", Options: pool.DefaultOptions(d)}},
 		Goroutines: []int{1, 4}, Pairs: 5000, DriverPairs: 300,
 	})
 	if err != nil {
 		return err
 	}
-	var async float64
+	async := map[string]float64{}
 	for _, r := range rep.Results {
 		if r.Allocator == "cuMemAllocAsync" {
-			async = r.P50ns
+			async[r.Mix] = r.BatchP50ns
 		}
 	}
 	for _, r := range rep.Results {
 		if r.Pairs == 0 {
 			continue
 		}
-		line := fmt.Sprintf("  %-24s %d goroutine(s): free+alloc p50 %5.0f ns, p99 %7.0f ns", r.Allocator, r.Goroutines, r.P50ns, r.P99ns)
+		line := fmt.Sprintf("  %-17s %-24s %d goroutine(s): free+alloc p50 %5.0f ns, p99 %7.0f ns", r.Mix, r.Allocator, r.Goroutines, r.BatchP50ns, r.P99ns)
 		if strings.HasPrefix(r.Allocator, "memwall") {
-			line += fmt.Sprintf(", %d driver calls in %d pairs, peak %s held", r.DeviceCalls, r.Pairs, humanBytes(r.ReservedPeak))
-			if async > 0 {
-				line += fmt.Sprintf(" (%.2f× cuMemAllocAsync)", r.P50ns/async)
+			line += fmt.Sprintf(", %d driver calls in %d pairs, peak %s held", r.DeviceCalls, r.TotalPairs, humanBytes(r.ReservedPeak))
+			if a := async[r.Mix]; a > 0 {
+				line += fmt.Sprintf(" (%.2f× cuMemAllocAsync)", r.BatchP50ns/a)
 			}
 		}
 		fmt.Fprintln(e.stdout, line)

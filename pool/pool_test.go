@@ -487,12 +487,13 @@ func TestConcurrent(t *testing.T) {
 			defer p.Close()
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
-			// Stats while the others allocate: it stops the caches to read them.
+			// Stats and Trim while the others allocate: both stop the
+			// caches to read or empty them.
 			stop := make(chan struct{})
 			statsDone := make(chan struct{})
 			go func() {
 				defer close(statsDone)
-				for {
+				for i := 0; ; i++ {
 					select {
 					case <-stop:
 						return
@@ -501,6 +502,9 @@ func TestConcurrent(t *testing.T) {
 					if st := p.Stats(); st.UsedBytes > st.ReservedBytes {
 						errs <- fmt.Errorf("mid-run stats: used %d > reserved %d", st.UsedBytes, st.ReservedBytes)
 						return
+					}
+					if i%4 == 0 {
+						p.Trim()
 					}
 				}
 			}()

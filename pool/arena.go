@@ -316,17 +316,13 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 			_ = p.dev.ReleasePhysical(st.h)
 			p.devFrees.Add(1)
 		}
-		if st.from < 0 && !st.created && st.err != nil && errors.Is(st.err, device.ErrOutOfMemory) {
-			// The device refused a new page: unmap free pages and retry
-			// once, synchronously (this is the out-of-memory path).
+		if st.from < 0 && !st.created && errors.Is(st.err, device.ErrOutOfMemory) {
+			// The device refused a new page: try once more, after
+			// unmapping free pages, synchronously (this is the
+			// out-of-memory path).
 			a.shrink(p, 0)
-			if err := a.makeRoom(p); err == nil {
-				if h, err := p.dev.CreatePhysical(a.pageBytes); err == nil {
-					p.devAllocs.Add(1)
-					if err := a.mapHandle(p, st.page, h); err == nil {
-						return true
-					}
-				}
+			if a.newPage(p, st.page) == nil {
+				return true
 			}
 		}
 		if st.err == nil {
@@ -377,25 +373,13 @@ func (a *arena) highestFree() (uint64, bool) {
 	return 0, false
 }
 
-func (a *arena) mapPage(p *Pool, i uint64) error {
-	if r := p.opts.TargetRatio; r > 0 && a.freePages > 0 {
-		// Above the soft target, recycle: move the highest free page here
-		// (an unmap and a map, no allocation), so reserved memory tracks
-		// the peak of use. Memory reserved by the warm-up is never
-		// counted against the target.
-		target := max(uint64(r*float64(p.peakUsed.Load())), p.opts.Warmup)
-		if p.reserved.Load()+a.pageBytes > target {
-			if h, ok := a.steal(p); ok {
-				return a.mapHandle(p, i, h)
-			}
-		}
-	}
-	if p.reserved.Load()+a.pageBytes > p.opts.Limit {
-		// Make room by unmapping free pages first.
-		a.shrink(p, 0)
-		if p.reserved.Load()+a.pageBytes > p.opts.Limit {
-			return errLimit
-		}
+// newPage maps a newly allocated physical page at page i, within the
+// limit; when the device refuses the allocation, free pages are unmapped
+// and it is tried once more. Called with p.mu held (warm-up, and the
+// out-of-memory retry of touch).
+func (a *arena) newPage(p *Pool, i uint64) error {
+	if err := a.makeRoom(p); err != nil {
+		return err
 	}
 	h, err := p.dev.CreatePhysical(a.pageBytes)
 	if err != nil {
@@ -422,30 +406,6 @@ func (a *arena) mapHandle(p *Pool, i uint64, h device.PhysMem) error {
 	a.mapped += a.pageBytes
 	p.addReserved(a.pageBytes)
 	return nil
-}
-
-// steal unmaps the highest free page and returns its physical memory,
-// still allocated, for mapping elsewhere; ok is false when no page is free
-// or the unmap failed.
-func (a *arena) steal(p *Pool) (h device.PhysMem, ok bool) {
-	i, ok := a.highestFree()
-	if !ok {
-		return 0, false
-	}
-	a.markUsed(i)
-	pg := &a.pages[i]
-	va := a.base + device.Ptr(i*a.pageBytes)
-	if err := p.dev.Unmap(va, a.pageBytes); err != nil {
-		p.logf("unmap page at %#x: %v", uint64(va), err)
-		a.markFree(i)
-		return 0, false
-	}
-	p.unmaps.Add(1)
-	h = pg.h
-	*pg = page{}
-	a.mapped -= a.pageBytes
-	p.reserved.Add(^(a.pageBytes - 1))
-	return h, true
 }
 
 // shrink unmaps free pages, highest address first, until at most keep bytes

@@ -376,7 +376,7 @@ func (p *Pool) warmup(n uint64) error {
 	a := p.arenas[0]
 	pages := min(roundUp(n, a.pageBytes)/a.pageBytes, uint64(len(a.pages)))
 	for i := uint64(0); i < pages; i++ {
-		if err := a.mapPage(p, i); err != nil {
+		if err := a.newPage(p, i); err != nil {
 			return err
 		}
 		a.markFree(i)

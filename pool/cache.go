@@ -8,7 +8,8 @@ import "sync"
 // pinned to the processor (see pin.go), so the fast paths take no lock and
 // make no atomic read-modify-write; other goroutines reach it only while
 // the caches are stopped (Pool.stopCaches). Blocks freed on one processor
-// go to that processor's cache, wherever they were allocated.
+// go to that processor's cache, wherever they were allocated. With
+// Options.SingleCache there is one cache, reached under its mutex instead.
 type procCache struct {
 	g     cacheGuard
 	mu    sync.Mutex        // guards the single shared cache of Options.SingleCache
@@ -29,8 +30,8 @@ const (
 	// cache gives half back to the arenas.
 	procMaxBytes = 2 << 20
 	// largeSlots is how many freed large blocks a processor parks for a
-	// request of about the same size (a loop allocating the same shapes
-	// step after step).
+	// request of the same size (a loop allocating the same shapes step
+	// after step).
 	largeSlots = 2
 )
 

@@ -160,8 +160,8 @@ type Options struct {
 	// Alignment is the default block alignment (default 256; a power of two).
 	Alignment uint64
 	// CacheMax is the largest block served from the per-processor caches
-	// of small blocks (default 64 KiB). Blocks up to it are rounded to a
-	// size class.
+	// of small blocks (default 64 KiB, at most 1 MiB, the largest size
+	// class). Blocks up to it are rounded to a size class.
 	CacheMax uint64
 	// NoCache disables the per-processor caches: small-block classes and
 	// parked large blocks alike.

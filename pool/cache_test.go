@@ -346,3 +346,30 @@ func TestConcurrentMappingWithData(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheMaxCeiling: a CacheMax above the largest size class is held to
+// it; larger requests take the central path instead of a class that does
+// not exist.
+func TestCacheMaxCeiling(t *testing.T) {
+	d := newSim(t, false, 1<<30)
+	p, err := pool.New(d, pool.Options{CacheMax: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if got := p.Options().CacheMax; got != 1<<20 {
+		t.Fatalf("CacheMax %d, want the largest class, 1 MiB", got)
+	}
+	for _, size := range []uint64{1 << 20, 1<<20 + 1, 3 << 20} {
+		b, err := p.Alloc(size, pool.AllocOptions{})
+		if err != nil {
+			t.Fatalf("%d bytes: %v", size, err)
+		}
+		if b.Size < size || b.Size > size+256 {
+			t.Fatalf("%d bytes: block of %d", size, b.Size)
+		}
+		if err := p.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

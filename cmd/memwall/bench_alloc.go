@@ -79,6 +79,9 @@ func runBenchAlloc(e *env, args []string) error {
 		}
 		fmt.Fprintf(w, "%-26s %-18s %3d %7.0fns %7.0fns %7.0fns %12.0f %10s %s\n", r.Allocator, r.Mix, r.Goroutines, r.BatchP50ns, r.P50ns, r.P99ns, r.PairsPerSec, vs, r.Note)
 	}
+	if len(anchor) > 0 {
+		fmt.Fprintln(w, "(the driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C, with no binding in the way)")
+	}
 	if rep.Backend == "sim" {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")
 	}

@@ -164,7 +164,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 	if c, _ := p.pin(); c != nil {
 		m := c.pop(cls)
 		if m != nil {
-			m.req, m.purpose, m.tenant = req, purpose, t
+			m.assign(req, purpose, t)
 			c.c.add(m)
 			p.unpin(c)
 			return m, nil
@@ -179,7 +179,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 		return nil, err
 	}
 	first.class = cls + 1
-	first.req, first.purpose, first.tenant = req, purpose, t
+	first.assign(req, purpose, t)
 	var extra *meta
 	for k := 1; k < batchFor(cls); k++ {
 		m, err := p.tryArenas(size, p.opts.Alignment)

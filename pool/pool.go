@@ -316,6 +316,11 @@ type meta struct {
 	next    *meta // free-list / cache link
 }
 
+// assign records who asked for the block and what for.
+func (m *meta) assign(req uint64, purpose Purpose, t *Tenant) {
+	m.req, m.purpose, m.tenant = req, purpose, t
+}
+
 // ptr is the block's handed-out address.
 func (m *meta) ptr() device.Ptr {
 	if p := m.arena.ptr(m.off); p != 0 {
@@ -581,7 +586,8 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 					m = c.takeLarge(size, p.opts.Alignment)
 				}
 				if m != nil {
-					m.req, m.purpose, m.tenant, m.charged = size, o.Purpose, t, charge
+					m.assign(size, o.Purpose, t)
+					m.charged = charge
 					c.c.add(m)
 					p.unpin(c)
 					if p.opts.OnEvent == nil {
@@ -636,7 +642,7 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta
 	c.lastLarge = size
 	m := c.takeLarge(size, p.opts.Alignment)
 	if m != nil {
-		m.req, m.purpose, m.tenant = size, purpose, t
+		m.assign(size, purpose, t)
 		c.c.add(m)
 		p.unpin(c)
 		return m, nil

@@ -89,7 +89,7 @@ func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t
 			return nil, err
 		}
 	}
-	m.req, m.purpose, m.tenant = size, purpose, t
+	m.assign(size, purpose, t)
 	p.central.add(m)
 	return m, nil
 }

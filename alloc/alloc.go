@@ -128,6 +128,25 @@ type Allocator interface {
 	Reset()
 }
 
+// Handle identifies a block allocated by HandleAllocator.AllocHandle.
+type Handle int32
+
+// HandleAllocator is implemented by strategies ("tlsf", "bestfit") that
+// can hand out a handle with each block, so that its free needs no lookup
+// and can say which free range the block merged into (the device pool
+// uses that to see which pages became entirely free).
+type HandleAllocator interface {
+	Allocator
+	// AllocHandle is Alloc, also returning the block's handle. Such a
+	// block is freed only with FreeHandle (Free does not know it).
+	AllocHandle(size, align uint64) (Block, Handle, error)
+	// FreeHandle frees the block allocated with handle h at offset and
+	// returns the maximal free range that now holds it. A handle that
+	// is not a live block of AllocHandle at that offset returns an error
+	// wrapping ErrInvalidFree and changes nothing.
+	FreeHandle(h Handle, offset uint64) (Segment, error)
+}
+
 // Errors returned by allocators; match with errors.Is.
 var (
 	ErrOutOfMemory     = errors.New("out of memory")

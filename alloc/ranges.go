@@ -35,6 +35,7 @@ type rangeNode struct {
 	left, right        int32
 	prio               uint32
 	free               bool
+	byHandle           bool // live, allocated by AllocHandle: not in the offset index
 }
 
 // freeIndex finds free ranges. insertFree and removeFree keep it in step
@@ -70,10 +71,33 @@ func (r *rangeList) newNode(off, size uint64, free bool) int32 {
 // free). Errors: ErrInvalidArgument (size 0, alignment not a power of two),
 // ErrTooLarge (size above MaxCapacity), *OOMError (nothing fits).
 func (r *rangeList) Alloc(size, align uint64) (Block, error) {
+	id, err := r.allocNode(size, align)
+	if err != nil {
+		return Block{}, err
+	}
+	b := &r.nodes[id]
+	r.live.put(b.off, uint64(id))
+	return Block{Offset: b.off, Size: size}, nil
+}
+
+// AllocHandle is Alloc, also returning the block's handle for FreeHandle.
+// The block is not entered in the offset index: only FreeHandle frees it.
+func (r *rangeList) AllocHandle(size, align uint64) (Block, Handle, error) {
+	id, err := r.allocNode(size, align)
+	if err != nil {
+		return Block{}, 0, err
+	}
+	b := &r.nodes[id]
+	b.byHandle = true
+	return Block{Offset: b.off, Size: size}, Handle(id), nil
+}
+
+// allocNode carves a live node of size bytes and returns its id.
+func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 	align, err := checkRequest(r.name, size, align, MaxCapacity)
 	if err != nil {
 		r.failures++
-		return Block{}, err
+		return nilID, err
 	}
 	id := int32(nilID)
 	if size <= r.capacity-r.used {
@@ -81,7 +105,7 @@ func (r *rangeList) Alloc(size, align uint64) (Block, error) {
 	}
 	if id == nilID {
 		r.failures++
-		return Block{}, r.oom(size, align)
+		return nilID, r.oom(size, align)
 	}
 	r.idx.removeFree(id)
 	r.freeRanges--
@@ -100,13 +124,11 @@ func (r *rangeList) Alloc(size, align uint64) (Block, error) {
 		r.idx.insertFree(tail)
 		r.freeRanges++
 	}
-	b := &r.nodes[id]
-	b.free = false
-	r.live.put(b.off, uint64(id))
+	r.nodes[id].free = false
 	r.used += size
 	r.liveBlocks++
 	r.allocs++
-	return Block{Offset: b.off, Size: size}, nil
+	return id, nil
 }
 
 // linkBefore inserts node id into the physical list just before next.
@@ -157,9 +179,29 @@ func (r *rangeList) Free(offset uint64) error {
 	if !ok {
 		return invalidFree(r.name, offset)
 	}
-	id := int32(v)
+	r.freeNode(int32(v))
+	return nil
+}
+
+// FreeHandle frees the block AllocHandle returned with h at offset and
+// returns the maximal free range that now holds it. A handle that is not a
+// live block from AllocHandle at that offset returns an error wrapping
+// ErrInvalidFree and changes nothing.
+func (r *rangeList) FreeHandle(h Handle, offset uint64) (Segment, error) {
+	id := int32(h)
+	if id < 0 || int(id) >= len(r.nodes) || r.nodes[id].free || !r.nodes[id].byHandle || r.nodes[id].off != offset {
+		return Segment{}, invalidFree(r.name, offset)
+	}
+	id = r.freeNode(id)
 	n := &r.nodes[id]
-	n.free = true
+	return Segment{Offset: n.off, Size: n.size, Free: true}, nil
+}
+
+// freeNode frees live node id, merges it with its free neighbours and
+// returns the id of the merged free node.
+func (r *rangeList) freeNode(id int32) int32 {
+	n := &r.nodes[id]
+	n.free, n.byHandle = true, false
 	r.used -= n.size
 	r.liveBlocks--
 	r.frees++
@@ -178,7 +220,7 @@ func (r *rangeList) Free(offset uint64) error {
 		r.freeRanges--
 	}
 	r.idx.insertFree(id)
-	return nil
+	return id
 }
 
 // Grow extends the range to capacity bytes; the new space merges with a
@@ -265,7 +307,7 @@ func (r *rangeList) emptyFreeRanges() int   { return boolInt(r.capacity > 0) }
 // free nodes for the strategy to compare with its index.
 func (r *rangeList) checkPhysical() (free int, err error) {
 	inUse := len(r.nodes) - len(r.spare)
-	var seen, live int
+	var seen, live, handled int
 	prev := int32(nilID)
 	for id := r.first; id != nilID; id = r.nodes[id].nextPhys {
 		if seen++; seen > inUse {
@@ -280,6 +322,12 @@ func (r *rangeList) checkPhysical() (free int, err error) {
 		}
 		if n.free {
 			free++
+		} else if n.byHandle {
+			live++
+			handled++
+			if _, ok := r.live.get(n.off); ok {
+				return 0, fmt.Errorf("%s: block at offset %d allocated by handle is in the offset index", r.name, n.off)
+			}
 		} else {
 			live++
 			if v, ok := r.live.get(n.off); !ok || int32(v) != id {
@@ -294,8 +342,8 @@ func (r *rangeList) checkPhysical() (free int, err error) {
 	if seen != inUse {
 		return 0, fmt.Errorf("%s: %d nodes in the physical list, %d in use (leak)", r.name, seen, inUse)
 	}
-	if live != r.live.len() {
-		return 0, fmt.Errorf("%s: %d live nodes, offset index holds %d", r.name, live, r.live.len())
+	if live-handled != r.live.len() {
+		return 0, fmt.Errorf("%s: %d live nodes (%d by handle), offset index holds %d", r.name, live, handled, r.live.len())
 	}
 	return free, nil
 }

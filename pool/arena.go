@@ -17,8 +17,13 @@ type arena struct {
 	base  device.Ptr
 	size  uint64
 	alloc alloc.Allocator
-	live  int    // live (or cached/pending) blocks
-	held  uint64 // bytes of those blocks
+	// ha is alloc as a HandleAllocator (tlsf, bestfit), else nil: blocks
+	// are then freed by handle, and a virtual arena tracks its free pages
+	// from the free ranges frees report instead of counting references
+	// per page (see lean).
+	ha   alloc.HandleAllocator
+	live int    // live (or cached/pending) blocks
+	held uint64 // bytes of those blocks
 
 	// chunk arenas
 	host    []byte
@@ -29,6 +34,13 @@ type arena struct {
 	pageBytes uint64
 	pageShift uint // log2(pageBytes) when it is a power of two, else 0
 	pages     []page
+	// lean (a virtual arena over a HandleAllocator) keeps no per-page
+	// reference counts: a page is free when the allocator's free range
+	// covers it. An allocation takes its pages out of freeSet with a few
+	// word operations, and a free puts back the pages of its block that
+	// the merged free range reported by FreeHandle now covers.
+	lean      bool
+	ready     []uint64 // bitset of pages mapped and not busy
 	freeSet   []uint64 // bitset of mapped pages with no live block (page.inHeap mirrors it)
 	freeTop   uint64   // no free page at or above this index
 	freePages uint64   // bytes of pages in freeSet
@@ -84,8 +96,11 @@ func (p *Pool) newVirtualArenaSized(size uint64) (*arena, error) {
 		_ = p.dev.Unreserve(base, o.ReserveBytes)
 		return nil, err
 	}
+	words := (o.ReserveBytes/o.PageBytes + 63) / 64
 	a := &arena{base: base, size: o.ReserveBytes, alloc: al, virtual: true, pageBytes: o.PageBytes,
-		pages: make([]page, o.ReserveBytes/o.PageBytes), freeSet: make([]uint64, (o.ReserveBytes/o.PageBytes+63)/64)}
+		pages: make([]page, o.ReserveBytes/o.PageBytes), freeSet: make([]uint64, words), ready: make([]uint64, words)}
+	a.ha, _ = al.(alloc.HandleAllocator)
+	a.lean = a.ha != nil
 	if o.PageBytes&(o.PageBytes-1) == 0 {
 		a.pageShift = uint(bits.TrailingZeros64(o.PageBytes))
 	}
@@ -99,6 +114,7 @@ func (p *Pool) newChunk(size uint64) (*arena, error) {
 		return nil, err
 	}
 	a := &arena{size: size, alloc: al}
+	a.ha, _ = al.(alloc.HandleAllocator)
 	if p.host {
 		hb, err := p.dev.HostAlloc(size)
 		if err != nil {
@@ -134,22 +150,33 @@ func (p *Pool) addReserved(n uint64) {
 // marks any page of its own, so two callers never wait for each other.
 func (a *arena) touch(p *Pool, off, size uint64) error {
 	first, last := a.pageOf(off), a.pageOf(off+size-1)
+	if a.lean && a.allReady(first, last) {
+		a.takeFree(first, last)
+		return nil
+	}
 	for a.anyBusy(first, last) {
 		p.cond.Wait()
 	}
-	// Reference the mapped pages, and claim the unmapped ones.
+	// Reference the mapped pages (lean: take them out of the free set),
+	// and claim the unmapped ones.
+	if a.lean {
+		a.takeFree(first, last)
+	}
 	need := 0
 	for i := first; i <= last; i++ {
 		pg := &a.pages[i]
 		if pg.mapped {
-			if pg.inHeap {
+			if pg.inHeap && !a.lean {
 				a.markUsed(i)
 			}
 		} else {
 			pg.busy = true
+			a.sync(i)
 			need++
 		}
-		pg.refs++
+		if !a.lean {
+			pg.refs++
+		}
 	}
 	if need == 0 {
 		return nil
@@ -188,15 +215,90 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 	}
 	for i := first; i <= last; i++ {
 		a.pages[i].busy = false
+		a.sync(i)
 	}
 	p.cond.Broadcast()
 	if failed {
-		for i := first; i <= last; i++ {
+		// Lean arenas: the caller's free of the range puts its free
+		// pages back (placeFree).
+		for i := first; i <= last && !a.lean; i++ {
 			a.unref(p, i)
 		}
 		return err
 	}
 	return nil
+}
+
+// sync updates page i's bit in the ready set after its mapped or busy
+// state changed.
+func (a *arena) sync(i uint64) {
+	if pg := &a.pages[i]; pg.mapped && !pg.busy {
+		a.ready[i/64] |= 1 << (i % 64)
+	} else {
+		a.ready[i/64] &^= 1 << (i % 64)
+	}
+}
+
+// wordMask returns, for bitset word w, the bits of pages [first, last].
+func wordMask(w, first, last uint64) uint64 {
+	m := ^uint64(0)
+	if w == first/64 {
+		m &= ^uint64(0) << (first % 64)
+	}
+	if w == last/64 {
+		m &= ^uint64(0) >> (63 - last%64)
+	}
+	return m
+}
+
+// allReady reports whether pages [first, last] are all mapped and none is
+// busy.
+func (a *arena) allReady(first, last uint64) bool {
+	for w := first / 64; w <= last/64; w++ {
+		if m := wordMask(w, first, last); a.ready[w]&m != m {
+			return false
+		}
+	}
+	return true
+}
+
+// takeFree takes pages [first, last] out of the free set (lean arenas).
+func (a *arena) takeFree(first, last uint64) {
+	for w := first / 64; w <= last/64; w++ {
+		m := wordMask(w, first, last)
+		if x := a.freeSet[w] & m; x != 0 {
+			a.freeSet[w] &^= x
+			a.freePages -= uint64(bits.OnesCount64(x)) * a.pageBytes
+			for ; x != 0; x &= x - 1 {
+				a.pages[w*64+uint64(bits.TrailingZeros64(x))].inHeap = false
+			}
+		}
+	}
+}
+
+// putFree adds to the free set the pages of the freed block [off,
+// off+size) that the merged free range seg covers entirely and that are
+// mapped and not busy (lean arenas).
+func (a *arena) putFree(off, size uint64, seg alloc.Segment) {
+	pb := a.pageBytes
+	first := max(a.pageOf(off), (seg.Offset+pb-1)/pb)
+	end := min(a.pageOf(off+size-1)+1, (seg.Offset+seg.Size)/pb) // exclusive
+	if first >= end {
+		return
+	}
+	last := end - 1
+	for w := first / 64; w <= last/64; w++ {
+		x := wordMask(w, first, last) & a.ready[w] &^ a.freeSet[w]
+		if x == 0 {
+			continue
+		}
+		a.freeSet[w] |= x
+		a.freePages += uint64(bits.OnesCount64(x)) * pb
+		a.freeTop = max(a.freeTop, w*64+uint64(64-bits.LeadingZeros64(x)))
+		for ; x != 0; x &= x - 1 {
+			a.pages[w*64+uint64(bits.TrailingZeros64(x))].inHeap = true
+		}
+	}
 }
 
 // mapStep is one page to map: with memory stolen from page from (≥ 0), or
@@ -243,6 +345,7 @@ func (a *arena) stealSource(p *Pool) (uint64, bool) {
 	}
 	a.markUsed(i)
 	a.pages[i].busy = true
+	a.sync(i)
 	return i, true
 }
 
@@ -294,6 +397,7 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 		src := uint64(st.from)
 		sp := &a.pages[src]
 		sp.busy = false
+		a.sync(src)
 		if !st.unmapped {
 			if st.err == nil {
 				st.err = errLimit // planned, never run: another step failed first
@@ -303,6 +407,7 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 		}
 		p.unmaps.Add(1)
 		*sp = page{}
+		a.sync(src)
 		a.mapped -= a.pageBytes
 		p.reserved.Add(^(a.pageBytes - 1))
 	} else {
@@ -332,6 +437,7 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 	}
 	p.maps.Add(1)
 	pg.h, pg.mapped = st.h, true
+	a.sync(st.page)
 	a.mapped += a.pageBytes
 	p.addReserved(a.pageBytes)
 	return true
@@ -403,6 +509,7 @@ func (a *arena) mapHandle(p *Pool, i uint64, h device.PhysMem) error {
 	p.maps.Add(1)
 	pg := &a.pages[i]
 	pg.h, pg.mapped = h, true
+	a.sync(i)
 	a.mapped += a.pageBytes
 	p.addReserved(a.pageBytes)
 	return nil
@@ -430,6 +537,7 @@ func (a *arena) shrink(p *Pool, keep uint64) uint64 {
 		}
 		p.devFrees.Add(1)
 		*pg = page{}
+		a.sync(i)
 		a.mapped -= a.pageBytes
 		p.reserved.Add(^(a.pageBytes - 1))
 		released += a.pageBytes
@@ -437,7 +545,32 @@ func (a *arena) shrink(p *Pool, keep uint64) uint64 {
 	return released
 }
 
-// released is called after a block's range went back to the allocator.
+// place allocates size bytes at the alignment from the arena's
+// allocator, by handle where it has them.
+func (a *arena) place(size, align uint64) (alloc.Block, alloc.Handle, error) {
+	if a.ha != nil {
+		return a.ha.AllocHandle(size, align)
+	}
+	b, err := a.alloc.Alloc(size, align)
+	return b, 0, err
+}
+
+// placeFree returns a range from place to the allocator, and for lean
+// arenas the pages it leaves entirely free to the free set. The caller
+// accounts for the block (released does, for a block handed out).
+func (a *arena) placeFree(off, size uint64, h alloc.Handle) error {
+	if a.ha == nil {
+		return a.alloc.Free(off)
+	}
+	seg, err := a.ha.FreeHandle(h, off)
+	if err == nil && a.lean {
+		a.putFree(off, size, seg)
+	}
+	return err
+}
+
+// released is called after a block's range went back to the allocator
+// (placeFree).
 func (a *arena) released(p *Pool, off, size uint64) {
 	a.live--
 	a.held -= size
@@ -445,9 +578,11 @@ func (a *arena) released(p *Pool, off, size uint64) {
 	if !a.virtual {
 		return
 	}
-	first, last := a.pageOf(off), a.pageOf(off+size-1)
-	for i := first; i <= last; i++ {
-		a.unref(p, i)
+	if !a.lean {
+		first, last := a.pageOf(off), a.pageOf(off+size-1)
+		for i := first; i <= last; i++ {
+			a.unref(p, i)
+		}
 	}
 	if keep := a.keepBytes(p); a.freePages > keep {
 		a.shrink(p, keep)
@@ -475,6 +610,7 @@ func (a *arena) destroy(p *Pool) error {
 			p.devFrees.Add(1)
 			p.reserved.Add(^(a.pageBytes - 1))
 			*pg = page{}
+			a.sync(uint64(i))
 		}
 		a.mapped = 0
 		keep(p.dev.Unreserve(a.base, a.size))

@@ -22,6 +22,7 @@ func FuzzPoolOps(f *testing.F) {
 	f.Add([]byte{1, 0, 26, 9, 0, 26, 9, 3, 1, 0, 4, 0, 0, 7, 3, 1, 7, 0, 0})
 	f.Add([]byte{2, 2, 12, 0, 2, 12, 0, 3, 0, 0, 2, 12, 0, 5, 0, 0, 6, 0, 0})
 	f.Add([]byte{7, 1, 25, 255, 1, 25, 255, 1, 25, 255, 1, 25, 255, 4, 0, 0, 6, 0, 0})
+	f.Add([]byte{64, 0, 10, 1, 0, 20, 2, 3, 0, 0, 5, 0, 0, 6, 0, 0, 0, 24, 3, 0, 22, 1, 3, 1, 0})
 	f.Fuzz(runPoolOps)
 }
 
@@ -36,6 +37,11 @@ func runPoolOps(t *testing.T, data []byte) {
 		so.TotalBytes = 1 << 30
 		d := sim.New(so)
 		o := pool.Options{Strategy: []string{"bestfit", "tlsf"}[cfg&1]}
+		if cfg&64 != 0 {
+			// A strategy without handles: pages of a virtual arena are
+			// tracked by reference counts instead.
+			o.Strategy = "buddy"
+		}
 		if cfg&2 != 0 {
 			o.Growth = pool.GrowChunks
 		}

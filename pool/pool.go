@@ -305,12 +305,13 @@ type meta struct {
 	state   atomic.Uint64
 	pool    *Pool // set once: a meta serves one pool for its whole life
 	arena   *arena
-	off     uint64 // offset within the arena
-	size    uint64 // allocator block size
-	req     uint64 // requested bytes
-	class   int    // size class + 1 when cacheable, else 0
-	charged uint64 // bytes charged to the tenant
-	shift   uint64 // bytes from the allocator's offset to the handed-out address (alignment slack)
+	off     uint64       // offset within the arena
+	size    uint64       // allocator block size
+	req     uint64       // requested bytes
+	class   int          // size class + 1 when cacheable, else 0
+	node    alloc.Handle // the allocator's handle, when it has them
+	charged uint64       // bytes charged to the tenant
+	shift   uint64       // bytes from the allocator's offset to the handed-out address (alignment slack)
 	purpose Purpose
 	tenant  *Tenant
 	next    *meta // free-list / cache link
@@ -770,7 +771,7 @@ func (p *Pool) freeAsync(t *Tenant, b Block, s device.Stream) error {
 // policy). Called with p.mu held.
 func (p *Pool) release(m *meta) {
 	a := m.arena
-	if err := a.alloc.Free(m.off); err != nil {
+	if err := a.placeFree(m.off, m.size, m.node); err != nil {
 		// The handle was validated, so this is a bookkeeping bug.
 		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
 	}

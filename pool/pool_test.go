@@ -79,6 +79,9 @@ func checkPool(t *testing.T, p *pool.Pool, live map[device.Ptr]pool.Block) {
 	if st.PeakReservedBytes < st.ReservedBytes || st.PeakUsedBytes < st.UsedBytes {
 		t.Fatalf("peaks below current: %+v", st)
 	}
+	if err := pool.CheckPages(p); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func randSize(r *rand.Rand) uint64 {

@@ -120,7 +120,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 			want = base & -base // the base's own alignment
 			slack = align - want
 		}
-		b, err := a.alloc.Alloc(size+slack, want)
+		b, h, err := a.place(size+slack, want)
 		// Move the frontier up by what the request needs; a strategy
 		// that places blocks at aligned offsets (buddy) may need more, so
 		// try twice and four times that before giving up.
@@ -129,7 +129,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 			if gerr := a.alloc.Grow(grow); gerr != nil {
 				break
 			}
-			b, err = a.alloc.Alloc(size, align)
+			b, h, err = a.place(size, align)
 		}
 		if err != nil {
 			if errors.Is(err, alloc.ErrOutOfMemory) || errors.Is(err, alloc.ErrTooLarge) {
@@ -139,12 +139,12 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		}
 		if a.virtual {
 			if err := a.touch(p, b.Offset, b.Size); err != nil {
-				_ = a.alloc.Free(b.Offset)
+				_ = a.placeFree(b.Offset, b.Size, h)
 				return nil, err
 			}
 		}
 		m := p.newMeta()
-		m.arena, m.off, m.size, m.class = a, b.Offset, b.Size, 0
+		m.arena, m.off, m.size, m.class, m.node = a, b.Offset, b.Size, 0, h
 		m.shift = 0
 		if slack != 0 {
 			m.shift = (align - (uint64(a.ptr(b.Offset)) % align)) % align

@@ -1,0 +1,71 @@
+package pool
+
+import (
+	"fmt"
+
+	"github.com/memwall/memwall/alloc"
+)
+
+// CheckPages verifies the page bookkeeping of every virtual arena against
+// the allocator: a page is in the free set exactly when it is mapped, not
+// busy, and covered entirely by one free range; the ready set holds the
+// mapped pages that are not busy; the byte counts agree with the sets.
+func CheckPages(p *Pool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ai, a := range p.arenas {
+		if !a.virtual {
+			continue
+		}
+		free := make([]bool, len(a.pages))
+		a.alloc.Walk(func(s alloc.Segment) bool {
+			if s.Free {
+				for i := (s.Offset + a.pageBytes - 1) / a.pageBytes; (i+1)*a.pageBytes <= s.Offset+s.Size; i++ {
+					free[i] = true
+				}
+			}
+			return true
+		})
+		// Pages past the allocator's range are free too (mapped by a
+		// warm-up before the range grew over them).
+		for i := (a.alloc.Capacity() + a.pageBytes - 1) / a.pageBytes; i < uint64(len(free)); i++ {
+			free[i] = true
+		}
+		var n, mapped, top uint64
+		for i := range a.pages {
+			pg := &a.pages[i]
+			inSet := a.freeSet[i/64]&(1<<(i%64)) != 0
+			ready := a.ready[i/64]&(1<<(i%64)) != 0
+			if ready != (pg.mapped && !pg.busy) {
+				return fmt.Errorf("arena %d page %d: ready bit %v, mapped %v busy %v", ai, i, ready, pg.mapped, pg.busy)
+			}
+			if inSet != pg.inHeap {
+				return fmt.Errorf("arena %d page %d: free-set bit %v, inHeap %v", ai, i, inSet, pg.inHeap)
+			}
+			if pg.mapped {
+				mapped += a.pageBytes
+			}
+			if inSet {
+				n += a.pageBytes
+				top = uint64(i) + 1
+			}
+			if a.lean {
+				if want := free[i] && pg.mapped && !pg.busy; inSet != want {
+					return fmt.Errorf("arena %d page %d: in free set %v, want %v (entirely free %v, mapped %v, busy %v)", ai, i, inSet, want, free[i], pg.mapped, pg.busy)
+				}
+			} else if inSet != (pg.mapped && pg.refs == 0 && !pg.busy) {
+				return fmt.Errorf("arena %d page %d: in free set %v with %d references", ai, i, inSet, pg.refs)
+			}
+		}
+		if n != a.freePages {
+			return fmt.Errorf("arena %d: %d bytes of free pages counted, %d in the free set", ai, a.freePages, n)
+		}
+		if mapped != a.mapped {
+			return fmt.Errorf("arena %d: %d bytes mapped counted, %d mapped", ai, a.mapped, mapped)
+		}
+		if top > a.freeTop {
+			return fmt.Errorf("arena %d: free page below %d, freeTop %d", ai, top, a.freeTop)
+		}
+	}
+	return nil
+}

@@ -41,7 +41,7 @@ type arena struct {
 	// the merged free range reported by FreeHandle now covers.
 	lean      bool
 	ready     []uint64 // bitset of pages mapped and not busy
-	freeSet   []uint64 // bitset of mapped pages with no live block (page.inHeap mirrors it)
+	freeSet   []uint64 // bitset of mapped pages with no live block
 	freeTop   uint64   // no free page at or above this index
 	freePages uint64   // bytes of pages in freeSet
 	mapped    uint64
@@ -50,7 +50,6 @@ type arena struct {
 type page struct {
 	h      device.PhysMem
 	mapped bool
-	inHeap bool
 	busy   bool // a goroutine is mapping or unmapping it (without p.mu)
 	refs   int32
 }
@@ -166,7 +165,7 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 	for i := first; i <= last; i++ {
 		pg := &a.pages[i]
 		if pg.mapped {
-			if pg.inHeap && !a.lean {
+			if !a.lean && a.isFree(i) {
 				a.markUsed(i)
 			}
 		} else {
@@ -269,9 +268,6 @@ func (a *arena) takeFree(first, last uint64) {
 		if x := a.freeSet[w] & m; x != 0 {
 			a.freeSet[w] &^= x
 			a.freePages -= uint64(bits.OnesCount64(x)) * a.pageBytes
-			for ; x != 0; x &= x - 1 {
-				a.pages[w*64+uint64(bits.TrailingZeros64(x))].inHeap = false
-			}
 		}
 	}
 }
@@ -295,9 +291,6 @@ func (a *arena) putFree(off, size uint64, seg alloc.Segment) {
 		a.freeSet[w] |= x
 		a.freePages += uint64(bits.OnesCount64(x)) * pb
 		a.freeTop = max(a.freeTop, w*64+uint64(64-bits.LeadingZeros64(x)))
-		for ; x != 0; x &= x - 1 {
-			a.pages[w*64+uint64(bits.TrailingZeros64(x))].inHeap = true
-		}
 	}
 }
 
@@ -446,14 +439,16 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 func (a *arena) unref(p *Pool, i uint64) {
 	pg := &a.pages[i]
 	pg.refs--
-	if pg.refs == 0 && pg.mapped && !pg.inHeap {
+	if pg.refs == 0 && pg.mapped && !a.isFree(i) {
 		a.markFree(i)
 	}
 }
 
+// isFree reports whether page i is in the free set.
+func (a *arena) isFree(i uint64) bool { return a.freeSet[i/64]&(1<<(i%64)) != 0 }
+
 // markFree records page i as mapped and unreferenced.
 func (a *arena) markFree(i uint64) {
-	a.pages[i].inHeap = true
 	a.freeSet[i/64] |= 1 << (i % 64)
 	a.freePages += a.pageBytes
 	a.freeTop = max(a.freeTop, i+1)
@@ -461,7 +456,6 @@ func (a *arena) markFree(i uint64) {
 
 // markUsed takes page i out of the free set.
 func (a *arena) markUsed(i uint64) {
-	a.pages[i].inHeap = false
 	a.freeSet[i/64] &^= 1 << (i % 64)
 	a.freePages -= a.pageBytes
 }

@@ -15,7 +15,10 @@ type procCache struct {
 	mu    sync.Mutex        // guards the single shared cache of Options.SingleCache
 	lists [numClasses]*meta // per size class, linked through meta.next
 	count [numClasses]int32
-	bytes uint64 // bytes of cached small blocks
+	// misses counts, per class, refills since a block of the class was
+	// last freed here: the refill batch doubles with it (batchSize).
+	misses [numClasses]uint8
+	bytes  uint64 // bytes of cached small blocks
 	// large holds parked large blocks, newest first; largeBytes their bytes.
 	large      [largeSlots]*meta
 	largeBytes uint64
@@ -35,10 +38,25 @@ const (
 	largeSlots = 2
 )
 
-// batchFor is how many blocks of a class one refill takes from the arena.
+// batchFor is the most blocks of a class one refill takes from the arena.
 func batchFor(cls int) int {
 	n := int((256 << 10) / sizeClasses[cls])
 	return max(1, min(n, 4))
+}
+
+// batchSize is how many blocks the refill of class cls takes now, and
+// records the refill: one block for the first refill since a block of
+// the class was freed here, then twice as many each time up to batchFor.
+// A loop allocating one size gets batches; a mix of random sizes, whose
+// frees refill the classes as fast as its allocations empty them, takes
+// no blocks it will not use (a batch of four per miss made such a mix
+// move most of its small blocks between the cache and the arena).
+func (c *procCache) batchSize(cls int) int {
+	n := min(batchFor(cls), 1<<min(c.misses[cls], 2))
+	if c.misses[cls] < 255 {
+		c.misses[cls]++
+	}
+	return n
 }
 
 // pin pins the goroutine to its processor and returns that processor's
@@ -139,16 +157,16 @@ func (c *procCache) unparkAll() (chain *meta) {
 }
 
 // drain removes cached small blocks until at most keep bytes remain,
-// taking class cls first, and returns them as a chain.
+// taking class cls first, then the largest classes (the fewest blocks for
+// the bytes, so the fewest refills later), and returns them as a chain.
 func (c *procCache) drain(cls int, keep uint64) (chain *meta) {
+	k, next := cls, numClasses-1 // next: no non-empty class above it
 	for c.bytes > keep {
-		k := cls
 		if c.count[k] == 0 {
-			for k = range c.lists {
-				if c.count[k] > 0 {
-					break
-				}
+			for c.count[next] == 0 {
+				next--
 			}
+			k = next
 		}
 		m := c.pop(k)
 		m.next = chain
@@ -161,6 +179,7 @@ func (c *procCache) drain(cls int, keep uint64) (chain *meta) {
 // cache, else from the arenas, taking a few more of the class into the
 // cache in the same trip.
 func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
+	batch := 1
 	if c, _ := p.pin(); c != nil {
 		m := c.pop(cls)
 		if m != nil {
@@ -169,6 +188,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 			p.unpin(c)
 			return m, nil
 		}
+		batch = c.batchSize(cls)
 		p.unpin(c)
 	}
 	size := sizeClasses[cls]
@@ -181,7 +201,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*met
 	first.class = cls + 1
 	first.assign(req, purpose, t)
 	var extra *meta
-	for k := 1; k < batchFor(cls); k++ {
+	for k := 1; k < batch; k++ {
 		m, err := p.tryArenas(size, p.opts.Alignment)
 		if m == nil || err != nil {
 			break // the batch is an optimization: never grow for it
@@ -223,6 +243,7 @@ func (p *Pool) cacheFree(m *meta) {
 	cls := m.class - 1
 	c.c.sub(m)
 	c.push(m, cls)
+	c.misses[cls] = 0
 	var chain *meta
 	if c.bytes > procMaxBytes {
 		chain = c.drain(cls, procMaxBytes/2)

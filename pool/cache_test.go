@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -368,6 +369,74 @@ func TestCacheMaxCeiling(t *testing.T) {
 		if b.Size < size || b.Size > size+256 {
 			t.Fatalf("%d bytes: block of %d", size, b.Size)
 		}
+		if err := p.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRefillBatches: refills of a small class take batches that grow
+// while the class keeps running dry (a loop allocating one size makes few
+// trips to the arena), but a mix of random small sizes, whose frees refill
+// the classes, keeps taking single blocks: it must not move blocks it
+// does not use between the cache and the arena.
+func TestRefillBatches(t *testing.T) {
+	d := newSim(t, false, 4<<30)
+	p, err := pool.New(d, pool.Options{SingleCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var live []pool.Block
+	for i := 0; i < 4; i++ {
+		b, err := p.Alloc(4096, pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, b)
+	}
+	// Refills of 1, 2 (one cached, then used) and 4 blocks.
+	if st := p.Stats(); st.CachedBytes != 3*4096 {
+		t.Errorf("after 4 allocations of one size, %d bytes cached, want 3 blocks of 4096 from a grown batch", st.CachedBytes)
+	}
+	for _, b := range live {
+		if err := p.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	lo, hi := math.Log(512), math.Log(64<<10)
+	size := func() uint64 { return uint64(math.Exp(lo + r.Float64()*(hi-lo))) }
+	live = live[:0]
+	for i := 0; i < 32; i++ {
+		b, err := p.Alloc(size(), pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, b)
+	}
+	pair := func() {
+		k := r.IntN(len(live))
+		if err := p.Free(live[k]); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if live[k], err = p.Alloc(size(), pool.AllocOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 5000; i++ {
+		pair()
+	}
+	before := pool.ArenaAllocs(p)
+	const pairs = 20000
+	for i := 0; i < pairs; i++ {
+		pair()
+	}
+	if per := float64(pool.ArenaAllocs(p)-before) / pairs; per > 0.1 {
+		t.Errorf("random small sizes: %.3f arena allocations per free+alloc pair, want ≤ 0.1", per)
+	}
+	for _, b := range live {
 		if err := p.Free(b); err != nil {
 			t.Fatal(err)
 		}

@@ -83,6 +83,15 @@ func (p *Pool) pin() (*procCache, int) {
 	return nil, pid
 }
 
+// pinIf is pin when cond holds, else nil.
+func (p *Pool) pinIf(cond bool) *procCache {
+	if !cond {
+		return nil
+	}
+	c, _ := p.pin()
+	return c
+}
+
 func (p *Pool) unpin(c *procCache) {
 	if p.single {
 		c.mu.Unlock()
@@ -177,10 +186,10 @@ func (c *procCache) drain(cls int, keep uint64) (chain *meta) {
 
 // cacheAlloc serves a small block of class cls: from this processor's
 // cache, else from the arenas, taking a few more of the class into the
-// cache in the same trip.
-func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant) (*meta, error) {
-	batch := 1
-	if c, _ := p.pin(); c != nil {
+// cache in the same trip. When the fast path already found the class
+// empty (tried), batch is the refill's size.
+func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried bool, batch int) (*meta, error) {
+	if c := p.pinIf(!tried); c != nil {
 		m := c.pop(cls)
 		if m != nil {
 			m.assign(req, purpose, t)

@@ -571,6 +571,11 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		}
 	}
 	timed, lat := false, 0
+	// A miss on the fast path leaves what the central path needs from
+	// the cache: the refill batch of a small class, or the parked large
+	// blocks to give back, so that it need not pin again.
+	tried, batch := false, 1
+	var parked *meta
 	if !cached {
 		if n := p.slowN.Add(1); n%latencySample == 1 {
 			timed = true
@@ -598,6 +603,12 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 					}
 					return p.handout(m, size, o.Stream), nil
 				}
+				tried = true
+				if cls >= 0 {
+					batch = c.batchSize(cls)
+				} else if c.largeBytes > 0 {
+					parked = c.unparkAll()
+				}
 			} else {
 				timed, lat = true, pid
 			}
@@ -612,9 +623,9 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	var err error
 	switch {
 	case cls >= 0:
-		m, err = p.cacheAlloc(cls, size, o.Purpose, t)
+		m, err = p.cacheAlloc(cls, size, o.Purpose, t, tried, batch)
 	case cached:
-		m, err = p.largeAlloc(size, align, o.Purpose, t)
+		m, err = p.largeAlloc(size, align, o.Purpose, t, tried, parked)
 	default:
 		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t, nil)
 	}
@@ -635,7 +646,12 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 
 // largeAlloc serves a large block: one parked on this processor that fits,
 // else from the arenas, after giving this processor's parked blocks back.
-func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta, error) {
+// When the fast path already tried the cache (tried), parked is what it
+// took from there.
+func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant, tried bool, parked *meta) (*meta, error) {
+	if tried {
+		return p.slowAlloc(size, align, 0, purpose, t, parked)
+	}
 	c, _ := p.pin()
 	if c == nil {
 		return p.slowAlloc(size, align, 0, purpose, t, nil)
@@ -648,7 +664,6 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta
 		p.unpin(c)
 		return m, nil
 	}
-	var parked *meta
 	if c.largeBytes > 0 {
 		parked = c.unparkAll()
 	}

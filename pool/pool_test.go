@@ -757,3 +757,33 @@ func TestAlignment(t *testing.T) {
 		})
 	}
 }
+
+// TestOddSizesLeaveNoPadding: a block's size is rounded up to the pool's
+// alignment, so the block placed after one of an odd size starts right
+// at its end, with no sliver of padding between them.
+func TestOddSizesLeaveNoPadding(t *testing.T) {
+	for _, o := range configs() {
+		t.Run(o.Name, func(t *testing.T) {
+			o.NoCache = true
+			p, err := pool.New(newSim(t, false, 1<<30), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			var prev pool.Block
+			for i, size := range []uint64{300_001, 300_007, 1_000_003, 77_777} {
+				b, err := p.Alloc(size, pool.AllocOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.Size%256 != 0 || b.Size < size || b.Size-size >= 256 {
+					t.Errorf("request %d: block of %d bytes, want it rounded up to 256", size, b.Size)
+				}
+				if i > 0 && i < 3 && b.Ptr != prev.Ptr+device.Ptr(prev.Size) {
+					t.Errorf("block %d at %#x, want it right after the previous one at %#x+%d", i, b.Ptr, prev.Ptr, prev.Size)
+				}
+				prev = b
+			}
+		})
+	}
+}

@@ -97,6 +97,10 @@ func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t
 // tryArenas places a block in the existing arenas without growing. It
 // returns (nil, nil) when nothing fits. Called with p.mu held.
 func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
+	// Blocks are whole multiples of the pool's alignment, so the range
+	// after one starts aligned: an odd size would leave every following
+	// placement a sliver of alignment padding (a free range of its own).
+	size = (size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1)
 	arenas := p.arenas
 	if len(arenas) == 2 && arenas[1].virtual {
 		// A virtual pool keeps small blocks in a range of their own so they

@@ -277,8 +277,9 @@ func (a *arena) takeFree(first, last uint64) {
 // mapped and not busy (lean arenas).
 func (a *arena) putFree(off, size uint64, seg alloc.Segment) {
 	pb := a.pageBytes
-	first := max(a.pageOf(off), (seg.Offset+pb-1)/pb)
-	end := min(a.pageOf(off+size-1)+1, (seg.Offset+seg.Size)/pb) // exclusive
+	// Pages [first, end) lie in the block and entirely in seg.
+	first := max(a.pageOf(off), a.pageOf(seg.Offset+pb-1))
+	end := min(a.pageOf(off+size-1)+1, a.pageOf(seg.Offset+seg.Size))
 	if first >= end {
 		return
 	}

@@ -76,8 +76,10 @@ type AllocOptions struct {
 	Pairs int
 	// Live is the working set each goroutine keeps (default 32 blocks).
 	Live int
-	// DriverPairs is the number of driver alloc+free pairs timed for the
-	// anchors (default 2000).
+	// DriverPairs is the number of driver free+alloc pairs timed for the
+	// anchors (default 2000), on the same request stream as the pool's
+	// first goroutine (its working set, victims and sizes), and again
+	// with each allocation freed at once.
 	DriverPairs int
 	Progress    func(done, total int, name string)
 }
@@ -88,6 +90,10 @@ type LatencyResult struct {
 	Mix        string `json:"mix"`
 	Goroutines int    `json:"goroutines"`
 	Pairs      int    `json:"pairs"`
+	// Live is the working set of each goroutine: every pair frees one of
+	// Live blocks and allocates its replacement; 0 when every allocation
+	// is freed at once (a driver row labelled "freed at once").
+	Live int `json:"live"`
 	// BatchP50ns is the median latency of one free+alloc pair measured
 	// over batches of BatchPairs pairs timed together, so the two clock
 	// reads (TimerOverheadNs, as much as a tenth of a driver pair on some
@@ -123,12 +129,43 @@ type AllocReport struct {
 const BatchPairs = 16
 
 // DriverAnchor is implemented by devices that can time their driver's own
-// allocators (device/cuda): pairs with a clock read before and after, or
-// batches of pairs timed together, and allocations and frees timed apart.
+// allocators (device/cuda) on a request stream: pairs with a clock read
+// before and after, or batches of pairs timed together, and allocations and
+// frees timed apart.
 type DriverAnchor interface {
-	DriverPairTimes(sizes []uint64, async bool) ([]time.Duration, error)
-	DriverBatchTimes(sizes []uint64, async bool, batch int) ([]time.Duration, error)
-	DriverAllocTimes(sizes []uint64, async bool) (alloc, free []time.Duration, err error)
+	DriverPairTimes(w device.AllocWorkload, async bool) ([]time.Duration, error)
+	DriverBatchTimes(w device.AllocWorkload, async bool, batch int) ([]time.Duration, error)
+	DriverAllocTimes(w device.AllocWorkload, async bool) (alloc, free []time.Duration, err error)
+}
+
+// DriverAsync is the Allocator name of the anchor ratios are taken
+// against: cuMemAllocAsync on the pool's own request stream.
+const DriverAsync = "cuMemAllocAsync"
+
+// workload draws the request stream of one goroutine: live blocks, then
+// warm pairs and pairs more, each a victim slot and a new size.
+func workload(mix Mix, seed uint64, live, warm, pairs int) device.AllocWorkload {
+	r := rand.New(rand.NewPCG(seed, 99))
+	w := device.AllocWorkload{Initial: make([]uint64, live), Warmup: warm,
+		Sizes: make([]uint64, warm+pairs), Victims: make([]int, warm+pairs)}
+	for i := range w.Initial {
+		w.Initial[i] = mix.sample(r)
+	}
+	for i := range w.Sizes {
+		w.Sizes[i] = mix.sample(r)
+		w.Victims[i] = r.IntN(live)
+	}
+	return w
+}
+
+// liveBlocks is the working set per goroutine: o.Live, fewer when the
+// working sets of all goroutines would pass a third of the device's memory.
+func liveBlocks(d device.Device, mix Mix, goroutines int, o AllocOptions) int {
+	n := o.Live
+	if budget := float64(d.Info().TotalBytes) / 3; float64(goroutines*n)*mix.mean() > budget {
+		n = max(2, int(budget/(float64(goroutines)*mix.mean())))
+	}
+	return n
 }
 
 // Alloc measures memwall's pool against the driver's allocators.
@@ -187,47 +224,63 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 		for _, async := range []bool{false, true} {
 			name := "cuMemAlloc"
 			if async {
-				name = "cuMemAllocAsync"
+				name = DriverAsync
 			}
 			if !ok {
 				step(name)
 				continue
 			}
-			r := rand.New(rand.NewPCG(7, 11))
-			sizes := make([]uint64, o.DriverPairs)
-			for i := range sizes {
-				sizes[i] = mix.sample(r)
+			// The pool's request stream (its first goroutine's), and the
+			// same sizes with each block freed at once.
+			w := workload(mix, 1, liveBlocks(d, mix, 1, o), o.DriverPairs/4, o.DriverPairs)
+			for _, ws := range []device.AllocWorkload{w, {Sizes: w.Sizes, Warmup: w.Warmup}} {
+				label := name
+				if len(ws.Initial) == 0 {
+					label += " (freed at once)"
+				}
+				rep.Results = append(rep.Results, driverLatency(anchor, label, mix, ws, async))
 			}
-			pt, err := anchor.DriverPairTimes(sizes, async)
-			var a, f, bt []time.Duration
-			if err == nil {
-				bt, err = anchor.DriverBatchTimes(sizes, async, BatchPairs)
-			}
-			if err == nil {
-				a, f, err = anchor.DriverAllocTimes(sizes[:max(1, len(sizes)/4)], async)
-			}
-			if err != nil {
-				rep.Results = append(rep.Results, LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: 1, Note: err.Error()})
-				step(name)
-				continue
-			}
-			var sum time.Duration
-			for _, x := range pt {
-				sum += x
-			}
-			batch := durs(bt)
-			for i := range batch {
-				batch[i] /= BatchPairs
-			}
-			rep.Results = append(rep.Results, LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: 1, Pairs: len(pt),
-				BatchP50ns: quantile(batch, 0.5),
-				P50ns:      quantile(durs(pt), 0.5), P99ns: quantile(durs(pt), 0.99),
-				AllocP50ns: quantile(durs(a), 0.5), FreeP50ns: quantile(durs(f), 0.5),
-				PairsPerSec: float64(len(pt)) / sum.Seconds()})
 			step(name)
 		}
 	}
 	return rep, nil
+}
+
+// driverLatency times the driver's allocator on w; a failure becomes the
+// row's note.
+func driverLatency(anchor DriverAnchor, name string, mix Mix, w device.AllocWorkload, async bool) LatencyResult {
+	res := LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: 1, Live: len(w.Initial)}
+	pt, err := anchor.DriverPairTimes(w, async)
+	var a, f, bt []time.Duration
+	if err == nil {
+		bt, err = anchor.DriverBatchTimes(w, async, BatchPairs)
+	}
+	if err == nil {
+		quarter := w
+		quarter.Sizes = w.Sizes[:w.Warmup+max(1, (len(w.Sizes)-w.Warmup)/4)]
+		if len(w.Victims) > 0 {
+			quarter.Victims = w.Victims[:len(quarter.Sizes)]
+		}
+		a, f, err = anchor.DriverAllocTimes(quarter, async)
+	}
+	if err != nil {
+		res.Note = err.Error()
+		return res
+	}
+	var sum time.Duration
+	for _, x := range pt {
+		sum += x
+	}
+	batch := durs(bt)
+	for i := range batch {
+		batch[i] /= BatchPairs
+	}
+	res.Pairs = len(pt)
+	res.BatchP50ns = quantile(batch, 0.5)
+	res.P50ns, res.P99ns = quantile(durs(pt), 0.5), quantile(durs(pt), 0.99)
+	res.AllocP50ns, res.FreeP50ns = quantile(durs(a), 0.5), quantile(durs(f), 0.5)
+	res.PairsPerSec = float64(len(pt)) / sum.Seconds()
+	return res
 }
 
 func durs(ds []time.Duration) []float64 {
@@ -259,7 +312,8 @@ func timerOverhead() float64 {
 }
 
 // poolLatency times free+alloc pairs on a fresh pool: each goroutine keeps a
-// working set of live blocks and replaces a random one per pair.
+// working set of live blocks and replaces one per pair, on its own request
+// stream (workload; the driver anchor replays the first goroutine's).
 func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines int, o AllocOptions) (LatencyResult, error) {
 	po := g.Options
 	po.Name, po.Strategy = "bench", strategy
@@ -268,11 +322,7 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 		return LatencyResult{}, err
 	}
 	defer p.Close()
-	// Keep the working sets within a third of the device's memory.
-	liveN := o.Live
-	if budget := float64(d.Info().TotalBytes) / 3; float64(goroutines*liveN)*mix.mean() > budget {
-		liveN = max(2, int(budget/(float64(goroutines)*mix.mean())))
-	}
+	liveN := liveBlocks(d, mix, goroutines, o)
 	type perG struct {
 		pairs, batches, allocs, frees []float64
 		err                           error
@@ -288,10 +338,10 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 			var once sync.Once
 			signal := func() { once.Do(ready.Done) }
 			defer signal()
-			r := rand.New(rand.NewPCG(uint64(gi)+1, 99))
+			w := workload(mix, uint64(gi)+1, liveN, o.Pairs/4, o.Pairs)
 			live := make([]pool.Block, liveN)
-			for i := range live {
-				b, err := p.Alloc(mix.sample(r), pool.AllocOptions{})
+			for i, size := range w.Initial {
+				b, err := p.Alloc(size, pool.AllocOptions{})
 				if err != nil {
 					res[gi].err = err
 					return
@@ -299,34 +349,27 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 				live[i] = b
 			}
 			pr := perG{pairs: make([]float64, 0, o.Pairs), allocs: make([]float64, 0, o.Pairs), frees: make([]float64, 0, o.Pairs)}
-			sizes := make([]uint64, o.Pairs)
-			for i := range sizes {
-				sizes[i] = mix.sample(r)
-			}
 			// Warm up untimed: the pool reaches its steady-state footprint,
 			// as a server's would after its first requests.
-			for i := 0; i < o.Pairs/4; i++ {
-				k := r.IntN(len(live))
+			for i := 0; i < w.Warmup; i++ {
+				k := w.Victims[i]
 				if err := p.Free(live[k]); err != nil {
 					res[gi].err = err
 					return
 				}
-				b, err := p.Alloc(mix.sample(r), pool.AllocOptions{})
+				b, err := p.Alloc(w.Sizes[i], pool.AllocOptions{})
 				if err != nil {
 					res[gi].err = err
 					return
 				}
 				live[k] = b
 			}
+			sizes, ks := w.Sizes[w.Warmup:], w.Victims[w.Warmup:]
 			signal()
 			<-start
 			// Batches of pairs timed together: the median pair without
 			// the clock's cost.
 			pr.batches = make([]float64, 0, o.Pairs/BatchPairs)
-			ks := make([]int, o.Pairs)
-			for i := range ks {
-				ks[i] = r.IntN(len(live))
-			}
 			for i := 0; i+BatchPairs <= o.Pairs && pr.err == nil; i += BatchPairs {
 				t0 := time.Now()
 				for j := i; j < i+BatchPairs; j++ {
@@ -342,9 +385,9 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 				pr.batches = append(pr.batches, float64(time.Since(t0))/BatchPairs)
 			}
 			// Pairs: one clock read before the free and one after the
-			// allocation, nothing between them.
+			// allocation, nothing between them (the same stream again).
 			for i := 0; i < o.Pairs && pr.err == nil; i++ {
-				k := r.IntN(len(live))
+				k := ks[i]
 				t0 := time.Now()
 				err := p.Free(live[k])
 				b, aerr := p.Alloc(sizes[i], pool.AllocOptions{})
@@ -358,7 +401,7 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 			}
 			// Frees and allocations timed apart, on a quarter as many.
 			for i := 0; i < o.Pairs/4 && pr.err == nil; i++ {
-				k := r.IntN(len(live))
+				k := ks[i]
 				t0 := time.Now()
 				err := p.Free(live[k])
 				t1 := time.Now()
@@ -399,7 +442,7 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 	st := p.Stats()
 	calls := st.DeviceCalls() - callsBefore
 	return LatencyResult{
-		Allocator: fmt.Sprintf("memwall %s/%s", strategy, g.Name), Mix: mix.Name, Goroutines: goroutines, Pairs: len(pairs),
+		Allocator: fmt.Sprintf("memwall %s/%s", strategy, g.Name), Mix: mix.Name, Goroutines: goroutines, Pairs: len(pairs), Live: liveN,
 		BatchP50ns: quantile(batches, 0.5),
 		P50ns:      quantile(pairs, 0.5), P99ns: quantile(pairs, 0.99),
 		AllocP50ns: quantile(allocs, 0.5), FreeP50ns: quantile(frees, 0.5),

@@ -10,8 +10,11 @@ import (
 
 // BenchmarkPair measures one free+alloc pair against a working set of 32
 // live blocks, log-uniform 512 B–64 MiB, after a warm-up.
+// Sizes and victims are drawn in advance, as memwall bench alloc does.
 func BenchmarkPair(b *testing.B) {
-	for _, o := range configs() {
+	cs := configs()
+	cs = append(cs, pool.Options{Name: "virtual-keep-bestfit", TargetRatio: -1})
+	for _, o := range cs {
 		b.Run(o.Name, func(b *testing.B) {
 			d := newSim(b, false, 64<<30)
 			p, err := pool.New(d, o)
@@ -21,28 +24,33 @@ func BenchmarkPair(b *testing.B) {
 			defer p.Close()
 			r := rand.New(rand.NewPCG(1, 2))
 			lo, hi := math.Log(512), math.Log(64<<20)
-			sample := func() uint64 { return uint64(math.Exp(lo + r.Float64()*(hi-lo))) }
+			const n = 1 << 14
+			sizes, victims := make([]uint64, n), make([]int, n)
+			for i := range sizes {
+				sizes[i] = uint64(math.Exp(lo + r.Float64()*(hi-lo)))
+				victims[i] = r.IntN(32)
+			}
 			live := make([]pool.Block, 32)
 			for i := range live {
-				live[i], _ = p.Alloc(sample(), pool.AllocOptions{})
+				live[i], _ = p.Alloc(sizes[n-1-i], pool.AllocOptions{})
 			}
-			step := func() {
-				k := r.IntN(len(live))
+			step := func(i int) {
+				k := victims[i&(n-1)]
 				if err := p.Free(live[k]); err != nil {
 					b.Fatal(err)
 				}
 				var err error
-				if live[k], err = p.Alloc(sample(), pool.AllocOptions{}); err != nil {
+				if live[k], err = p.Alloc(sizes[i&(n-1)], pool.AllocOptions{}); err != nil {
 					b.Fatal(err)
 				}
 			}
 			for i := 0; i < 5000; i++ {
-				step()
+				step(i * 3)
 			}
 			calls := p.Stats().DeviceCalls()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				step()
+				step(i)
 			}
 			b.ReportMetric(float64(p.Stats().DeviceCalls()-calls)/float64(b.N), "calls/op")
 		})

@@ -1,10 +1,13 @@
 // anchor-alloc: the driver's allocators timed from C, with no Go binding in
 // the way, as the native anchor for `memwall bench alloc`. For each size mix
 // of the bench (log-uniform 512 B-64 MiB, fixed 4 KiB, 1 MiB, 64 MiB) it
-// times alloc+free pairs of cuMemAllocAsync/cuMemFreeAsync on one stream
-// (the driver's stream-ordered pool) and of cuMemAlloc/cuMemFree: each pair
-// on its own (a clock read before and after) and in batches of 16 pairs
-// timed together. Build and run on a machine with the CUDA driver:
+// times free+alloc pairs of cuMemAllocAsync/cuMemFreeAsync on one stream
+// (the driver's stream-ordered pool) and of cuMemAlloc/cuMemFree, on the
+// bench's kind of request stream: 32 blocks kept live, each pair freeing a
+// random one of them and allocating its replacement ("live": 32); and with
+// each block freed right after its allocation ("live": 0). Each pair is
+// timed on its own (a clock read before and after) and in batches of 16
+// pairs timed together. Build and run on a machine with the CUDA driver:
 //   nvcc -O2 -o anchor-alloc scripts/anchor-alloc.c -lcuda && ./anchor-alloc
 // Output: one JSON object per line.
 #include <cuda.h>
@@ -50,14 +53,25 @@ static void check(CUresult r, const char *what) {
   }
 }
 
-static void pair(int async, size_t size, CUstream s) {
+#define LIVE 32
+static CUdeviceptr alloc1(int async, size_t size, CUstream s) {
   CUdeviceptr p;
-  if (async) {
-    check(cuMemAllocAsync(&p, size, s), "cuMemAllocAsync");
-    check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+  if (async) check(cuMemAllocAsync(&p, size, s), "cuMemAllocAsync");
+  else check(cuMemAlloc(&p, size), "cuMemAlloc");
+  return p;
+}
+static void free1(int async, CUdeviceptr p, CUstream s) {
+  if (async) check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+  else check(cuMemFree(p), "cuMemFree");
+}
+// pair frees live[victim] and allocates size in its place, or, with no
+// working set (live == NULL), allocates size and frees it at once.
+static void pair(int async, CUdeviceptr *live, int victim, size_t size, CUstream s) {
+  if (live) {
+    free1(async, live[victim], s);
+    live[victim] = alloc1(async, size, s);
   } else {
-    check(cuMemAlloc(&p, size), "cuMemAlloc");
-    check(cuMemFree(p), "cuMemFree");
+    free1(async, alloc1(async, size, s), s);
   }
 }
 
@@ -78,31 +92,38 @@ int main(void) {
   for (int i = 0; i < 4096; i++) { double a = now_ns(); t[i] = now_ns() - a; }
   printf("{\"timer_overhead_ns\": %.1f}\n", quantile(t, 4096, 0.5));
   for (int m = 0; m < 4; m++) {
+    double lo = log(mixes[m].lo), hi = log(mixes[m].hi);
     for (int async = 1; async >= 0; async--) {
-      int n = async ? 4000 : 400;
-      size_t *sizes = malloc(n * sizeof(size_t));
-      double *one = malloc(n * sizeof(double)), *batch = malloc(n / BATCH * sizeof(double));
-      for (int i = 0; i < n; i++) {
-        double lo = log(mixes[m].lo), hi = log(mixes[m].hi);
-        sizes[i] = (size_t)exp(lo + uniform() * (hi - lo));
+      for (int ws = 1; ws >= 0; ws--) {
+        int n = async ? 4000 : 400;
+        size_t *sizes = malloc(n * sizeof(size_t));
+        int *victims = malloc(n * sizeof(int));
+        double *one = malloc(n * sizeof(double)), *batch = malloc(n / BATCH * sizeof(double));
+        CUdeviceptr live[LIVE], *lp = ws ? live : NULL;
+        for (int i = 0; i < n; i++) {
+          sizes[i] = (size_t)exp(lo + uniform() * (hi - lo));
+          victims[i] = (int)(uniform() * LIVE) % LIVE;
+        }
+        for (int i = 0; ws && i < LIVE; i++) live[i] = alloc1(async, (size_t)exp(lo + uniform() * (hi - lo)), s);
+        for (int i = 0; i < n / 4; i++) pair(async, lp, victims[i], sizes[i], s);  // warm up
+        for (int i = 0; i < n; i++) {
+          double a = now_ns();
+          pair(async, lp, victims[i], sizes[i], s);
+          one[i] = now_ns() - a;
+        }
+        for (int b = 0; b < n / BATCH; b++) {
+          double a = now_ns();
+          for (int j = 0; j < BATCH; j++) pair(async, lp, victims[b * BATCH + j], sizes[b * BATCH + j], s);
+          batch[b] = (now_ns() - a) / BATCH;
+        }
+        for (int i = 0; ws && i < LIVE; i++) free1(async, live[i], s);
+        check(cuStreamSynchronize(s), "cuStreamSynchronize");
+        printf("{\"allocator\": \"%s (C)\", \"mix\": \"%s\", \"live\": %d, \"pairs\": %d, \"batch_p50_ns\": %.1f, "
+               "\"p50_ns\": %.1f, \"p99_ns\": %.1f}\n",
+               async ? "cuMemAllocAsync" : "cuMemAlloc", mixes[m].name, ws ? LIVE : 0, n, quantile(batch, n / BATCH, 0.5),
+               quantile(one, n, 0.5), quantile(one, n, 0.99));
+        free(sizes); free(victims); free(one); free(batch);
       }
-      for (int i = 0; i < n / 4; i++) pair(async, sizes[i], s);  // warm up
-      for (int i = 0; i < n; i++) {
-        double a = now_ns();
-        pair(async, sizes[i], s);
-        one[i] = now_ns() - a;
-      }
-      for (int b = 0; b < n / BATCH; b++) {
-        double a = now_ns();
-        for (int j = 0; j < BATCH; j++) pair(async, sizes[b * BATCH + j], s);
-        batch[b] = (now_ns() - a) / BATCH;
-      }
-      check(cuStreamSynchronize(s), "cuStreamSynchronize");
-      printf("{\"allocator\": \"%s (C)\", \"mix\": \"%s\", \"pairs\": %d, \"batch_p50_ns\": %.1f, "
-             "\"p50_ns\": %.1f, \"p99_ns\": %.1f}\n",
-             async ? "cuMemAllocAsync" : "cuMemAlloc", mixes[m].name, n, quantile(batch, n / BATCH, 0.5),
-             quantile(one, n, 0.5), quantile(one, n, 0.99));
-      free(sizes); free(one); free(batch);
     }
   }
   return 0;

@@ -65,10 +65,10 @@ func runBenchAlloc(e *env, args []string) error {
 	w := e.stdout
 	fmt.Fprintf(w, "%s (%s); latency of one free+alloc pair: p50 over batches of %d pairs timed together, and p50/p99 of pairs timed one by one (clock overhead %.0f ns included)\n",
 		rep.Device, rep.Backend, bench.BatchPairs, rep.TimerOverheadNs)
-	fmt.Fprintf(w, "%-26s %-18s %3s %9s %9s %9s %12s %10s %s\n", "allocator", "mix", "gor", "p50", "p50 one", "p99 one", "pairs/s", "vs async", "")
+	fmt.Fprintf(w, "%-32s %-18s %3s %5s %9s %9s %9s %12s %10s %s\n", "allocator", "mix", "gor", "live", "p50", "p50 one", "p99 one", "pairs/s", "vs async", "")
 	anchor := map[string]float64{}
 	for _, r := range rep.Results {
-		if r.Allocator == "cuMemAllocAsync" {
+		if r.Allocator == bench.DriverAsync {
 			anchor[r.Mix] = r.BatchP50ns
 		}
 	}
@@ -77,10 +77,11 @@ func runBenchAlloc(e *env, args []string) error {
 		if a := anchor[r.Mix]; a > 0 && r.BatchP50ns > 0 {
 			vs = fmt.Sprintf("%.3f×", r.BatchP50ns/a)
 		}
-		fmt.Fprintf(w, "%-26s %-18s %3d %7.0fns %7.0fns %7.0fns %12.0f %10s %s\n", r.Allocator, r.Mix, r.Goroutines, r.BatchP50ns, r.P50ns, r.P99ns, r.PairsPerSec, vs, r.Note)
+		fmt.Fprintf(w, "%-32s %-18s %3d %5d %7.0fns %7.0fns %7.0fns %12.0f %10s %s\n", r.Allocator, r.Mix, r.Goroutines, r.Live, r.BatchP50ns, r.P50ns, r.P99ns, r.PairsPerSec, vs, r.Note)
 	}
 	if len(anchor) > 0 {
-		fmt.Fprintln(w, "(the driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C, with no binding in the way)")
+		fmt.Fprintln(w, "(every pair frees one of the goroutine's live blocks and allocates its replacement; the driver replays the first goroutine's requests, and \"freed at once\" rows allocate and free each block back to back;")
+		fmt.Fprintln(w, " \"vs async\" is the p50 over cuMemAllocAsync's on the same requests. The driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C)")
 	}
 	if rep.Backend == "sim" {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")

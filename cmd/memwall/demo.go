@@ -77,7 +77,7 @@ func demoPool(e *env, d device.Device) error {
 	}
 	async := map[string]float64{}
 	for _, r := range rep.Results {
-		if r.Allocator == "cuMemAllocAsync" {
+		if r.Allocator == bench.DriverAsync {
 			async[r.Mix] = r.BatchP50ns
 		}
 	}

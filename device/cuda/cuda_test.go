@@ -101,3 +101,63 @@ func TestLibraryCandidates(t *testing.T) {
 		t.Fatalf("MEMWALL_LIBCUDA not the only candidate: %q", c)
 	}
 }
+
+// TestDriverAnchor runs the driver anchor's two request streams (a working
+// set with a victim freed before each allocation, and allocations freed at
+// once) through both driver allocators: every timed pair yields a time,
+// every block is freed (the device's free memory comes back), and a
+// victim outside the working set is refused before any call.
+func TestDriverAnchor(t *testing.T) {
+	d := open(t).(*cuda.Device)
+	before, _, err := d.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := device.AllocWorkload{Initial: []uint64{32 << 20, 48 << 20, 4096}, Warmup: 2}
+	for i := 0; i < 34; i++ {
+		w.Sizes = append(w.Sizes, uint64(512+i*100_003))
+		w.Victims = append(w.Victims, i%3)
+	}
+	for _, async := range []bool{false, true} {
+		for _, ws := range []device.AllocWorkload{w, {Sizes: w.Sizes, Warmup: 2}} {
+			pairs, err := d.DriverPairTimes(ws, async)
+			if err != nil {
+				t.Fatal(err)
+			}
+			batches, err := d.DriverBatchTimes(ws, async, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, f, err := d.DriverAllocTimes(ws, async)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(pairs) != 32 || len(batches) != 2 || len(a) != 32 || len(f) != 32 {
+				t.Errorf("async %v, live %d: %d pairs, %d batches, %d/%d split times; want 32, 2, 32/32", async, len(ws.Initial), len(pairs), len(batches), len(a), len(f))
+			}
+			for _, x := range pairs {
+				if x <= 0 {
+					t.Fatalf("non-positive pair time %v", x)
+				}
+			}
+		}
+	}
+	bad := w
+	bad.Victims = append([]int(nil), w.Victims...)
+	bad.Victims[5] = 3
+	if _, err := d.DriverPairTimes(bad, true); !errors.Is(err, device.ErrInvalid) {
+		t.Errorf("victim outside the working set: %v, want ErrInvalid", err)
+	}
+	if err := d.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	after, _, err := d.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Allow some slack for the driver's own bookkeeping, less than one of
+	// the working set's large blocks.
+	if after+16<<20 < before {
+		t.Errorf("free device memory %d after the anchor runs, %d before: blocks leaked", after, before)
+	}
+}

@@ -19,13 +19,20 @@ type procCache struct {
 	// last freed here: the refill batch doubles with it (batchSize).
 	misses [numClasses]uint8
 	bytes  uint64 // bytes of cached small blocks
-	// large holds parked large blocks, newest first; largeBytes their bytes.
-	large      [largeSlots]*meta
-	largeBytes uint64
-	lastLarge  uint64   // size of the last large request here
-	c          counters // accounting of operations served here
-	n          uint32   // allocations here, for latency sampling
-	_          [64]byte // keep caches on separate cache lines
+	// large holds parked large blocks, newest first. deferred chains
+	// (through meta.next) the other large blocks freed here, nDeferred of
+	// them, that have not gone back to their arenas yet: the next trip
+	// of this processor to the arenas takes them along (see deferFree).
+	// largeBytes counts the bytes of both.
+	large        [largeSlots]*meta
+	deferred     *meta // oldest first; deferredTail is the newest
+	deferredTail *meta
+	nDeferred    int
+	largeBytes   uint64
+	lastLarge    uint64   // size of the last large request here
+	c            counters // accounting of operations served here
+	n            uint32   // allocations here, for latency sampling
+	_            [64]byte // keep caches on separate cache lines
 }
 
 const (
@@ -36,6 +43,9 @@ const (
 	// request of the same size (a loop allocating the same shapes step
 	// after step).
 	largeSlots = 2
+	// maxDeferred is how many freed large blocks a processor holds back
+	// before it takes them to the arenas by itself.
+	maxDeferred = 4
 )
 
 // batchFor is the most blocks of a class one refill takes from the arena.
@@ -152,7 +162,10 @@ func (c *procCache) park(m *meta) (evicted *meta) {
 	return evicted
 }
 
-// unparkAll removes every parked block, returning them as a chain.
+// unparkAll removes every parked and deferred block, returning them as a
+// chain.
+// The deferred blocks come first, in the order they were freed, as they
+// would have gone back had they not been held.
 func (c *procCache) unparkAll() (chain *meta) {
 	for i, m := range c.large {
 		if m != nil {
@@ -161,7 +174,33 @@ func (c *procCache) unparkAll() (chain *meta) {
 			c.large[i] = nil
 		}
 	}
+	chain = appendChain(c.takeDeferred(), chain)
 	c.largeBytes = 0
+	return chain
+}
+
+// deferFree holds back freed large block m and reports whether enough
+// are held that the caller should take them to the arenas now.
+func (c *procCache) deferFree(m *meta) bool {
+	m.next = nil
+	if c.deferredTail == nil {
+		c.deferred = m
+	} else {
+		c.deferredTail.next = m
+	}
+	c.deferredTail = m
+	c.nDeferred++
+	c.largeBytes += m.size
+	return c.nDeferred >= maxDeferred
+}
+
+// takeDeferred removes the deferred blocks, returning them as a chain.
+func (c *procCache) takeDeferred() *meta {
+	chain := c.deferred
+	for m := chain; m != nil; m = m.next {
+		c.largeBytes -= m.size
+	}
+	c.deferred, c.deferredTail, c.nDeferred = nil, nil, 0
 	return chain
 }
 
@@ -187,8 +226,9 @@ func (c *procCache) drain(cls int, keep uint64) (chain *meta) {
 // cacheAlloc serves a small block of class cls: from this processor's
 // cache, else from the arenas, taking a few more of the class into the
 // cache in the same trip. When the fast path already found the class
-// empty (tried), batch is the refill's size.
-func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried bool, batch int) (*meta, error) {
+// empty (tried), batch is the refill's size and deferred the blocks it
+// took from the cache to give back first (see parkFree).
+func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried bool, batch int, deferred *meta) (*meta, error) {
 	if c := p.pinIf(!tried); c != nil {
 		m := c.pop(cls)
 		if m != nil {
@@ -198,10 +238,12 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 			return m, nil
 		}
 		batch = c.batchSize(cls)
+		deferred = c.takeDeferred()
 		p.unpin(c)
 	}
 	size := sizeClasses[cls]
 	p.mu.Lock()
+	p.releaseList(deferred)
 	first, err := p.arenaAlloc(size, p.opts.Alignment, 0)
 	if err != nil {
 		p.mu.Unlock()
@@ -255,7 +297,7 @@ func (p *Pool) cacheFree(m *meta) {
 	c.misses[cls] = 0
 	var chain *meta
 	if c.bytes > procMaxBytes {
-		chain = c.drain(cls, procMaxBytes/2)
+		chain = appendChain(c.takeDeferred(), c.drain(cls, procMaxBytes/2))
 	}
 	p.unpin(c)
 	if chain != nil {
@@ -271,10 +313,18 @@ func (p *Pool) parkable(m *meta) bool {
 	return m.class == 0 && m.size <= p.opts.Limit/64 && p.procs != nil
 }
 
-// parkFree parks a freed large block in this processor's cache when its
-// size is the size last requested here (a loop allocating the same shapes
-// step after step); false, and nothing done, otherwise or when the cache
-// cannot be used now. An evicted older block goes back to its arena.
+// parkFree keeps a freed large block in this processor's cache, and
+// reports false, having done nothing, when the cache cannot be used now.
+//
+// The block is parked, to serve the next request of its size, when its
+// size is the one last requested here (a loop allocating the same shapes
+// step after step). Otherwise, and for a parked block it evicts, its
+// range goes back to the arena on this processor's next trip to the
+// arenas: the next allocation that misses the cache takes it there under
+// the same lock, before it places anything, so placement is as if it had
+// gone back at once, one lock acquisition fewer per free. maxDeferred
+// blocks waiting make the free take them itself; an allocation that would
+// fail otherwise, Trim and Close take every processor's.
 //
 // A parked block that serves the next request skips best fit, which might
 // have placed that request in a tighter hole and kept the freed range
@@ -288,16 +338,18 @@ func (p *Pool) parkFree(m *meta) bool {
 	if c == nil {
 		return false
 	}
-	if m.req != c.lastLarge {
-		p.unpin(c)
-		return false
-	}
 	c.c.sub(m)
-	old := c.park(m)
+	if m.req == c.lastLarge {
+		m = c.park(m)
+	}
+	var chain *meta
+	if m != nil && c.deferFree(m) {
+		chain = c.takeDeferred()
+	}
 	p.unpin(c)
-	if old != nil {
+	if chain != nil {
 		p.mu.Lock()
-		p.release(old)
+		p.releaseList(chain)
 		p.mu.Unlock()
 	}
 	return true

@@ -442,3 +442,75 @@ func TestRefillBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestDeferredFrees: a freed large block that is not parked waits in its
+// processor's cache (counted as cached) and goes back to its arena on that
+// processor's next trip there, before anything is placed, so the next
+// request can reuse its range; enough of them go back by themselves; an
+// allocation that needs their memory, and Trim, take them back.
+func TestDeferredFrees(t *testing.T) {
+	for _, o := range configs() {
+		t.Run(o.Name, func(t *testing.T) {
+			o.SingleCache = true // one cache: the test sees what it frees
+			o.TargetRatio = -1
+			d := newSim(t, false, 4<<30)
+			p, err := pool.New(d, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			a, err := p.Alloc(8<<20, pool.AllocOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := p.Alloc(3<<20, pool.AllocOptions{}) // the last size requested: a is not parked
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Free(a); err != nil {
+				t.Fatal(err)
+			}
+			if st := p.Stats(); st.CachedBytes != a.Size || st.UsedBytes != b.Size {
+				t.Fatalf("after freeing a: cached %d used %d, want %d and %d", st.CachedBytes, st.UsedBytes, a.Size, b.Size)
+			}
+			// A different size misses the cache; a's range is free again
+			// before it is placed, so best fit puts it there.
+			c, err := p.Alloc(6<<20, pool.AllocOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := p.Stats(); st.CachedBytes != 0 {
+				t.Fatalf("after the next allocation: %d bytes still held back", st.CachedBytes)
+			}
+			if o.Strategy == "bestfit" && c.Ptr != a.Ptr {
+				t.Errorf("6 MiB placed at %#x, want the freed 8 MiB range at %#x", c.Ptr, a.Ptr)
+			}
+			// Enough held-back frees go back without an allocation.
+			var bs []pool.Block
+			for i := 0; i < 8; i++ {
+				x, err := p.Alloc(uint64(1+i)<<20+4096, pool.AllocOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				bs = append(bs, x)
+			}
+			for _, x := range bs {
+				if err := p.Free(x); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if st := p.Stats(); st.CachedBytes > 4*(9<<20) {
+				t.Errorf("%d bytes held back after 8 frees, want at most a few blocks", st.CachedBytes)
+			}
+			_ = p.Free(b)
+			_ = p.Free(c)
+			p.Trim()
+			if st := p.Stats(); st.CachedBytes != 0 || st.ReservedBytes != 0 {
+				t.Fatalf("after Trim: cached %d reserved %d", st.CachedBytes, st.ReservedBytes)
+			}
+			if err := pool.CheckPages(p); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

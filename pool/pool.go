@@ -580,6 +580,12 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		if n := p.slowN.Add(1); n%latencySample == 1 {
 			timed = true
 		}
+		// Blocks this processor freed and held back go to the arenas
+		// before this allocation is placed (see parkFree).
+		if c := p.pinIf(p.procs != nil); c != nil {
+			parked = c.takeDeferred()
+			p.unpin(c)
+		}
 	} else {
 		// The fast path: one pin, a pop, the counters.
 		if c, pid := p.pin(); c != nil {
@@ -606,6 +612,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 				tried = true
 				if cls >= 0 {
 					batch = c.batchSize(cls)
+					parked = c.takeDeferred()
 				} else if c.largeBytes > 0 {
 					parked = c.unparkAll()
 				}
@@ -623,11 +630,11 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	var err error
 	switch {
 	case cls >= 0:
-		m, err = p.cacheAlloc(cls, size, o.Purpose, t, tried, batch)
+		m, err = p.cacheAlloc(cls, size, o.Purpose, t, tried, batch, parked)
 	case cached:
 		m, err = p.largeAlloc(size, align, o.Purpose, t, tried, parked)
 	default:
-		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t, nil)
+		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t, parked)
 	}
 	if err != nil {
 		if t != nil {

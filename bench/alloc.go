@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -250,6 +251,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 // row's note.
 func driverLatency(anchor DriverAnchor, name string, mix Mix, w device.AllocWorkload, async bool) LatencyResult {
 	res := LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: 1, Live: len(w.Initial)}
+	runtime.GC() // as for the pool: no collection while the driver is timed
 	pt, err := anchor.DriverPairTimes(w, async)
 	var a, f, bt []time.Duration
 	if err == nil {
@@ -365,11 +367,11 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 				live[k] = b
 			}
 			sizes, ks := w.Sizes[w.Warmup:], w.Victims[w.Warmup:]
+			pr.batches = make([]float64, 0, o.Pairs/BatchPairs)
 			signal()
 			<-start
 			// Batches of pairs timed together: the median pair without
 			// the clock's cost.
-			pr.batches = make([]float64, 0, o.Pairs/BatchPairs)
 			for i := 0; i+BatchPairs <= o.Pairs && pr.err == nil; i += BatchPairs {
 				t0 := time.Now()
 				for j := i; j < i+BatchPairs; j++ {
@@ -425,6 +427,9 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 	}
 	ready.Wait()
 	callsBefore := p.Stats().DeviceCalls()
+	// Nothing is allocated while pairs are timed: with a collection done
+	// now, none runs (and no write barrier slows the pool) meanwhile.
+	runtime.GC()
 	t0 := time.Now()
 	close(start)
 	wg.Wait()

@@ -42,7 +42,7 @@
 //	PyTorch caching allocator         1.26×  (51 calls)  2.33×  (15 calls)
 //	default (bestfit, target 1.02)    1.022× 0.57%       1.037× 18.8%
 //	keep every page (before)          1.051× 0.19%       1.389× 0.87%
-//	... and small blocks among large  1.066× 0.19%       1.609× 1.01%
+//	... and small blocks among large  1.147× 0.20%       1.609× 1.01%
 //	tlsf, target 1.02                 1.033× 0.68%       1.055× 35.1%
 //	4 MiB pages, target 1.02          1.018× 0.27%       1.055× 8.5%
 //	8 MiB pages, target 1.02          1.040× 0.11%       1.125× 2.9%

@@ -35,11 +35,13 @@ type arena struct {
 	pageShift uint // log2(pageBytes) when it is a power of two, else 0
 	pages     []page
 	// lean (a virtual arena over a HandleAllocator) keeps no per-page
-	// reference counts: a page is free when the allocator's free range
-	// covers it. An allocation takes its pages out of freeSet with a few
-	// word operations, and a free puts back the pages of its block that
-	// the merged free range reported by FreeHandle now covers.
+	// reference counts: a page is free when one of the allocator's free
+	// ranges covers it. Allocations and frees only mark freeSet stale;
+	// the few callers that choose pages to unmap or steal rebuild it
+	// first from the allocator's free ranges (freshen).
 	lean      bool
+	stale     bool
+	mappedTop uint64   // no page at or above this index was ever mapped
 	ready     []uint64 // bitset of pages mapped and not busy
 	freeSet   []uint64 // bitset of mapped pages with no live block
 	freeTop   uint64   // no free page at or above this index
@@ -150,17 +152,15 @@ func (p *Pool) addReserved(n uint64) {
 func (a *arena) touch(p *Pool, off, size uint64) error {
 	first, last := a.pageOf(off), a.pageOf(off+size-1)
 	if a.lean && a.allReady(first, last) {
-		a.takeFree(first, last)
+		a.stale = true
 		return nil
 	}
 	for a.anyBusy(first, last) {
 		p.cond.Wait()
 	}
-	// Reference the mapped pages (lean: take them out of the free set),
-	// and claim the unmapped ones.
-	if a.lean {
-		a.takeFree(first, last)
-	}
+	// Reference the mapped pages (lean: the free set is now stale), and
+	// claim the unmapped ones.
+	a.stale = a.lean
 	need := 0
 	for i := first; i <= last; i++ {
 		pg := &a.pages[i]
@@ -261,25 +261,32 @@ func (a *arena) allReady(first, last uint64) bool {
 	return true
 }
 
-// takeFree takes pages [first, last] out of the free set (lean arenas).
-func (a *arena) takeFree(first, last uint64) {
-	for w := first / 64; w <= last/64; w++ {
-		m := wordMask(w, first, last)
-		if x := a.freeSet[w] & m; x != 0 {
-			a.freeSet[w] &^= x
-			a.freePages -= uint64(bits.OnesCount64(x)) * a.pageBytes
-		}
+// freshen rebuilds a lean arena's free set after allocations and frees
+// made it stale: a page is free when it is mapped, not busy, and covered
+// by one of the allocator's free ranges (or lies past the allocator's
+// range, mapped by a warm-up). It costs a walk over the arena's blocks
+// and is called only where pages are chosen for unmapping or stealing,
+// each of which costs device calls.
+func (a *arena) freshen() {
+	if !a.lean || !a.stale {
+		return
 	}
+	a.stale = false
+	clear(a.freeSet[:(a.mappedTop+63)/64])
+	a.freePages, a.freeTop = 0, 0
+	pb := a.pageBytes
+	a.alloc.Walk(func(s alloc.Segment) bool {
+		if s.Free {
+			a.addFree(a.pageOf(s.Offset+pb-1), a.pageOf(s.Offset+s.Size))
+		}
+		return true
+	})
+	a.addFree(a.pageOf(a.alloc.Capacity()+pb-1), a.mappedTop)
 }
 
-// putFree adds to the free set the pages of the freed block [off,
-// off+size) that the merged free range seg covers entirely and that are
-// mapped and not busy (lean arenas).
-func (a *arena) putFree(off, size uint64, seg alloc.Segment) {
-	pb := a.pageBytes
-	// Pages [first, end) lie in the block and entirely in seg.
-	first := max(a.pageOf(off), a.pageOf(seg.Offset+pb-1))
-	end := min(a.pageOf(off+size-1)+1, a.pageOf(seg.Offset+seg.Size))
+// addFree adds the ready pages of [first, end) to the free set.
+func (a *arena) addFree(first, end uint64) {
+	end = min(end, a.mappedTop)
 	if first >= end {
 		return
 	}
@@ -290,7 +297,7 @@ func (a *arena) putFree(off, size uint64, seg alloc.Segment) {
 			continue
 		}
 		a.freeSet[w] |= x
-		a.freePages += uint64(bits.OnesCount64(x)) * pb
+		a.freePages += uint64(bits.OnesCount64(x)) * a.pageBytes
 		a.freeTop = max(a.freeTop, w*64+uint64(64-bits.LeadingZeros64(x)))
 	}
 }
@@ -325,12 +332,15 @@ func (a *arena) anyBusy(first, last uint64) bool {
 // with p.mu held.
 func (a *arena) stealSource(p *Pool) (uint64, bool) {
 	r := p.opts.TargetRatio
-	if r <= 0 || a.freePages == 0 {
+	if r <= 0 {
 		return 0, false
 	}
 	// Memory reserved by the warm-up is never counted against the target.
 	target := max(uint64(r*float64(p.peakUsed.Load())), p.opts.Warmup)
 	if p.reserved.Load()+p.inflight+a.pageBytes <= target {
+		return 0, false
+	}
+	if a.freshen(); a.freePages == 0 {
 		return 0, false
 	}
 	i, ok := a.highestFree()
@@ -396,7 +406,11 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 			if st.err == nil {
 				st.err = errLimit // planned, never run: another step failed first
 			}
-			a.markFree(src) // still mapped: free again
+			if a.lean {
+				a.stale = true // still mapped: free again, unless a block now lies on it
+			} else {
+				a.markFree(src) // still mapped: free again
+			}
 			return false
 		}
 		p.unmaps.Add(1)
@@ -432,6 +446,7 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 	p.maps.Add(1)
 	pg.h, pg.mapped = st.h, true
 	a.sync(st.page)
+	a.mappedTop = max(a.mappedTop, st.page+1)
 	a.mapped += a.pageBytes
 	p.addReserved(a.pageBytes)
 	return true
@@ -505,6 +520,7 @@ func (a *arena) mapHandle(p *Pool, i uint64, h device.PhysMem) error {
 	pg := &a.pages[i]
 	pg.h, pg.mapped = h, true
 	a.sync(i)
+	a.mappedTop = max(a.mappedTop, i+1)
 	a.mapped += a.pageBytes
 	p.addReserved(a.pageBytes)
 	return nil
@@ -514,6 +530,7 @@ func (a *arena) mapHandle(p *Pool, i uint64, h device.PhysMem) error {
 // of free mapped pages remain.
 func (a *arena) shrink(p *Pool, keep uint64) uint64 {
 	var released uint64
+	a.freshen()
 	for a.freePages > keep {
 		i, ok := a.highestFree()
 		if !ok {
@@ -550,17 +567,15 @@ func (a *arena) place(size, align uint64) (alloc.Block, alloc.Handle, error) {
 	return b, 0, err
 }
 
-// placeFree returns a range from place to the allocator, and for lean
-// arenas the pages it leaves entirely free to the free set. The caller
-// accounts for the block (released does, for a block handed out).
-func (a *arena) placeFree(off, size uint64, h alloc.Handle) error {
+// placeFree returns a range from place to the allocator (a lean arena's
+// free set is then stale). The caller accounts for the block (released
+// does, for a block handed out).
+func (a *arena) placeFree(off uint64, h alloc.Handle) error {
 	if a.ha == nil {
 		return a.alloc.Free(off)
 	}
-	seg, err := a.ha.FreeHandle(h, off)
-	if err == nil && a.lean {
-		a.putFree(off, size, seg)
-	}
+	_, err := a.ha.FreeHandle(h, off)
+	a.stale = a.stale || a.lean
 	return err
 }
 
@@ -579,8 +594,10 @@ func (a *arena) released(p *Pool, off, size uint64) {
 			a.unref(p, i)
 		}
 	}
-	if keep := a.keepBytes(p); a.freePages > keep {
-		a.shrink(p, keep)
+	if keep := a.keepBytes(p); keep != math.MaxUint64 {
+		if a.freshen(); a.freePages > keep {
+			a.shrink(p, keep)
+		}
 	}
 }
 

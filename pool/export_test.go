@@ -17,6 +17,9 @@ func CheckPages(p *Pool) error {
 		if !a.virtual {
 			continue
 		}
+		// A lean arena's free set is rebuilt where it is used; check
+		// the rebuild.
+		a.freshen()
 		free := make([]bool, len(a.pages))
 		a.alloc.Walk(func(s alloc.Segment) bool {
 			if s.Free {

@@ -793,7 +793,7 @@ func (p *Pool) freeAsync(t *Tenant, b Block, s device.Stream) error {
 // policy). Called with p.mu held.
 func (p *Pool) release(m *meta) {
 	a := m.arena
-	if err := a.placeFree(m.off, m.size, m.node); err != nil {
+	if err := a.placeFree(m.off, m.node); err != nil {
 		// The handle was validated, so this is a bookkeeping bug.
 		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
 	}

@@ -143,7 +143,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		}
 		if a.virtual {
 			if err := a.touch(p, b.Offset, b.Size); err != nil {
-				_ = a.placeFree(b.Offset, b.Size, h)
+				_ = a.placeFree(b.Offset, h)
 				return nil, err
 			}
 		}

@@ -242,7 +242,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 		p.unpin(c)
 	}
 	size := sizeClasses[cls]
-	p.lock()
+	p.mu.Lock()
 	p.releaseList(deferred)
 	first, err := p.arenaAlloc(size, p.opts.Alignment, 0)
 	if err != nil {
@@ -301,7 +301,7 @@ func (p *Pool) cacheFree(m *meta) {
 	}
 	p.unpin(c)
 	if chain != nil {
-		p.lock()
+		p.mu.Lock()
 		p.releaseList(chain)
 		p.mu.Unlock()
 	}
@@ -348,7 +348,7 @@ func (p *Pool) parkFree(m *meta) bool {
 	}
 	p.unpin(c)
 	if chain != nil {
-		p.lock()
+		p.mu.Lock()
 		p.releaseList(chain)
 		p.mu.Unlock()
 	}

@@ -751,7 +751,7 @@ func (p *Pool) free(t *Tenant, b Block) error {
 	if p.parkable(m) && p.parkFree(m) {
 		return nil
 	}
-	p.lock()
+	p.mu.Lock()
 	p.central.sub(m)
 	p.release(m)
 	p.mu.Unlock()
@@ -800,23 +800,6 @@ func (p *Pool) release(m *meta) {
 	a.released(p, m.off, m.size)
 	p.putMeta(m)
 }
-
-// lock takes p.mu for a trip to the arenas. Such trips hold it for a few
-// hundred nanoseconds, while a goroutine that sync.Mutex parks waits tens
-// of microseconds to be woken: contending goroutines try again for a few
-// microseconds, yielding between tries, before they queue on the mutex.
-func (p *Pool) lock() {
-	for i := 0; i < lockSpins; i++ {
-		if p.mu.TryLock() {
-			return
-		}
-		runtime.Gosched()
-	}
-	p.mu.Lock()
-}
-
-// lockSpins is how many times lock tries before it queues.
-const lockSpins = 32
 
 func (p *Pool) newMeta() *meta {
 	if m := p.metaFree; m != nil {

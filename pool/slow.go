@@ -72,7 +72,7 @@ func (e *OOMError) Unwrap() error { return e.Err }
 // chain parked (blocks the caller took from its processor's cache) back to
 // the arenas.
 func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant, parked *meta) (*meta, error) {
-	p.lock()
+	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.releaseList(parked)
 	var m *meta

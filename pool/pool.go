@@ -17,7 +17,10 @@
 // sync.Pool does): small blocks (≤ Options.CacheMax) rounded to size
 // classes, and the last large blocks freed there, which serve a request of
 // the same size. A pair of free and alloc through a cache costs one atomic
-// instruction. Page maps happen outside the lock. Blocks freed with FreeAsync are
+// instruction. Other large blocks freed on a processor wait in its cache
+// for its next trip to the arenas, which gives them back before placing
+// anything: one lock per free+alloc pair. Blocks are whole multiples of
+// Options.Alignment. Page maps happen outside the lock. Blocks freed with FreeAsync are
 // stream-ordered: reusable at once on the freeing stream and on other
 // streams only after an event recorded on the freeing stream has completed.
 // Tenants are named sub-pools with quotas. Every failure is a value: an
@@ -732,8 +735,13 @@ func (p *Pool) freed(m *meta) {
 	}
 }
 
-// Free returns b to the pool for immediate reuse: the caller guarantees no
-// device work still uses it (use FreeAsync otherwise). Freeing a block twice,
+// Free returns b to the pool for reuse at once: the caller guarantees no
+// device work still uses it (use FreeAsync otherwise). A block freed into
+// this processor's cache (small, parked or held back, see parkFree) serves
+// the next allocations made here; allocations elsewhere get its memory
+// after this processor's next trip to the arenas, or before any of them
+// would fail for want of it (the out-of-memory path and Trim empty every
+// cache). Freeing a block twice,
 // a stale copy of a handle, or another pool's or tenant's block returns an
 // error wrapping ErrInvalidHandle and changes nothing.
 func (p *Pool) Free(b Block) error { return p.free(nil, b) }

@@ -31,12 +31,7 @@ func TestHandleRandom(t *testing.T) {
 	for _, name := range handleStrategies {
 		t.Run(name, func(t *testing.T) {
 			a := mustNew(t, name, 160*MiB).(alloc.HandleAllocator)
-			type live struct {
-				b      alloc.Block
-				h      alloc.Handle
-				handle bool
-			}
-			var blocks []live
+			var blocks []handleBlock
 			r := rand.New(rand.NewPCG(3, 4))
 			for op := 0; op < ops; op++ {
 				if len(blocks) > 0 && (len(blocks) >= 64 || r.IntN(2) == 0) {
@@ -82,7 +77,7 @@ func TestHandleRandom(t *testing.T) {
 					}
 				} else {
 					size, align := gpuSize(r, 40*MiB), gpuAlign(r)
-					x := live{handle: r.IntN(2) == 0}
+					x := handleBlock{handle: r.IntN(2) == 0}
 					var err error
 					if x.handle {
 						x.b, x.h, err = a.AllocHandle(size, align)
@@ -101,20 +96,7 @@ func TestHandleRandom(t *testing.T) {
 					t.Fatalf("op %d: %v", op, err)
 				}
 			}
-			for _, x := range blocks {
-				var err error
-				if x.handle {
-					_, err = a.FreeHandle(x.h, x.b.Offset)
-				} else {
-					err = a.Free(x.b.Offset)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := alloc.CheckEmpty(a); err != nil {
-				t.Fatal(err)
-			}
+			freeAllHandleBlocks(t, a, blocks)
 		})
 	}
 }

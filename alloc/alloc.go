@@ -133,8 +133,8 @@ type Handle int32
 
 // HandleAllocator is implemented by strategies ("tlsf", "bestfit") that
 // can hand out a handle with each block, so that its free needs no lookup
-// and can say which free range the block merged into (the device pool
-// uses that to see which pages became entirely free).
+// (the device pool frees its blocks this way) and can say which free range
+// the block merged into.
 type HandleAllocator interface {
 	Allocator
 	// AllocHandle is Alloc, also returning the block's handle. Such a

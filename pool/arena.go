@@ -18,9 +18,9 @@ type arena struct {
 	size  uint64
 	alloc alloc.Allocator
 	// ha is alloc as a HandleAllocator (tlsf, bestfit), else nil: blocks
-	// are then freed by handle, and a virtual arena tracks its free pages
-	// from the free ranges frees report instead of counting references
-	// per page (see lean).
+	// are then freed by handle, and a virtual arena finds its free pages
+	// from the allocator's free ranges instead of counting references per
+	// page (see lean).
 	ha   alloc.HandleAllocator
 	live int    // live (or cached/pending) blocks
 	held uint64 // bytes of those blocks
@@ -138,9 +138,11 @@ func (p *Pool) addReserved(n uint64) {
 	updateMax(&p.peakReserved, p.reserved.Add(n))
 }
 
-// touch maps the pages under [off, off+size) of a virtual arena and takes a
-// reference on each. Referenced pages are never unmapped. On failure
-// nothing stays referenced.
+// touch maps the pages under [off, off+size) of a virtual arena, whose
+// range the allocator has just handed out, and keeps them from being
+// unmapped while a block lies on them: a lean arena because the range is
+// no longer free in the allocator, others by taking a reference on each
+// page. On failure nothing stays referenced.
 //
 // Called with p.mu held, touch releases it while it waits for pages that
 // another goroutine is mapping or unmapping, and while it makes its own
@@ -218,8 +220,8 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 	}
 	p.cond.Broadcast()
 	if failed {
-		// Lean arenas: the caller's free of the range puts its free
-		// pages back (placeFree).
+		// Lean arenas hold no references: the caller frees the range
+		// (placeFree), which leaves the free set stale.
 		for i := first; i <= last && !a.lean; i++ {
 			a.unref(p, i)
 		}

@@ -48,6 +48,9 @@ else
   status+=("$(printf '%-34s %-9s' "nvcc anchor-alloc" FAIL)")
 fi
 run "bench alloc" bash -c "'$bin/memwall' bench alloc --out '$OUT/alloc.json' | tee '$OUT/alloc.txt'"
+# The host's speed drifts by minutes: time the driver from C again after the
+# bench, so that a ratio can be taken against both sides of it.
+[ -x "$OUT/anchor-alloc" ] && run "driver allocators from C, again" bash -c "'$OUT/anchor-alloc' > '$OUT/anchor-alloc-after.jsonl'"
 [ -n "${EXTRA:-}" ] && run "extra" bash -c "$EXTRA"
 
 echo

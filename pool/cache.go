@@ -227,7 +227,7 @@ func (c *procCache) drain(cls int, keep uint64) (chain *meta) {
 // cache, else from the arenas, taking a few more of the class into the
 // cache in the same trip. When the fast path already found the class
 // empty (tried), batch is the refill's size and deferred the blocks it
-// took from the cache to give back first (see parkFree).
+// took from the cache to give back first (see keepFree).
 func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried bool, batch int, deferred *meta) (*meta, error) {
 	if c := p.pinIf(!tried); c != nil {
 		m := c.pop(cls)
@@ -313,7 +313,7 @@ func (p *Pool) parkable(m *meta) bool {
 	return m.class == 0 && m.size <= p.opts.Limit/64 && p.procs != nil
 }
 
-// parkFree keeps a freed large block in this processor's cache, and
+// keepFree keeps a freed large block in this processor's cache, and
 // reports false, having done nothing, when the cache cannot be used now.
 //
 // The block is parked, to serve the next request of its size, when its
@@ -333,7 +333,7 @@ func (p *Pool) parkable(m *meta) bool {
 // against 1.114× when any freed block was parked); on the BERT trace, whose layers
 // repeat their shapes within a call, the default makes 18.8% device calls
 // per allocation against 16.8% without parking, at the same 1.037× memory.
-func (p *Pool) parkFree(m *meta) bool {
+func (p *Pool) keepFree(m *meta) bool {
 	c, _ := p.pin()
 	if c == nil {
 		return false

@@ -584,7 +584,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 			timed = true
 		}
 		// Blocks this processor freed and held back go to the arenas
-		// before this allocation is placed (see parkFree).
+		// before this allocation is placed (see keepFree).
 		if c := p.pinIf(p.procs != nil); c != nil {
 			parked = c.takeDeferred()
 			p.unpin(c)
@@ -737,7 +737,7 @@ func (p *Pool) freed(m *meta) {
 
 // Free returns b to the pool for reuse at once: the caller guarantees no
 // device work still uses it (use FreeAsync otherwise). A block freed into
-// this processor's cache (small, parked or held back, see parkFree) serves
+// this processor's cache (small, parked or held back, see keepFree) serves
 // the next allocations made here; allocations elsewhere get its memory
 // after this processor's next trip to the arenas, or before any of them
 // would fail for want of it (the out-of-memory path and Trim empty every
@@ -756,7 +756,7 @@ func (p *Pool) free(t *Tenant, b Block) error {
 		p.cacheFree(m)
 		return nil
 	}
-	if p.parkable(m) && p.parkFree(m) {
+	if p.parkable(m) && p.keepFree(m) {
 		return nil
 	}
 	p.mu.Lock()

@@ -1,6 +1,7 @@
 package alloc_test
 
 import (
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -101,5 +102,56 @@ func BenchmarkAllocFree(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkHandlePair is the pool's central pair on the allocator alone:
+// FreeHandle of a random one of 32 live blocks and AllocHandle of its
+// replacement, log-uniform 512 B–64 MiB rounded to 256 B, as the pool's
+// blocks are.
+func BenchmarkHandlePair(b *testing.B) {
+	for _, name := range []string{"bestfit", "tlsf"} {
+		b.Run(name, func(b *testing.B) {
+			a, err := alloc.New(name, 1<<40)
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := a.(alloc.HandleAllocator)
+			r := rand.New(rand.NewPCG(1, 2))
+			const n = 1 << 14
+			sizes, victims := make([]uint64, n), make([]int, n)
+			lo, hi := math.Log(512), math.Log(64<<20)
+			for i := range sizes {
+				sizes[i] = (uint64(math.Exp(lo+r.Float64()*(hi-lo))) + 255) &^ 255
+				victims[i] = r.IntN(32)
+			}
+			live := make([]alloc.Handle, 32)
+			offs := make([]uint64, 32)
+			for i := range live {
+				var blk alloc.Block
+				if blk, live[i], err = h.AllocHandle(sizes[n-1-i], 256); err != nil {
+					b.Fatal(err)
+				}
+				offs[i] = blk.Offset
+			}
+			pair := func(i int) {
+				k := victims[i&(n-1)]
+				if _, err := h.FreeHandle(live[k], offs[k]); err != nil {
+					b.Fatal(err)
+				}
+				blk, hd, err := h.AllocHandle(sizes[i&(n-1)], 256)
+				if err != nil {
+					b.Fatal(err)
+				}
+				live[k], offs[k] = hd, blk.Offset
+			}
+			for i := 0; i < 4*n; i++ {
+				pair(i)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				pair(i)
+			}
+		})
 	}
 }

@@ -60,8 +60,8 @@ func (b *BestFit) insertFree(id int32) {
 	fl, sl := tlsfMapping(b.nodes[id].size)
 	b.mark(fl, sl)
 	prio := b.nextPrio()
-	b.nodes[id].prio = prio
-	link := &b.roots[fl][sl]
+	b.nodes[id].prio, b.nodes[id].cls = prio, classID(fl, sl)
+	link := b.root(fl, sl)
 	for *link != nilID && b.nodes[*link].prio >= prio {
 		if b.less(id, *link) {
 			link = &b.nodes[*link].left
@@ -89,8 +89,8 @@ func (b *BestFit) insertFree(id int32) {
 
 // remove deletes free node id from the treap of its class.
 func (b *BestFit) removeFree(id int32) {
-	fl, sl := tlsfMapping(b.nodes[id].size)
-	root := &b.roots[fl][sl]
+	fl, sl := splitClass(b.nodes[id].cls)
+	root := b.root(fl, sl)
 	link := root
 	for *link != id {
 		if b.less(id, *link) {
@@ -129,15 +129,15 @@ func (b *BestFit) find(size, align uint64) int32 {
 	if fl0 >= tlsfFLCount {
 		return nilID
 	}
-	for flMap := b.flBitmap >> fl0 << fl0; flMap != 0; flMap &= flMap - 1 {
+	for flMap := b.flBitmap >> (uint(fl0) & 63) << (uint(fl0) & 63); flMap != 0; flMap &= flMap - 1 {
 		fl := bits.TrailingZeros64(flMap)
-		m := b.slBitmap[fl]
+		m := b.slBitmap[fl&63]
 		if fl == fl0 {
-			m &= ^uint32(0) << sl0
+			m &= ^uint32(0) << (uint(sl0) & 31)
 		}
 		for ; m != 0; m &= m - 1 {
 			sl := bits.TrailingZeros32(m)
-			if id := b.findIn(b.roots[fl][sl], size, align); id != nilID {
+			if id := b.findIn(*b.root(fl, sl), size, align); id != nilID {
 				return id
 			}
 		}
@@ -247,7 +247,7 @@ func (b *BestFit) checkInternal() error {
 				if !n.free {
 					return fmt.Errorf("bestfit: treap holds live block at offset %d", n.off)
 				}
-				if f, s := tlsfMapping(n.size); f != fl || s != sl {
+				if f, s := tlsfMapping(n.size); f != fl || s != sl || n.cls != classID(fl, sl) {
 					return fmt.Errorf("bestfit: range of %d bytes in class (%d,%d), belongs in (%d,%d)", n.size, fl, sl, f, s)
 				}
 				if last != nilID && !b.less(last, id) {

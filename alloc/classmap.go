@@ -9,16 +9,31 @@ import (
 // structure's root (a list head for TLSF, a treap root for best fit) and
 // two levels of bitmaps of the non-empty classes, so the first class that
 // can hold a size is found in constant time.
+//
+// The arrays have 64 first-level rows (tlsfFLCount are used) so that an
+// index masked to 6 bits needs no bounds check.
 type classMap struct {
 	flBitmap uint64
-	slBitmap [tlsfFLCount]uint32
-	roots    [tlsfFLCount][tlsfSLCount]int32
+	slBitmap [64]uint32
+	roots    [64][tlsfSLCount]int32
 }
+
+// classID packs a class into the 11 bits a free node keeps (rangeNode.cls),
+// so that removing the node need not compute its class again.
+func classID(fl, sl int) uint16 { return uint16(fl<<tlsfSLLog2 | sl) }
+
+// splitClass unpacks classID.
+func splitClass(id uint16) (fl, sl int) {
+	return int(id>>tlsfSLLog2) & 63, int(id) & (tlsfSLCount - 1)
+}
+
+// root returns the root slot of class (fl, sl); fl < 64, sl < tlsfSLCount.
+func (c *classMap) root(fl, sl int) *int32 { return &c.roots[fl&63][sl&(tlsfSLCount-1)] }
 
 // reset empties every class.
 func (c *classMap) reset() {
 	c.flBitmap = 0
-	c.slBitmap = [tlsfFLCount]uint32{}
+	c.slBitmap = [64]uint32{}
 	for fl := range c.roots {
 		for sl := range c.roots[fl] {
 			c.roots[fl][sl] = nilID
@@ -28,15 +43,17 @@ func (c *classMap) reset() {
 
 // mark records that class (fl, sl) is not empty.
 func (c *classMap) mark(fl, sl int) {
-	c.flBitmap |= 1 << fl
-	c.slBitmap[fl] |= 1 << sl
+	// The masks tell the compiler the shifts are in range (fl <
+	// tlsfFLCount ≤ 64, sl < tlsfSLCount = 32), so it emits plain shifts.
+	c.flBitmap |= 1 << (uint(fl) & 63)
+	c.slBitmap[fl&63] |= 1 << (uint(sl) & 31)
 }
 
 // unmark records that class (fl, sl) became empty.
 func (c *classMap) unmark(fl, sl int) {
-	c.slBitmap[fl] &^= 1 << sl
-	if c.slBitmap[fl] == 0 {
-		c.flBitmap &^= 1 << fl
+	c.slBitmap[fl&63] &^= 1 << (uint(sl) & 31)
+	if c.slBitmap[fl&63] == 0 {
+		c.flBitmap &^= 1 << (uint(fl) & 63)
 	}
 }
 

@@ -34,6 +34,7 @@ type rangeNode struct {
 	prevFree, nextFree int32
 	left, right        int32
 	prio               uint32
+	cls                uint16 // a free node's class (classID), set by the index's insertFree
 	free               bool
 	byHandle           bool // live, allocated by AllocHandle: not in the offset index
 }
@@ -54,15 +55,16 @@ type freeIndex interface {
 func (r *rangeList) Capacity() uint64 { return r.capacity }
 
 func (r *rangeList) newNode(off, size uint64, free bool) int32 {
-	n := rangeNode{off: off, size: size, free: free, prevPhys: nilID, nextPhys: nilID,
-		prevFree: nilID, nextFree: nilID, left: nilID, right: nilID}
 	if k := len(r.spare); k > 0 {
 		id := r.spare[k-1]
 		r.spare = r.spare[:k-1]
-		r.nodes[id] = n
+		n := &r.nodes[id]
+		n.off, n.size, n.free, n.byHandle = off, size, free, false
+		n.prevPhys, n.nextPhys, n.prevFree, n.nextFree, n.left, n.right = nilID, nilID, nilID, nilID, nilID, nilID
 		return id
 	}
-	r.nodes = append(r.nodes, n)
+	r.nodes = append(r.nodes, rangeNode{off: off, size: size, free: free, prevPhys: nilID, nextPhys: nilID,
+		prevFree: nilID, nextFree: nilID, left: nilID, right: nilID})
 	return int32(len(r.nodes) - 1)
 }
 
@@ -109,11 +111,11 @@ func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 	}
 	r.idx.removeFree(id)
 	r.freeRanges--
-	n := r.nodes[id]
-	if start := alignUp(n.off, align); start > n.off {
-		pad := r.newNode(n.off, start-n.off, true)
+	if off := r.nodes[id].off; alignUp(off, align) > off {
+		start := alignUp(off, align)
+		pad := r.newNode(off, start-off, true)
 		r.linkBefore(pad, id)
-		r.nodes[id].off, r.nodes[id].size = start, n.size-(start-n.off)
+		r.nodes[id].off, r.nodes[id].size = start, r.nodes[id].size-(start-off)
 		r.idx.insertFree(pad)
 		r.freeRanges++
 	}

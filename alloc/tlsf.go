@@ -52,8 +52,8 @@ func tlsfMapping(size uint64) (fl, sl int) {
 	if size < tlsfSLCount {
 		return 0, int(size)
 	}
-	f := log2(size)
-	return f - (tlsfSLLog2 - 1), int(size>>(f-tlsfSLLog2)) - tlsfSLCount
+	f := log2(size) // ≥ tlsfSLLog2 here
+	return f - (tlsfSLLog2 - 1), int(size>>(uint(f-tlsfSLLog2)&63)) - tlsfSLCount
 }
 
 // findClass returns the first non-empty class whose blocks all hold at
@@ -81,12 +81,13 @@ func (t *TLSF) findClass(size uint64) (fl, sl int, ok bool) {
 func (t *TLSF) insertFree(id int32) {
 	n := &t.nodes[id]
 	fl, sl := tlsfMapping(n.size)
-	head := t.roots[fl][sl]
-	n.prevFree, n.nextFree = nilID, head
+	root := t.root(fl, sl)
+	head := *root
+	n.prevFree, n.nextFree, n.cls = nilID, head, classID(fl, sl)
 	if head != nilID {
 		t.nodes[head].prevFree = id
 	}
-	t.roots[fl][sl] = id
+	*root = id
 	t.mark(fl, sl)
 }
 
@@ -99,8 +100,8 @@ func (t *TLSF) removeFree(id int32) {
 		t.nodes[n.prevFree].nextFree = n.nextFree
 		return
 	}
-	fl, sl := tlsfMapping(n.size)
-	t.roots[fl][sl] = n.nextFree
+	fl, sl := splitClass(n.cls)
+	*t.root(fl, sl) = n.nextFree
 	if n.nextFree == nilID {
 		t.unmark(fl, sl)
 	}
@@ -192,7 +193,7 @@ func (t *TLSF) checkInternal() error {
 				if !n.free || n.prevFree != p {
 					return fmt.Errorf("tlsf: class (%d,%d): node at offset %d is not free or badly linked", fl, sl, n.off)
 				}
-				if f, s := tlsfMapping(n.size); f != fl || s != sl {
+				if f, s := tlsfMapping(n.size); f != fl || s != sl || n.cls != classID(fl, sl) {
 					return fmt.Errorf("tlsf: node of size %d in class (%d,%d), belongs in (%d,%d)", n.size, fl, sl, f, s)
 				}
 				p = id

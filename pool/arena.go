@@ -255,6 +255,10 @@ func wordMask(w, first, last uint64) uint64 {
 // allReady reports whether pages [first, last] are all mapped and none is
 // busy.
 func (a *arena) allReady(first, last uint64) bool {
+	if fw := first / 64; fw == last/64 { // the usual case: one word
+		m := ^uint64(0) << (first % 64) & (^uint64(0) >> (63 - last%64))
+		return a.ready[fw]&m == m
+	}
 	for w := first / 64; w <= last/64; w++ {
 		if m := wordMask(w, first, last); a.ready[w]&m != m {
 			return false

@@ -24,15 +24,16 @@ type procCache struct {
 	// them, that have not gone back to their arenas yet: the next trip
 	// of this processor to the arenas takes them along (see deferFree).
 	// largeBytes counts the bytes of both.
-	large        [largeSlots]*meta
-	deferred     *meta // oldest first; deferredTail is the newest
-	deferredTail *meta
-	nDeferred    int
-	largeBytes   uint64
-	lastLarge    uint64   // size of the last large request here
-	c            counters // accounting of operations served here
-	n            uint32   // allocations here, for latency sampling
-	_            [64]byte // keep caches on separate cache lines
+	large         [largeSlots]*meta
+	deferred      *meta // oldest first; deferredTail is the newest
+	deferredTail  *meta
+	nDeferred     int
+	deferredBytes uint64
+	largeBytes    uint64
+	lastLarge     uint64   // size of the last large request here
+	c             counters // accounting of operations served here
+	n             uint32   // allocations here, for latency sampling
+	_             [64]byte // keep caches on separate cache lines
 }
 
 const (
@@ -70,27 +71,30 @@ func (c *procCache) batchSize(cls int) int {
 }
 
 // pin pins the goroutine to its processor and returns that processor's
-// cache, or nil (unpinned again) when the cache cannot be used now: the
-// caches are stopped, the pool is closed, or GOMAXPROCS grew after New.
+// cache and index, or nil (unpinned again) when the cache cannot be used
+// now: the caches are stopped, the pool is closed, or GOMAXPROCS grew
+// after New.
 func (p *Pool) pin() (*procCache, int) {
 	if p.single {
-		c := &p.procs[0]
-		c.mu.Lock()
-		if p.revoked.Load() {
-			c.mu.Unlock()
-			return nil, 0
-		}
-		return c, 0
+		return p.pinSingle(), 0
 	}
 	pid := procPin()
-	if pid < len(p.procs) && !p.revoked.Load() {
-		c := &p.procs[pid]
-		if c.g.enter() {
-			return c, pid
-		}
+	if pid < len(p.procs) && !p.revoked.Load() && p.procs[pid].g.enter() {
+		return &p.procs[pid], pid
 	}
 	procUnpin()
 	return nil, pid
+}
+
+// pinSingle is pin for Options.SingleCache: the one cache, under its lock.
+func (p *Pool) pinSingle() *procCache {
+	c := &p.procs[0]
+	c.mu.Lock()
+	if p.revoked.Load() {
+		c.mu.Unlock()
+		return nil
+	}
+	return c
 }
 
 // pinIf is pin when cond holds, else nil.
@@ -167,6 +171,9 @@ func (c *procCache) park(m *meta) (evicted *meta) {
 // The deferred blocks come first, in the order they were freed, as they
 // would have gone back had they not been held.
 func (c *procCache) unparkAll() (chain *meta) {
+	if c.large[0] == nil { // the slots fill from the front: none parked
+		return c.takeDeferred()
+	}
 	for i, m := range c.large {
 		if m != nil {
 			m.next = chain
@@ -190,6 +197,7 @@ func (c *procCache) deferFree(m *meta) bool {
 	}
 	c.deferredTail = m
 	c.nDeferred++
+	c.deferredBytes += m.size
 	c.largeBytes += m.size
 	return c.nDeferred >= maxDeferred
 }
@@ -197,10 +205,8 @@ func (c *procCache) deferFree(m *meta) bool {
 // takeDeferred removes the deferred blocks, returning them as a chain.
 func (c *procCache) takeDeferred() *meta {
 	chain := c.deferred
-	for m := chain; m != nil; m = m.next {
-		c.largeBytes -= m.size
-	}
-	c.deferred, c.deferredTail, c.nDeferred = nil, nil, 0
+	c.largeBytes -= c.deferredBytes
+	c.deferred, c.deferredTail, c.nDeferred, c.deferredBytes = nil, nil, 0, 0
 	return chain
 }
 

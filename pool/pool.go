@@ -634,8 +634,12 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	switch {
 	case cls >= 0:
 		m, err = p.cacheAlloc(cls, size, o.Purpose, t, tried, batch, parked)
+	case tried:
+		// A large block the cache did not hold: parked is what this
+		// processor's cache gave up to go back first.
+		m, err = p.slowAlloc(size, align, 0, o.Purpose, t, parked)
 	case cached:
-		m, err = p.largeAlloc(size, align, o.Purpose, t, tried, parked)
+		m, err = p.largeAlloc(size, align, o.Purpose, t)
 	default:
 		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t, parked)
 	}
@@ -654,14 +658,11 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	return b, nil
 }
 
-// largeAlloc serves a large block: one parked on this processor that fits,
-// else from the arenas, after giving this processor's parked blocks back.
-// When the fast path already tried the cache (tried), parked is what it
-// took from there.
-func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant, tried bool, parked *meta) (*meta, error) {
-	if tried {
-		return p.slowAlloc(size, align, 0, purpose, t, parked)
-	}
+// largeAlloc serves a large block the fast path did not try (an
+// allocation timed for the latency histogram): one parked on this
+// processor that fits, else from the arenas, after giving this processor's
+// parked blocks back.
+func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant) (*meta, error) {
 	c, _ := p.pin()
 	if c == nil {
 		return p.slowAlloc(size, align, 0, purpose, t, nil)
@@ -674,6 +675,7 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant, tried 
 		p.unpin(c)
 		return m, nil
 	}
+	var parked *meta
 	if c.largeBytes > 0 {
 		parked = c.unparkAll()
 	}
@@ -685,11 +687,17 @@ func (p *Pool) largeAlloc(size, align uint64, purpose Purpose, t *Tenant, tried 
 func (p *Pool) handout(m *meta, size uint64, s device.Stream) Block {
 	b := Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load()}
 	if p.opts.OnEvent != nil {
-		p.mu.Lock()
-		p.opts.OnEvent(Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: s, Purpose: m.purpose, Tenant: m.tenant.name()})
-		p.mu.Unlock()
+		p.allocEvent(b, size, s)
 	}
 	return b
+}
+
+// allocEvent reports an allocation to Options.OnEvent.
+func (p *Pool) allocEvent(b Block, size uint64, s device.Stream) {
+	m := b.m
+	p.mu.Lock()
+	p.opts.OnEvent(Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: s, Purpose: m.purpose, Tenant: m.tenant.name()})
+	p.mu.Unlock()
 }
 
 func updateMax(a *atomic.Uint64, v uint64) {
@@ -702,29 +710,43 @@ func updateMax(a *atomic.Uint64, v uint64) {
 }
 
 // validate checks that b is a live block of this pool (and of tenant t when
-// t is non-nil) and marks it dead. It changes nothing on error.
+// t is non-nil) and marks it dead. It changes nothing on error. One
+// compare-and-swap moves the generation on; refuseHandle diagnoses the
+// rest.
 func (p *Pool) validate(b Block, t *Tenant) (*meta, error) {
-	if b.m == nil || b.m.pool != p {
-		return nil, fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
-	}
-	m := b.m
-	// One compare-and-swap moves the generation on; everything else is
-	// the diagnosis of a refused handle.
-	if m.tenant == t && m.state.CompareAndSwap(b.gen, b.gen+1) {
+	if m := b.m; m != nil && m.pool == p && m.tenant == t && m.state.CompareAndSwap(b.gen, b.gen+1) {
 		return m, nil
 	}
+	return nil, p.refuseHandle(b, t)
+}
+
+// refuseHandle says why validate refused b.
+func (p *Pool) refuseHandle(b Block, t *Tenant) error {
+	if b.m == nil || b.m.pool != p {
+		return fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+	}
+	m := b.m
 	if cur := m.state.Load(); cur != b.gen {
 		if cur == b.gen+1 {
-			return nil, fmt.Errorf("pool %s: %#x was already freed (double free, or a copy of a freed handle): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+			return fmt.Errorf("pool %s: %#x was already freed (double free, or a copy of a freed handle): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 		}
-		return nil, fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+		return fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
-	return nil, fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
+	// The generation only moves on, so with the tenant right the
+	// compare-and-swap fails only on a generation that differs: what is
+	// left is the tenant.
+	return fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
 }
 
 // freed does what every free does besides accounting: the tenant's charge
 // and the event hook.
 func (p *Pool) freed(m *meta) {
+	if m.tenant != nil || p.opts.OnEvent != nil {
+		p.freedSlow(m)
+	}
+}
+
+func (p *Pool) freedSlow(m *meta) {
 	if m.tenant != nil {
 		m.tenant.uncharge(m.charged)
 	}

@@ -73,8 +73,9 @@ func (e *OOMError) Unwrap() error { return e.Err }
 // the arenas.
 func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant, parked *meta) (*meta, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.releaseList(parked)
+	if parked != nil {
+		p.releaseList(parked)
+	}
 	var m *meta
 	if s != 0 {
 		if l := p.pending[s]; l != nil {
@@ -86,11 +87,13 @@ func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t
 	if m == nil {
 		var err error
 		if m, err = p.arenaAlloc(size, align, s); err != nil {
+			p.mu.Unlock()
 			return nil, err
 		}
 	}
 	m.assign(size, purpose, t)
 	p.central.add(m)
+	p.mu.Unlock()
 	return m, nil
 }
 
@@ -128,7 +131,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		// Move the frontier up by what the request needs; a strategy
 		// that places blocks at aligned offsets (buddy) may need more, so
 		// try twice and four times that before giving up.
-		for k := uint64(1); k <= 4 && a.virtual && errors.Is(err, alloc.ErrOutOfMemory) && a.alloc.Capacity() < a.size; k *= 2 {
+		for k := uint64(1); err != nil && k <= 4 && a.virtual && errors.Is(err, alloc.ErrOutOfMemory) && a.alloc.Capacity() < a.size; k *= 2 {
 			grow := min(a.size, roundUp(a.alloc.Capacity()+k*(size+align), a.pageBytes))
 			if gerr := a.alloc.Grow(grow); gerr != nil {
 				break
@@ -165,30 +168,42 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 // arenaAlloc places a block, reclaiming and growing as needed. Called with
 // p.mu held.
 func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
-	return p.arenaAlloc1(size, align, s)
-}
-
-func (p *Pool) arenaAlloc1(size, align uint64, s device.Stream) (*meta, error) {
 	if p.closed {
 		return nil, fmt.Errorf("pool %s: %w", p.opts.Name, ErrClosed)
 	}
+	// The common case, a block that fits in the arenas as they are, takes
+	// no more than this call.
+	m, err := p.tryArenas(size, align)
+	if m != nil {
+		return m, nil
+	}
+	return p.arenaRetry(size, align, s, err)
+}
+
+// arenaRetry is arenaAlloc after a first attempt that placed nothing
+// (firstErr: why, or nil when nothing fitted): it reclaims, grows and
+// retries, and explains a failure.
+func (p *Pool) arenaRetry(size, align uint64, s device.Stream, firstErr error) (*meta, error) {
 	var tried []string
 	var devErr error
 	limitHit := false
+	noteErr := func(err error) {
+		if errors.Is(err, errLimit) {
+			limitHit = true
+		} else if errors.Is(err, device.ErrOutOfMemory) || devErr == nil {
+			devErr = err
+		}
+	}
+	if firstErr != nil {
+		noteErr(firstErr)
+	}
 	attempt := func() (*meta, bool) {
 		m, err := p.tryArenas(size, align)
 		if err != nil {
-			if errors.Is(err, errLimit) {
-				limitHit = true
-			} else if errors.Is(err, device.ErrOutOfMemory) || devErr == nil {
-				devErr = err
-			}
+			noteErr(err)
 			return nil, false
 		}
 		return m, m != nil
-	}
-	if m, ok := attempt(); ok {
-		return m, nil
 	}
 	if p.opts.Growth == GrowVirtual {
 		tried = append(tried, "map pages in the reserved range (unmapping free pages when refused)")

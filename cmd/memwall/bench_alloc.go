@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/memwall/memwall/bench"
@@ -11,12 +12,14 @@ import (
 func init() { benchVerbs["alloc"] = runBenchAlloc }
 
 func runBenchAlloc(e *env, args []string) error {
-	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--json] [--out FILE]")
+	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--mixes random,4KiB,1MiB,64MiB] [--policies virtual,virtual-keep,chunks] [--json] [--out FILE]")
 	var df deviceFlag
 	df.add(fs)
 	pairs := fs.Int("pairs", 20000, "timed free+alloc pairs per goroutine")
 	gor := fs.String("goroutines", "1,4,16", "goroutine counts to measure")
 	strategies := fs.String("strategies", "bestfit,tlsf", "pool strategies to measure")
+	mixes := fs.String("mixes", "", "size mixes to measure, by name or a word of it (default all: random 512B-64MiB, fixed 4KiB, 1MiB, 64MiB)")
+	policies := fs.String("policies", "", "pool configurations to measure (default all: virtual, virtual-keep, chunks)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	out := fs.String("out", "", "also write the JSON report to this file")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -33,13 +36,21 @@ func runBenchAlloc(e *env, args []string) error {
 	if *pairs < 100 {
 		return usagef("--pairs must be at least 100")
 	}
+	ms, err := pickMixes(*mixes)
+	if err != nil {
+		return err
+	}
+	ps, err := pickPolicies(*policies)
+	if err != nil {
+		return err
+	}
 	d, _, err := df.open(e)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	pb := newProgress(e, "alloc")
-	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{Pairs: *pairs, Goroutines: gs,
+	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{Pairs: *pairs, Goroutines: gs, Mixes: ms, Policies: ps,
 		Strategies: strings.Split(*strategies, ","),
 		Progress:   func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
 	pb.done()
@@ -87,4 +98,45 @@ func runBenchAlloc(e *env, args []string) error {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")
 	}
 	return nil
+}
+
+// pickMixes selects from bench.DefaultMixes by comma-separated names or
+// words of names ("random", "4KiB"); empty selects all.
+func pickMixes(list string) ([]bench.Mix, error) {
+	return pick("--mixes", list, bench.DefaultMixes(), func(m bench.Mix) string { return m.Name },
+		func(m bench.Mix, w string) bool { return m.Name == w || slices.Contains(strings.Fields(m.Name), w) })
+}
+
+// pickPolicies selects from bench.DefaultPolicies by name; empty selects
+// all.
+func pickPolicies(list string) ([]bench.Policy, error) {
+	return pick("--policies", list, bench.DefaultPolicies(), func(p bench.Policy) string { return p.Name },
+		func(p bench.Policy, w string) bool { return p.Name == w })
+}
+
+// pick selects the items of all that match a word of the comma-separated
+// list (all of them when it is empty); a word that matches none is a
+// usage error naming flag and what there is.
+func pick[T any](flag, list string, all []T, name func(T) string, match func(T, string) bool) ([]T, error) {
+	if list == "" {
+		return all, nil
+	}
+	var out []T
+	for _, w := range strings.Split(list, ",") {
+		w = strings.TrimSpace(w)
+		n := len(out)
+		for _, x := range all {
+			if match(x, w) {
+				out = append(out, x)
+			}
+		}
+		if len(out) == n {
+			names := make([]string, len(all))
+			for i, x := range all {
+				names[i] = name(x)
+			}
+			return nil, usagef("%s: no %q (have %s)", flag, w, strings.Join(names, ", "))
+		}
+	}
+	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 )
 
@@ -116,6 +117,18 @@ func run(args []string, e *env) int {
 		printHelp(e.stderr)
 		return 2
 	}
+	if path := e.getenv("MEMWALL_CPUPROFILE"); path != "" {
+		stop, err := startCPUProfile(path)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "memwall: MEMWALL_CPUPROFILE: %v\n", err)
+			return 1
+		}
+		defer func() {
+			if err := stop(); err != nil {
+				fmt.Fprintf(e.stderr, "memwall: MEMWALL_CPUPROFILE: %v\n", err)
+			}
+		}()
+	}
 	err := v.run(e, args[1:])
 	switch {
 	case err == nil:
@@ -145,4 +158,25 @@ func printHelp(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, verbs[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'memwall <command> -h' for a command's flags.")
+}
+
+// startCPUProfile writes a CPU profile of the rest of the run to path
+// (MEMWALL_CPUPROFILE; scripts/pgo.sh builds the compiler's profile from
+// such runs). The returned function stops it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		return nil
+	}, nil
 }

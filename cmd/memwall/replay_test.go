@@ -12,10 +12,7 @@ import (
 
 func runReplayVerb(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var o, e bytes.Buffer
-	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, getenv: func(string) string { return "" }}
-	code = run(append([]string{"replay"}, args...), env)
-	return code, o.String(), e.String()
+	return runVerb(t, nil, append([]string{"replay"}, args...)...)
 }
 
 const bertTrace = "../../testdata/traces/bert_base_varlen.csv.gz"

@@ -8,13 +8,15 @@
 // each block freed right after its allocation ("live": 0). Each pair is
 // timed on its own (a clock read before and after) and in batches of 16
 // pairs timed together. Build and run on a machine with the CUDA driver:
-//   nvcc -O2 -o anchor-alloc scripts/anchor-alloc.c -lcuda && ./anchor-alloc
-// Output: one JSON object per line.
+//   nvcc -O2 -o anchor-alloc scripts/anchor-alloc.c -lcuda && ./anchor-alloc [WORD...]
+// With words (random, 4KiB, 1MiB, 64MiB), only the mixes whose names hold
+// one of them are timed. Output: one JSON object per line.
 #include <cuda.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define BATCH 16
@@ -75,7 +77,7 @@ static void pair(int async, CUdeviceptr *live, int victim, size_t size, CUstream
   }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   CUdevice dev;
   CUcontext ctx;
   CUstream s;
@@ -92,6 +94,9 @@ int main(void) {
   for (int i = 0; i < 4096; i++) { double a = now_ns(); t[i] = now_ns() - a; }
   printf("{\"timer_overhead_ns\": %.1f}\n", quantile(t, 4096, 0.5));
   for (int m = 0; m < 4; m++) {
+    int want = argc < 2;
+    for (int a = 1; a < argc; a++) want |= strstr(mixes[m].name, argv[a]) != NULL;
+    if (!want) continue;
     double lo = log(mixes[m].lo), hi = log(mixes[m].hi);
     for (int async = 1; async >= 0; async--) {
       for (int ws = 1; ws >= 0; ws--) {

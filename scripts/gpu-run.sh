@@ -51,6 +51,9 @@ run "bench alloc" bash -c "'$bin/memwall' bench alloc --out '$OUT/alloc.json' | 
 # The host's speed drifts by minutes: time the driver from C again after the
 # bench, so that a ratio can be taken against both sides of it.
 [ -x "$OUT/anchor-alloc" ] && run "driver allocators from C, again" bash -c "'$OUT/anchor-alloc' > '$OUT/anchor-alloc-after.jsonl'"
+# Ratios that the host's drift does not skew: the driver from C and memwall
+# alternately on the same CPUs (scripts/paired-alloc.sh).
+run "paired driver/memwall rounds" env OUT="$OUT" BIN="$bin" scripts/paired-alloc.sh
 [ -n "${EXTRA:-}" ] && run "extra" bash -c "$EXTRA"
 
 echo

@@ -351,6 +351,11 @@ type Pool struct {
 	// procs are the per-processor caches (nil with NoCache); revoked
 	// sends fast paths to the central path while another goroutine has
 	// the caches stopped, and for good once the pool is closed.
+	// direct is the main range of a virtual pool over a handle
+	// allocator whose base is aligned to Options.Alignment: tryArenas
+	// places large blocks there without the general loop. Nil otherwise.
+	direct *arena
+
 	procs   []procCache
 	single  bool // Options.SingleCache
 	revoked atomic.Bool
@@ -494,6 +499,9 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 			return nil, fmt.Errorf("pool %s: %w", o.Name, err)
 		}
 		p.arenas = []*arena{a}
+		if a.lean && uint64(a.base)%o.Alignment == 0 {
+			p.direct = a
+		}
 		if o.SmallMax > 0 {
 			small, err := p.newVirtualArenaSized(max(o.PageBytes, roundUp(o.ReserveBytes/8, o.PageBytes)))
 			if err != nil {
@@ -875,6 +883,6 @@ func (p *Pool) Close() error {
 			first = err
 		}
 	}
-	p.arenas = nil
+	p.arenas, p.direct = nil, nil
 	return first
 }

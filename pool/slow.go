@@ -104,6 +104,22 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 	// after one starts aligned: an odd size would leave every following
 	// placement a sliver of alignment padding (a free range of its own).
 	size = (size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1)
+	if a := p.direct; a != nil && align == p.opts.Alignment && size > p.opts.SmallMax {
+		// The common case of a virtual pool, in a few steps: a large
+		// block at the pool's alignment, from the main range (its base
+		// is aligned for it), on pages already mapped. Anything else, and
+		// a range that must grow first, takes the loop below.
+		if b, h, err := a.ha.AllocHandle(size, align); err == nil {
+			if !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
+				if err := a.touch(p, b.Offset, b.Size); err != nil {
+					_ = a.placeFree(b.Offset, h)
+					return nil, err
+				}
+			}
+			a.stale = true
+			return p.placed(a, b, h, 0), nil
+		}
+	}
 	arenas := p.arenas
 	if len(arenas) == 2 && arenas[1].virtual {
 		// A virtual pool keeps small blocks in a range of their own so they
@@ -150,19 +166,26 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 				return nil, err
 			}
 		}
-		m := p.newMeta()
-		m.arena, m.off, m.size, m.class, m.node = a, b.Offset, b.Size, 0, h
-		m.shift = 0
+		var shift uint64
 		if slack != 0 {
-			m.shift = (align - (uint64(a.ptr(b.Offset)) % align)) % align
+			shift = (align - (uint64(a.ptr(b.Offset)) % align)) % align
 		}
-		a.live++
-		a.held += b.Size
-		p.held += b.Size
-		updateMax(&p.peakUsed, p.held)
-		return m, nil
+		return p.placed(a, b, h, shift), nil
 	}
 	return nil, nil
+}
+
+// placed records block b (allocator handle h) just placed in arena a,
+// handed out shift bytes into its range, and returns its meta. Called with
+// p.mu held.
+func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *meta {
+	m := p.newMeta()
+	m.arena, m.off, m.size, m.class, m.node, m.shift = a, b.Offset, b.Size, 0, h, shift
+	a.live++
+	a.held += b.Size
+	p.held += b.Size
+	updateMax(&p.peakUsed, p.held)
+	return m
 }
 
 // arenaAlloc places a block, reclaiming and growing as needed. Called with

@@ -10,7 +10,9 @@
 // pairs timed together. Build and run on a machine with the CUDA driver:
 //   nvcc -O2 -o anchor-alloc scripts/anchor-alloc.c -lcuda && ./anchor-alloc [WORD...]
 // With words (random, 4KiB, 1MiB, 64MiB), only the mixes whose names hold
-// one of them are timed. Output: one JSON object per line.
+// one of them are timed; ANCHOR_PAIRS sets the cuMemAllocAsync pairs per
+// measurement (default 4000; cuMemAlloc takes 400). Output: one JSON
+// object per line.
 #include <cuda.h>
 #include <math.h>
 #include <stdint.h>
@@ -81,6 +83,12 @@ int main(int argc, char **argv) {
   CUdevice dev;
   CUcontext ctx;
   CUstream s;
+  int async_pairs = 4000;
+  if (getenv("ANCHOR_PAIRS")) async_pairs = atoi(getenv("ANCHOR_PAIRS"));
+  if (async_pairs < 4 * BATCH) {
+    fprintf(stderr, "anchor-alloc: ANCHOR_PAIRS=%s: need at least %d\n", getenv("ANCHOR_PAIRS"), 4 * BATCH);
+    return 2;
+  }
   check(cuInit(0), "cuInit");
   check(cuDeviceGet(&dev, 0), "cuDeviceGet");
   check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
@@ -100,7 +108,7 @@ int main(int argc, char **argv) {
     double lo = log(mixes[m].lo), hi = log(mixes[m].hi);
     for (int async = 1; async >= 0; async--) {
       for (int ws = 1; ws >= 0; ws--) {
-        int n = async ? 4000 : 400;
+        int n = async ? async_pairs : 400;
         size_t *sizes = malloc(n * sizeof(size_t));
         int *victims = malloc(n * sizeof(int));
         double *one = malloc(n * sizeof(double)), *batch = malloc(n / BATCH * sizeof(double));

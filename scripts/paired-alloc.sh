@@ -13,8 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}/paired
 BIN=${BIN:-$PWD/gpubin}
-ROUNDS=${ROUNDS:-4}
-CPUS=${CPUS:-"2 9"}
+ROUNDS=${ROUNDS:-5}
+CPUS=${CPUS:-"2 9 13"}
+# Long enough that a burst of the host's slowness (tens to hundreds of
+# milliseconds) does not decide a run's median by itself.
+PAIRS=${PAIRS:-200000}
+export ANCHOR_PAIRS=${ANCHOR_PAIRS:-40000}
 MIXES=${MIXES:-random,4KiB,1MiB,64MiB}
 mkdir -p "$OUT"
 nvcc -O2 -o "$OUT/anchor-alloc" scripts/anchor-alloc.c -lcuda
@@ -23,7 +27,7 @@ for cpu in $CPUS; do
   for r in $(seq 0 "$ROUNDS"); do
     taskset -c "$cpu" "$OUT/anchor-alloc" $words >"$OUT/driver-cpu$cpu-r$r.jsonl"
     [ "$r" = "$ROUNDS" ] && break
-    taskset -c "$cpu" "$BIN/memwall" bench alloc --goroutines 1 --mixes "$MIXES" --pairs 20000 \
+    taskset -c "$cpu" "$BIN/memwall" bench alloc --goroutines 1 --mixes "$MIXES" --pairs "$PAIRS" \
       --json >"$OUT/memwall-cpu$cpu-r$r.json" 2>/dev/null
   done
 done

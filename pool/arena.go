@@ -187,13 +187,14 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 	// allocation, within the limit.
 	plan := make([]mapStep, 0, need)
 	var err error
+	moves := false
 	for i := first; i <= last && err == nil; i++ {
 		if a.pages[i].mapped {
 			continue
 		}
 		st := mapStep{page: i, from: -1}
 		if src, ok := a.stealSource(p); ok {
-			st.from = int64(src)
+			st.from, moves = int64(src), true
 		} else if err = a.makeRoom(p); err == nil {
 			p.inflight += a.pageBytes
 		}
@@ -202,11 +203,17 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 		}
 	}
 	if err == nil {
+		if moves {
+			p.moving++
+		}
 		p.mu.Unlock()
 		for k := range plan {
 			a.runStep(p, &plan[k])
 		}
 		p.mu.Lock()
+		if moves {
+			p.moving--
+		}
 	}
 	failed := err != nil
 	for k := range plan {
@@ -344,6 +351,17 @@ func (a *arena) stealSource(p *Pool) (uint64, bool) {
 	// Memory reserved by the warm-up is never counted against the target.
 	target := max(uint64(r*float64(p.peakUsed.Load())), p.opts.Warmup)
 	if p.reserved.Load()+p.inflight+a.pageBytes <= target {
+		return 0, false
+	}
+	if p.moving > 0 {
+		// Another goroutine is moving pages now, outside the lock. The
+		// driver serializes such calls, and goroutines that queued
+		// behind each other's moves made the default pool collapse
+		// under concurrent load of random sizes (BENCHMARKS.md). Take
+		// new memory instead, within the limit: the pool then grows
+		// toward what the concurrent load needs and stops mapping. One
+		// goroutine alone never gets here, so sequential workloads (the
+		// replays) are unchanged.
 		return 0, false
 	}
 	if a.freshen(); a.freePages == 0 {

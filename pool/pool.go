@@ -371,6 +371,10 @@ type Pool struct {
 	held     uint64
 	inflight uint64
 	cond     *sync.Cond
+	// moving counts goroutines moving pages (unmap one, map it elsewhere)
+	// outside the lock; while one does, no other starts a move (see
+	// stealSource). Guarded by mu.
+	moving int
 
 	// Pool-wide accounting, updated on the slow path.
 	reserved, peakReserved atomic.Uint64

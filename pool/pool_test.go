@@ -8,7 +8,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -785,5 +787,103 @@ func TestOddSizesLeaveNoPadding(t *testing.T) {
 				prev = b
 			}
 		})
+	}
+}
+
+// gatedUnmap is a device whose Unmap, once armed, waits at a gate: a page
+// move that stays in flight while the test looks at the pool.
+type gatedUnmap struct {
+	device.Device
+	armed   atomic.Bool
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedUnmap) Unmap(va device.Ptr, size uint64) error {
+	if g.armed.Load() {
+		select {
+		case g.entered <- struct{}{}:
+		default:
+		}
+		<-g.gate
+	}
+	return g.Device.Unmap(va, size)
+}
+
+// open disarms the gate and lets every waiting Unmap through.
+func (g *gatedUnmap) open() {
+	if g.armed.Swap(false) {
+		close(g.gate)
+	}
+}
+
+// TestNoMoveBehindMove: while one goroutine moves pages to stay at the
+// soft target, another that needs a page takes new memory instead of
+// queuing behind it in the driver, and both blocks come out whole.
+func TestNoMoveBehindMove(t *testing.T) {
+	const page = 2 << 20
+	g := &gatedUnmap{Device: newSim(t, false, 8<<30), entered: make(chan struct{}, 4), gate: make(chan struct{})}
+	if g.Info().Granularity != page {
+		t.Skipf("needs %d-byte pages, device has %d", page, g.Info().Granularity)
+	}
+	p, err := pool.New(g, pool.Options{NoCache: true, PageBytes: page})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// Ten one-page blocks, then every other one freed: the pool is at its
+	// soft target (1.02 × the peak of ten pages) with four free pages.
+	var bs []pool.Block
+	for i := 0; i < 10; i++ {
+		b, err := p.Alloc(page, pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs = append(bs, b)
+	}
+	for i := 1; i < 8; i += 2 {
+		if err := p.Free(bs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	maps0 := p.Stats().DeviceCalls()
+	g.armed.Store(true)
+	defer g.open()
+	first := make(chan error, 1)
+	go func() { // two pages past the end: it moves two free pages there
+		_, err := p.Alloc(2*page, pool.AllocOptions{})
+		first <- err
+	}()
+	select {
+	case <-g.entered:
+	case err := <-first:
+		t.Fatalf("the first allocation moved no page (err %v): the test's premise is wrong", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first allocation never reached Unmap")
+	}
+	second := make(chan error, 1)
+	go func() {
+		_, err := p.Alloc(2*page, pool.AllocOptions{})
+		second <- err
+	}()
+	select {
+	case err := <-second:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-g.entered:
+		t.Fatal("the second allocation queued a page move behind the first")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second allocation waited for the first one's page move")
+	}
+	g.open()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if p.Stats().DeviceCalls() <= maps0 {
+		t.Fatalf("no device calls counted for the moves and the growth")
+	}
+	if err := pool.CheckPages(p); err != nil {
+		t.Fatal(err)
 	}
 }

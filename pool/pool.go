@@ -62,6 +62,12 @@
 // side, since running out of memory is what the pool exists to prevent; a
 // workload that prefers fewer calls sets TargetRatio -1 (keep every page)
 // or larger PageBytes.
+//
+// Page moves run outside the lock, but the driver serializes them: while
+// one goroutine moves a page, another that needs one takes new memory
+// instead of queuing behind it, so under concurrent load the pool grows
+// toward what the load needs rather than stalling on the driver (one
+// goroutine alone, and so every replay, keeps the target exactly).
 package pool
 
 import (

@@ -367,8 +367,11 @@ type Pool struct {
 	// places large blocks there without the general loop. Nil otherwise.
 	direct *arena
 
-	procs   []procCache
-	single  bool // Options.SingleCache
+	procs  []procCache
+	single bool // Options.SingleCache
+	// plain: per-processor caches (not SingleCache) and no event hook,
+	// so Alloc may take allocPlain.
+	plain   bool
 	revoked atomic.Bool
 	slowN   atomic.Uint32 // allocations that bypass the caches, for latency sampling
 
@@ -497,6 +500,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	}
 	nproc := runtime.GOMAXPROCS(0)
 	p.single = o.SingleCache
+	p.plain = !o.NoCache && !o.SingleCache && o.OnEvent == nil
 	p.cond = sync.NewCond(&p.mu)
 	p.lat = make([]telemetry.Histogram, nproc)
 	if !o.NoCache {
@@ -569,7 +573,79 @@ func roundUp(x, a uint64) uint64 {
 // *OOMError (errors.Is(err, ErrOutOfMemory)) saying why, after trying to
 // release cached, pending and free memory and to grow.
 func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
+	if o.Align == 0 && o.Stream == 0 && p.plain {
+		return p.allocPlain(size, o.Purpose)
+	}
 	return p.alloc(nil, size, o)
+}
+
+// allocPlain is alloc for the common request (the pool's alignment, no
+// stream, no tenant) of a pool with per-processor caches and no event hook:
+// the same steps with less to carry, which the central path of random
+// sizes feels. Anything unusual (an invalid request, caches stopped, an
+// allocation timed for the latency histogram) takes alloc.
+func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
+	pid := procPin()
+	if pid >= len(p.procs) || size == 0 || purpose >= numPurposes || p.revoked.Load() {
+		procUnpin()
+		return p.alloc(nil, size, AllocOptions{Purpose: purpose})
+	}
+	c := &p.procs[pid]
+	if !c.g.enter() {
+		procUnpin()
+		return p.alloc(nil, size, AllocOptions{Purpose: purpose})
+	}
+	if (c.n+1)%latencySample == 0 {
+		c.g.exit()
+		procUnpin()
+		return p.alloc(nil, size, AllocOptions{Purpose: purpose})
+	}
+	c.n++
+	var m *meta
+	var err error
+	if size <= p.opts.CacheMax {
+		cls := classOf(size)
+		if m = c.pop(cls); m != nil {
+			m.assign(size, purpose, nil)
+			m.charged = sizeClasses[cls]
+			c.c.add(m)
+			c.g.exit()
+			procUnpin()
+			return Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load()}, nil
+		}
+		batch, parked := c.batchSize(cls), c.takeDeferred()
+		c.g.exit()
+		procUnpin()
+		m, err = p.cacheAlloc(cls, size, purpose, nil, true, batch, parked)
+		if err == nil {
+			m.charged = sizeClasses[cls]
+		}
+	} else {
+		c.lastLarge = size
+		if m = c.takeLarge(size, p.opts.Alignment); m != nil {
+			m.assign(size, purpose, nil)
+			m.charged = size
+			c.c.add(m)
+			c.g.exit()
+			procUnpin()
+			return Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load()}, nil
+		}
+		var parked *meta
+		if c.largeBytes > 0 {
+			parked = c.unparkAll()
+		}
+		c.g.exit()
+		procUnpin()
+		m, err = p.slowAlloc(size, p.opts.Alignment, 0, purpose, nil, parked)
+		if err == nil {
+			m.charged = size
+		}
+	}
+	if err != nil {
+		p.ooms.Add(1)
+		return Block{}, err
+	}
+	return Block{Ptr: m.ptr(), Size: m.size - m.shift, m: m, gen: m.state.Load()}, nil
 }
 
 func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
@@ -789,26 +865,77 @@ func (p *Pool) freedSlow(m *meta) {
 // cache). Freeing a block twice,
 // a stale copy of a handle, or another pool's or tenant's block returns an
 // error wrapping ErrInvalidHandle and changes nothing.
-func (p *Pool) Free(b Block) error { return p.free(nil, b) }
+func (p *Pool) Free(b Block) error {
+	if m := b.m; m != nil && m.pool == p && m.tenant == nil && p.plain && m.state.CompareAndSwap(b.gen, b.gen+1) {
+		p.freePlain(m)
+		return nil
+	}
+	return p.free(nil, b)
+}
+
+// freePlain is free for a block of no tenant, just validated, in a pool
+// where Alloc takes allocPlain: into this processor's cache when it can be
+// used, as free does.
+func (p *Pool) freePlain(m *meta) {
+	pid := procPin()
+	if pid >= len(p.procs) || p.revoked.Load() || !p.procs[pid].g.enter() {
+		procUnpin()
+		p.freeValid(m)
+		return
+	}
+	c := &p.procs[pid]
+	c.c.sub(m)
+	var chain *meta
+	switch {
+	case m.class > 0:
+		cls := int(m.class - 1)
+		c.push(m, cls)
+		c.misses[cls] = 0
+		if c.bytes > procMaxBytes {
+			chain = appendChain(c.takeDeferred(), c.drain(cls, procMaxBytes/2))
+		}
+	case m.size <= p.opts.Limit/64:
+		if m.req == c.lastLarge {
+			m = c.park(m)
+		}
+		if m != nil && c.deferFree(m) {
+			chain = c.takeDeferred()
+		}
+	default:
+		m.next, chain = nil, m // too large to hold back: it goes back now
+	}
+	c.g.exit()
+	procUnpin()
+	if chain != nil {
+		p.mu.Lock()
+		p.releaseList(chain)
+		p.mu.Unlock()
+	}
+}
 
 func (p *Pool) free(t *Tenant, b Block) error {
 	m, err := p.validate(b, t)
 	if err != nil {
 		return err
 	}
+	p.freeValid(m)
+	return nil
+}
+
+// freeValid frees m, which validate has just accepted.
+func (p *Pool) freeValid(m *meta) {
 	p.freed(m)
 	if m.class > 0 {
 		p.cacheFree(m)
-		return nil
+		return
 	}
 	if p.parkable(m) && p.keepFree(m) {
-		return nil
+		return
 	}
 	p.mu.Lock()
 	p.central.sub(m)
 	p.release(m)
 	p.mu.Unlock()
-	return nil
 }
 
 // FreeAsync returns b once the work already submitted to s is done: the

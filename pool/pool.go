@@ -636,7 +636,7 @@ func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
 		}
 		c.g.exit()
 		procUnpin()
-		m, err = p.slowAlloc(size, p.opts.Alignment, 0, purpose, nil, parked)
+		m, err = p.centralLarge(size, purpose, parked)
 		if err == nil {
 			m.charged = size
 		}

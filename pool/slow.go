@@ -104,20 +104,9 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 	// after one starts aligned: an odd size would leave every following
 	// placement a sliver of alignment padding (a free range of its own).
 	size = (size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1)
-	if a := p.direct; a != nil && align == p.opts.Alignment && size > p.opts.SmallMax {
-		// The common case of a virtual pool, in a few steps: a large
-		// block at the pool's alignment, from the main range (its base
-		// is aligned for it), on pages already mapped. Anything else, and
-		// a range that must grow first, takes the loop below.
-		if b, h, err := a.ha.AllocHandle(size, align); err == nil {
-			if !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
-				if err := a.touch(p, b.Offset, b.Size); err != nil {
-					_ = a.placeFree(b.Offset, h)
-					return nil, err
-				}
-			}
-			a.stale = true
-			return p.placed(a, b, h, 0), nil
+	if align == p.opts.Alignment {
+		if m, err := p.placeDirect(size); m != nil || err != nil {
+			return m, err
 		}
 	}
 	arenas := p.arenas
@@ -173,6 +162,59 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		return p.placed(a, b, h, shift), nil
 	}
 	return nil, nil
+}
+
+// placeDirect places a large block of size bytes (a multiple of the pool's
+// alignment) at the pool's alignment in the main range of a virtual pool
+// (Pool.direct, whose base is aligned for it), mapping pages if it must.
+// It returns (nil, nil) when the pool has no such range, the block is
+// small, or nothing fits below the range's frontier: tryArenas's loop
+// handles those. Called with p.mu held.
+func (p *Pool) placeDirect(size uint64) (*meta, error) {
+	a := p.direct
+	if a == nil || size <= p.opts.SmallMax {
+		return nil, nil
+	}
+	b, h, err := a.ha.AllocHandle(size, p.opts.Alignment)
+	if err != nil {
+		return nil, nil
+	}
+	if !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
+		if err := a.touch(p, b.Offset, b.Size); err != nil {
+			_ = a.placeFree(b.Offset, h)
+			return nil, err
+		}
+	}
+	a.stale = true
+	return p.placed(a, b, h, 0), nil
+}
+
+// centralLarge is slowAlloc for allocPlain's large blocks: it gives the
+// chain parked back, then places the block, directly where it can.
+func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, error) {
+	p.mu.Lock()
+	for parked != nil {
+		m := parked
+		parked = m.next
+		m.next = nil
+		p.release(m)
+	}
+	m, err := p.placeDirect((size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1))
+	if m == nil {
+		if err != nil {
+			m, err = p.arenaRetry(size, p.opts.Alignment, 0, err)
+		} else {
+			m, err = p.arenaAlloc(size, p.opts.Alignment, 0)
+		}
+		if err != nil {
+			p.mu.Unlock()
+			return nil, err
+		}
+	}
+	m.assign(size, purpose, nil)
+	p.central.add(m)
+	p.mu.Unlock()
+	return m, nil
 }
 
 // placed records block b (allocator handle h) just placed in arena a,

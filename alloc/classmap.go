@@ -51,10 +51,20 @@ func (c *classMap) mark(fl, sl int) {
 
 // unmark records that class (fl, sl) became empty.
 func (c *classMap) unmark(fl, sl int) {
-	c.slBitmap[fl&63] &^= 1 << (uint(sl) & 31)
-	if c.slBitmap[fl&63] == 0 {
-		c.flBitmap &^= 1 << (uint(fl) & 63)
+	row := c.slBitmap[fl&63] &^ (1 << (uint(sl) & 31))
+	c.slBitmap[fl&63] = row
+	// Clear the first-level bit when the row emptied, without a branch:
+	// on sizes that vary it is a coin toss, and a mispredicted branch
+	// cost more than this whole function.
+	c.flBitmap &^= uint64(b2u(row == 0)) << (uint(fl) & 63)
+}
+
+// b2u is 1 for true and 0 for false (the compiler makes it a SETcc).
+func b2u(b bool) uint32 {
+	if b {
+		return 1
 	}
+	return 0
 }
 
 // highest returns the largest non-empty class.

@@ -111,22 +111,25 @@ func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 	}
 	r.idx.removeFree(id)
 	r.freeRanges--
-	if off := r.nodes[id].off; alignUp(off, align) > off {
+	n := &r.nodes[id]
+	if off := n.off; alignUp(off, align) > off {
 		start := alignUp(off, align)
 		pad := r.newNode(off, start-off, true)
+		n = &r.nodes[id] // newNode may have moved the nodes
 		r.linkBefore(pad, id)
-		r.nodes[id].off, r.nodes[id].size = start, r.nodes[id].size-(start-off)
+		n.off, n.size = start, n.size-(start-off)
 		r.idx.insertFree(pad)
 		r.freeRanges++
 	}
-	if rest := r.nodes[id].size - size; rest > 0 {
-		tail := r.newNode(r.nodes[id].off+size, rest, true)
+	if rest := n.size - size; rest > 0 {
+		tail := r.newNode(n.off+size, rest, true)
+		n = &r.nodes[id]
 		r.linkAfter(tail, id)
-		r.nodes[id].size = size
+		n.size = size
 		r.idx.insertFree(tail)
 		r.freeRanges++
 	}
-	r.nodes[id].free = false
+	n.free = false
 	r.used += size
 	r.liveBlocks++
 	r.allocs++
@@ -135,40 +138,43 @@ func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 
 // linkBefore inserts node id into the physical list just before next.
 func (r *rangeList) linkBefore(id, next int32) {
-	prev := r.nodes[next].prevPhys
-	r.nodes[id].prevPhys, r.nodes[id].nextPhys = prev, next
-	r.nodes[next].prevPhys = id
+	nodes := r.nodes
+	prev := nodes[next].prevPhys
+	nodes[id].prevPhys, nodes[id].nextPhys = prev, next
+	nodes[next].prevPhys = id
 	if prev == nilID {
 		r.first = id
 	} else {
-		r.nodes[prev].nextPhys = id
+		nodes[prev].nextPhys = id
 	}
 }
 
 // linkAfter inserts node id into the physical list just after prev.
 func (r *rangeList) linkAfter(id, prev int32) {
-	next := r.nodes[prev].nextPhys
-	r.nodes[id].prevPhys, r.nodes[id].nextPhys = prev, next
-	r.nodes[prev].nextPhys = id
+	nodes := r.nodes
+	next := nodes[prev].nextPhys
+	nodes[id].prevPhys, nodes[id].nextPhys = prev, next
+	nodes[prev].nextPhys = id
 	if next == nilID {
 		r.last = id
 	} else {
-		r.nodes[next].prevPhys = id
+		nodes[next].prevPhys = id
 	}
 }
 
 // unlink removes node id from the physical list and recycles it.
 func (r *rangeList) unlink(id int32) {
-	n := &r.nodes[id]
+	nodes := r.nodes
+	n := &nodes[id]
 	if n.prevPhys == nilID {
 		r.first = n.nextPhys
 	} else {
-		r.nodes[n.prevPhys].nextPhys = n.nextPhys
+		nodes[n.prevPhys].nextPhys = n.nextPhys
 	}
 	if n.nextPhys == nilID {
 		r.last = n.prevPhys
 	} else {
-		r.nodes[n.nextPhys].prevPhys = n.prevPhys
+		nodes[n.nextPhys].prevPhys = n.prevPhys
 	}
 	r.spare = append(r.spare, id)
 }
@@ -191,7 +197,10 @@ func (r *rangeList) Free(offset uint64) error {
 // ErrInvalidFree and changes nothing.
 func (r *rangeList) FreeHandle(h Handle, offset uint64) (Segment, error) {
 	id := int32(h)
-	if id < 0 || int(id) >= len(r.nodes) || r.nodes[id].free || !r.nodes[id].byHandle || r.nodes[id].off != offset {
+	if id < 0 || int(id) >= len(r.nodes) {
+		return Segment{}, invalidFree(r.name, offset)
+	}
+	if n := &r.nodes[id]; n.free || !n.byHandle || n.off != offset {
 		return Segment{}, invalidFree(r.name, offset)
 	}
 	id = r.freeNode(id)
@@ -200,26 +209,32 @@ func (r *rangeList) FreeHandle(h Handle, offset uint64) (Segment, error) {
 }
 
 // freeNode frees live node id, merges it with its free neighbours and
-// returns the id of the merged free node.
+// returns the id of the merged free node. (The index and unlink leave the
+// node slice where it is.)
 func (r *rangeList) freeNode(id int32) int32 {
-	n := &r.nodes[id]
+	nodes := r.nodes
+	n := &nodes[id]
 	n.free, n.byHandle = true, false
 	r.used -= n.size
 	r.liveBlocks--
 	r.frees++
 	r.freeRanges++
-	if prev := n.prevPhys; prev != nilID && r.nodes[prev].free {
-		r.idx.removeFree(prev)
-		r.nodes[prev].size += r.nodes[id].size
-		r.unlink(id)
-		id = prev
-		r.freeRanges--
+	if prev := n.prevPhys; prev != nilID {
+		if pn := &nodes[prev]; pn.free {
+			r.idx.removeFree(prev)
+			pn.size += n.size
+			r.unlink(id)
+			id, n = prev, pn
+			r.freeRanges--
+		}
 	}
-	if next := r.nodes[id].nextPhys; next != nilID && r.nodes[next].free {
-		r.idx.removeFree(next)
-		r.nodes[id].size += r.nodes[next].size
-		r.unlink(next)
-		r.freeRanges--
+	if next := n.nextPhys; next != nilID {
+		if nn := &nodes[next]; nn.free {
+			r.idx.removeFree(next)
+			n.size += nn.size
+			r.unlink(next)
+			r.freeRanges--
+		}
 	}
 	r.idx.insertFree(id)
 	return id

@@ -66,14 +66,18 @@ func (t *TLSF) findClass(size uint64) (fl, sl int, ok bool) {
 	if fl >= tlsfFLCount {
 		return 0, 0, false
 	}
-	slMap := t.slBitmap[fl] & (^uint32(0) << sl)
+	// The size's own row, and the first non-empty row above it: which of
+	// the two holds the class is a coin toss on sizes that vary, so both
+	// are read and one is selected without a branch.
+	slMap := t.slBitmap[fl&63] & (^uint32(0) << (uint(sl) & 31))
+	up := t.flBitmap & (^uint64(0) << (uint(fl+1) & 63)) // fl+1 < 64
+	upFl := bits.TrailingZeros64(up)                     // 64 when no row above
+	upMap := t.slBitmap[upFl&63] & -uint32(b2u(up != 0))
 	if slMap == 0 {
-		flMap := t.flBitmap & (^uint64(0) << (fl + 1))
-		if flMap == 0 {
-			return 0, 0, false
-		}
-		fl = bits.TrailingZeros64(flMap)
-		slMap = t.slBitmap[fl]
+		fl, slMap = upFl, upMap
+	}
+	if slMap == 0 {
+		return 0, 0, false
 	}
 	return fl, bits.TrailingZeros32(slMap), true
 }

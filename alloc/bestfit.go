@@ -2,7 +2,6 @@ package alloc
 
 import (
 	"fmt"
-	"math/bits"
 )
 
 // BestFit hands out the smallest free range that can hold a request and,
@@ -123,26 +122,29 @@ func (b *BestFit) removeFree(id int32) {
 }
 
 // find returns the first free range in (size, offset) order that can hold
-// size bytes at the alignment, or nilID.
+// size bytes at the alignment, or nilID: in the size's own class, whose
+// ranges may be smaller than size, else in the classes above it in order,
+// whose ranges all hold size bytes (so the first range of the next
+// non-empty class fits unless the alignment does not).
 func (b *BestFit) find(size, align uint64) int32 {
-	fl0, sl0 := tlsfMapping(size)
-	if fl0 >= tlsfFLCount {
+	fl, sl := tlsfMapping(size)
+	if fl >= tlsfFLCount {
 		return nilID
 	}
-	for flMap := b.flBitmap >> (uint(fl0) & 63) << (uint(fl0) & 63); flMap != 0; flMap &= flMap - 1 {
-		fl := bits.TrailingZeros64(flMap)
-		m := b.slBitmap[fl&63]
-		if fl == fl0 {
-			m &= ^uint32(0) << (uint(sl0) & 31)
-		}
-		for ; m != 0; m &= m - 1 {
-			sl := bits.TrailingZeros32(m)
-			if id := b.findIn(*b.root(fl, sl), size, align); id != nilID {
-				return id
-			}
+	if root := *b.root(fl, sl); root != nilID {
+		if id := b.findIn(root, size, align); id != nilID {
+			return id
 		}
 	}
-	return nilID
+	for {
+		var ok bool
+		if fl, sl, ok = b.above(fl, sl); !ok {
+			return nilID
+		}
+		if id := b.findIn(*b.root(fl, sl), size, align); id != nilID {
+			return id
+		}
+	}
 }
 
 // findIn returns the first range of one treap, in (size, offset) order,

@@ -67,6 +67,24 @@ func b2u(b bool) uint32 {
 	return 0
 }
 
+// above returns the first non-empty class after (fl, sl) in size order
+// (fl < tlsfFLCount). Whether it lies in fl's own row or in a row above is
+// a coin toss on sizes that vary: both are read, and one is selected
+// without a branch.
+func (c *classMap) above(fl, sl int) (int, int, bool) {
+	row := c.slBitmap[fl&63] & (^uint32(0) << (uint(sl&31) + 1)) // a shift by 32 gives 0
+	up := c.flBitmap & (^uint64(0) << (uint(fl+1) & 63))         // fl+1 < 64
+	upFl := bits.TrailingZeros64(up)                             // 64 when no row above
+	upRow := c.slBitmap[upFl&63] & -b2u(up != 0)
+	if row == 0 {
+		fl, row = upFl, upRow
+	}
+	if row == 0 {
+		return 0, 0, false
+	}
+	return fl, bits.TrailingZeros32(row), true
+}
+
 // highest returns the largest non-empty class.
 func (c *classMap) highest() (fl, sl int, ok bool) {
 	if c.flBitmap == 0 {

@@ -70,9 +70,10 @@
 // goroutine alone, and so every replay, keeps the target exactly).
 //
 // For the lowest latency on sizes that do not repeat, Strategy "tlsf" with
-// TargetRatio -1 measured best on the H200: a median of 0.088-0.090 of
-// cuMemAllocAsync's time per free+alloc pair on a random size mix, p99
-// under 0.5 µs (BENCHMARKS.md, issue 3).
+// TargetRatio -1 measured best on the H200: a median of 0.068 of
+// cuMemAllocAsync's time per free+alloc pair on a random size mix (the
+// default: 0.077), p99 0.72 µs where the default's is a page move of tens
+// of microseconds (BENCHMARKS.md, issue 3).
 package pool
 
 import (

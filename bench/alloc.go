@@ -80,7 +80,9 @@ type AllocOptions struct {
 	// DriverPairs is the number of driver free+alloc pairs timed for the
 	// anchors (default 2000), on the same request stream as the pool's
 	// first goroutine (its working set, victims and sizes), and again
-	// with each allocation freed at once.
+	// with each allocation freed at once; for each goroutine count above
+	// one, that many per goroutine, every goroutine on the request stream
+	// of the pool's goroutine of the same index.
 	DriverPairs int
 	Progress    func(done, total int, name string)
 }
@@ -194,7 +196,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 	}
 	in := d.Info()
 	rep := AllocReport{Device: in.Name, Backend: in.Backend, TimerOverheadNs: timerOverhead()}
-	total := len(o.Mixes) * (len(o.Strategies)*len(o.Policies)*len(o.Goroutines) + 2)
+	total := len(o.Mixes) * (len(o.Strategies)*len(o.Policies) + 2) * len(o.Goroutines)
 	done := 0
 	step := func(name string) {
 		done++
@@ -228,23 +230,98 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 				name = DriverAsync
 			}
 			if !ok {
-				step(name)
+				for range o.Goroutines {
+					step(name)
+				}
 				continue
 			}
-			// The pool's request stream (its first goroutine's), and the
-			// same sizes with each block freed at once.
-			w := workload(mix, 1, liveBlocks(d, mix, 1, o), o.DriverPairs/4, o.DriverPairs)
-			for _, ws := range []device.AllocWorkload{w, {Sizes: w.Sizes, Warmup: w.Warmup}} {
-				label := name
-				if len(ws.Initial) == 0 {
-					label += " (freed at once)"
+			for _, n := range o.Goroutines {
+				if err := ctx.Err(); err != nil {
+					return rep, err
 				}
-				rep.Results = append(rep.Results, driverLatency(anchor, label, mix, ws, async))
+				if n > 1 {
+					rep.Results = append(rep.Results, driverConcurrent(anchor, d, name, mix, n, async, o))
+					step(name)
+					continue
+				}
+				// The pool's request stream (its first goroutine's), and
+				// the same sizes with each block freed at once.
+				w := workload(mix, 1, liveBlocks(d, mix, 1, o), o.DriverPairs/4, o.DriverPairs)
+				for _, ws := range []device.AllocWorkload{w, {Sizes: w.Sizes, Warmup: w.Warmup}} {
+					label := name
+					if len(ws.Initial) == 0 {
+						label += " (freed at once)"
+					}
+					rep.Results = append(rep.Results, driverLatency(anchor, label, mix, ws, async))
+				}
+				step(name)
 			}
-			step(name)
 		}
 	}
 	return rep, nil
+}
+
+// driverConcurrent times the driver's allocator on n goroutines at once,
+// each replaying the request stream of the pool's goroutine of the same
+// index (its own working set, victims and sizes) on a stream of its own:
+// batches of pairs timed together, then, all together again, pairs timed
+// one by one. PairsPerSec is the timed pairs of all goroutines over the
+// longest time one goroutine spent in its timed batches (the goroutines
+// start together and run the same number of pairs). A failure becomes the
+// row's note.
+func driverConcurrent(anchor DriverAnchor, d device.Device, name string, mix Mix, n int, async bool, o AllocOptions) LatencyResult {
+	live := liveBlocks(d, mix, n, o)
+	res := LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: n, Live: live}
+	batches := make([][]time.Duration, n)
+	pairs := make([][]time.Duration, n)
+	errs := make([]error, n)
+	phase := func(batched bool) {
+		runtime.GC() // as for the pool: no collection while the driver is timed
+		var wg sync.WaitGroup
+		for gi := 0; gi < n; gi++ {
+			wg.Add(1)
+			go func(gi int) {
+				defer wg.Done()
+				w := workload(mix, uint64(gi)+1, live, o.DriverPairs/4, o.DriverPairs)
+				var err error
+				if batched {
+					batches[gi], err = anchor.DriverBatchTimes(w, async, BatchPairs)
+				} else {
+					pairs[gi], err = anchor.DriverPairTimes(w, async)
+				}
+				if err != nil && errs[gi] == nil {
+					errs[gi] = err
+				}
+			}(gi)
+		}
+		wg.Wait()
+	}
+	phase(true)
+	phase(false)
+	var batch, one []float64
+	var longest time.Duration
+	timed := 0
+	for gi := 0; gi < n; gi++ {
+		if errs[gi] != nil {
+			res.Note = fmt.Sprintf("goroutine %d: %v", gi, errs[gi])
+			return res
+		}
+		var sum time.Duration
+		for _, b := range batches[gi] {
+			sum += b
+			batch = append(batch, float64(b)/BatchPairs)
+		}
+		longest = max(longest, sum)
+		timed += len(batches[gi]) * BatchPairs
+		one = append(one, durs(pairs[gi])...)
+	}
+	res.Pairs = len(one)
+	res.BatchP50ns = quantile(batch, 0.5)
+	res.P50ns, res.P99ns = quantile(one, 0.5), quantile(one, 0.99)
+	if longest > 0 {
+		res.PairsPerSec = float64(timed) / longest.Seconds()
+	}
+	return res
 }
 
 // driverLatency times the driver's allocator on w; a failure becomes the

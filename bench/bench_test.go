@@ -2,10 +2,14 @@ package bench_test
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/pool"
 )
@@ -66,5 +70,107 @@ func TestAllocOnSim(t *testing.T) {
 		if r.Mix == "fixed 4KiB" && r.DeviceCalls != 0 {
 			t.Fatalf("a warm pool made %d driver calls on fixed 4 KiB blocks", r.DeviceCalls)
 		}
+	}
+}
+
+// fakeAnchor is a simulated device with a driver allocator that takes a
+// fixed time per pair: enough to check which anchor rows Alloc produces and
+// that the rows for several goroutines time them concurrently.
+type fakeAnchor struct {
+	*sim.Device
+	inFlight, most atomic.Int32
+}
+
+const fakePair = time.Microsecond
+
+func (f *fakeAnchor) enter(w device.AllocWorkload) func() {
+	n := f.inFlight.Add(1)
+	for {
+		m := f.most.Load()
+		if n <= m || f.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // long enough for the other goroutines to start
+	return func() { f.inFlight.Add(-1) }
+}
+
+func (f *fakeAnchor) DriverPairTimes(w device.AllocWorkload, async bool) ([]time.Duration, error) {
+	defer f.enter(w)()
+	ts := make([]time.Duration, len(w.Sizes)-w.Warmup)
+	for i := range ts {
+		ts[i] = fakePair
+	}
+	return ts, nil
+}
+
+func (f *fakeAnchor) DriverBatchTimes(w device.AllocWorkload, async bool, batch int) ([]time.Duration, error) {
+	defer f.enter(w)()
+	ts := make([]time.Duration, (len(w.Sizes)-w.Warmup)/batch)
+	for i := range ts {
+		ts[i] = time.Duration(batch) * fakePair
+	}
+	return ts, nil
+}
+
+func (f *fakeAnchor) DriverAllocTimes(w device.AllocWorkload, async bool) (alloc, free []time.Duration, err error) {
+	defer f.enter(w)()
+	n := len(w.Sizes) - w.Warmup
+	alloc, free = make([]time.Duration, n), make([]time.Duration, n)
+	for i := range alloc {
+		alloc[i], free[i] = fakePair/2, fakePair/2
+	}
+	return alloc, free, nil
+}
+
+// TestAllocDriverRows checks the driver's rows: on one goroutine, the
+// working set and the same sizes freed at once; on more, one row per
+// goroutine count, timed on that many goroutines at once, with the
+// throughput of all of them.
+func TestAllocDriverRows(t *testing.T) {
+	o := sim.DefaultOptions()
+	o.Backing = false
+	d := &fakeAnchor{Device: sim.New(o)}
+	var progress, total int
+	rep, err := bench.Alloc(context.Background(), d, bench.AllocOptions{
+		Mixes:       []bench.Mix{{Name: "fixed 4KiB", Min: 4096, Max: 4096}},
+		Strategies:  []string{"bestfit"},
+		Policies:    []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
+		Goroutines:  []int{1, 4},
+		Pairs:       320,
+		DriverPairs: 320,
+		Progress:    func(done, all int, _ string) { progress, total = done, all },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if progress != total {
+		t.Fatalf("progress stopped at %d of %d", progress, total)
+	}
+	rows := map[string]bench.LatencyResult{}
+	for _, r := range rep.Results {
+		rows[fmt.Sprintf("%s/%d/%d", r.Allocator, r.Goroutines, r.Live)] = r
+	}
+	for _, name := range []string{"cuMemAlloc", "cuMemAllocAsync"} {
+		for _, key := range []string{name + "/1/32", name + " (freed at once)/1/0", name + "/4/32"} {
+			r, ok := rows[key]
+			if !ok {
+				t.Fatalf("no row %s among %v", key, rows)
+			}
+			if r.Note != "" || r.BatchP50ns != float64(fakePair) || r.P50ns != float64(fakePair) {
+				t.Fatalf("row %s: %+v", key, r)
+			}
+		}
+		r := rows[name+"/4/32"]
+		if r.Pairs != 4*320 {
+			t.Fatalf("%s on 4 goroutines timed %d pairs one by one, want %d", name, r.Pairs, 4*320)
+		}
+		// 4 goroutines × 320 pairs of 1 µs each, side by side: 4 M pairs/s.
+		if math.Abs(r.PairsPerSec-4e6) > 1 {
+			t.Fatalf("%s on 4 goroutines: %.0f pairs/s, want 4e6", name, r.PairsPerSec)
+		}
+	}
+	if m := d.most.Load(); m != 4 {
+		t.Fatalf("at most %d driver timings ran at once, want the 4 goroutines'", m)
 	}
 }

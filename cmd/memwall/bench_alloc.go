@@ -79,7 +79,7 @@ func runBenchAlloc(e *env, args []string) error {
 	fmt.Fprintf(w, "%-32s %-18s %3s %5s %9s %9s %9s %12s %10s %s\n", "allocator", "mix", "gor", "live", "p50", "p50 one", "p99 one", "pairs/s", "vs async", "")
 	anchor := map[string]float64{}
 	for _, r := range rep.Results {
-		if r.Allocator == bench.DriverAsync {
+		if r.Allocator == bench.DriverAsync && r.Goroutines == 1 {
 			anchor[r.Mix] = r.BatchP50ns
 		}
 	}
@@ -91,8 +91,8 @@ func runBenchAlloc(e *env, args []string) error {
 		fmt.Fprintf(w, "%-32s %-18s %3d %5d %7.0fns %7.0fns %7.0fns %12.0f %10s %s\n", r.Allocator, r.Mix, r.Goroutines, r.Live, r.BatchP50ns, r.P50ns, r.P99ns, r.PairsPerSec, vs, r.Note)
 	}
 	if len(anchor) > 0 {
-		fmt.Fprintln(w, "(every pair frees one of the goroutine's live blocks and allocates its replacement; the driver replays the first goroutine's requests, and \"freed at once\" rows allocate and free each block back to back;")
-		fmt.Fprintln(w, " \"vs async\" is the p50 over cuMemAllocAsync's on the same requests. The driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C)")
+		fmt.Fprintln(w, "(every pair frees one of the goroutine's live blocks and allocates its replacement; the driver replays the pool's goroutines' requests, each of its goroutines on a stream of its own, and \"freed at once\" rows allocate and free each block back to back;")
+		fmt.Fprintln(w, " \"vs async\" is the p50 over cuMemAllocAsync's on one goroutine's requests. The driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C)")
 	}
 	if rep.Backend == "sim" {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")

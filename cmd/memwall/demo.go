@@ -77,7 +77,7 @@ func demoPool(e *env, d device.Device) error {
 	}
 	async := map[string]float64{}
 	for _, r := range rep.Results {
-		if r.Allocator == bench.DriverAsync {
+		if r.Allocator == bench.DriverAsync && r.Goroutines == 1 {
 			async[r.Mix] = r.BatchP50ns
 		}
 	}

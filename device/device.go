@@ -231,6 +231,20 @@ type Kernels interface {
 	Launch(f Function, grid, block Dim3, sharedBytes uint32, s Stream, args ...any) error
 }
 
+// MatmulLibrary is an optional capability of a Device: a vendor matrix
+// library (cuBLASLt on CUDA) that package kernels uses for prefill-sized
+// products when the device offers one. Test for it with a type assertion.
+type MatmulLibrary interface {
+	// Gemm queues Y = X·Wᵀ on s: W is M×K and X is T×K, row-major in dtype
+	// ("bf16" or "f16"), Y is T×M row-major float32, accumulated in
+	// float32. Products it does not take fail with ErrUnsupported before
+	// anything is queued, so the caller can fall back to its own kernel.
+	Gemm(dtype string, W, X, Y Ptr, M, K, T uint32, s Stream) error
+	// GemmName names the library ("cublaslt"), or is "" when it could not
+	// be loaded (then Gemm fails with ErrUnsupported).
+	GemmName() string
+}
+
 // Device is one GPU (real or simulated). All methods are safe for concurrent
 // use by multiple goroutines.
 type Device interface {

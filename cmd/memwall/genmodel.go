@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"path/filepath"
@@ -18,7 +19,7 @@ func init() {
 	})
 }
 
-const genModelUsage = `[--preset tiny|llama-7b] [--layers N --hidden H --inter I --heads N] [flags] --out FILE
+const genModelUsage = `[--preset tiny|tiny-f16|llama-7b|llama3-8b-shape] [--layers N --hidden H --inter I --heads N] [flags] --out FILE
 
 Writes a Llama-shaped model with real tensor names and layout and deterministic
 random weights (uniform ±0.05, norms 1±0.05), keyed by --seed and tensor name.
@@ -29,7 +30,7 @@ N safetensors shards next to --out, which names the index
 
 func runGenModel(e *env, args []string) error {
 	fs := newFlags(e, "gen-model", genModelUsage)
-	preset := fs.String("preset", "", "start from a preset shape: tiny or llama-7b")
+	preset := fs.String("preset", "", "start from a preset shape: tiny, tiny-f16, llama-7b or llama3-8b-shape")
 	arch := fs.String("arch", "llama", "architecture (llama)")
 	layers := fs.Int("layers", 0, "transformer blocks")
 	hidden := fs.Int("hidden", 0, "hidden size")
@@ -67,8 +68,12 @@ func runGenModel(e *env, args []string) error {
 		cfg = synth.Tiny()
 	case "llama-7b":
 		cfg = synth.Llama7B()
+	case "tiny-f16":
+		cfg = synth.TinyF16()
+	case "llama3-8b-shape":
+		cfg = synth.Llama3_8BShape()
 	default:
-		return usagef("unknown --preset %q (want tiny or llama-7b)", *preset)
+		return usagef("unknown --preset %q (want tiny, tiny-f16, llama-7b or llama3-8b-shape)", *preset)
 	}
 	cfg.Arch = *arch
 	override := func(name string, dst *int, v int) {
@@ -113,6 +118,14 @@ func runGenModel(e *env, args []string) error {
 		return usagef("with --shards, --out names the index file (for example model.safetensors.index.json)")
 	}
 
+	o, err := checkOutput("--out", *out)
+	if err != nil {
+		return err
+	}
+	if o.through {
+		return fmt.Errorf("--out %s: not a regular file; gen-model writes a model beside its path and renames it into place, so give a file's path", *out)
+	}
+
 	bar := newProgress(e, "gen-model")
 	var last time.Time
 	opts := synth.Options{Format: f, Shards: *shards, Workers: *workers, Progress: func(done, total uint64) {
@@ -122,11 +135,12 @@ func runGenModel(e *env, args []string) error {
 		}
 	}}
 	start := time.Now()
-	res, err := synth.Generate(e.ctx, cfg, *out, opts)
+	res, err := synth.Generate(e.ctx, cfg, o.target, opts)
 	bar.done()
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", *out, synthCause(err))
 	}
+	res.Path = *out
 	secs := time.Since(start).Seconds()
 	gbps := float64(res.FileBytes) / 1e9 / max(secs, 1e-9)
 	if *asJSON {
@@ -145,6 +159,15 @@ func runGenModel(e *env, args []string) error {
 	fmt.Fprintf(e.stdout, "  %d tensors, %s of data in %s (%s on disk), %.2f s, %.2f GB/s\n",
 		res.Tensors, humanBytes(res.DataBytes), files, humanBytes(res.FileBytes), secs, gbps)
 	return nil
+}
+
+// synthCause is what went wrong in a synth error, without the package's
+// prefix or the temporary file's path (the caller names the file given).
+func synthCause(err error) error {
+	if u := errors.Unwrap(err); u != nil {
+		return pathErr(u)
+	}
+	return errors.New(strings.TrimPrefix(err.Error(), "synth: "))
 }
 
 // paramCount renders a parameter count the way model cards do: 6.74 B, 3.43 M.

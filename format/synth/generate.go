@@ -36,7 +36,7 @@ type Options struct {
 // Result describes what Generate wrote.
 type Result struct {
 	Path      string   // what to open: the model file, or the index
-	Files     []string // every file written, index last
+	Files     []string // every file written: data files, the index, then config.json (safetensors)
 	Tensors   int
 	DataBytes uint64 // tensor bytes
 	FileBytes uint64 // bytes on disk, headers and index included
@@ -133,6 +133,17 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 			return nil, err
 		}
 		finals = append(finals, out)
+		res.FileBytes += size
+	}
+	if opts.Format == Safetensors {
+		tmp, size, err := writeConfig(cfg, filepath.Dir(out))
+		if tmp != "" {
+			temps = append(temps, tmp)
+		}
+		if err != nil {
+			return nil, err
+		}
+		finals = append(finals, filepath.Join(filepath.Dir(out), "config.json"))
 		res.FileBytes += size
 	}
 	for i, tmp := range temps {
@@ -261,7 +272,7 @@ func (g *generator) ggufMetadata() []gguf.KV {
 	case "BF16":
 		fileType = 32
 	}
-	return []gguf.KV{
+	kv := []gguf.KV{
 		{Key: "general.architecture", Value: "llama"},
 		{Key: "general.name", Value: "memwall synthetic llama"},
 		{Key: "general.file_type", Value: fileType},
@@ -272,17 +283,74 @@ func (g *generator) ggufMetadata() []gguf.KV {
 		{Key: "llama.block_count", Value: uint32(c.Layers)},
 		{Key: "llama.feed_forward_length", Value: uint32(c.Inter)},
 		{Key: "llama.rope.dimension_count", Value: uint32(c.Hidden / c.Heads)},
-		{Key: "llama.rope.freq_base", Value: float32(10000)},
+		{Key: "llama.rope.freq_base", Value: float32(c.ropeTheta())},
 		{Key: "llama.attention.head_count", Value: uint32(c.Heads)},
 		{Key: "llama.attention.head_count_kv", Value: uint32(c.kvHeads())},
 		{Key: "llama.attention.layer_norm_rms_epsilon", Value: float32(1e-5)},
+		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(BOS)},
+		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(EOS)},
 		{Key: MetadataKey, Value: c.marshal()},
 	}
+	if s := c.RopeScaling; s != nil {
+		kv = append(kv,
+			gguf.KV{Key: "llama.rope.scaling.type", Value: "llama3"},
+			gguf.KV{Key: "llama.rope.scaling.factor", Value: float32(s.Factor)},
+			gguf.KV{Key: "llama.rope.scaling.low_freq_factor", Value: float32(s.LowFreqFactor)},
+			gguf.KV{Key: "llama.rope.scaling.high_freq_factor", Value: float32(s.HighFreqFactor)},
+			gguf.KV{Key: "llama.rope.scaling.original_context_length", Value: uint32(s.OriginalContext)})
+	}
+	return kv
+}
+
+// HFConfig returns the config.json Generate writes beside a safetensors
+// model: what transformers' LlamaForCausalLM.from_pretrained needs to load
+// the directory as it is.
+func (c Config) HFConfig() map[string]any {
+	dt := map[string]string{"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[c.DType]
+	m := map[string]any{
+		"architectures":           []string{"LlamaForCausalLM"},
+		"model_type":              "llama",
+		"hidden_size":             c.Hidden,
+		"intermediate_size":       c.Inter,
+		"num_hidden_layers":       c.Layers,
+		"num_attention_heads":     c.Heads,
+		"num_key_value_heads":     c.kvHeads(),
+		"head_dim":                c.Hidden / c.Heads,
+		"vocab_size":              c.Vocab,
+		"max_position_embeddings": c.context(),
+		"rms_norm_eps":            1e-5,
+		"rope_theta":              c.ropeTheta(),
+		"tie_word_embeddings":     false,
+		"bos_token_id":            BOS,
+		"eos_token_id":            EOS,
+		"hidden_act":              "silu",
+		"attention_bias":          false,
+		"mlp_bias":                false,
+		"initializer_range":       0.02,
+		"use_cache":               true,
+		"torch_dtype":             dt,
+		MetadataKey:               c.marshal(),
+	}
+	if s := c.RopeScaling; s != nil {
+		m["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": s.Factor, "low_freq_factor": s.LowFreqFactor,
+			"high_freq_factor": s.HighFreqFactor, "original_max_position_embeddings": s.OriginalContext}
+	}
+	return m
+}
+
+// writeConfig writes config.json into dir under a temporary name.
+func writeConfig(cfg Config, dir string) (string, uint64, error) {
+	b, err := json.MarshalIndent(cfg.HFConfig(), "", "  ")
+	if err != nil {
+		return "", 0, fmt.Errorf("synth: config.json: %w", err)
+	}
+	return writeTemp(filepath.Join(dir, "config.json"), append(b, '\n'))
 }
 
 // job is one chunk: elements [first, first+n) of a tensor.
 type job struct {
 	c     *codec
+	t     Tensor
 	st    uint64
 	first uint64
 	buf   []byte
@@ -305,7 +373,7 @@ func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) 
 	for range g.opts.Workers {
 		wg.Go(func() {
 			for j := range jobs {
-				j.c.fill(j.buf, j.st, j.first)
+				j.c.fillTensor(j.buf, j.st, j.first, j.t)
 				close(j.done)
 			}
 		})
@@ -325,7 +393,7 @@ func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) 
 				case <-ctx.Done():
 					return
 				}
-				j := &job{c: c, st: st, first: first, buf: buf[:cnt*uint64(c.size)], done: make(chan struct{})}
+				j := &job{c: c, t: t, st: st, first: first, buf: buf[:cnt*uint64(c.size)], done: make(chan struct{})}
 				// Dispatch before queueing for the writer, so every queued
 				// job is sure to complete. The queue has room for every
 				// buffer, so the second send never waits long.
@@ -390,7 +458,12 @@ func writeIndex(cfg Config, files []shardFile, out string, total uint64) (string
 	if err != nil {
 		return "", 0, fmt.Errorf("synth %s: %w", out, err)
 	}
-	b = append(b, '\n')
+	return writeTemp(out, append(b, '\n'))
+}
+
+// writeTemp writes b to a temporary file beside out (mode 0644) and
+// returns its name; the caller renames or removes it.
+func writeTemp(out string, b []byte) (string, uint64, error) {
 	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
 	if err != nil {
 		return "", 0, fmt.Errorf("synth: %w", err)

@@ -147,7 +147,17 @@ func TestGenerateVerify(t *testing.T) {
 				if st.Mode().Perm() != 0o644 {
 					t.Errorf("mode %v, want 0644", st.Mode().Perm())
 				}
-				if res.Path != out || uint64(st.Size()) != res.FileBytes || res.DataBytes != cfg.DataBytes(f) || len(res.Files) != 1 {
+				wantFiles := 1
+				if f == Safetensors {
+					wantFiles = 2 // and config.json
+				}
+				var onDisk uint64
+				for _, p := range res.Files {
+					if fst, err := os.Stat(p); err == nil {
+						onDisk += uint64(fst.Size())
+					}
+				}
+				if res.Path != out || onDisk != res.FileBytes || res.DataBytes != cfg.DataBytes(f) || len(res.Files) != wantFiles {
 					t.Errorf("result %+v, file size %d", res, st.Size())
 				}
 				m := open(t, out)
@@ -157,8 +167,8 @@ func TestGenerateVerify(t *testing.T) {
 				if got, err := ConfigFromMetadata(m.Metadata); err != nil || got != cfg {
 					t.Errorf("config from metadata = %+v, %v", got, err)
 				}
-				if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-					t.Errorf("%d files left in the directory, want 1", len(entries))
+				if entries, _ := os.ReadDir(dir); len(entries) != wantFiles {
+					t.Errorf("%d files left in the directory, want %d", len(entries), wantFiles)
 				}
 			})
 		}
@@ -223,7 +233,7 @@ func TestSharded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Files) != 4 || res.Files[3] != out || filepath.Base(res.Files[0]) != "model-00001-of-00003.safetensors" {
+	if len(res.Files) != 5 || res.Files[3] != out || filepath.Base(res.Files[4]) != "config.json" || filepath.Base(res.Files[0]) != "model-00001-of-00003.safetensors" {
 		t.Fatalf("files %v", res.Files)
 	}
 	m := open(t, out)

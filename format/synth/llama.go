@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math/bits"
 	"strconv"
+	"strings"
 )
 
 // Formats Generate can write.
@@ -39,17 +40,65 @@ type Config struct {
 	Context int    `json:"context"` // context length recorded in GGUF metadata; 0 means 4096
 	DType   string `json:"dtype"`   // "BF16", "F16" or "F32"
 	Seed    uint64 `json:"seed"`
+	// RopeTheta is RoPE's base; 0 means 10000.
+	RopeTheta float64 `json:"rope_theta,omitempty"`
+	// RopeScaling, when set, is Llama-3-style frequency scaling, recorded
+	// in config.json and GGUF metadata.
+	RopeScaling *RopeScaling `json:"rope_scaling,omitempty"`
 }
+
+// RopeScaling is Llama-3 rope scaling ("rope_type": "llama3").
+type RopeScaling struct {
+	Factor          float64 `json:"factor"`
+	LowFreqFactor   float64 `json:"low_freq_factor"`
+	HighFreqFactor  float64 `json:"high_freq_factor"`
+	OriginalContext int     `json:"original_max_position_embeddings"`
+}
+
+// Token ids recorded in config.json and GGUF metadata.
+const (
+	BOS = 1
+	EOS = 2
+)
 
 // Llama7B returns the shape of Llama-2-7B in bf16.
 func Llama7B() Config {
 	return Config{Arch: "llama", Layers: 32, Hidden: 4096, Inter: 11008, Heads: 32, KVHeads: 32, Vocab: 32000, Context: 4096, DType: "BF16"}
 }
 
-// Tiny returns a small Llama-shaped model (4 layers, hidden 256, 3.4 million
-// parameters, 6.9 MB in bf16) for tests and demos.
+// Tiny returns a small Llama-shaped model (4 layers, hidden 256, 8 heads
+// over 4 KV heads, 3.4 million parameters, 6.9 MB in bf16) for tests and
+// demos.
 func Tiny() Config {
 	return Config{Arch: "llama", Layers: 4, Hidden: 256, Inter: 688, Heads: 8, KVHeads: 4, Vocab: 1024, Context: 512, DType: "BF16"}
+}
+
+// TinyF16 is a small grouped-query model in f16: 3 layers, hidden 192, 6
+// heads of 32 over 2 KV heads (3 query heads per KV head), vocabulary 768.
+func TinyF16() Config {
+	return Config{Arch: "llama", Layers: 3, Hidden: 192, Inter: 512, Heads: 6, KVHeads: 2, Vocab: 768, Context: 512, DType: "F16", Seed: 7}
+}
+
+// Llama3_8BShape is a 7B-class model shaped like Llama-3-8B (32 layers,
+// hidden 4096, intermediate 14336, 32 heads over 8 KV heads, rope_theta
+// 500000 with Llama-3 scaling: factor 8, low 1, high 4, original context
+// 8192) but with a 32000-token vocabulary, so that it stays at 7.0 billion
+// parameters (14.0 GB in bf16).
+func Llama3_8BShape() Config {
+	return Config{Arch: "llama", Layers: 32, Hidden: 4096, Inter: 14336, Heads: 32, KVHeads: 8, Vocab: 32000, Context: 8192, DType: "BF16",
+		RopeTheta: 500000, RopeScaling: &RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalContext: 8192}}
+}
+
+// Presets maps the names gen-model accepts to their shapes.
+func Presets() map[string]Config {
+	return map[string]Config{"tiny": Tiny(), "tiny-f16": TinyF16(), "llama-7b": Llama7B(), "llama3-8b-shape": Llama3_8BShape()}
+}
+
+func (c Config) ropeTheta() float64 {
+	if c.RopeTheta == 0 {
+		return 10000
+	}
+	return c.RopeTheta
 }
 
 func (c Config) kvHeads() int {
@@ -102,6 +151,15 @@ func (c Config) Validate() error {
 	if _, err := newCodec(c.DType, 0); err != nil {
 		return err
 	}
+	if c.Hidden/c.Heads%2 != 0 {
+		return fmt.Errorf("synth: head dim %d (hidden/heads) is odd: RoPE needs pairs", c.Hidden/c.Heads)
+	}
+	if c.RopeTheta != 0 && !(c.RopeTheta > 1 && c.RopeTheta < 1e12) {
+		return fmt.Errorf("synth: rope_theta %v, want 1..1e12", c.RopeTheta)
+	}
+	if s := c.RopeScaling; s != nil && !(s.Factor >= 1 && s.LowFreqFactor > 0 && s.HighFreqFactor > s.LowFreqFactor && s.OriginalContext > 0) {
+		return fmt.Errorf("synth: rope_scaling %+v: want factor >= 1, 0 < low < high, original > 0", *s)
+	}
 	return nil
 }
 
@@ -112,6 +170,10 @@ type Tensor struct {
 	DType string   // stored dtype
 	Shape []uint64 // outermost first
 	Mean  float32  // 1 for norm weights, 0 otherwise
+	// HeadDim, when non-zero, says the rows are permuted within each head
+	// of HeadDim rows as llama.cpp's converter permutes Q and K for GGUF:
+	// file row h·d + 2i + s holds Hugging Face row h·d + s·d/2 + i.
+	HeadDim int
 }
 
 // Elements returns the product of the shape.
@@ -134,14 +196,19 @@ func (t Tensor) Bytes() uint64 {
 // Tensors lists the model's tensors in storage order (embedding, then layer
 // by layer, then final norm and head) with the names the given format uses.
 // In GGUF, as llama.cpp converts them, norm weights are F32 whatever the
-// model dtype; the values are the same in both formats. Call Validate first.
+// model dtype and Q and K rows are permuted (see Tensor.HeadDim); the values
+// are otherwise the same in both formats. Call Validate first.
 func (c Config) Tensors(formatName string) []Tensor {
 	h, in, v := uint64(c.Hidden), uint64(c.Inter), uint64(c.Vocab)
 	kv := uint64(c.kvHeads()) * (h / uint64(c.Heads))
 	gg := formatName == GGUF
 	var out []Tensor
+	hd := c.Hidden / c.Heads
 	add := func(hf, gguf string, shape []uint64, norm bool) {
 		t := Tensor{Name: hf, Key: hf, DType: c.DType, Shape: shape}
+		if gg && (strings.HasSuffix(hf, "q_proj.weight") || strings.HasSuffix(hf, "k_proj.weight")) {
+			t.HeadDim = hd
+		}
 		if norm {
 			t.Mean = 1
 		}

@@ -166,3 +166,34 @@ func F32ToF16(f float32) uint16 {
 	}
 	return sign | uint16(h)
 }
+
+// SourceRow returns the Hugging Face row that row r of a tensor with rows
+// permuted in heads of d rows (Tensor.HeadDim) holds: llama.cpp's permute,
+// reshape(n_head, 2, d/2, cols).swapaxes(1, 2), puts HF row h·d + s·d/2 + i
+// at h·d + 2i + s. d == 0 means no permutation.
+func SourceRow(r uint64, d int) uint64 {
+	if d == 0 {
+		return r
+	}
+	dd := uint64(d)
+	h, j := r/dd, r%dd
+	return h*dd + (j%2)*(dd/2) + j/2
+}
+
+// fillTensor is fill for elements first, first+1, ... of tensor t in the
+// file's order, following t's row permutation.
+func (c *codec) fillTensor(dst []byte, st, first uint64, t Tensor) {
+	if t.HeadDim == 0 || len(t.Shape) != 2 {
+		c.fill(dst, st, first)
+		return
+	}
+	cols := t.Shape[1]
+	n := uint64(len(dst) / c.size)
+	for done := uint64(0); done < n; {
+		e := first + done
+		row, col := e/cols, e%cols
+		seg := min(cols-col, n-done)
+		c.fill(dst[done*uint64(c.size):(done+seg)*uint64(c.size)], st, SourceRow(row, t.HeadDim)*cols+col)
+		done += seg
+	}
+}

@@ -20,7 +20,7 @@ func Expected(seed uint64, t Tensor, first uint64, dst []byte) error {
 	if len(dst)%c.size != 0 {
 		return fmt.Errorf("synth: tensor %q: %d bytes is not a whole number of %s elements", t.Name, len(dst), t.DType)
 	}
-	c.fill(dst, stream(seed, t.Key), first)
+	c.fillTensor(dst, stream(seed, t.Key), first, t)
 	return nil
 }
 

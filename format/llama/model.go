@@ -1,0 +1,256 @@
+package llama
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/memwall/memwall/format"
+	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/weights"
+)
+
+// Block is one transformer block's tensors.
+type Block struct {
+	AttnNorm, Q, K, V, O, MLPNorm, Gate, Up, Down format.Tensor
+}
+
+// Tensors is every tensor of the model by role. LMHead is the embedding
+// when the embeddings are tied.
+type Tensors struct {
+	Embedding format.Tensor
+	Blocks    []Block
+	FinalNorm format.Tensor
+	LMHead    format.Tensor
+	// MatrixDType is the dtype every matrix shares ("BF16", "F16", "F32").
+	MatrixDType string
+}
+
+// Model is an opened Llama-family model: its config, its weights, its
+// tensors by role and where its tokenizer is.
+type Model struct {
+	Config  *Config
+	Weights *format.Model
+	Tensors *Tensors
+	// TokenizerPath is tokenizer.json beside the weights, "" when there is
+	// none (a GGUF file carries its vocabulary in Weights.Metadata).
+	TokenizerPath string
+}
+
+// Close releases the weights' mappings.
+func (m *Model) Close() error { return m.Weights.Close() }
+
+// Open opens a model given as a directory (config.json and model.safetensors
+// or model.safetensors.index.json, tokenizer.json optional), a .safetensors
+// file or sharded index with config.json beside it, or a GGUF file. It
+// parses the config, opens the weights with format/weights and checks them
+// against each other. Errors name the file and the field or tensor.
+func Open(path string) (*Model, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	dir, weightsPath := filepath.Dir(path), path
+	if st.IsDir() {
+		dir = path
+		weightsPath = ""
+		for _, name := range []string{"model.safetensors", "model.safetensors.index.json", "model.gguf"} {
+			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+				weightsPath = filepath.Join(dir, name)
+				break
+			}
+		}
+		if weightsPath == "" {
+			return nil, &Error{File: path, Reason: "no model.safetensors, model.safetensors.index.json or model.gguf in the directory"}
+		}
+	}
+	isGGUF, err := hasGGUFMagic(weightsPath)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	var cfg *Config
+	if !isGGUF {
+		cfgPath := filepath.Join(dir, "config.json")
+		b, err := os.ReadFile(cfgPath)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, &Error{File: cfgPath, Reason: "missing: a safetensors model needs its config.json beside it"}
+			}
+			return nil, fmt.Errorf("llama: %w", err)
+		}
+		if cfg, err = ParseHF(cfgPath, b); err != nil {
+			return nil, err
+		}
+	}
+	w, err := weights.Open(weightsPath)
+	if err != nil {
+		return nil, err
+	}
+	if isGGUF {
+		if cfg, err = ParseGGUF(weightsPath, w.Metadata); err != nil {
+			w.Close()
+			return nil, err
+		}
+	}
+	ts, err := Bind(cfg, w)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	m := &Model{Config: cfg, Weights: w, Tensors: ts}
+	if tp := filepath.Join(dir, "tokenizer.json"); !isGGUF {
+		if _, err := os.Stat(tp); err == nil {
+			m.TokenizerPath = tp
+		}
+	}
+	return m, nil
+}
+
+func hasGGUFMagic(path string) (bool, error) {
+	if strings.HasSuffix(path, ".json") {
+		return false, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	var magic [4]byte
+	if _, err := io.ReadFull(f, magic[:]); err != nil {
+		return false, nil // too short for GGUF: let the safetensors parser say what is wrong
+	}
+	return string(magic[:]) == gguf.Magic, nil
+}
+
+// Check reports whether model's tensors are what cfg implies: every role
+// present once with the shape the config gives, dtypes the kernels
+// multiply (BF16, F16, F32; one dtype for every matrix; norms any of the
+// three), no block beyond num_hidden_layers. With tied embeddings the LM
+// head is the embedding (a GGUF file without output.weight is tied).
+func Check(cfg *Config, model *format.Model) error {
+	_, err := Bind(cfg, model)
+	return err
+}
+
+// Bind is Check returning the tensors by role. For a GGUF model it sets
+// cfg.TiedEmbeddings when output.weight is absent.
+func Bind(cfg *Config, model *format.Model) (*Tensors, error) {
+	file := model.Path
+	bad := func(tensor, field, f string, a ...any) error {
+		return &Error{File: file, Tensor: tensor, Field: field, Reason: fmt.Sprintf(f, a...)}
+	}
+	ts := &Tensors{Blocks: make([]Block, cfg.Layers)}
+	seen := map[[2]int]string{}
+	var lmHead, embedding, finalNorm *format.Tensor
+	for i := range model.Tensors {
+		t := &model.Tensors[i]
+		layer, role, ok := RoleOf(t.Name)
+		if !ok {
+			continue
+		}
+		if layer >= cfg.Layers {
+			return nil, bad(t.Name, "num_hidden_layers", "block %d, but the config has %d layers", layer, cfg.Layers)
+		}
+		key := [2]int{layer, int(role)}
+		if other, dup := seen[key]; dup {
+			return nil, bad(t.Name, "", "role %s of block %d is also tensor %q", role, layer, other)
+		}
+		seen[key] = t.Name
+		if layer >= 0 {
+			b := &ts.Blocks[layer]
+			*[...]*format.Tensor{RoleAttnNorm: &b.AttnNorm, RoleQ: &b.Q, RoleK: &b.K, RoleV: &b.V, RoleO: &b.O,
+				RoleMLPNorm: &b.MLPNorm, RoleGate: &b.Gate, RoleUp: &b.Up, RoleDown: &b.Down}[role] = *t
+			continue
+		}
+		switch role {
+		case RoleEmbedding:
+			embedding = t
+		case RoleFinalNorm:
+			finalNorm = t
+		case RoleLMHead:
+			lmHead = t
+		}
+	}
+	if model.Format == "gguf" && lmHead == nil {
+		cfg.TiedEmbeddings = true
+	}
+	hd := uint64(cfg.HeadDim)
+	h, in, v := uint64(cfg.Hidden), uint64(cfg.Intermediate), uint64(cfg.Vocab)
+	q, kv := uint64(cfg.Heads)*hd, uint64(cfg.KVHeads)*hd
+	type want struct {
+		t      *format.Tensor
+		name   string
+		shape  []uint64
+		matrix bool
+	}
+	var wants []want
+	if embedding == nil {
+		return nil, bad("model.embed_tokens.weight", "", "missing (token_embd.weight in GGUF)")
+	}
+	wants = append(wants, want{embedding, embedding.Name, []uint64{v, h}, true})
+	for l := range ts.Blocks {
+		b := &ts.Blocks[l]
+		for _, w := range []want{
+			{&b.AttnNorm, "input_layernorm.weight", []uint64{h}, false},
+			{&b.Q, "self_attn.q_proj.weight", []uint64{q, h}, true},
+			{&b.K, "self_attn.k_proj.weight", []uint64{kv, h}, true},
+			{&b.V, "self_attn.v_proj.weight", []uint64{kv, h}, true},
+			{&b.O, "self_attn.o_proj.weight", []uint64{h, q}, true},
+			{&b.MLPNorm, "post_attention_layernorm.weight", []uint64{h}, false},
+			{&b.Gate, "mlp.gate_proj.weight", []uint64{in, h}, true},
+			{&b.Up, "mlp.up_proj.weight", []uint64{in, h}, true},
+			{&b.Down, "mlp.down_proj.weight", []uint64{h, in}, true},
+		} {
+			if w.t.Name == "" {
+				return nil, bad(fmt.Sprintf("model.layers.%d.%s", l, w.name), "", "missing")
+			}
+			w.name = w.t.Name
+			wants = append(wants, w)
+		}
+	}
+	if finalNorm == nil {
+		return nil, bad("model.norm.weight", "", "missing (output_norm.weight in GGUF)")
+	}
+	wants = append(wants, want{finalNorm, finalNorm.Name, []uint64{h}, false})
+	switch {
+	case cfg.TiedEmbeddings:
+		ts.LMHead = *embedding
+	case lmHead == nil:
+		return nil, bad("lm_head.weight", "tie_word_embeddings", "missing, and the embeddings are not tied")
+	default:
+		wants = append(wants, want{lmHead, lmHead.Name, []uint64{v, h}, true})
+		ts.LMHead = *lmHead
+	}
+	for _, w := range wants {
+		if !slices.Equal(w.t.Shape, w.shape) {
+			return nil, bad(w.name, "shape", "%v, but the config implies %v (%s)", w.t.Shape, w.shape, shapeSource(cfg, w.shape, len(w.shape)))
+		}
+		switch w.t.DType {
+		case "BF16", "F16", "F32":
+		default:
+			return nil, bad(w.name, "dtype", "%s unsupported (want BF16, F16 or F32)", w.t.DType)
+		}
+		if !w.matrix {
+			continue
+		}
+		if ts.MatrixDType == "" {
+			ts.MatrixDType = w.t.DType
+		} else if w.t.DType != ts.MatrixDType {
+			return nil, bad(w.name, "dtype", "%s, but %s is %s: mixed matrix dtypes unsupported", w.t.DType, embedding.Name, ts.MatrixDType)
+		}
+	}
+	ts.Embedding, ts.FinalNorm = *embedding, *finalNorm
+	return ts, nil
+}
+
+func shapeSource(cfg *Config, shape []uint64, n int) string {
+	if n == 1 {
+		return fmt.Sprintf("hidden_size %d", cfg.Hidden)
+	}
+	return fmt.Sprintf("hidden_size %d, intermediate_size %d, heads %d, kv heads %d, head_dim %d, vocab_size %d",
+		cfg.Hidden, cfg.Intermediate, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Vocab)
+}

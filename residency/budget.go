@@ -1,0 +1,102 @@
+package residency
+
+import (
+	"fmt"
+
+	"github.com/memwall/memwall/device"
+)
+
+// Margin is what PlanBudget leaves free when no budget is given: 512 MiB,
+// or a tenth of the free memory when that is less (small simulated
+// devices), so that other users of the device and the driver's own later
+// allocations (kernel modules loaded lazily, library workspaces) find room.
+const Margin = 512 << 20
+
+// Budget is a device-memory budget split into what the CUDA context takes
+// by itself and what memwall's pools may use.
+type Budget struct {
+	// VRAMBytes is the budget: the process's whole device footprint, as
+	// nvidia-smi's memory.used shows it. Default says it was not given and
+	// is the device's free memory plus the context's, less MarginBytes.
+	VRAMBytes   uint64 `json:"vram_bytes"`
+	Default     bool   `json:"default"`
+	MarginBytes uint64 `json:"margin_bytes,omitempty"`
+	// ContextBytes is the device context's own memory, counted in the
+	// budget; ContextSource says how it was found (or why it is 0).
+	ContextBytes  uint64 `json:"context_bytes"`
+	ContextSource string `json:"context_source"`
+	// PoolBytes = VRAMBytes - ContextBytes: what the weight plan, the
+	// activation arena and the KV cache together may take from the pools
+	// (plan.WeightOptions.Budget).
+	PoolBytes uint64 `json:"pool_bytes"`
+	// FreeBytes and TotalBytes are the device's memory when PlanBudget ran
+	// (the context already exists then, so FreeBytes excludes it).
+	FreeBytes  uint64 `json:"free_bytes"`
+	TotalBytes uint64 `json:"total_bytes"`
+	// Warning is set when PoolBytes exceed FreeBytes: other processes hold
+	// memory, and the plan may not fit at run time.
+	Warning string `json:"warning,omitempty"`
+}
+
+// ContextBytes returns the device context's own memory and how it was
+// found: device.ContextMemory when d implements it (package device/cuda
+// measures it at Open), else 0 ("none" on the simulator, which has no
+// context).
+func ContextBytes(d device.Device) (uint64, string) {
+	if cm, ok := d.(device.ContextMemory); ok {
+		b, how, ok := cm.ContextBytes()
+		if ok {
+			return b, how
+		}
+		return 0, how
+	}
+	if d.Info().Backend == "sim" {
+		return 0, "none: the simulated device has no context"
+	}
+	return 0, "unknown: the device does not report its context's memory"
+}
+
+// PlanBudget turns vram, the process's whole device footprint in bytes (0:
+// not given), into a Budget for device d. A budget above the device's total
+// memory, or one that leaves nothing after the context, is an error naming
+// both figures; one above the free memory gets a Warning. With vram 0 the
+// budget is the free memory plus the context's, less the margin (Margin,
+// or a tenth of the free memory when smaller).
+func PlanBudget(d device.Device, vram uint64) (Budget, error) {
+	free, total, err := d.MemInfo()
+	if err != nil {
+		return Budget{}, fmt.Errorf("residency: device memory info: %w", err)
+	}
+	in := d.Info()
+	if in.TotalBytes > 0 {
+		total = in.TotalBytes
+	}
+	b := Budget{VRAMBytes: vram, FreeBytes: free, TotalBytes: total}
+	b.ContextBytes, b.ContextSource = ContextBytes(d)
+	if vram == 0 {
+		b.Default = true
+		b.MarginBytes = min(Margin, free/10)
+		b.VRAMBytes = free + b.ContextBytes - b.MarginBytes
+	}
+	if b.VRAMBytes > total {
+		return b, fmt.Errorf("residency: budget %d bytes (%s) exceeds the device's total memory %d bytes (%s, %s)",
+			b.VRAMBytes, gib(b.VRAMBytes), total, gib(total), in.Name)
+	}
+	if b.VRAMBytes <= b.ContextBytes {
+		return b, fmt.Errorf("residency: budget %d bytes (%s) leaves nothing after the device context's own %d bytes (%s; %s)",
+			b.VRAMBytes, gib(b.VRAMBytes), b.ContextBytes, gib(b.ContextBytes), b.ContextSource)
+	}
+	b.PoolBytes = b.VRAMBytes - b.ContextBytes
+	if b.PoolBytes > free {
+		b.Warning = fmt.Sprintf("budget %s less the context's %s is %s, more than the %s the device has free now (%s)",
+			gib(b.VRAMBytes), gib(b.ContextBytes), gib(b.PoolBytes), gib(free), in.Name)
+	}
+	return b, nil
+}
+
+func gib(n uint64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}

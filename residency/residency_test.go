@@ -1,0 +1,390 @@
+package residency
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/cuda"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/format"
+	"github.com/memwall/memwall/format/safetensors"
+	"github.com/memwall/memwall/format/weights"
+	"github.com/memwall/memwall/plan"
+	"github.com/memwall/memwall/pool"
+)
+
+// onGPU reports whether the suite runs on the GPU (MEMWALL_TEST_DEVICE=cuda).
+func onGPU() bool { return os.Getenv("MEMWALL_TEST_DEVICE") == "cuda" }
+
+// testDevice is the GPU under MEMWALL_TEST_DEVICE=cuda, else a simulator
+// with backing bytes and a random order of ready streams (seeded), which
+// exposes a missing dependency as wrong bytes.
+func testDevice(t testing.TB, seed uint64, mod func(*sim.Options)) device.Device {
+	t.Helper()
+	if onGPU() {
+		d, err := cuda.Open(cuda.Options{})
+		if err != nil {
+			t.Fatalf("MEMWALL_TEST_DEVICE=cuda: %v", err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	o := sim.DefaultOptions()
+	o.Shuffle, o.Seed = true, seed
+	o.TotalBytes = 1 << 30
+	if mod != nil {
+		mod(&o)
+	}
+	d := sim.New(o)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// randomModel writes a safetensors file of random layers (1..4 tensors
+// each, random dtypes and shapes, 64 B..maxBytes per tensor) and stand-alone
+// tensors, filled with random bytes, and opens it.
+func randomModel(t testing.TB, rng *rand.Rand, layers int, maxBytes uint64) *format.Model {
+	t.Helper()
+	var specs []format.TensorSpec
+	add := func(name string) {
+		dt := []string{"BF16", "F16", "F32", "U8"}[rng.IntN(4)]
+		elt := map[string]uint64{"BF16": 2, "F16": 2, "F32": 4, "U8": 1}[dt]
+		n := max(64/elt, rng.Uint64N(maxBytes/elt+1))
+		cols := uint64(1) << rng.IntN(7)
+		for n%cols != 0 {
+			cols /= 2
+		}
+		specs = append(specs, format.TensorSpec{Name: name, DType: dt, Shape: []uint64{n / cols, cols}})
+	}
+	if rng.IntN(2) == 0 {
+		add("model.embed_tokens.weight")
+	}
+	for l := range layers {
+		for j := range 1 + rng.IntN(4) {
+			add(fmt.Sprintf("model.layers.%d.t%d.weight", l, j))
+		}
+	}
+	if rng.IntN(2) == 0 {
+		add("model.norm.weight")
+	}
+	rng.Shuffle(len(specs), func(i, j int) { specs[i], specs[j] = specs[j], specs[i] })
+	var buf bytes.Buffer
+	w, err := safetensors.NewWriter(&buf, specs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, w.DataBytes())
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "model.safetensors")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := weights.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// randomPlan plans m under a random budget between the minimum that
+// streams and the budget that keeps everything resident (or exactly
+// those ends), with slots ring slots.
+func randomPlan(t testing.TB, rng *rand.Rand, m *format.Model, slots int) *plan.WeightPlan {
+	t.Helper()
+	groups, err := plan.GroupWeights(m.Tensors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := plan.WeightOptions{Budget: 1 << 50, Slots: slots, LinkGBps: 25, Granule: 512}
+	full, err := plan.PlanWeights(groups, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := full.MinimumBytes, full.PeakBytes
+	switch rng.IntN(4) {
+	case 0:
+		o.Budget = lo
+	case 1:
+		o.Budget = hi
+	default:
+		o.Budget = lo + rng.Uint64N(hi-lo+1)
+	}
+	if o.Budget < lo {
+		o.Budget = lo
+	}
+	p, err := plan.PlanWeights(groups, o)
+	if err != nil {
+		t.Fatalf("plan under %d (min %d, all %d): %v", o.Budget, lo, hi, err)
+	}
+	return p
+}
+
+// pools makes a device pool and a pinned host pool on d, closed at cleanup.
+func pools(t testing.TB, d device.Device) (dev, host *pool.Pool) {
+	t.Helper()
+	dev, err := pool.New(d, pool.Options{Name: "residency-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err = pool.NewHost(d, pool.Options{Name: "residency-test-host", NoCache: true, ChunkBytes: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dev.Close()
+		host.Close()
+	})
+	return dev, host
+}
+
+// checkEmpty fails when a pool still has live bytes.
+func checkEmpty(t testing.TB, what string, ps ...*pool.Pool) {
+	t.Helper()
+	for _, p := range ps {
+		if st := p.Stats(); st.UsedBytes != 0 || st.LiveBlocks != 0 {
+			t.Errorf("%s: pool %s: %d bytes in %d blocks still used", what, st.Name, st.UsedBytes, st.LiveBlocks)
+		}
+	}
+}
+
+// reader is the fake compute: it waits for an acquired group's event on
+// its own stream, reads every view back to the host (a device-to-host
+// copy), records the group's done event and releases the group. Checks
+// compare what was read with the file's bytes once the stream is synced.
+type reader struct {
+	t      testing.TB
+	d      device.Device
+	r      *Residency
+	m      *format.Model
+	cs     device.Stream
+	done   []device.Event
+	checks []readCheck
+	reads  int
+}
+
+type readCheck struct {
+	group int
+	t     format.Tensor
+	got   []byte
+}
+
+func newReader(t testing.TB, d device.Device, r *Residency, m *format.Model) *reader {
+	t.Helper()
+	cs, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := &reader{t: t, d: d, r: r, m: m, cs: cs}
+	for range r.Plan().Groups {
+		e, err := d.NewEvent(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd.done = append(rd.done, e)
+	}
+	t.Cleanup(func() {
+		for _, e := range rd.done {
+			d.DestroyEvent(e)
+		}
+		d.DestroyStream(cs)
+	})
+	return rd
+}
+
+// acquire acquires g and queues the reads of its views.
+func (rd *reader) acquire(g int) error {
+	views, ready, err := rd.r.Acquire(g)
+	if err != nil {
+		return err
+	}
+	gp := rd.r.Plan().Groups[g]
+	if len(views) != len(gp.Tensors) {
+		rd.t.Fatalf("group %d: %d views for %d tensors", g, len(views), len(gp.Tensors))
+	}
+	if gp.Resident != (ready == 0) {
+		rd.t.Fatalf("group %d (resident %v): ready event %d", g, gp.Resident, ready)
+	}
+	if ready != 0 {
+		if err := rd.d.StreamWaitEvent(rd.cs, ready); err != nil {
+			return err
+		}
+	}
+	for i, v := range views {
+		if v.Tensor.Name != gp.Tensors[i].Name {
+			rd.t.Fatalf("group %d view %d: tensor %q, want %q", g, i, v.Tensor.Name, gp.Tensors[i].Name)
+		}
+		got := make([]byte, v.Tensor.Bytes)
+		if err := rd.d.CopyDtoH(got, v.Ptr, rd.cs); err != nil {
+			return err
+		}
+		rd.checks = append(rd.checks, readCheck{group: g, t: v.Tensor, got: got})
+	}
+	return nil
+}
+
+func (rd *reader) release(g int) error {
+	if err := rd.d.EventRecord(rd.done[g], rd.cs); err != nil {
+		return err
+	}
+	return rd.r.Release(g, rd.done[g])
+}
+
+// verify syncs the reads and compares them with the file.
+func (rd *reader) verify() {
+	rd.t.Helper()
+	if err := rd.d.StreamSynchronize(rd.cs); err != nil {
+		rd.t.Fatalf("reads: %v", err)
+	}
+	for _, c := range rd.checks {
+		want := rd.m.Data(c.t)
+		if !bytes.Equal(c.got, want) {
+			i := 0
+			for i < len(want) && c.got[i] == want[i] {
+				i++
+			}
+			rd.t.Fatalf("group %d tensor %q (%d bytes): byte %d differs from the file (read %d views so far)",
+				c.group, c.t.Name, len(want), i, rd.reads)
+		}
+		rd.reads++
+	}
+	rd.checks = rd.checks[:0]
+}
+
+func randomSource(rng *rand.Rand, d device.Device) Source {
+	src := []Source{Auto, Register, Pinned, Bounce}[rng.IntN(4)]
+	if src == Register && !d.Info().ReadOnlyHostRegister {
+		src = Pinned
+	}
+	return src
+}
+
+// TestCyclesRandomPlans walks every group in order again and again, as
+// decode steps do, for random models, budgets, slot counts, prefetch
+// depths and sources, on a simulator that runs ready streams in a random
+// order; every view read back holds the file's bytes, the counts add up,
+// and Close gives every byte back.
+func TestCyclesRandomPlans(t *testing.T) {
+	iters := 60
+	if testing.Short() || onGPU() {
+		iters = 15
+	}
+	for it := range iters {
+		seed := uint64(it) + 1
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			d := testDevice(t, seed, func(o *sim.Options) { o.ReadOnlyHostRegister = rng.IntN(3) > 0 })
+			m := randomModel(t, rng, 1+rng.IntN(8), 1<<uint(10+rng.IntN(8)))
+			slots := 2 + rng.IntN(3)
+			p := randomPlan(t, rng, m, slots)
+			dev, host := pools(t, d)
+			o := Options{Source: randomSource(rng, d), BounceBytes: uint64(4096 << rng.IntN(6)), Bounces: 1 + rng.IntN(3)}
+			if p.Slots > 1 {
+				o.Prefetch = 1 + rng.IntN(p.Slots-1)
+			}
+			r, err := New(context.Background(), d, dev, host, m, p, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rd := newReader(t, d, r, m)
+			passes := 2 + rng.IntN(4)
+			for pass := range passes {
+				for g := range p.Groups {
+					if err := rd.acquire(g); err != nil {
+						t.Fatalf("pass %d: acquire %d: %v", pass, g, err)
+					}
+					if err := rd.release(g); err != nil {
+						t.Fatalf("pass %d: release %d: %v", pass, g, err)
+					}
+					if rng.IntN(5) == 0 {
+						rd.verify()
+					}
+				}
+			}
+			rd.verify()
+			st := r.Stats()
+			ns := len(p.Streamed())
+			if st.Groups != len(p.Groups) || st.ResidentGroups != len(p.Groups)-ns || st.PassBytes != p.StreamedBytes {
+				t.Errorf("stats %+v for %d groups, %d streamed, %d bytes per pass", st, len(p.Groups), ns, p.StreamedBytes)
+			}
+			// Every pass copies every streamed group once; copies issued
+			// ahead into the next pass add at most Prefetch.
+			minCopies := uint64(passes * ns)
+			if st.Copies < minCopies || st.Copies > minCopies+uint64(st.Prefetch) || st.Dropped != 0 {
+				t.Errorf("%d copies (%d dropped) for %d passes of %d streamed groups, prefetch %d", st.Copies, st.Dropped, passes, ns, st.Prefetch)
+			}
+			if ns > 0 && (st.Slots != p.Slots || st.Source == "none" || st.StreamedBytes < uint64(passes)*p.StreamedBytes) {
+				t.Errorf("stats %+v, plan slots %d, streamed %d per pass", st, p.Slots, p.StreamedBytes)
+			}
+			if ns == 0 && (st.Copies != 0 || st.Slots != 0 || st.Source != "none") {
+				t.Errorf("all resident, stats %+v", st)
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			checkEmpty(t, "after Close", dev, host)
+		})
+	}
+}
+
+// TestMissingWaitIsCaught drops the copy stream's wait for a slot's
+// release: on the shuffling simulator some seed must read overwritten
+// bytes, or the suite above could not see a missing dependency.
+func TestMissingWaitIsCaught(t *testing.T) {
+	if onGPU() {
+		t.Skip("the dropped wait is a simulator experiment")
+	}
+	caught := 0
+	for seed := uint64(1); seed <= 20 && caught == 0; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		d := testDevice(t, seed, nil)
+		m := randomModel(t, rng, 6, 4096)
+		p := randomPlan(t, rng, m, 2)
+		for len(p.Streamed()) < 3 {
+			p = randomPlan(t, rng, m, 2)
+		}
+		dev, host := pools(t, d)
+		r, err := New(context.Background(), d, dev, host, m, p, Options{Source: Pinned, noSlotWait: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd := newReader(t, d, r, m)
+		for range 3 {
+			for g := range p.Groups {
+				if err := rd.acquire(g); err != nil {
+					t.Fatal(err)
+				}
+				if err := rd.release(g); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := d.StreamSynchronize(rd.cs); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range rd.checks {
+			if !bytes.Equal(c.got, m.Data(c.t)) {
+				caught++
+				break
+			}
+		}
+		r.Close()
+	}
+	if caught == 0 {
+		t.Fatal("no seed read overwritten bytes without the slot wait: the reader cannot see a missing dependency")
+	}
+}

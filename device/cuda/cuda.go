@@ -38,6 +38,8 @@ type Device struct {
 	dev  int32
 	ctx  uintptr
 	info device.Info
+	// ctxMem is the primary context's own device memory (context.go).
+	ctxMem contextMemory
 
 	mu      sync.Mutex
 	host    map[uintptr]hostEntry // base address → how it was obtained
@@ -98,10 +100,13 @@ func Open(opts Options) (*Device, error) {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	var ctx uintptr
-	if err := d.err("cuDevicePrimaryCtxRetain", d.raw(d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(dev))); err != nil {
+	cm, err := d.measureContext(dev, func() error {
+		return d.err("cuDevicePrimaryCtxRetain", d.raw(d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(dev)))
+	})
+	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
-	c := &Device{d: d, dev: dev, ctx: ctx,
+	c := &Device{d: d, dev: dev, ctx: ctx, ctxMem: cm,
 		host:    map[uintptr]hostEntry{},
 		streams: map[device.Stream]struct{}{},
 		events:  map[device.Event]struct{}{},

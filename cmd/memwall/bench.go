@@ -13,18 +13,24 @@ func init() {
 // benchVerbs are the `memwall bench` sub-commands, one file each.
 var benchVerbs = map[string]func(e *env, args []string) error{}
 
+// runBench runs `memwall bench NAME [flags]`; `memwall bench -h` (and
+// `memwall help bench`) lists the benchmarks on stdout.
 func runBench(e *env, args []string) error {
+	names := make([]string, 0, len(benchVerbs))
+	for n := range benchVerbs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprintf(e.stdout, "usage: memwall bench NAME [flags]\n\nbenchmarks: %s\n\nRun 'memwall help bench NAME' for one's flags.\n", strings.Join(names, ", "))
+		return errHelp
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		names := make([]string, 0, len(benchVerbs))
-		for n := range benchVerbs {
-			names = append(names, n)
-		}
-		sort.Strings(names)
 		return usagef("want a benchmark: %s", strings.Join(names, ", "))
 	}
 	f, ok := benchVerbs[args[0]]
 	if !ok {
-		return usagef("unknown benchmark %q", args[0])
+		return usagef("unknown benchmark %q (have %s)", args[0], strings.Join(names, ", "))
 	}
 	return f(e, args[1:])
 }

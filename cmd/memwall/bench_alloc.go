@@ -1,11 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
+	"github.com/memwall/memwall/alloc"
 	"github.com/memwall/memwall/bench"
 )
 
@@ -44,6 +45,14 @@ func runBenchAlloc(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	strats, err := pickStrategies(*strategies, ms)
+	if err != nil {
+		return err
+	}
+	of, err := checkOutput("--out", *out)
+	if err != nil {
+		return err
+	}
 	d, _, err := df.open(e)
 	if err != nil {
 		return err
@@ -51,28 +60,29 @@ func runBenchAlloc(e *env, args []string) error {
 	defer d.Close()
 	pb := newProgress(e, "alloc")
 	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{Pairs: *pairs, Goroutines: gs, Mixes: ms, Policies: ps,
-		Strategies: strings.Split(*strategies, ","),
+		Strategies: strats,
 		Progress:   func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
 	pb.done()
 	if err != nil {
 		return err
 	}
-	if *out != "" {
-		f, err := os.Create(*out)
-		if err != nil {
-			return err
-		}
-		if err := writeJSON(f, rep); err != nil {
-			f.Close()
-			return fmt.Errorf("--out %s: %w", *out, err)
-		}
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("--out %s: %w", *out, err)
-		}
+	var buf bytes.Buffer
+	if err := writeJSON(&buf, rep); err != nil {
+		return err
 	}
 	if *asJSON {
-		return writeJSON(e.stdout, rep)
+		if _, err := e.stdout.Write(buf.Bytes()); err != nil {
+			return err
+		}
+	} else {
+		printBenchAlloc(e, rep)
 	}
+	// The report is out before the file is written: a failed write loses
+	// neither.
+	return of.write(buf.Bytes())
+}
+
+func printBenchAlloc(e *env, rep bench.AllocReport) {
 	w := e.stdout
 	fmt.Fprintf(w, "%s (%s); latency of one free+alloc pair: p50 over batches of %d pairs timed together, and p50/p99 of pairs timed one by one (clock overhead %.0f ns included)\n",
 		rep.Device, rep.Backend, bench.BatchPairs, rep.TimerOverheadNs)
@@ -97,7 +107,32 @@ func runBenchAlloc(e *env, args []string) error {
 	if rep.Backend == "sim" {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")
 	}
-	return nil
+}
+
+// pickStrategies checks the comma-separated pool strategies against
+// package alloc's and against the mixes: slab serves blocks up to
+// alloc.SlabMaxAlloc only, and linear reclaims space only from its ring's
+// ends, which a benchmark freeing blocks at random soon exhausts.
+func pickStrategies(list string, mixes []bench.Mix) ([]string, error) {
+	var out []string
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		switch {
+		case !slices.Contains(alloc.Strategies(), s):
+			return nil, usagef("--strategies: no %q (have %s)", s, strings.Join(alloc.Strategies(), ", "))
+		case s == "linear":
+			return nil, usagef("--strategies linear: a ring allocator reclaims space only at its ends, and the benchmark frees blocks at random (use tlsf, bestfit or buddy)")
+		case s == "slab":
+			for _, m := range mixes {
+				if m.Max > alloc.SlabMaxAlloc {
+					return nil, usagef("--strategies slab: slab serves blocks up to %s, and mix %q reaches %s (pick --mixes 4KiB, or another strategy)",
+						humanBytes(alloc.SlabMaxAlloc), m.Name, humanBytes(m.Max))
+				}
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 // pickMixes selects from bench.DefaultMixes by comma-separated names or

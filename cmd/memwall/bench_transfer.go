@@ -25,9 +25,9 @@ func runBenchTransfer(e *env, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	n, err := parseBytes(*size)
-	if err != nil || n == 0 {
-		return usagef("--size: %v", err)
+	n, err := flagSize("size", *size, false)
+	if err != nil {
+		return err
 	}
 	if *reps < 1 {
 		return usagef("--reps must be at least 1")

@@ -9,7 +9,10 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"sort"
+	"strings"
+	"syscall"
 )
 
 // env is what a verb may touch: its output streams and whether stdout is a
@@ -23,7 +26,9 @@ type env struct {
 }
 
 func newEnv() *env {
-	ctx, _ := signal.NotifyContext(context.Background(), os.Interrupt)
+	// SIGTERM cancels the work as SIGINT does, so that every verb's cleanup
+	// (temporary files above all) runs for both.
+	ctx, _ := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	return &env{ctx: ctx, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), getenv: os.Getenv}
 }
 
@@ -58,15 +63,35 @@ func (u usageError) Error() string { return u.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
-// newFlags returns a flag set that reports errors instead of exiting.
+// newFlags returns a flag set that reports errors instead of exiting. A
+// flag error is returned (parseFlags makes it a usage error that run prints
+// once); -h prints the usage and the flags to stdout.
 func newFlags(e *env, name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	sink := &flagErrors{}
+	fs.SetOutput(sink)
 	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: memwall %s %s\n", name, usage)
+		// The flag package writes a parse error to Output and then calls
+		// Usage; -h calls Usage alone. Only the latter prints.
+		if sink.wrote {
+			sink.wrote = false
+			return
+		}
+		fmt.Fprintf(e.stdout, "usage: memwall %s %s\n\nflags:\n", name, usage)
+		fs.SetOutput(e.stdout)
 		fs.PrintDefaults()
+		fs.SetOutput(sink)
 	}
 	return fs
+}
+
+// flagErrors swallows what the flag package prints about a parse error
+// (the error comes back from Parse too) and notes that it did.
+type flagErrors struct{ wrote bool }
+
+func (f *flagErrors) Write(p []byte) (int, error) {
+	f.wrote = true
+	return len(p), nil
 }
 
 // parseFlags parses args, allowing flags after positional arguments, and
@@ -103,19 +128,33 @@ func parseNoArgs(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// Exit statuses: every verb ends in one of these, through run.
+const (
+	exitOK    = 0 // the work was done (a plan that fits, a report written)
+	exitFail  = 1 // the work failed, "does not fit" included
+	exitUsage = 2 // a bad command line: nothing was done
+)
+
+// run runs the command line args and returns the exit status: a verb's nil
+// error is exitOK, a usageError (or one wrapping it) exitUsage after the
+// message and a pointer to the verb's help, any other error exitFail after
+// the message. Every message goes to stderr once, prefixed "memwall VERB: ".
 func run(args []string, e *env) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		printHelp(e.stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
 		printHelp(e.stdout)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
+		return exitOK
+	case "help":
+		return runHelp(e, args[1:])
 	}
 	v, ok := verbs[args[0]]
 	if !ok {
-		fmt.Fprintf(e.stderr, "memwall: unknown command %q\n", args[0])
-		printHelp(e.stderr)
-		return 2
+		fmt.Fprintf(e.stderr, "memwall: unknown command %q (commands: %s; run 'memwall help')\n", args[0], strings.Join(verbNames(), ", "))
+		return exitUsage
 	}
 	if path := e.getenv("MEMWALL_CPUPROFILE"); path != "" {
 		stop, err := startCPUProfile(path)
@@ -129,35 +168,57 @@ func run(args []string, e *env) int {
 			}
 		}()
 	}
-	err := v.run(e, args[1:])
+	return exitStatus(e, v.name, v.run(e, args[1:]))
+}
+
+// exitStatus prints err for verb and returns the exit status it means.
+func exitStatus(e *env, verb string, err error) int {
+	var u usageError
 	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, errHelp):
-		return 0
+	case err == nil, errors.Is(err, errHelp):
+		return exitOK
+	case errors.As(err, &u):
+		fmt.Fprintf(e.stderr, "memwall %s: %v\n(run 'memwall help %s' for its flags)\n", verb, err, verb)
+		return exitUsage
 	default:
-		var u usageError
-		if errors.As(err, &u) {
-			fmt.Fprintf(e.stderr, "memwall %s: %v\n", v.name, err)
-			return 2
-		}
-		fmt.Fprintf(e.stderr, "memwall %s: %v\n", v.name, err)
-		return 1
+		fmt.Fprintf(e.stderr, "memwall %s: %v\n", verb, err)
+		return exitFail
 	}
 }
 
-func printHelp(w io.Writer) {
-	fmt.Fprintln(w, "memwall: GPU memory for ML inference — pools, plans, streaming, budgets.")
-	fmt.Fprintln(w, "\nusage: memwall <command> [flags]\n\ncommands:")
+// runHelp is `memwall help [VERB [SUB]]`: the top-level help, or a verb's
+// usage and flags (what `memwall VERB -h` prints), on stdout.
+func runHelp(e *env, args []string) int {
+	if len(args) == 0 {
+		printHelp(e.stdout)
+		return exitOK
+	}
+	v, ok := verbs[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "memwall help: unknown command %q (commands: %s)\n", args[0], strings.Join(verbNames(), ", "))
+		return exitUsage
+	}
+	return exitStatus(e, v.name, v.run(e, append(slices.Clone(args[1:]), "-h")))
+}
+
+func verbNames() []string {
 	names := make([]string, 0, len(verbs))
 	for n := range verbs {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
+	return names
+}
+
+func printHelp(w io.Writer) {
+	fmt.Fprintln(w, "memwall: GPU memory for ML inference — pools, plans, streaming, budgets.")
+	fmt.Fprintln(w, "\nusage: memwall <command> [flags]\n\ncommands:")
+	for _, n := range verbNames() {
 		fmt.Fprintf(w, "  %-10s %s\n", n, verbs[n].summary)
 	}
-	fmt.Fprintln(w, "\nRun 'memwall <command> -h' for a command's flags.")
+	fmt.Fprintln(w, "\nRun 'memwall help <command>' (or 'memwall <command> -h') for a command's flags.")
+	fmt.Fprintln(w, "Sizes take the units "+sizeUnitsHelp+".")
+	fmt.Fprintln(w, "Exit status: 0 done, 1 the work failed (a plan that does not fit included), 2 a bad command line.")
 }
 
 // startCPUProfile writes a CPU profile of the rest of the run to path

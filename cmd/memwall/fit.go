@@ -67,9 +67,12 @@ func (f *planFlags) check(pos []string) (string, uint64, error) {
 	if f.vram == "" {
 		return "", 0, usagef("--vram is required")
 	}
-	budget, err := parseBytes(f.vram)
-	if err != nil || budget == 0 {
-		return "", 0, usagef("--vram: bad size %q", f.vram)
+	budget, err := flagSize("vram", f.vram, false)
+	if err != nil {
+		return "", 0, err
+	}
+	if err := f.df.check(); err != nil {
+		return "", 0, err
 	}
 	switch {
 	case f.tokens < 1 || f.tokens > 1<<20:
@@ -132,7 +135,6 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	}
 	so := sim.DefaultOptions()
 	so.Kernels = kernels.Sim()
-	so.TotalBytes = max(so.TotalBytes, budget)
 	if m.DataBytes > simBackingLimit {
 		so.Backing = false
 	}
@@ -145,6 +147,9 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	fail := func(err error) (*planned, error) {
 		pl.close()
 		return nil, err
+	}
+	if err := checkBudget(e, d, budget); err != nil {
+		return fail(err)
 	}
 	info := d.Info()
 	link := f.linkGBps
@@ -306,6 +311,27 @@ func printFit(e *env, o fitJSON) {
 	fmt.Fprintf(w, "compute    %s\n", o.ComputeSource)
 	fmt.Fprintf(w, "predicted  peak %s; %.4f s per step (copy %.4f s, compute %.4f s)\n",
 		humanBytes(o.PredictedPeakBytes), o.PredictedSecondsPerStep, o.PredictedCopySeconds, o.PredictedComputeSeconds)
+}
+
+// checkBudget refuses a --vram budget above the device's total memory and
+// warns (on stderr) when it is above the memory free now; both messages name
+// the budget and the device's figure.
+func checkBudget(e *env, d device.Device, budget uint64) error {
+	free, total, err := d.MemInfo()
+	if err != nil {
+		return fmt.Errorf("memory info: %w", err)
+	}
+	if total == 0 {
+		total = d.Info().TotalBytes
+	}
+	name := d.Info().Name
+	switch {
+	case total > 0 && budget > total:
+		return fmt.Errorf("--vram %s (%d bytes) is above %s's total memory, %s (%d bytes)", humanBytes(budget), budget, name, humanBytes(total), total)
+	case free > 0 && budget > free:
+		fmt.Fprintf(e.stderr, "memwall: warning: --vram %s (%d bytes) is above the memory free on %s now, %s (%d bytes)\n", humanBytes(budget), budget, name, humanBytes(free), free)
+	}
+	return nil
 }
 
 // budgetHint adds the minimum to a budget error for people.

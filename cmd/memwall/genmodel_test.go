@@ -96,7 +96,7 @@ func TestGenModelShards(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	if !strings.Contains(stdout, "3 files") {
+	if !strings.Contains(stdout, "4 files") { // two shards, the index and config.json
 		t.Errorf("stdout: %q", stdout)
 	}
 	m, err := safetensors.Open(out)

@@ -22,7 +22,20 @@ func (f *deviceFlag) add(fs interface {
 	fs.StringVar(&f.backend, "device", "auto", "device backend: auto, cuda or sim")
 }
 
+// check refuses a backend auto.Open does not know, as a usage error.
+func (f *deviceFlag) check() error {
+	switch f.backend {
+	case "auto", "cuda", "sim":
+		return nil
+	}
+	return usagef("--device %q: want auto, cuda or sim", f.backend)
+}
+
+// open opens the device --device names; an unknown name is a usage error.
 func (f *deviceFlag) open(e *env) (device.Device, auto.Choice, error) {
+	if err := f.check(); err != nil {
+		return nil, auto.Choice{}, err
+	}
 	return auto.Open(f.backend, auto.Options{Getenv: e.getenv})
 }
 

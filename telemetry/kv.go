@@ -1,0 +1,98 @@
+package telemetry
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// KVStats is a snapshot of a paged KV cache: the source of its Prometheus
+// gauges. Blocks are BlockBytes each.
+type KVStats struct {
+	BlockBytes       uint64 `json:"block_bytes"`
+	Blocks           int    `json:"blocks"`
+	UsedBlocks       int    `json:"used_blocks"`
+	CachedFreeBlocks int    `json:"cached_free_blocks"`
+	HostBlocks       int    `json:"host_blocks"`
+	HostUsedBlocks   int    `json:"host_used_blocks"`
+	Sequences        int    `json:"sequences"`
+	// PrefixQueries and PrefixHits count full prompt blocks looked up in
+	// the prefix cache and found there.
+	PrefixQueries uint64 `json:"prefix_queries"`
+	PrefixHits    uint64 `json:"prefix_hits"`
+	Evictions     uint64 `json:"evictions"`
+	CopyOnWrites  uint64 `json:"copy_on_writes"`
+	SwapOutBytes  uint64 `json:"swap_out_bytes"`
+	SwapInBytes   uint64 `json:"swap_in_bytes"`
+}
+
+// Usage is the fraction of blocks held by sequences.
+func (s KVStats) Usage() float64 {
+	if s.Blocks == 0 {
+		return 0
+	}
+	return float64(s.UsedBlocks) / float64(s.Blocks)
+}
+
+// KVSource is what the KV collector reads; *kvcache.Cache implements it.
+// KVStats must be safe to call while the cache is in use.
+type KVSource interface {
+	KVStats() KVStats
+}
+
+// KVCollector exports a KV cache as Prometheus metrics (memwall_kv_*).
+type KVCollector struct {
+	src                                                  KVSource
+	usage, used, blocks, cachedFree, hostUsed, seqs      *prometheus.Desc
+	queries, hits, evictions, cows, swapOut, swapIn, blk *prometheus.Desc
+}
+
+// NewKVCollector returns a collector over src.
+func NewKVCollector(src KVSource) *KVCollector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("memwall_kv_"+name, help, nil, nil)
+	}
+	return &KVCollector{src: src,
+		usage:      d("usage_ratio", "Fraction of KV blocks held by sequences."),
+		used:       d("used_blocks", "KV blocks held by sequences."),
+		blocks:     d("blocks", "KV blocks in the cache."),
+		blk:        d("block_bytes", "Bytes per KV block."),
+		cachedFree: d("cached_free_blocks", "Free KV blocks still holding a cached prefix."),
+		hostUsed:   d("host_used_blocks", "Host blocks holding swapped-out sequences."),
+		seqs:       d("sequences", "Sequences holding KV blocks."),
+		queries:    d("prefix_queries_total", "Full prompt blocks looked up in the prefix cache."),
+		hits:       d("prefix_hits_total", "Full prompt blocks found in the prefix cache."),
+		evictions:  d("evictions_total", "Cached blocks evicted for reuse."),
+		cows:       d("copy_on_writes_total", "Shared blocks copied on append."),
+		swapOut:    d("swap_out_bytes_total", "Bytes swapped from device to host."),
+		swapIn:     d("swap_in_bytes_total", "Bytes swapped from host to device."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *KVCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.usage, c.used, c.blocks, c.blk, c.cachedFree, c.hostUsed, c.seqs,
+		c.queries, c.hits, c.evictions, c.cows, c.swapOut, c.swapIn} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *KVCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.KVStats()
+	g := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	ctr := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	g(c.usage, s.Usage())
+	g(c.used, float64(s.UsedBlocks))
+	g(c.blocks, float64(s.Blocks))
+	g(c.blk, float64(s.BlockBytes))
+	g(c.cachedFree, float64(s.CachedFreeBlocks))
+	g(c.hostUsed, float64(s.HostUsedBlocks))
+	g(c.seqs, float64(s.Sequences))
+	ctr(c.queries, s.PrefixQueries)
+	ctr(c.hits, s.PrefixHits)
+	ctr(c.evictions, s.Evictions)
+	ctr(c.cows, s.CopyOnWrites)
+	ctr(c.swapOut, s.SwapOutBytes)
+	ctr(c.swapIn, s.SwapInBytes)
+}

@@ -1,7 +1,10 @@
 // memwall's own GPU kernels.
 //
-// Compiled to PTX by scripts/build-ptx.sh (nvcc -ptx, compute_90), embedded in
-// the Go package kernels and loaded at run time through the driver API. Every
+// Compiled to PTX twice by scripts/build-ptx.sh: for compute_80 (bf16/f16
+// tensor cores through WMMA, cp.async) and for compute_70 (no bf16 hardware:
+// bf16 is bit manipulation everywhere, and every GEMM runs on CUDA cores).
+// Both are embedded in the Go package kernels, which loads the one the GPU
+// can run (compute capability >= 8.0: compute_80) through the driver API. Every
 // kernel is extern "C" so its PTX entry name is the plain name below; the Go
 // side (kernels.go) resolves exactly these names, and a Go test checks that
 // this file defines each of them.
@@ -19,6 +22,13 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <mma.h>
+
+// MEMWALL_SM80: tensor-core GEMM and cp.async are available (compute_80+).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MEMWALL_SM80 1
+#else
+#define MEMWALL_SM80 0
+#endif
 
 namespace {
 
@@ -200,15 +210,13 @@ template <class Tr>
 __device__ __forceinline__ void gemm_simt(const typename Tr::S* __restrict__ W,
                                           const typename Tr::S* __restrict__ X,
                                           float* __restrict__ Y, uint32_t M, uint32_t K,
-                                          uint32_t T) {
+                                          uint32_t T, uint64_t t0, uint64_t m0) {
     __shared__ float xs[kSimtK][kSimtTile + 4];  // xs[k][t]
     __shared__ float ws[kSimtK][kSimtTile + 4];  // ws[k][m]
 
     const int tid = threadIdx.x;
     const int tx = tid % 16;  // output columns (m) tx + 16*j
     const int ty = tid / 16;  // output rows (t) ty + 16*i
-    const uint64_t t0 = (uint64_t)blockIdx.y * kSimtTile;
-    const uint64_t m0 = (uint64_t)blockIdx.x * kSimtTile;
 
     float acc[4][4];
 #pragma unroll
@@ -258,6 +266,20 @@ __device__ __forceinline__ void gemm_simt(const typename Tr::S* __restrict__ W,
     }
 }
 
+// The 128x128 tile of the 16-bit GEMM launch on CUDA cores (compute_70):
+// four 64x64 sub-tiles, one after another.
+template <class Tr>
+__device__ __forceinline__ void gemm_simt_128(const typename Tr::S* __restrict__ W,
+                                              const typename Tr::S* __restrict__ X,
+                                              float* __restrict__ Y, uint32_t M, uint32_t K,
+                                              uint32_t T) {
+    for (int sub = 0; sub < 4; ++sub) {
+        const uint64_t t0 = (uint64_t)blockIdx.y * 128 + (sub >> 1) * kSimtTile;
+        const uint64_t m0 = (uint64_t)blockIdx.x * 128 + (sub & 1) * kSimtTile;
+        if (t0 < T && m0 < M) gemm_simt<Tr>(W, X, Y, M, K, T, t0, m0);  // uniform per block
+    }
+}
+
 // ---------------------------------------------------------------------------
 // GEMM, tensor cores (bf16, f16): WMMA 16x16x16 fragments, f32 accumulators.
 // A block of 8 warps computes a 128x128 output tile (tokens x rows); warp w
@@ -267,6 +289,7 @@ __device__ __forceinline__ void gemm_simt(const typename Tr::S* __restrict__ W,
 // guarded loads. Out-of-range rows and columns are zero-filled; the epilogue
 // stages each fragment through shared memory and writes only valid outputs.
 
+#if MEMWALL_SM80
 const int kMmaTile = 128;
 const int kMmaK = 32;
 const int kMmaLd = kMmaK + 8;  // padded row (halves): 80 bytes, keeps 16-byte alignment
@@ -402,6 +425,252 @@ __device__ __forceinline__ void gemm_wmma(const uint16_t* __restrict__ W,
     }
 }
 
+#endif  // MEMWALL_SM80
+
+// ---------------------------------------------------------------------------
+// Llama-layer kernels: helpers. Activations are float32; "dt" arguments are
+// dtype codes (kDtF32, kDtBF16, kDtF16) of weights, caches and outputs.
+
+const uint32_t kDtF32 = 0;
+const uint32_t kDtBF16 = 1;
+const uint32_t kDtF16 = 2;
+
+// Round to nearest even, as kernels.F32ToBF16: NaN stays a quiet NaN.
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float load_dt(const void* p, uint64_t i, uint32_t dt) {
+    if (dt == kDtBF16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    if (dt == kDtF16) return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    return reinterpret_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void store_dt(void* p, uint64_t i, uint32_t dt, float v) {
+    if (dt == kDtBF16) {
+        reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(v);
+    } else if (dt == kDtF16) {
+        reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16_bits(v);
+    } else {
+        reinterpret_cast<float*>(p)[i] = v;
+    }
+}
+
+// v rounded to dtype dt's precision, as a float32.
+__device__ __forceinline__ float round_dt(float v, uint32_t dt) {
+    if (dt == kDtBF16) return bf16_to_f32(f32_to_bf16_bits(v));
+    if (dt == kDtF16) return f16_to_f32(f32_to_f16_bits(v));
+    return v;
+}
+
+__device__ __forceinline__ float warp_allsum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    return v;
+}
+
+// Sum over a block of up to 1024 threads; every thread gets the total.
+__device__ __forceinline__ float block_sum(float v, float* scratch32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    v = warp_allsum(v);
+    __syncthreads();  // scratch32 may still be read from a previous call
+    if (lane == 0) scratch32[warp] = v;
+    __syncthreads();
+    const int nw = (blockDim.x + 31) >> 5;
+    float t = 0.0f;
+    for (int w = 0; w < nw; ++w) t += scratch32[w];
+    return t;
+}
+
+// ---------------------------------------------------------------------------
+// Attention over the paged KV cache (flash-decoding layout). A block of
+// kAttnWarps warps handles one kv head, up to kAttnHeads of its query heads,
+// one query token t and one chunk of cached positions (grid.z = the split).
+// Each warp takes every kAttnWarps-th position of the chunk: lane l holds
+// elements [l*E, l*E+E) of the head, the warp reduces q.k with shuffles and
+// keeps an online softmax (running max m, sum l, unnormalized acc) per
+// query head; the warps then merge through shared memory. With one split
+// the block writes the normalized output; with several it writes (m, l,
+// acc[headDim]) to part[((t*nHeads + h)*splits + split)*(headDim+2)] and
+// memwall_attn_combine merges the splits.
+
+const int kAttnWarps = 8;
+const int kAttnHeads = 8;  // query heads per block
+const int kAttnMaxDim = 256;
+
+struct AttnArgs {
+    const float* q;
+    const unsigned char* cache;
+    const int32_t* table;
+    uint32_t start, T, nHeads, kvHeads, headDim, blockTokens, layer, dt;
+    uint64_t blockBytes;
+    float scale;
+    uint32_t chunk;
+    float* part;
+    void* out;
+    uint32_t odt;
+};
+
+template <class Tr, int E>
+__device__ __forceinline__ void attn_load_row(const unsigned char* row, int lane, uint32_t hd,
+                                              bool vec, float* out) {
+    typedef typename Tr::S S;
+    const S* p = reinterpret_cast<const S*>(row) + lane * E;
+    constexpr int B = E * (int)sizeof(S);
+    if (vec) {
+        if constexpr (B % 16 == 0) {
+#pragma unroll
+            for (int i = 0; i < B / 16; ++i) {
+                uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+                Tr::unpack(v, out + i * Tr::kVec);
+            }
+            return;
+        } else if constexpr (B == 8) {
+            uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+            float tmp[Tr::kVec];
+            Tr::unpack(make_uint4(v.x, v.y, 0u, 0u), tmp);
+#pragma unroll
+            for (int j = 0; j < E; ++j) out[j] = tmp[j];
+            return;
+        } else if constexpr (B == 4) {
+            uint32_t v = __ldg(reinterpret_cast<const unsigned int*>(p));
+            float tmp[Tr::kVec];
+            Tr::unpack(make_uint4(v, 0u, 0u, 0u), tmp);
+#pragma unroll
+            for (int j = 0; j < E; ++j) out[j] = tmp[j];
+            return;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+        const uint32_t e = (uint32_t)lane * E + j;
+        out[j] = e < hd ? Tr::load(p + j) : 0.0f;
+    }
+}
+
+template <class Tr, int E>
+__device__ void attn_split(const AttnArgs& a) {
+    __shared__ float sm[kAttnWarps], sl[kAttnWarps];
+    __shared__ float sacc[kAttnWarps][kAttnMaxDim];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t G = a.nHeads / a.kvHeads;
+    const uint32_t groups = (G + kAttnHeads - 1) / kAttnHeads;
+    const uint32_t kvh = blockIdx.x / groups;
+    const uint32_t hg = blockIdx.x % groups;
+    const uint32_t h0 = kvh * G + hg * kAttnHeads;
+    const int nh = (int)min((uint32_t)kAttnHeads, G - hg * kAttnHeads);
+    const uint32_t t = blockIdx.y;
+    const uint32_t hd = a.headDim;
+    const uint64_t ctx = (uint64_t)a.start + t + 1;
+    const uint64_t p0 = (uint64_t)blockIdx.z * a.chunk;
+    const uint64_t p1 = min(ctx, p0 + a.chunk);
+    const uint64_t elt = sizeof(typename Tr::S);
+    const uint64_t rowBytes = (uint64_t)a.kvHeads * hd * elt;  // one position, all kv heads
+    const uint64_t vOff = (uint64_t)a.blockTokens * rowBytes;   // V follows K in a layer
+    const uint64_t layerOff = (uint64_t)a.layer * 2 * vOff + (uint64_t)kvh * hd * elt;
+    const bool vec = hd == 32u * E && ((uintptr_t)a.cache & 15u) == 0 && (a.blockBytes & 15u) == 0 &&
+                     (rowBytes & 15u) == 0;
+
+    float q[kAttnHeads][E], acc[kAttnHeads][E], m[kAttnHeads], l[kAttnHeads];
+#pragma unroll
+    for (int g = 0; g < kAttnHeads; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            const uint32_t e = (uint32_t)lane * E + j;
+            acc[g][j] = 0.0f;
+            q[g][j] = (g < nh && e < hd) ? a.q[((uint64_t)t * a.nHeads + h0 + g) * hd + e] : 0.0f;
+        }
+    }
+    for (uint64_t p = p0 + warp; p < p1; p += kAttnWarps) {
+        const uint64_t blk = (uint64_t)(uint32_t)a.table[p / a.blockTokens];
+        const uint64_t slot = p % a.blockTokens;
+        const unsigned char* krow = a.cache + blk * a.blockBytes + layerOff + slot * rowBytes;
+        float k[E], v[E];
+        attn_load_row<Tr, E>(krow, lane, hd, vec, k);
+        attn_load_row<Tr, E>(krow + vOff, lane, hd, vec, v);
+#pragma unroll
+        for (int g = 0; g < kAttnHeads; ++g) {
+            if (g < nh) {
+                float d = 0.0f;
+#pragma unroll
+                for (int j = 0; j < E; ++j) d = fmaf(q[g][j], k[j], d);
+                const float s = warp_allsum(d) * a.scale;
+                const float mn = fmaxf(m[g], s);
+                const float corr = expf(m[g] - mn);
+                const float pe = expf(s - mn);
+                m[g] = mn;
+                l[g] = l[g] * corr + pe;
+#pragma unroll
+                for (int j = 0; j < E; ++j) acc[g][j] = fmaf(pe, v[j], acc[g][j] * corr);
+            }
+        }
+    }
+
+    const uint32_t splits = gridDim.z;
+    for (int g = 0; g < nh; ++g) {
+        if (lane == 0) {
+            sm[warp] = m[g];
+            sl[warp] = l[g];
+        }
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            const uint32_t e = (uint32_t)lane * E + j;
+            if (e < hd) sacc[warp][e] = acc[g][j];
+        }
+        __syncthreads();
+        const uint32_t e = threadIdx.x;
+        if (e < hd) {
+            float M = -INFINITY;
+            for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm[w]);
+            float L = 0.0f, A = 0.0f;
+            if (M != -INFINITY) {
+                for (int w = 0; w < kAttnWarps; ++w) {
+                    const float c = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);
+                    L = fmaf(sl[w], c, L);
+                    A = fmaf(sacc[w][e], c, A);
+                }
+            }
+            const uint64_t h = h0 + g;
+            if (splits == 1) {
+                store_dt(a.out, ((uint64_t)t * a.nHeads + h) * hd + e, a.odt, A / L);
+            } else {
+                float* pr = a.part + (((uint64_t)t * a.nHeads + h) * splits + blockIdx.z) * (hd + 2);
+                pr[2 + e] = A;
+                if (e == 0) {
+                    pr[0] = M;
+                    pr[1] = L;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <class Tr>
+__device__ void attn_split_dim(const AttnArgs& a) {
+    const uint32_t hd = a.headDim;
+    if (hd <= 32) {
+        attn_split<Tr, 1>(a);
+    } else if (hd <= 64) {
+        attn_split<Tr, 2>(a);
+    } else if (hd <= 128) {
+        attn_split<Tr, 4>(a);
+    } else {
+        attn_split<Tr, 8>(a);
+    }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -469,15 +738,192 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f16(
 // (grid ceil(M/128) x ceil(T/128)).
 extern "C" __global__ void __launch_bounds__(256) memwall_gemm_f32(
     const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemm_simt<F32>(W, X, Y, M, K, T);
+    gemm_simt<F32>(W, X, Y, M, K, T, (uint64_t)blockIdx.y * kSimtTile,
+                   (uint64_t)blockIdx.x * kSimtTile);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemm_bf16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
     gemm_wmma<__nv_bfloat16>(W, X, Y, M, K, T);
+#else
+    gemm_simt_128<BF16>(W, X, Y, M, K, T);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemm_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
     gemm_wmma<__half>(W, X, Y, M, K, T);
+#else
+    gemm_simt_128<F16>(W, X, Y, M, K, T);
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Llama-layer entry points. Row kernels (embed, rmsnorm, combine) loop over
+// rows from blockIdx.x by gridDim.x; element kernels are grid-stride; any
+// grid is correct for them. Block: 256 threads unless stated.
+
+// out[t, i] = float(table[ids[t], i]) for t < T, i < H; wdt: the table's
+// dtype code. ids must index rows of the table.
+extern "C" __global__ void __launch_bounds__(256) memwall_embed(
+    const void* table, uint32_t wdt, const int32_t* ids, float* out, uint32_t T, uint32_t H) {
+    for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const uint64_t row = (uint64_t)(uint32_t)ids[t] * H;
+        for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+            out[t * H + i] = load_dt(table, row + i, wdt);
+    }
+}
+
+// out[t, i] = odt(n * w[i]) with n = x[t, i] * rsqrt(mean_i x[t, :]^2 + eps),
+// n rounded to odt first when odt is not f32 (HF LlamaRMSNorm: the
+// normalized value is cast to the model dtype, then multiplied by the weight
+// in that dtype).
+extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
+    const float* x, const void* w, uint32_t wdt, void* out, uint32_t odt, uint32_t T, uint32_t H,
+    float eps) {
+    __shared__ float red[32];
+    for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const float* row = x + t * H;
+        float ss = 0.0f;
+        for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) ss = fmaf(row[i], row[i], ss);
+        ss = block_sum(ss, red);
+        const float r = rsqrtf(ss / (float)H + eps);
+        for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+            const float n = round_dt(row[i] * r, odt);
+            store_dt(out, t * H + i, odt, n * load_dt(w, i, wdt));
+        }
+    }
+}
+
+// Rotates x (T x nHeads x headDim float32, in place) by angle
+// pos[t] * invFreq[i] for pair i < headDim/2: pairs (i, i + headDim/2) when
+// interleaved == 0 (HF rotate_half), (2i, 2i+1) otherwise (GGUF). cos and
+// sin are float32 (sincosf of the float32 angle).
+extern "C" __global__ void __launch_bounds__(256) memwall_rope(
+    float* x, const int32_t* pos, const float* invFreq, uint32_t T, uint32_t nHeads,
+    uint32_t headDim, uint32_t interleaved) {
+    const uint32_t half = headDim / 2;
+    const uint64_t n = (uint64_t)T * nHeads * half;
+    const uint64_t stride = grid_threads();
+    for (uint64_t p = global_thread(); p < n; p += stride) {
+        const uint32_t i = (uint32_t)(p % half);
+        const uint64_t th = p / half;  // t * nHeads + h
+        const uint64_t t = th / nHeads;
+        float s, c;
+        sincosf((float)pos[t] * invFreq[i], &s, &c);
+        float* base = x + th * headDim;
+        const uint32_t ia = interleaved ? 2 * i : i;
+        const uint32_t ib = interleaved ? 2 * i + 1 : i + half;
+        const float a = base[ia], b = base[ib];
+        base[ia] = a * c - b * s;
+        base[ib] = b * c + a * s;
+    }
+}
+
+// out[i] = odt(silu(g[i]) * u[i]); for odt other than f32, silu(g[i]) is
+// rounded to odt before the product (HF: act_fn(gate) * up in the model
+// dtype).
+extern "C" __global__ void __launch_bounds__(256) memwall_silumul(
+    const float* g, const float* u, void* out, uint32_t odt, uint64_t n) {
+    const uint64_t stride = grid_threads();
+    for (uint64_t i = global_thread(); i < n; i += stride) {
+        const float x = g[i];
+        const float s = round_dt(x / (1.0f + expf(-x)), odt);
+        store_dt(out, i, odt, s * u[i]);
+    }
+}
+
+// x[i] += y[i].
+extern "C" __global__ void __launch_bounds__(256) memwall_add(float* x, const float* y, uint64_t n) {
+    const uint64_t stride = grid_threads();
+    for (uint64_t i = global_thread(); i < n; i += stride) x[i] += y[i];
+}
+
+// out[i] = odt(x[i]).
+extern "C" __global__ void __launch_bounds__(256) memwall_cast(
+    const float* x, void* out, uint32_t odt, uint64_t n) {
+    const uint64_t stride = grid_threads();
+    for (uint64_t i = global_thread(); i < n; i += stride) store_dt(out, i, odt, x[i]);
+}
+
+// x[i] = float(dt(x[i])): rounds float32 values to dt's precision in place.
+extern "C" __global__ void __launch_bounds__(256) memwall_round(float* x, uint32_t dt, uint64_t n) {
+    const uint64_t stride = grid_threads();
+    for (uint64_t i = global_thread(); i < n; i += stride) x[i] = round_dt(x[i], dt);
+}
+
+// Writes rows t < T of k and v (T x kvHeads x headDim float32) at positions
+// start + t of layer `layer` of the paged cache, converted to dt:
+// position p lives in block table[p / blockTokens], slot p % blockTokens, at
+// block*blockBytes + ((layer*2 + kv)*blockTokens + slot)*kvHeads*headDim*elt
+// + head*headDim*elt.
+extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite(
+    const float* k, const float* v, unsigned char* cache, const int32_t* table, uint32_t start,
+    uint32_t T, uint32_t blockTokens, uint32_t kvHeads, uint32_t headDim, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes) {
+    const uint64_t rowElems = (uint64_t)kvHeads * headDim;
+    const uint64_t n = (uint64_t)T * rowElems;
+    const uint64_t elt = dt == kDtF32 ? 4 : 2;
+    const uint64_t stride = grid_threads();
+    for (uint64_t i = global_thread(); i < n; i += stride) {
+        const uint64_t t = i / rowElems, r = i % rowElems;
+        const uint64_t p = (uint64_t)start + t;
+        const uint64_t blk = (uint64_t)(uint32_t)table[p / blockTokens];
+        const uint64_t slot = p % blockTokens;
+        unsigned char* kb = cache + blk * blockBytes +
+                            (((uint64_t)layer * 2 * blockTokens + slot) * rowElems) * elt;
+        unsigned char* vb = kb + (uint64_t)blockTokens * rowElems * elt;
+        store_dt(kb, r, dt, k[i]);
+        store_dt(vb, r, dt, v[i]);
+    }
+}
+
+// Attention, one split of the cached positions per grid.z: grid
+// (kvHeads * ceil((nHeads/kvHeads)/8), T, splits), block 256. See
+// attn_split. chunk: positions per split; part: splits > 1 only.
+extern "C" __global__ void __launch_bounds__(256) memwall_attn(
+    const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
+    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
+    uint32_t odt) {
+    const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
+                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
+    if (dt == kDtBF16) {
+        attn_split_dim<BF16>(a);
+    } else if (dt == kDtF16) {
+        attn_split_dim<F16>(a);
+    } else {
+        attn_split_dim<F32>(a);
+    }
+}
+
+// Merges the splits of memwall_attn: out[row, e] = sum_s acc_s[e] c_s /
+// sum_s l_s c_s with c_s = exp(m_s - max_s m_s), row = t*nHeads + h < rows.
+// splits <= 1024.
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
+    const float* part, void* out, uint32_t odt, uint32_t rows, uint32_t headDim,
+    uint32_t splits) {
+    __shared__ float c[1024];
+    __shared__ float red[32];
+    for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* pr = part + row * splits * (headDim + 2);
+        float M = -INFINITY;
+        for (uint32_t s = 0; s < splits; ++s) M = fmaxf(M, pr[(uint64_t)s * (headDim + 2)]);
+        float Lp = 0.0f;
+        for (uint32_t s = threadIdx.x; s < splits; s += blockDim.x) {
+            const float ms = pr[(uint64_t)s * (headDim + 2)];
+            const float cs = ms == -INFINITY ? 0.0f : expf(ms - M);
+            c[s] = cs;
+            Lp = fmaf(pr[(uint64_t)s * (headDim + 2) + 1], cs, Lp);
+        }
+        const float L = block_sum(Lp, red);  // its barriers also publish c
+        for (uint32_t e = threadIdx.x; e < headDim; e += blockDim.x) {
+            float A = 0.0f;
+            for (uint32_t s = 0; s < splits; ++s) A = fmaf(pr[(uint64_t)s * (headDim + 2) + 2 + e], c[s], A);
+            store_dt(out, row * headDim + e, odt, A / L);
+        }
+        __syncthreads();  // c is rewritten for the next row
+    }
 }

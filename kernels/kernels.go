@@ -24,13 +24,55 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/memwall/memwall/device"
 )
 
-//go:embed kernels.ptx
-var embeddedPTX []byte
+// The two embedded builds of kernels.cu: compute_80 (tensor cores, cp.async;
+// Ampere and newer) and compute_70 (CUDA cores only; Volta and Turing).
+var (
+	//go:embed kernels_sm80.ptx
+	embeddedSM80 []byte
+	//go:embed kernels_sm70.ptx
+	embeddedSM70 []byte
+)
+
+// PTX targets Load chooses between (see EmbeddedFor).
+const (
+	TargetSM80 = "sm80"
+	TargetSM70 = "sm70"
+)
+
+// Targets lists the embedded PTX targets, newest first.
+func Targets() []string { return []string{TargetSM80, TargetSM70} }
+
+// EmbeddedFor returns the embedded PTX of target (TargetSM80 or TargetSM70),
+// or nil for any other name. The slice is shared: do not modify it.
+func EmbeddedFor(target string) []byte {
+	switch target {
+	case TargetSM80:
+		return embeddedSM80
+	case TargetSM70:
+		return embeddedSM70
+	}
+	return nil
+}
+
+// TargetFor returns the embedded target a GPU of compute capability
+// major.minor runs: TargetSM80 from 8.0 on, else TargetSM70 (and for an
+// unknown capability, 0.0).
+func TargetFor(major, minor int) string {
+	if major >= 8 {
+		return TargetSM80
+	}
+	return TargetSM70
+}
+
+// embeddedName is the Source of a Set loaded from an embedded target.
+func embeddedName(target string) string { return "embedded kernels_" + target + ".ptx" }
 
 // EnvPTX is the environment variable that, when set to a file path, makes
 // Load use that PTX instead of the embedded one.
@@ -56,7 +98,7 @@ func Names() []string {
 	for _, dt := range DTypes() {
 		n = append(n, GemvName(dt), GemmName(dt))
 	}
-	return n
+	return append(n, llamaNames()...)
 }
 
 // GemvMaxTokens is the largest T that Matmul runs with the GEMV kernels;
@@ -76,9 +118,9 @@ const (
 
 // Errors callers can branch on with errors.Is.
 var (
-	// ErrNoPTX: the embedded kernels.ptx is the placeholder committed
-	// before a GPU build, and no MEMWALL_KERNELS_PTX override was given.
-	ErrNoPTX = errors.New("no compiled PTX: kernels.ptx is a placeholder (run scripts/build-ptx.sh or set " + EnvPTX + ")")
+	// ErrNoPTX: the embedded PTX is a placeholder committed before a
+	// build, and no MEMWALL_KERNELS_PTX override was given.
+	ErrNoPTX = errors.New("no compiled PTX: the embedded module is a placeholder (run scripts/build-ptx.sh or set " + EnvPTX + ")")
 	// ErrDType: a dtype other than bf16, f16 or f32.
 	ErrDType = errors.New("unsupported dtype")
 	// ErrShape: dimensions or buffer lengths that do not fit together or
@@ -89,10 +131,9 @@ var (
 	ErrMismatch = errors.New("result differs from reference")
 )
 
-// Embedded returns the PTX compiled into the binary (a placeholder comment
-// when the package was built before a GPU build). The slice is shared: do
-// not modify it.
-func Embedded() []byte { return embeddedPTX }
+// Embedded returns the compute_80 PTX compiled into the binary (see
+// EmbeddedFor for the other target). The slice is shared: do not modify it.
+func Embedded() []byte { return embeddedSM80 }
 
 // IsPTX reports whether b looks like real nvcc output: a leading "//"
 // comment and an entry for memwall_fill_u32.
@@ -169,26 +210,36 @@ func isIdent(c byte) bool {
 // Set is the loaded kernel module with every kernel resolved. It is safe
 // for concurrent use as far as the device is. Close unloads the module.
 type Set struct {
-	d      device.Device
-	mod    device.Module
-	source string
-	fill   device.Function
-	check  device.Function
-	spin   device.Function
-	gemv   map[string]device.Function
-	gemm   map[string]device.Function
-	blocks uint32 // grid cap for the grid-stride kernels
+	d       device.Device
+	mod     device.Module
+	source  string
+	fill    device.Function
+	check   device.Function
+	spin    device.Function
+	gemv    map[string]device.Function
+	gemm    map[string]device.Function
+	llama   llamaFuncs
+	blocks  uint32               // grid cap for the grid-stride kernels
+	sms     uint32               // multiprocessors (a guess when the device does not say)
+	gemmLib device.MatmulLibrary // nil: memwall's own GEMM for every T
+
+	scratchMu sync.Mutex
+	scratch   map[device.Stream]scratchBuf // attention split partials, per stream
 }
 
 // Load loads the kernel module on d and resolves every kernel in Names.
 // The PTX is the file named by getenv(EnvPTX) when that is non-empty (read
-// in full, at most 64 MiB), else the embedded kernels.ptx; getenv may be nil
-// (no override). On a device whose backend is not "sim", a placeholder or a
-// module lacking a kernel is refused before the driver sees it (ErrNoPTX, or
-// an error naming the missing kernel). Errors name the PTX source and, where
-// one is at fault, the kernel. On failure nothing stays loaded.
+// in full, at most 64 MiB), else the embedded target TargetFor(the device's
+// compute capability): kernels_sm80.ptx or kernels_sm70.ptx; getenv may be
+// nil (no override). On a device whose backend is not "sim", a placeholder
+// or a module lacking a kernel is refused before the driver sees it
+// (ErrNoPTX, or an error naming the missing kernel). Errors name the PTX
+// source and, where one is at fault, the kernel. On failure nothing stays
+// loaded. Source says which PTX was loaded.
 func Load(d device.Device, getenv func(string) string) (*Set, error) {
-	ptx, source := embeddedPTX, "embedded kernels.ptx"
+	info := d.Info()
+	target := TargetFor(info.ComputeMajor, info.ComputeMinor)
+	ptx, source := EmbeddedFor(target), embeddedName(target)
 	if getenv != nil {
 		if path := getenv(EnvPTX); path != "" {
 			b, err := readPTX(path)
@@ -198,11 +249,17 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 			ptx, source = b, path
 		}
 	}
+	return LoadPTX(d, ptx, source)
+}
+
+// LoadPTX is Load with the PTX given: source names it in errors and in
+// Source. It is how a test loads each embedded target on one GPU.
+func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	info := d.Info()
 	if info.Backend != "sim" {
 		if !IsPTX(ptx) {
-			if source == "embedded kernels.ptx" {
-				return nil, fmt.Errorf("kernels: %w", ErrNoPTX)
+			if strings.HasPrefix(source, "embedded ") {
+				return nil, fmt.Errorf("kernels: %s: %w", source, ErrNoPTX)
 			}
 			return nil, fmt.Errorf("kernels: %s: not PTX from nvcc (no leading comment or no .entry %s): %w", source, NameFill, ErrNoPTX)
 		}
@@ -221,10 +278,15 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 		return nil, fmt.Errorf("kernels: load %s: %w", source, err)
 	}
 	s := &Set{d: d, mod: mod, source: source,
-		gemv: map[string]device.Function{}, gemm: map[string]device.Function{}}
-	s.blocks = 1024
+		gemv: map[string]device.Function{}, gemm: map[string]device.Function{},
+		scratch: map[device.Stream]scratchBuf{}}
+	s.blocks, s.sms = 1024, 128
 	if info.Multiprocessors > 0 {
 		s.blocks = uint32(min(info.Multiprocessors*8, 1<<20)) // 8 blocks of 256 threads fill an SM
+		s.sms = uint32(min(info.Multiprocessors, 1<<16))
+	}
+	if lib, ok := d.(device.MatmulLibrary); ok && lib.GemmName() != "" {
+		s.gemmLib = lib
 	}
 	resolve := func(name string) (device.Function, error) {
 		f, err := d.Function(mod, name)
@@ -259,6 +321,9 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 			return fail(err)
 		}
 	}
+	if err := s.llama.resolve(resolve); err != nil {
+		return fail(err)
+	}
 	return s, nil
 }
 
@@ -278,16 +343,18 @@ func readPTX(path string) ([]byte, error) {
 	return b, nil
 }
 
-// Source says where the loaded PTX came from: "embedded kernels.ptx" or the
-// override path.
+// Source says where the loaded PTX came from: "embedded kernels_sm80.ptx",
+// "embedded kernels_sm70.ptx", or the override path.
 func (s *Set) Source() string { return s.source }
 
-// Close unloads the module. The Set must not be used afterwards.
+// Close frees the Set's scratch memory and unloads the module. The Set must
+// not be used afterwards.
 func (s *Set) Close() error {
-	if err := s.d.UnloadModule(s.mod); err != nil {
-		return fmt.Errorf("kernels: unload: %w", err)
+	err := s.freeScratch()
+	if uerr := s.d.UnloadModule(s.mod); uerr != nil {
+		err = errors.Join(err, fmt.Errorf("kernels: unload: %w", uerr))
 	}
-	return nil
+	return err
 }
 
 func (s *Set) gridFor(n uint64) device.Dim3 {

@@ -45,7 +45,7 @@ func goKernels() []goKernel {
 			goKernel{name: GemvName(dt), run: runMatmul(dt, false), cost: costMatmul(dt)},
 			goKernel{name: GemmName(dt), run: runMatmul(dt, true), cost: costMatmul(dt)})
 	}
-	return ks
+	return append(ks, llamaGoKernels()...)
 }
 
 func argErr(kernel string, i int, want string, got any) error {

@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
-# Compiles memwall's CUDA kernels (kernels/kernels.cu) to the PTX that the Go
-# package kernels embeds (kernels/kernels.ptx).
+# Compiles memwall's CUDA kernels (kernels/kernels.cu) to the two PTX modules
+# that the Go package kernels embeds:
 #
-#   scripts/build-ptx.sh [OUTPUT.ptx]   compile with nvcc (default output:
-#                                       kernels/kernels.ptx)
+#   kernels/kernels_sm80.ptx  compute_80: bf16/f16 tensor cores (WMMA),
+#                             cp.async; Ampere, Ada, Hopper, Blackwell
+#   kernels/kernels_sm70.ptx  compute_70: no bf16 hardware (bf16 by bit
+#                             manipulation), every GEMM on CUDA cores; Volta,
+#                             Turing
+#
+#   scripts/build-ptx.sh [OUTDIR]       compile with nvcc (default OUTDIR:
+#                                       kernels/)
 #   scripts/build-ptx.sh --clang-check  syntax-check the device code with
 #                                       clang and stand-in headers, for
 #                                       machines without the CUDA toolkit
 #                                       (writes nothing)
 #
-# PTX for compute_90 runs on Hopper (sm_90) and is JIT-compiled by the driver
-# at load time (cuModuleLoadData). Set NVCC to use another compiler binary.
-# A last comment line records the SHA-256 of kernels.cu, so a Go test can tell
-# when the committed PTX is stale.
+# The driver JIT-compiles the PTX for the GPU at hand at load time
+# (cuModuleLoadData); PTX for an older target runs on every newer GPU. Set
+# NVCC to use another compiler binary and NVCC_FLAGS to add flags (e.g.
+# "-ccbin clang-14" where nvcc refuses the system gcc). A last comment line
+# records the SHA-256 of kernels.cu, so a Go test can tell when the committed
+# PTX is stale.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 src="$root/kernels/kernels.cu"
 
 if [[ "${1:-}" == "--clang-check" ]]; then
-	clang -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib \
-		-std=c++17 -O2 -Wall -Wextra -Wno-pass-failed \
-		-I "$root/kernels/testdata/cudashim" -include cuda_shim.h \
-		-S -o /dev/null "$src"
+	for arch in sm_80 sm_70; do
+		clang -x cuda --cuda-device-only --cuda-gpu-arch=$arch -nocudainc -nocudalib \
+			-std=c++17 -O2 -Wall -Wextra -Wno-pass-failed \
+			-I "$root/kernels/testdata/cudashim" -include cuda_shim.h \
+			-S -o /dev/null "$src"
+	done
 	echo "clang-check: $src OK"
 	exit 0
 fi
 
-out="${1:-$root/kernels/kernels.ptx}"
-"${NVCC:-nvcc}" -ptx -O3 -std=c++17 -arch=compute_90 -o "$out" "$src"
-echo "// memwall kernels.cu sha256 $(sha256sum "$src" | cut -d' ' -f1)" >>"$out"
-echo "wrote $out"
+outdir="${1:-$root/kernels}"
+sum="$(sha256sum "$src" | cut -d' ' -f1)"
+for arch in 80 70; do
+	out="$outdir/kernels_sm$arch.ptx"
+	# shellcheck disable=SC2086 # NVCC_FLAGS is a list of flags
+	"${NVCC:-nvcc}" ${NVCC_FLAGS:-} -ptx -O3 -std=c++17 -arch=compute_$arch -o "$out" "$src"
+	echo "// memwall kernels.cu sha256 $sum" >>"$out"
+	echo "wrote $out"
+done

@@ -1,0 +1,486 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/memwall/memwall/device"
+)
+
+// Kernel names of the Llama-layer kernels (extern "C" entries of kernels.cu).
+const (
+	NameEmbed       = "memwall_embed"
+	NameRMSNorm     = "memwall_rmsnorm"
+	NameRoPE        = "memwall_rope"
+	NameSiluMul     = "memwall_silumul"
+	NameAdd         = "memwall_add"
+	NameCast        = "memwall_cast"
+	NameRound       = "memwall_round"
+	NameKVWrite     = "memwall_kvwrite"
+	NameAttn        = "memwall_attn"
+	NameAttnCombine = "memwall_attn_combine"
+)
+
+func llamaNames() []string {
+	return []string{NameEmbed, NameRMSNorm, NameRoPE, NameSiluMul, NameAdd, NameCast, NameRound,
+		NameKVWrite, NameAttn, NameAttnCombine}
+}
+
+type llamaFuncs struct {
+	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, attn, combine device.Function
+}
+
+func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
+	for _, r := range []struct {
+		dst  *device.Function
+		name string
+	}{{&f.embed, NameEmbed}, {&f.rmsnorm, NameRMSNorm}, {&f.rope, NameRoPE}, {&f.silumul, NameSiluMul},
+		{&f.add, NameAdd}, {&f.cast, NameCast}, {&f.round, NameRound}, {&f.kvwrite, NameKVWrite},
+		{&f.attn, NameAttn}, {&f.combine, NameAttnCombine}} {
+		var err error
+		if *r.dst, err = get(r.name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dtype codes the kernels take (kDt* in kernels.cu).
+const (
+	codeF32  uint32 = 0
+	codeBF16 uint32 = 1
+	codeF16  uint32 = 2
+)
+
+func dtCode(dtype string) (uint32, error) {
+	switch dtype {
+	case F32:
+		return codeF32, nil
+	case BF16:
+		return codeBF16, nil
+	case F16:
+		return codeF16, nil
+	}
+	_, err := ElemSize(dtype)
+	return 0, err
+}
+
+func codeDtype(c uint32) (string, bool) {
+	switch c {
+	case codeF32:
+		return F32, true
+	case codeBF16:
+		return BF16, true
+	case codeF16:
+		return F16, true
+	}
+	return "", false
+}
+
+// Limits of the Llama kernels.
+const (
+	// MaxHeadDim is the largest head dimension Attention takes.
+	MaxHeadDim = 256
+	// maxSplits bounds the position splits of one attention launch
+	// (memwall_attn_combine keeps one weight per split in shared memory).
+	maxSplits = 1024
+	// minChunk is the fewest cached positions one attention block takes
+	// when the context is split.
+	minChunk = 128
+	// maxScratch bounds the attention partials kept per stream.
+	maxScratch = 64 << 20
+	attnWarps  = 8 // kAttnWarps
+	attnHeads  = 8 // kAttnHeads: query heads per block
+)
+
+// KVLayout describes the paged KV cache Attention and KVWrite address
+// (docs/DESIGN.md, "The runtime"): block b starts at cache + b·BlockBytes;
+// inside it, layer l's K then V rows of BlockTokens positions each, every
+// row KVHeads·HeadDim elements of DType. Position p lives in block
+// table[p / BlockTokens], slot p % BlockTokens, at byte
+// block·BlockBytes + ((layer·2 + kv)·BlockTokens + slot)·KVHeads·HeadDim·elt
+// + head·HeadDim·elt (kv 0 = K, 1 = V).
+type KVLayout struct {
+	BlockTokens, KVHeads, HeadDim, Layers uint32
+	DType                                 string // "bf16", "f16" or "f32"
+	BlockBytes                            uint64 // ≥ Layers·2·BlockTokens·KVHeads·HeadDim·elt
+}
+
+// RowBytes is the bytes of one position of one layer's K (or V): all kv
+// heads.
+func (l KVLayout) RowBytes() uint64 {
+	elt, _ := ElemSize(l.DType)
+	return uint64(l.KVHeads) * uint64(l.HeadDim) * uint64(elt)
+}
+
+// Offset returns the byte offset from the cache base of head's K (kv = 0)
+// or V (kv = 1) row of position pos in layer, with block the table entry
+// for pos (table[pos / BlockTokens]).
+func (l KVLayout) Offset(block, layer, kv, pos, head uint32) uint64 {
+	elt, _ := ElemSize(l.DType)
+	slot := uint64(pos % l.BlockTokens)
+	return uint64(block)*l.BlockBytes +
+		((uint64(layer)*2+uint64(kv))*uint64(l.BlockTokens)+slot)*l.RowBytes() +
+		uint64(head)*uint64(l.HeadDim)*uint64(elt)
+}
+
+// Validate checks the layout: known dtype, non-zero dimensions, HeadDim ≤
+// MaxHeadDim, and BlockBytes large enough for every layer's K and V.
+func (l KVLayout) Validate() error {
+	elt, err := ElemSize(l.DType)
+	if err != nil {
+		return fmt.Errorf("kernels: kv layout: %w", err)
+	}
+	if l.BlockTokens == 0 || l.KVHeads == 0 || l.HeadDim == 0 || l.Layers == 0 {
+		return fmt.Errorf("kernels: kv layout %+v: zero dimension: %w", l, ErrShape)
+	}
+	if l.HeadDim > MaxHeadDim {
+		return fmt.Errorf("kernels: kv layout: head dim %d exceeds %d: %w", l.HeadDim, MaxHeadDim, ErrShape)
+	}
+	need := uint64(l.Layers) * 2 * uint64(l.BlockTokens) * uint64(l.KVHeads) * uint64(l.HeadDim) * uint64(elt)
+	if l.BlockBytes < need {
+		return fmt.Errorf("kernels: kv layout: block bytes %d, the layers need %d: %w", l.BlockBytes, need, ErrShape)
+	}
+	return nil
+}
+
+func checkPtr(kernel, name string, p device.Ptr, align uint64) error {
+	if p == 0 || uint64(p)%align != 0 {
+		return fmt.Errorf("kernels: %s: %s %#x is not a %d-byte aligned address: %w", kernel, name, uint64(p), align, device.ErrInvalid)
+	}
+	return nil
+}
+
+func (s *Set) rowGrid(rows uint32) device.Dim3 {
+	return device.Dim3{X: max(1, min(rows, uint32(maxGridX))), Y: 1, Z: 1}
+}
+
+func (s *Set) launch(name string, f device.Function, grid device.Dim3, st device.Stream, args ...any) error {
+	if err := s.d.Launch(f, grid, blockDim(), 0, st, args...); err != nil {
+		return fmt.Errorf("kernels: %s: %w", name, err)
+	}
+	return nil
+}
+
+// Embed queues out[t, :] = float32(table[ids[t], :]) for t < T: table is a
+// row-major V×H matrix in wdt, ids T int32 rows of it, out T×H float32.
+// ids must be valid rows (the kernel cannot check them against V). T == 0
+// launches nothing.
+func (s *Set) Embed(table device.Ptr, wdt string, ids, out device.Ptr, T, H uint32, st device.Stream) error {
+	code, err := dtCode(wdt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameEmbed, err)
+	}
+	if T == 0 {
+		return nil
+	}
+	if H == 0 {
+		return fmt.Errorf("kernels: %s: H = 0: %w", NameEmbed, ErrShape)
+	}
+	elt, _ := ElemSize(wdt)
+	if err := errors.Join(checkPtr(NameEmbed, "table", table, uint64(elt)), checkPtr(NameEmbed, "ids", ids, 4),
+		checkPtr(NameEmbed, "out", out, 4)); err != nil {
+		return err
+	}
+	return s.launch(NameEmbed, s.llama.embed, s.rowGrid(T), st, table, code, ids, out, T, H)
+}
+
+// RMSNorm queues, for each row t < T of x (T×H float32),
+// out[t, i] = odt(n·w[i]) with n = x[t, i]·rsqrt(Σᵢ x[t, i]²/H + eps), all in
+// float32; when odt is bf16 or f16, n is rounded to odt before the product
+// and the product rounded again (HF LlamaRMSNorm in a bf16 model:
+// weight * hidden.to(bf16)). w has H elements of wdt (GGUF norms are f32);
+// out is T×H of odt. x and out must not overlap unless they are the same
+// f32 buffer.
+func (s *Set) RMSNorm(x, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
+	wc, err := dtCode(wdt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: weight: %w", NameRMSNorm, err)
+	}
+	oc, err := dtCode(odt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: output: %w", NameRMSNorm, err)
+	}
+	if T == 0 {
+		return nil
+	}
+	if H == 0 || !(eps >= 0) || math.IsInf(float64(eps), 0) {
+		return fmt.Errorf("kernels: %s: H = %d, eps = %g: %w", NameRMSNorm, H, eps, ErrShape)
+	}
+	we, _ := ElemSize(wdt)
+	oe, _ := ElemSize(odt)
+	if err := errors.Join(checkPtr(NameRMSNorm, "x", x, 4), checkPtr(NameRMSNorm, "w", w, uint64(we)),
+		checkPtr(NameRMSNorm, "out", out, uint64(oe))); err != nil {
+		return err
+	}
+	return s.launch(NameRMSNorm, s.llama.rmsnorm, s.rowGrid(T), st, x, w, wc, out, oc, T, H, eps)
+}
+
+// RoPE rotates x (T×nHeads×headDim float32, in place) by position: pair i
+// < headDim/2 of every head of row t turns by angle pos[t]·invFreq[i]
+// (float32 product; cos and sin in float32, then a·cos − b·sin and
+// b·cos + a·sin in float32). interleaved false pairs (i, i + headDim/2), HF's
+// rotate_half; true pairs (2i, 2i+1), GGUF's layout. pos is T int32,
+// invFreq headDim/2 float32 computed on the host (Llama-3 frequency scaling
+// and any attention scaling folded in there). headDim must be even.
+//
+// HF computes cos and sin in float32 too, then rounds them to the model
+// dtype and does the products in it; round x afterwards (Round) to get
+// close to that.
+func (s *Set) RoPE(x, pos device.Ptr, T, nHeads, headDim uint32, invFreq device.Ptr, interleaved bool, st device.Stream) error {
+	if T == 0 {
+		return nil
+	}
+	if nHeads == 0 || headDim == 0 || headDim%2 != 0 {
+		return fmt.Errorf("kernels: %s: nHeads = %d, headDim = %d (want > 0 and even): %w", NameRoPE, nHeads, headDim, ErrShape)
+	}
+	if err := errors.Join(checkPtr(NameRoPE, "x", x, 4), checkPtr(NameRoPE, "pos", pos, 4),
+		checkPtr(NameRoPE, "invFreq", invFreq, 4)); err != nil {
+		return err
+	}
+	var il uint32
+	if interleaved {
+		il = 1
+	}
+	n := uint64(T) * uint64(nHeads) * uint64(headDim/2)
+	return s.launch(NameRoPE, s.llama.rope, s.gridFor(n), st, x, pos, invFreq, T, nHeads, headDim, il)
+}
+
+// SiluMul queues out[i] = odt(silu(g[i])·u[i]) for i < n, g and u float32;
+// when odt is bf16 or f16, silu(g[i]) is rounded to odt before the product
+// (HF: act_fn(gate) * up, each a bf16 tensor; round g and u to the model
+// dtype first, with Round, to match it fully). n == 0 launches nothing.
+func (s *Set) SiluMul(g, u, out device.Ptr, odt string, n uint64, st device.Stream) error {
+	oc, err := dtCode(odt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameSiluMul, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	oe, _ := ElemSize(odt)
+	if err := errors.Join(checkPtr(NameSiluMul, "g", g, 4), checkPtr(NameSiluMul, "u", u, 4),
+		checkPtr(NameSiluMul, "out", out, uint64(oe))); err != nil {
+		return err
+	}
+	return s.launch(NameSiluMul, s.llama.silumul, s.gridFor(n), st, g, u, out, oc, n)
+}
+
+// Add queues x[i] += y[i] for i < n, float32 (the residual stream). Follow
+// it with Round to keep the residual in the model dtype as HF does.
+func (s *Set) Add(x, y device.Ptr, n uint64, st device.Stream) error {
+	if n == 0 {
+		return nil
+	}
+	if err := errors.Join(checkPtr(NameAdd, "x", x, 4), checkPtr(NameAdd, "y", y, 4)); err != nil {
+		return err
+	}
+	return s.launch(NameAdd, s.llama.add, s.gridFor(n), st, x, y, n)
+}
+
+// Cast queues out[i] = odt(x[i]) for i < n: float32 to bf16/f16 (round to
+// nearest even) or a float32 copy. It makes a Matmul's X from activations.
+func (s *Set) Cast(x, out device.Ptr, odt string, n uint64, st device.Stream) error {
+	oc, err := dtCode(odt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameCast, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	oe, _ := ElemSize(odt)
+	if err := errors.Join(checkPtr(NameCast, "x", x, 4), checkPtr(NameCast, "out", out, uint64(oe))); err != nil {
+		return err
+	}
+	return s.launch(NameCast, s.llama.cast, s.gridFor(n), st, x, out, oc, n)
+}
+
+// Round queues x[i] = float32(dtype(x[i])) for i < n, in place: float32
+// values rounded (nearest even) to bf16 or f16 precision, so an engine can
+// keep activations at the model dtype's precision between ops like HF does.
+// dtype f32 leaves x as it is (nothing is launched).
+func (s *Set) Round(x device.Ptr, dtype string, n uint64, st device.Stream) error {
+	c, err := dtCode(dtype)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameRound, err)
+	}
+	if n == 0 || c == codeF32 {
+		return nil
+	}
+	if err := checkPtr(NameRound, "x", x, 4); err != nil {
+		return err
+	}
+	return s.launch(NameRound, s.llama.round, s.gridFor(n), st, x, c, n)
+}
+
+// KVWrite queues the K and V rows of T tokens (k and v: T×KVHeads×HeadDim
+// float32) into layer of the paged cache at positions start..start+T−1,
+// converted to L.DType (round to nearest even). table holds int32 block ids,
+// at least ceil((start+T)/BlockTokens) of them. T == 0 launches nothing.
+func (s *Set) KVWrite(k, v, cache, table device.Ptr, start, T uint32, L KVLayout, layer uint32, st device.Stream) error {
+	if err := L.Validate(); err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameKVWrite, err)
+	}
+	if T == 0 {
+		return nil
+	}
+	if err := checkPositions(NameKVWrite, start, T, L, layer); err != nil {
+		return err
+	}
+	elt, _ := ElemSize(L.DType)
+	if err := errors.Join(checkPtr(NameKVWrite, "k", k, 4), checkPtr(NameKVWrite, "v", v, 4),
+		checkPtr(NameKVWrite, "cache", cache, uint64(elt)), checkPtr(NameKVWrite, "table", table, 4)); err != nil {
+		return err
+	}
+	c, _ := dtCode(L.DType)
+	n := uint64(T) * uint64(L.KVHeads) * uint64(L.HeadDim)
+	return s.launch(NameKVWrite, s.llama.kvwrite, s.gridFor(n), st,
+		k, v, cache, table, start, T, L.BlockTokens, L.KVHeads, L.HeadDim, layer, c, L.BlockBytes)
+}
+
+func checkPositions(kernel string, start, T uint32, L KVLayout, layer uint32) error {
+	if layer >= L.Layers {
+		return fmt.Errorf("kernels: %s: layer %d of %d: %w", kernel, layer, L.Layers, ErrShape)
+	}
+	if uint64(start)+uint64(T) > math.MaxInt32 {
+		return fmt.Errorf("kernels: %s: positions %d+%d exceed int32: %w", kernel, start, T, ErrShape)
+	}
+	return nil
+}
+
+// AttnPlan is how Attention launches: grid (KVHeads·⌈group/8⌉, T, Splits)
+// blocks of 256 threads, each split covering Chunk cached positions; with
+// Splits > 1 the partials (ScratchBytes) are merged by a second kernel.
+type AttnPlan struct {
+	Grid         device.Dim3
+	Chunk        uint32
+	Splits       uint32
+	ScratchBytes uint64
+}
+
+// PlanAttention returns the launch Attention uses on a GPU of sms
+// multiprocessors: one split when the (kv head, token) blocks already fill
+// the GPU or the context is short; else the context is split so about four
+// blocks per multiprocessor run (flash-decoding), each split at least
+// 128 positions, at most 1024 splits and 64 MiB of partials.
+func PlanAttention(start, T, nHeads, kvHeads, headDim, sms uint32) AttnPlan {
+	groups := ceilDiv(nHeads/kvHeads, attnHeads)
+	base := uint64(kvHeads) * uint64(groups) * uint64(T)
+	ctx := uint64(start) + uint64(T)
+	splits := uint64(1)
+	want := 4 * uint64(max(sms, 1))
+	if base < want && ctx > minChunk {
+		splits = min((want+base-1)/base, (ctx+minChunk-1)/minChunk, maxSplits)
+		per := uint64(T) * uint64(nHeads) * (uint64(headDim) + 2) * 4
+		splits = max(1, min(splits, maxScratch/per))
+	}
+	chunk := (ctx + splits - 1) / splits
+	splits = (ctx + chunk - 1) / chunk
+	p := AttnPlan{Grid: device.Dim3{X: kvHeads * groups, Y: T, Z: uint32(splits)}, Chunk: uint32(chunk), Splits: uint32(splits)}
+	if splits > 1 {
+		p.ScratchBytes = uint64(T) * uint64(nHeads) * splits * (uint64(headDim) + 2) * 4
+	}
+	return p
+}
+
+// Attention queues grouped-query attention of T query tokens at positions
+// start..start+T−1 against layer of the paged cache: query head h (of
+// nHeads; q is T×nHeads×HeadDim float32) uses kv head h/(nHeads/KVHeads)
+// and attends causally to positions 0..start+t, read through table (int32
+// block ids, ⌈(start+T)/BlockTokens⌉ of them). Scores are scale·q·k in
+// float32, softmax in float32, and out (T×nHeads×HeadDim) is written in
+// odt. The rows of the current tokens must already be in the cache
+// (KVWrite). Long contexts with few tokens are split across blocks
+// (PlanAttention); the partials live in scratch memory the Set allocates per
+// stream and keeps until Close.
+func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L KVLayout, layer uint32, scale float32, out device.Ptr, odt string, st device.Stream) error {
+	if err := L.Validate(); err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameAttn, err)
+	}
+	oc, err := dtCode(odt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: output: %w", NameAttn, err)
+	}
+	if T == 0 {
+		return nil
+	}
+	if nHeads == 0 || nHeads%L.KVHeads != 0 {
+		return fmt.Errorf("kernels: %s: %d query heads for %d kv heads (want a multiple): %w", NameAttn, nHeads, L.KVHeads, ErrShape)
+	}
+	if T > maxGridY {
+		return fmt.Errorf("kernels: %s: T = %d exceeds %d: %w", NameAttn, T, maxGridY, ErrShape)
+	}
+	if err := checkPositions(NameAttn, start, T, L, layer); err != nil {
+		return err
+	}
+	if math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0) {
+		return fmt.Errorf("kernels: %s: scale %g: %w", NameAttn, scale, ErrShape)
+	}
+	elt, _ := ElemSize(L.DType)
+	oe, _ := ElemSize(odt)
+	if err := errors.Join(checkPtr(NameAttn, "q", q, 4), checkPtr(NameAttn, "cache", cache, uint64(elt)),
+		checkPtr(NameAttn, "table", table, 4), checkPtr(NameAttn, "out", out, uint64(oe))); err != nil {
+		return err
+	}
+	p := PlanAttention(start, T, nHeads, L.KVHeads, L.HeadDim, s.sms)
+	var part device.Ptr
+	if p.Splits > 1 {
+		if part, err = s.scratchFor(st, p.ScratchBytes); err != nil {
+			return fmt.Errorf("kernels: %s: %w", NameAttn, err)
+		}
+	}
+	c, _ := dtCode(L.DType)
+	if err := s.d.Launch(s.llama.attn, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
+		L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, p.Chunk, part, out, oc); err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameAttn, err)
+	}
+	if p.Splits == 1 {
+		return nil
+	}
+	rows := T * nHeads
+	return s.launch(NameAttnCombine, s.llama.combine, s.rowGrid(rows), st, part, out, oc, rows, L.HeadDim, p.Splits)
+}
+
+// scratchBuf is device memory for attention partials.
+type scratchBuf struct {
+	p    device.Ptr
+	size uint64
+}
+
+// scratchFor returns at least n bytes of scratch for stream st, growing it
+// (the old buffer is freed; Free waits for work still using it).
+func (s *Set) scratchFor(st device.Stream, n uint64) (device.Ptr, error) {
+	s.scratchMu.Lock()
+	defer s.scratchMu.Unlock()
+	b := s.scratch[st]
+	if b.size >= n {
+		return b.p, nil
+	}
+	if b.p != 0 {
+		if err := s.d.Free(b.p); err != nil {
+			return 0, fmt.Errorf("free scratch: %w", err)
+		}
+		delete(s.scratch, st)
+	}
+	size := max(n, 1<<20)
+	p, err := s.d.Alloc(size)
+	if err != nil {
+		return 0, fmt.Errorf("scratch of %d bytes: %w", size, err)
+	}
+	s.scratch[st] = scratchBuf{p: p, size: size}
+	return p, nil
+}
+
+func (s *Set) freeScratch() error {
+	s.scratchMu.Lock()
+	defer s.scratchMu.Unlock()
+	var err error
+	for st, b := range s.scratch {
+		if ferr := s.d.Free(b.p); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("kernels: free scratch: %w", ferr))
+		}
+		delete(s.scratch, st)
+	}
+	return err
+}

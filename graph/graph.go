@@ -43,6 +43,11 @@ type Graph struct {
 	// Unknown counts tensors left without a shape (only with
 	// Options.AllowUnknown; otherwise import fails instead).
 	Unknown int
+	// Declared counts tensors sized from the shapes the file declares
+	// (value_info, graph outputs) because inference could not size them: a
+	// constant they depend on is absent (external data not shipped) or an
+	// operator is not modeled. Import fails only when neither exists.
+	Declared int
 
 	byName map[string]int
 }

@@ -91,6 +91,7 @@ func ImportONNX(m *onnx.Model, inputs map[string][]int64, opts Options) (*Graph,
 	if err := imp.inputs(inputs); err != nil {
 		return nil, err
 	}
+	imp.declarations()
 	for k := range g.Nodes {
 		if err := imp.node(k, &og.Nodes[src[k]]); err != nil {
 			return nil, err
@@ -167,6 +168,11 @@ type importer struct {
 	opts    Options
 	vals    []*value // statically known values, by tensor index
 	counted []bool   // tensors already counted in Graph.Unknown
+	// declared holds the types the file states for its values (value_info
+	// and graph outputs), and binds the symbolic input dimensions' values,
+	// for the fallback of declare.
+	declared map[string]onnx.Type
+	binds    map[string]int64
 }
 
 // dtypeFromONNX maps an ONNX element type code to a DType.
@@ -403,6 +409,9 @@ func (imp *importer) node(k int, on *onnx.Node) error {
 	// output of this node unknown too.
 	for _, in := range append(slices.Clone(n.Inputs), n.Captures...) {
 		if in >= 0 && !g.Tensors[in].Known {
+			if imp.declare(n) {
+				return nil
+			}
 			for _, o := range n.Outputs {
 				if o >= 0 {
 					if err := imp.unknown(o, fmt.Errorf("%w", ErrUnknownShape)); err != nil {
@@ -426,6 +435,9 @@ func (imp *importer) node(k int, on *onnx.Node) error {
 	if err == nil {
 		return nil
 	}
+	if errors.Is(err, ErrUnknownShape) && imp.declare(n) {
+		return nil
+	}
 	if !imp.opts.AllowUnknown || !errors.Is(err, ErrUnknownShape) {
 		return fail(err)
 	}
@@ -437,6 +449,105 @@ func (imp *importer) node(k int, on *onnx.Node) error {
 		}
 	}
 	return nil
+}
+
+// declarations collects the shapes the file declares (value_info first,
+// graph outputs over them) and binds each symbolic dimension of the graph
+// inputs to the value it was given (or assumed), so that a declared
+// dimension named like an input's ("batch", "s0") resolves.
+func (imp *importer) declarations() {
+	og := imp.m.Graph
+	imp.declared = map[string]onnx.Type{}
+	for _, vs := range [][]onnx.ValueInfo{og.ValueInfo, og.Outputs} {
+		for _, v := range vs {
+			if v.Type.Kind == onnx.TypeTensor && v.Type.HasShape {
+				imp.declared[v.Name] = v.Type
+			}
+		}
+	}
+	imp.binds = map[string]int64{}
+	conflict := map[string]bool{}
+	for _, v := range og.Inputs {
+		i, ok := imp.g.Lookup(v.Name)
+		if !ok || !imp.g.Tensors[i].Input || !imp.g.Tensors[i].Known || !v.Type.HasShape {
+			continue
+		}
+		shape := imp.g.Tensors[i].Shape
+		for d, dim := range v.Type.Shape {
+			if dim.HasValue || dim.Param == "" || d >= len(shape) {
+				continue
+			}
+			if old, ok := imp.binds[dim.Param]; ok && old != shape[d] {
+				conflict[dim.Param] = true
+			}
+			imp.binds[dim.Param] = shape[d]
+		}
+	}
+	for p := range conflict {
+		delete(imp.binds, p) // two values for one name: resolve neither
+	}
+}
+
+// declare sizes the outputs of node n that inference left unknown from the
+// shapes the file declares for them, and reports whether it could: every
+// such output must have a declared tensor type of a known element type
+// whose dimensions are all concrete or named after a bound input
+// dimension. It sizes nothing unless it can size them all. The tensors it
+// sizes count in Graph.Declared; their values stay unknown.
+func (imp *importer) declare(n *Node) bool {
+	g := imp.g
+	type decl struct {
+		o     int
+		dt    DType
+		shape []int64
+	}
+	var ds []decl
+	for _, o := range n.Outputs {
+		if o < 0 || g.Tensors[o].Known {
+			continue
+		}
+		typ, ok := imp.declared[g.Tensors[o].Name]
+		if !ok {
+			return false
+		}
+		dt, ok := dtypeFromONNX(typ.ElemType)
+		if !ok {
+			return false
+		}
+		shape := make([]int64, len(typ.Shape))
+		for d, dim := range typ.Shape {
+			switch v, bound := imp.binds[dim.Param]; {
+			case dim.HasValue && dim.Value >= 0:
+				shape[d] = dim.Value
+			case !dim.HasValue && dim.Param != "" && bound:
+				shape[d] = v
+			default:
+				return false
+			}
+		}
+		ds = append(ds, decl{o, dt, shape})
+	}
+	if len(ds) == 0 {
+		return false
+	}
+	for k, d := range ds {
+		if err := g.Tensors[d.o].setShape(d.dt, d.shape); err != nil {
+			for _, u := range ds[:k+1] {
+				t := &g.Tensors[u.o]
+				t.Known, t.Shape, t.Bytes = false, nil, 0
+			}
+			return false
+		}
+	}
+	for _, d := range ds {
+		imp.vals[d.o] = nil
+		if imp.counted[d.o] {
+			imp.counted[d.o] = false
+			g.Unknown--
+		}
+		g.Declared++
+	}
+	return true
 }
 
 func (imp *importer) opsetFor(domain string) int64 {

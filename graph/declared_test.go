@@ -1,0 +1,114 @@
+package graph
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/memwall/memwall/format/onnx"
+)
+
+// declaredModel is x → Reshape(x, shape) → y → Relu → z, with the reshape's
+// target an external initializer whose data file is absent (as exporters
+// leave it when the weights are not shipped), and y declared in value_info
+// with yDims (nil: not declared).
+func declaredModel(xDims, yDims []onnx.Dim) *onnx.Model {
+	typ := func(dims []onnx.Dim) onnx.Type {
+		return onnx.Type{Kind: onnx.TypeTensor, ElemType: onnx.Float, HasShape: true, Shape: dims}
+	}
+	g := &onnx.Graph{
+		Name:   "declared",
+		Inputs: []onnx.ValueInfo{{Name: "x", Type: typ(xDims)}},
+		Initializers: []onnx.Tensor{{Name: "shape", Dims: []int64{int64(len(yDims))}, DataType: onnx.Int64,
+			DataLocation: onnx.LocationExternal, ExternalData: []onnx.StringPair{{Key: "location", Value: "absent.data"}}}},
+		Nodes: []onnx.Node{
+			{Name: "reshape", OpType: "Reshape", Inputs: []string{"x", "shape"}, Outputs: []string{"y"}},
+			{Name: "relu", OpType: "Relu", Inputs: []string{"y"}, Outputs: []string{"z"}},
+		},
+		Outputs: []onnx.ValueInfo{{Name: "z", Type: onnx.Type{Kind: onnx.TypeTensor, ElemType: onnx.Float}}},
+	}
+	if yDims != nil {
+		g.ValueInfo = []onnx.ValueInfo{{Name: "y", Type: typ(yDims)}}
+	}
+	return &onnx.Model{IRVersion: 8, OpsetImports: []onnx.OpsetID{{Version: 18}}, Graph: g}
+}
+
+func dims(vs ...any) []onnx.Dim {
+	var out []onnx.Dim
+	for _, v := range vs {
+		switch v := v.(type) {
+		case int:
+			out = append(out, onnx.Dim{Value: int64(v), HasValue: true})
+		case string:
+			out = append(out, onnx.Dim{Param: v})
+		}
+	}
+	return out
+}
+
+// TestDeclaredShapeFallback: a reshape whose target is an absent constant
+// takes the shape value_info declares (concrete or named after an input's
+// symbolic dimension), is counted in Declared, and feeds inference after
+// it; without a declaration, or with one that does not resolve, import
+// fails as before.
+func TestDeclaredShapeFallback(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 200 {
+		b, s := int64(r.IntN(8)+1), int64(r.IntN(64)+1)
+		split := []int64{1, 2, 4}[r.IntN(3)]
+		if s%split != 0 {
+			s *= split
+		}
+		want := []int64{b, split, s / split}
+		// Concrete declarations, static input.
+		g, err := FromONNX(declaredModel(dims(int(b), int(s)), dims(int(b), int(split), int(s/split))), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(g *Graph) {
+			t.Helper()
+			if g.Declared != 1 {
+				t.Fatalf("Declared = %d, want 1", g.Declared)
+			}
+			for _, n := range []string{"y", "z"} {
+				if tn := g.Tensor(n); !tn.Known || !slices.Equal(tn.Shape, want) || tn.Bytes != uint64(4*b*s) {
+					t.Fatalf("%s: %v %v %d bytes; want %v", n, tn.Known, tn.Shape, tn.Bytes, want)
+				}
+			}
+		}
+		check(g)
+		// Symbolic input, declarations in the same symbols.
+		g, err = FromONNX(declaredModel(dims("batch", "seq"), dims("batch", int(split), int(s/split))),
+			map[string][]int64{"x": {b, s}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(g)
+	}
+	for _, c := range []struct {
+		name string
+		y    []onnx.Dim
+	}{
+		{"undeclared", nil},
+		{"unbound symbol", dims("other", 4)},
+		{"no dimension", []onnx.Dim{{}}},
+	} {
+		_, err := FromONNX(declaredModel(dims("batch", 8), c.y), map[string][]int64{"x": {2, 8}})
+		if !errors.Is(err, ErrUnknownShape) {
+			t.Errorf("%s: err = %v, want ErrUnknownShape", c.name, err)
+		}
+	}
+	// With AllowUnknown, the undeclared tensor and what follows are counted
+	// unknown, not declared.
+	g, err := ImportONNX(declaredModel(dims(2, 8), nil), nil, Options{AllowUnknown: true})
+	if err != nil || g.Unknown != 2 || g.Declared != 0 {
+		t.Fatalf("AllowUnknown: %v, Unknown %d, Declared %d", err, g.Unknown, g.Declared)
+	}
+	// The declared shape is taken as the file states it.
+	g, err = FromONNX(declaredModel(dims(2, 8), dims(4, 4)), nil)
+	if err != nil || fmt.Sprint(g.Tensor("y").Shape) != "[4 4]" {
+		t.Fatalf("declared [4 4]: %v %v", err, g.Tensor("y"))
+	}
+}

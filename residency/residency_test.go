@@ -3,6 +3,7 @@ package residency
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
+	"github.com/memwall/memwall/device/fault"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/safetensors"
@@ -288,7 +290,11 @@ func TestCyclesRandomPlans(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			d := testDevice(t, seed, func(o *sim.Options) { o.ReadOnlyHostRegister = rng.IntN(3) > 0 })
-			m := randomModel(t, rng, 1+rng.IntN(8), 1<<uint(10+rng.IntN(8)))
+			span := 8
+			if onGPU() {
+				span = 14 // tensors up to 8 MiB on the GPU
+			}
+			m := randomModel(t, rng, 1+rng.IntN(8), 1<<uint(10+rng.IntN(span)))
 			slots := 2 + rng.IntN(3)
 			p := randomPlan(t, rng, m, slots)
 			dev, host := pools(t, d)
@@ -386,5 +392,262 @@ func TestMissingWaitIsCaught(t *testing.T) {
 	}
 	if caught == 0 {
 		t.Fatal("no seed read overwritten bytes without the slot wait: the reader cannot see a missing dependency")
+	}
+}
+
+// TestRandomHolds acquires and releases random groups in random order,
+// holding several at once: views read back hold the file's bytes, views
+// of groups held together never overlap, Acquire fails with ErrRingFull
+// exactly when every slot holds an acquired group, misuse fails with
+// ErrState, and Close gives every byte back.
+func TestRandomHolds(t *testing.T) {
+	iters := 40
+	if testing.Short() || onGPU() {
+		iters = 10
+	}
+	for it := range iters {
+		seed := uint64(it) + 100
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 11))
+			d := testDevice(t, seed, nil)
+			m := randomModel(t, rng, 2+rng.IntN(7), 1<<uint(8+rng.IntN(8)))
+			p := randomPlan(t, rng, m, 2+rng.IntN(3))
+			dev, host := pools(t, d)
+			r, err := New(context.Background(), d, dev, host, m, p, Options{Source: randomSource(rng, d), BounceBytes: 8192})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rd := newReader(t, d, r, m)
+			held := map[int]int{} // group → times held
+			heldStreamed := func() int {
+				n := 0
+				for g := range held {
+					if !p.Groups[g].Resident {
+						n++
+					}
+				}
+				return n
+			}
+			for op := range 300 {
+				g := rng.IntN(len(p.Groups))
+				if rng.IntN(2) == 0 {
+					err := rd.acquire(g)
+					switch {
+					case !p.Groups[g].Resident && held[g] > 0:
+						if !errors.Is(err, ErrState) {
+							t.Fatalf("op %d: second acquire of streamed group %d: %v", op, g, err)
+						}
+					case !p.Groups[g].Resident && heldStreamed() == p.Slots:
+						if !errors.Is(err, ErrRingFull) {
+							t.Fatalf("op %d: acquire %d with all %d slots held: %v", op, g, p.Slots, err)
+						}
+					case err != nil:
+						t.Fatalf("op %d: acquire %d (%d streamed held of %d slots): %v", op, g, heldStreamed(), p.Slots, err)
+					default:
+						held[g]++
+					}
+				} else {
+					err := rd.release(g)
+					if held[g] == 0 {
+						if !errors.Is(err, ErrState) {
+							t.Fatalf("op %d: release of unheld group %d: %v", op, g, err)
+						}
+						continue
+					}
+					if err != nil {
+						t.Fatalf("op %d: release %d: %v", op, g, err)
+					}
+					if held[g]--; held[g] == 0 {
+						delete(held, g)
+					}
+				}
+				checkDisjoint(t, r, held)
+				if rng.IntN(10) == 0 {
+					rd.verify()
+				}
+			}
+			rd.verify()
+			if _, _, err := r.Acquire(len(p.Groups)); !errors.Is(err, ErrState) {
+				t.Errorf("acquire past the plan: %v", err)
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := r.Acquire(0); !errors.Is(err, ErrClosed) {
+				t.Errorf("acquire after Close: %v", err)
+			}
+			checkEmpty(t, "after Close", dev, host)
+		})
+	}
+}
+
+// checkDisjoint fails when two held groups' views share a device byte.
+func checkDisjoint(t *testing.T, r *Residency, held map[int]int) {
+	t.Helper()
+	type span struct {
+		lo, hi device.Ptr
+		g      int
+	}
+	var spans []span
+	for g := range held {
+		gr := &r.groups[g]
+		for _, v := range gr.views {
+			spans = append(spans, span{v.Ptr, v.Ptr.Add(v.Tensor.Bytes), g})
+		}
+	}
+	for i, a := range spans {
+		for _, b := range spans[i+1:] {
+			if a.g != b.g && a.lo < b.hi && b.lo < a.hi {
+				t.Fatalf("held groups %d and %d overlap on the device: [%#x, %#x) and [%#x, %#x)", a.g, b.g, a.lo, a.hi, b.lo, b.hi)
+			}
+		}
+	}
+}
+
+// copyFail fails the nth host-to-device copy.
+type copyFail struct {
+	device.Device
+	n, calls int
+}
+
+var errCopy = errors.New("injected copy failure")
+
+func (c *copyFail) CopyHtoD(dst device.Ptr, src []byte, s device.Stream) error {
+	c.calls++
+	if c.calls == c.n {
+		return errCopy
+	}
+	return c.Device.CopyHtoD(dst, src, s)
+}
+
+// TestFaults injects a failed allocation (device pool growth, pinned host
+// memory), a failed event record or a failed copy at a random point of New
+// or of the cycles: the error comes back, later calls fail, and after
+// Close both pools hold nothing.
+func TestFaults(t *testing.T) {
+	if onGPU() {
+		t.Skip("fault injection runs on the simulator")
+	}
+	for it := range 60 {
+		seed := uint64(it) + 500
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 13))
+			base := testDevice(t, seed, nil)
+			var cfg fault.Config
+			var d device.Device = fault.Wrap(base, &cfg)
+			cf := &copyFail{Device: d, n: 1 + rng.IntN(40)}
+			kind := rng.IntN(4)
+			if kind == 3 {
+				d = cf
+			}
+			m := randomModel(t, rng, 2+rng.IntN(6), 1<<uint(8+rng.IntN(6)))
+			p := randomPlan(t, rng, m, 2)
+			dev, host := pools(t, d)
+			n := uint64(1 + rng.IntN(30))
+			switch kind {
+			case 0:
+				k := 1 + n%3
+				cfg.Set(fault.Rules{CreatePhysical: fault.Nth(k), Map: fault.Nth(k), Alloc: fault.Nth(k)})
+			case 1:
+				cfg.Set(fault.Rules{HostAlloc: fault.Nth(1)})
+			case 2:
+				cfg.Set(fault.Rules{EventRecord: fault.Nth(n)})
+			}
+			r, err := New(context.Background(), d, dev, host, m, p, Options{Source: []Source{Pinned, Bounce}[rng.IntN(2)], BounceBytes: 4096})
+			if err != nil {
+				checkEmpty(t, fmt.Sprintf("after New failed (%v)", err), dev, host)
+				return
+			}
+			rd := newReader(t, base, r, m)
+			var runErr error
+		cycles:
+			for range 4 {
+				for g := range p.Groups {
+					if runErr = rd.acquire(g); runErr != nil {
+						break cycles
+					}
+					if runErr = rd.release(g); runErr != nil {
+						break cycles
+					}
+				}
+			}
+			if runErr != nil {
+				if !errors.Is(runErr, fault.ErrInjected) && !errors.Is(runErr, errCopy) {
+					t.Fatalf("run error %v is not the injected one", runErr)
+				}
+				if _, _, err := r.Acquire(0); err == nil && !p.Groups[0].Resident {
+					t.Errorf("acquire after a failed copy succeeded")
+				}
+			}
+			base.StreamSynchronize(rd.cs)
+			cerr := r.Close()
+			if runErr == nil && cerr != nil {
+				t.Fatalf("close: %v", cerr)
+			}
+			checkEmpty(t, fmt.Sprintf("after the run (error %v) and Close", runErr), dev, host)
+		})
+	}
+}
+
+// budgetDevice reports a context's memory on top of a simulator.
+type budgetDevice struct {
+	device.Device
+	ctx uint64
+	ok  bool
+}
+
+func (b budgetDevice) ContextBytes() (uint64, string, bool) { return b.ctx, "test", b.ok }
+
+func TestPlanBudget(t *testing.T) {
+	o := sim.DefaultOptions()
+	o.TotalBytes = 8 << 30
+	sd := sim.New(o)
+	defer sd.Close()
+	free, _, _ := sd.MemInfo()
+	for _, tc := range []struct {
+		name      string
+		d         device.Device
+		vram      uint64
+		wantErr   string
+		pool, ctx uint64
+		warn      bool
+	}{
+		{name: "sim", d: sd, vram: 4 << 30, pool: 4 << 30},
+		{name: "context", d: budgetDevice{sd, 500 << 20, true}, vram: 4 << 30, pool: 4<<30 - 500<<20, ctx: 500 << 20},
+		{name: "context unknown", d: budgetDevice{sd, 500 << 20, false}, vram: 4 << 30, pool: 4 << 30},
+		{name: "above total", d: sd, vram: 100 << 30, wantErr: "exceeds the device's total memory"},
+		{name: "below context", d: budgetDevice{sd, 500 << 20, true}, vram: 400 << 20, wantErr: "leaves nothing after the device context"},
+		{name: "default", d: budgetDevice{sd, 500 << 20, true}, pool: free - Margin, ctx: 500 << 20},
+		{name: "above free", d: budgetDevice{sd, 1 << 30, true}, vram: 8 << 30, pool: 7 << 30, ctx: 1 << 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := PlanBudget(tc.d, tc.vram)
+			if tc.wantErr != "" {
+				if err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.wantErr)) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.PoolBytes != tc.pool || b.ContextBytes != tc.ctx || b.PoolBytes+b.ContextBytes != b.VRAMBytes {
+				t.Errorf("budget %+v, want pool %d, context %d", b, tc.pool, tc.ctx)
+			}
+			if b.Default != (tc.vram == 0) || b.ContextSource == "" {
+				t.Errorf("budget %+v", b)
+			}
+		})
+	}
+	// Above free memory: a warning, not an error.
+	b, err := PlanBudget(budgetDevice{sd, 0, true}, free)
+	if err != nil || b.Warning != "" {
+		t.Errorf("budget of the free memory: %+v, %v", b, err)
+	}
+	busy, _ := sd.Alloc(1 << 30)
+	defer sd.Free(busy)
+	b, err = PlanBudget(sd, free)
+	if err != nil || b.Warning == "" {
+		t.Errorf("budget above the free memory: %+v, %v", b, err)
 	}
 }

@@ -76,8 +76,12 @@ type block struct {
 // seq is one sequence's state.
 type seq struct {
 	table []int32
-	n     int    // tokens held
-	hash  uint64 // chained hash of the last full block (root hash when none)
+	n     int // tokens held
+	// hashes are the chained hashes of the full blocks (with prefix
+	// caching); the first stored of them are in the cache or were offered
+	// to it: their K/V is computed.
+	hashes []uint64
+	stored int
 	// partial holds the tokens of the incomplete last block, for its hash
 	// when it fills.
 	partial []int32
@@ -129,7 +133,6 @@ type counters struct {
 	allocs, frees    uint64
 	swapOut, swapIn  uint64 // blocks moved
 	storedBlocks     uint64
-	hitTokens, asked uint64
 }
 
 // NewManager returns a Manager with every block free.
@@ -317,14 +320,13 @@ func (m *Manager) running(id SeqID) (*seq, error) {
 func blocksFor(tokens, per int) int { return (tokens + per - 1) / per }
 
 // Add creates sequence id holding prompt: blocks of the prompt's longest
-// cached prefix are shared (a prefix hit), the rest are taken from the free
-// list, and the prompt's full blocks are cached for later sequences. It
-// returns how many leading tokens already have their K/V in the cache:
-// whole blocks, and at most len(prompt)-1 so that the last token is always
-// computed (its logits start generation; its K/V is rewritten with the
-// same values). Blocks hit are valid once the sequence that stored them
-// has computed them: with one engine step at a time that is every earlier
-// step. extraKey separates caches that must not share (an adapter id).
+// cached prefix are shared (a prefix hit) and the rest are taken from the
+// free list. It returns how many leading tokens already have their K/V in
+// the cache: whole blocks, and at most len(prompt)-1 so that the last token
+// is always computed (its logits start generation; its K/V is rewritten
+// with the same values). extraKey separates caches that must not share (an
+// adapter id). The prompt's full blocks enter the prefix cache once their
+// K/V is computed: at the sequence's next Append, or at Computed.
 // ErrOutOfBlocks leaves everything unchanged.
 func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens int, err error) {
 	if _, dup := m.seqs[id]; dup {
@@ -333,21 +335,25 @@ func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens i
 	B := m.cfg.BlockTokens
 	nfull := len(prompt) / B
 	need := blocksFor(len(prompt), B)
-	h := rootHash(extraKey)
-	// First pass: the hits, and how many of them are free blocks that taking
-	// would remove from the free list.
+	s := &seq{n: len(prompt), extra: extraKey, partial: make([]int32, 0, B)}
+	// The hits, and how many of them are free blocks that taking would
+	// remove from the free list.
 	hits, freeHits := 0, 0
 	if !m.cfg.NoPrefixCache {
+		s.hashes = make([]uint64, nfull, nfull+4)
+		h := rootHash(extraKey)
+		for j := range nfull {
+			h = chainHash(h, extraKey, prompt[j*B:(j+1)*B])
+			s.hashes[j] = h
+		}
 		for hits < nfull {
-			hh := chainHash(h, extraKey, prompt[hits*B:(hits+1)*B])
-			b, ok := m.cache[hh]
+			b, ok := m.cache[s.hashes[hits]]
 			if !ok {
 				break
 			}
 			if m.blocks[b].ref == 0 {
 				freeHits++
 			}
-			h = hh
 			hits++
 		}
 		m.st.queries += uint64(nfull)
@@ -357,35 +363,51 @@ func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens i
 		return 0, fmt.Errorf("add sequence %d: %d tokens need %d new blocks, %d free: %w",
 			id, len(prompt), need-hits, m.nfree-freeHits, ErrOutOfBlocks)
 	}
-	s := &seq{table: make([]int32, 0, need+1), n: len(prompt), extra: extraKey, partial: make([]int32, 0, B)}
-	h = rootHash(extraKey)
-	for j := 0; j < need; j++ {
-		if j < hits {
-			h = chainHash(h, extraKey, prompt[j*B:(j+1)*B])
-			b := m.cache[h]
-			m.ref(b)
-			s.table = append(s.table, b)
-			continue
-		}
-		b := m.take()
+	s.table = make([]int32, 0, need+1)
+	for j := range hits {
+		b := m.cache[s.hashes[j]]
+		m.ref(b)
 		s.table = append(s.table, b)
-		if j < nfull && !m.cfg.NoPrefixCache {
-			parent := h
-			h = chainHash(h, extraKey, prompt[j*B:(j+1)*B])
-			m.store(b, h, parent)
-		}
 	}
-	s.hash = h
+	for range need - hits {
+		s.table = append(s.table, m.take())
+	}
+	s.stored = hits
 	s.partial = append(s.partial, prompt[nfull*B:]...)
 	m.seqs[id] = s
-	m.st.asked += uint64(len(prompt))
 	cachedTokens = hits * B
 	if cachedTokens == len(prompt) && cachedTokens > 0 {
 		cachedTokens--
 	}
-	m.st.hitTokens += uint64(cachedTokens)
 	m.window(s)
 	return cachedTokens, nil
+}
+
+// Computed says that the K/V of id's first n positions is written: its
+// full blocks among them enter the prefix cache (a block whose hash another
+// block already holds stays out). Append implies Computed(id, Len(id)).
+func (m *Manager) Computed(id SeqID, n int) error {
+	s, err := m.running(id)
+	if err != nil {
+		return err
+	}
+	m.commit(s, min(n, s.n))
+	return nil
+}
+
+// commit stores the full blocks among s's first n positions.
+func (m *Manager) commit(s *seq, n int) {
+	if m.cfg.NoPrefixCache {
+		return
+	}
+	for full := min(n/m.cfg.BlockTokens, len(s.hashes)); s.stored < full; s.stored++ {
+		j := s.stored
+		parent := rootHash(s.extra)
+		if j > 0 {
+			parent = s.hashes[j-1]
+		}
+		m.store(s.table[j], s.hashes[j], parent)
+	}
 }
 
 // AppendNeeds returns how many free blocks appending k tokens to id takes
@@ -410,8 +432,10 @@ func (m *Manager) appendNeeds(s *seq, k int) int {
 // Append makes room for tokens after id's last one: new blocks as
 // positions cross block boundaries, and a private copy of the last block
 // when it is partially filled and shared with a fork (copy-on-write, through
-// the copy function). Blocks that fill are cached. ErrOutOfBlocks leaves
-// everything unchanged.
+// the copy function). Calling it says that the K/V of every position before
+// the new tokens is computed (the engine appends a token once it has run
+// the step for the one before): full blocks among them enter the prefix
+// cache. ErrOutOfBlocks leaves everything unchanged (but the caching).
 func (m *Manager) Append(id SeqID, tokens ...int32) error {
 	s, err := m.running(id)
 	if err != nil {
@@ -420,6 +444,7 @@ func (m *Manager) Append(id SeqID, tokens ...int32) error {
 	if need := m.appendNeeds(s, len(tokens)); need > m.nfree {
 		return fmt.Errorf("append %d tokens to sequence %d: %d blocks needed, %d free: %w", len(tokens), id, need, m.nfree, ErrOutOfBlocks)
 	}
+	m.commit(s, s.n)
 	B := m.cfg.BlockTokens
 	for len(tokens) > 0 {
 		if s.n%B == 0 {
@@ -441,9 +466,13 @@ func (m *Manager) Append(id SeqID, tokens ...int32) error {
 		s.n += k
 		tokens = tokens[k:]
 		if s.n%B == 0 {
-			parent := s.hash
-			s.hash = chainHash(parent, s.extra, s.partial)
-			m.store(s.table[len(s.table)-1], s.hash, parent)
+			if !m.cfg.NoPrefixCache {
+				parent := rootHash(s.extra)
+				if len(s.hashes) > 0 {
+					parent = s.hashes[len(s.hashes)-1]
+				}
+				s.hashes = append(s.hashes, chainHash(parent, s.extra, s.partial))
+			}
 			s.partial = s.partial[:0]
 		}
 	}
@@ -514,8 +543,8 @@ func (m *Manager) Fork(parent, child SeqID) error {
 	if _, dup := m.seqs[child]; dup {
 		return fmt.Errorf("fork %d into %d: %w", parent, child, ErrSeqExists)
 	}
-	c := &seq{table: make([]int32, len(p.table), cap(p.table)), n: p.n, hash: p.hash, extra: p.extra,
-		partial: make([]int32, len(p.partial), m.cfg.BlockTokens), first: p.first}
+	c := &seq{table: make([]int32, len(p.table), cap(p.table)), n: p.n, extra: p.extra, stored: p.stored,
+		hashes: append([]uint64(nil), p.hashes...), partial: make([]int32, len(p.partial), m.cfg.BlockTokens), first: p.first}
 	copy(c.table, p.table)
 	copy(c.partial, p.partial)
 	for _, b := range c.table {

@@ -241,6 +241,15 @@ func (c *Cache) Append(id SeqID, tokens ...int32) error {
 	return c.m.Append(id, tokens...)
 }
 
+// Computed says that the K/V of id's first n positions is written, so that
+// its full blocks may serve prefix hits (Append says as much for every
+// position before its tokens), as Manager.Computed.
+func (c *Cache) Computed(id SeqID, n int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m.Computed(id, n)
+}
+
 // Table returns id's block table (nil when unknown or swapped out): position
 // p lives in block Table[p/BlockTokens] at slot p%BlockTokens, at
 // Base + block·BlockBytes + Config.Offset's terms. The slice is the cache's:

@@ -31,6 +31,9 @@ func (m *Manager) Check() error {
 		if len(s.partial) != s.n%B {
 			return fmt.Errorf("sequence %d: %d tokens but %d in the partial block", id, s.n, len(s.partial))
 		}
+		if !m.cfg.NoPrefixCache && (len(s.hashes) != s.n/B || s.stored > len(s.hashes)) {
+			return fmt.Errorf("sequence %d: %d tokens, %d block hashes, %d stored", id, s.n, len(s.hashes), s.stored)
+		}
 		if s.host != nil && len(s.host) != len(s.table) {
 			return fmt.Errorf("sequence %d: %d host entries for %d blocks", id, len(s.host), len(s.table))
 		}

@@ -30,6 +30,8 @@ func Example() {
 	a := append(append([]int32{}, system...), 1, 2, 3)
 	b := append(append([]int32{}, system...), 4, 5)
 	ca, _ := c.Add(1, a, 0)
+	// ... the engine's prefill writes a's K/V, then:
+	_ = c.Computed(1, len(a))
 	cb, _ := c.Add(2, b, 0)
 	fmt.Println("cached tokens:", ca, cb)
 	fmt.Println("shared first block:", c.Table(1)[0] == c.Table(2)[0])

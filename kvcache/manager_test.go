@@ -22,6 +22,7 @@ type model struct {
 	content [][]int32
 	host    [][]int32
 	tokens  map[SeqID][]int32
+	written map[SeqID]int // positions whose K/V the engine wrote
 	extra   map[SeqID]uint64
 	rng     *rand.Rand
 	next    SeqID
@@ -32,7 +33,7 @@ type model struct {
 }
 
 func newModel(t testing.TB, cfg ManagerConfig, seed uint64) *model {
-	md := &model{t: t, tokens: map[SeqID][]int32{}, extra: map[SeqID]uint64{}, stored: map[uint64]bool{},
+	md := &model{t: t, tokens: map[SeqID][]int32{}, written: map[SeqID]int{}, extra: map[SeqID]uint64{}, stored: map[uint64]bool{},
 		rng: rand.New(rand.NewPCG(seed, 7)), next: 1}
 	cfg.OnEvent = md.onEvent
 	m, err := NewManager(cfg)
@@ -78,16 +79,19 @@ func (md *model) onEvent(e Event) {
 	}
 }
 
-func (md *model) write(id SeqID, from int) {
+// compute writes id's positions from the first not written on, as an engine
+// step does.
+func (md *model) compute(id SeqID) {
 	toks := md.tokens[id]
 	tab := md.m.Table(id)
-	for p := from; p < len(toks); p++ {
+	for p := md.written[id]; p < len(toks); p++ {
 		b := tab[p/md.B]
 		if b == NoBlock {
 			continue
 		}
 		md.content[b][p%md.B] = toks[p]
 	}
+	md.written[id] = len(toks)
 }
 
 func (md *model) ids() []SeqID {
@@ -144,10 +148,9 @@ func (md *model) step(op int) {
 		if cached%md.B != 0 && cached != len(prompt)-1 || cached >= len(prompt) && len(prompt) > 0 {
 			md.t.Fatalf("add of %d tokens: %d cached", len(prompt), cached)
 		}
-		md.tokens[id], md.extra[id] = prompt, extra
+		md.tokens[id], md.extra[id], md.written[id] = prompt, extra, cached
 		// The cached positions must already hold the prompt's tokens.
 		md.checkSeq(id, cached)
-		md.write(id, cached)
 	case 2, 3: // append
 		id, ok := md.pick()
 		if !ok || m.Swapped(id) {
@@ -157,6 +160,7 @@ func (md *model) step(op int) {
 		if r.IntN(2) == 0 {
 			toks = toks[:1]
 		}
+		md.compute(id) // the engine appends after the step
 		n := len(md.tokens[id])
 		err := m.Append(id, toks...)
 		if errors.Is(err, ErrOutOfBlocks) {
@@ -169,7 +173,6 @@ func (md *model) step(op int) {
 			md.t.Fatal(err)
 		}
 		md.tokens[id] = append(slices.Clone(md.tokens[id]), toks...)
-		md.write(id, n)
 	case 4: // fork
 		id, ok := md.pick()
 		if !ok || m.Swapped(id) {
@@ -180,7 +183,7 @@ func (md *model) step(op int) {
 		if err := m.Fork(id, child); err != nil {
 			md.t.Fatal(err)
 		}
-		md.tokens[child], md.extra[child] = md.tokens[id], md.extra[id]
+		md.tokens[child], md.extra[child], md.written[child] = md.tokens[id], md.extra[id], md.written[id]
 	case 5: // free
 		id, ok := md.pick()
 		if !ok {
@@ -190,6 +193,7 @@ func (md *model) step(op int) {
 			md.t.Fatal(err)
 		}
 		delete(md.tokens, id)
+		delete(md.written, id)
 	case 6: // swap out or in
 		id, ok := md.pick()
 		if !ok {
@@ -221,6 +225,18 @@ func (md *model) step(op int) {
 	case 7:
 		if r.IntN(64) == 0 {
 			m.ClearPrefixCache()
+			break
+		}
+		// An engine step over one sequence, which may or may not say so.
+		id, ok := md.pick()
+		if !ok || m.Swapped(id) {
+			return
+		}
+		md.compute(id)
+		if r.IntN(2) == 0 {
+			if err := m.Computed(id, len(md.tokens[id])); err != nil {
+				md.t.Fatal(err)
+			}
 		}
 	}
 	md.check()
@@ -256,7 +272,7 @@ func (md *model) check() {
 		if md.m.Swapped(id) {
 			continue
 		}
-		md.checkSeq(id, len(toks))
+		md.checkSeq(id, md.written[id])
 		// Cached blocks carry the hash of their contents.
 		hashes := BlockHashes(toks, md.B, md.extra[id])
 		for j, b := range md.m.Table(id) {
@@ -356,6 +372,17 @@ func TestManagerPrefixAndEviction(t *testing.T) {
 	if c, err := m.Add(1, a, 0); err != nil || c != 0 {
 		t.Fatalf("first add: cached %d, %v", c, err)
 	}
+	if len(events) != 0 {
+		t.Fatalf("blocks stored before their K/V was computed: %+v", events)
+	}
+	// Another request before the first one's prefill ran: no hit.
+	if c, err := m.Add(9, a, 0); err != nil || c != 0 {
+		t.Fatalf("add before the prefix was computed: cached %d, %v", c, err)
+	}
+	if err := m.Free(9); err != nil {
+		t.Fatal(err)
+	}
+	_ = m.Computed(1, len(a))
 	if len(events) != 2 || events[0].Kind != BlockStored || events[1].Parent != events[0].Hash {
 		t.Fatalf("events after the first add: %+v", events)
 	}
@@ -370,6 +397,7 @@ func TestManagerPrefixAndEviction(t *testing.T) {
 	if c, err := m.Add(3, b, 7); err != nil || c != 0 {
 		t.Fatalf("add under another extra key: cached %d, %v", c, err)
 	}
+	_ = m.Computed(3, len(b))
 	if err := m.Free(3); err != nil {
 		t.Fatal(err)
 	}
@@ -396,6 +424,7 @@ func TestManagerPrefixAndEviction(t *testing.T) {
 	if _, err := m.Add(6, slices.Repeat([]int32{99}, 4*7), 0); err != nil {
 		t.Fatal(err)
 	}
+	_ = m.Computed(6, 4*7)
 	var removed []uint64
 	for _, e := range events {
 		if e.Kind == BlockRemoved {

@@ -127,12 +127,12 @@ type Manager struct {
 
 // counters are the Manager's monotone statistics.
 type counters struct {
-	queries, hits    uint64 // prefix lookups and hits, in blocks
-	evictions        uint64
-	cows             uint64
-	allocs, frees    uint64
-	swapOut, swapIn  uint64 // blocks moved
-	storedBlocks     uint64
+	queries, hits   uint64 // prefix lookups and hits, in blocks
+	evictions       uint64
+	cows            uint64
+	allocs, frees   uint64
+	swapOut, swapIn uint64 // blocks moved
+	storedBlocks    uint64
 }
 
 // NewManager returns a Manager with every block free.

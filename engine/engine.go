@@ -1,0 +1,392 @@
+// Package engine runs Llama-family decoders on a device: the forward pass as
+// a plain list of ops over weights placed by package residency, K and V in
+// package kvcache's paged blocks, and one activation arena laid out by
+// package plan, reused by every step. Kernels are kernels.Set methods (PTX
+// on a GPU, their Go twins on the simulator). Logits are sampled on the
+// host.
+//
+// Quick start:
+//
+//	m, _ := llama.Open(dir)
+//	e, _ := engine.New(ctx, d, ks, devPool, hostPool, m, engine.Options{Budget: budget.PoolBytes, MaxTokens: 512})
+//	defer e.Close()
+//	res, _ := e.Generate(ctx, prompt, engine.Sampling{MaxNew: 32}, func(id int) error { fmt.Print(id, " "); return nil })
+//
+// Rounding: with Options.Exact false (the default) the engine keeps
+// activations at the model dtype's precision where transformers does in a
+// bf16 or f16 model: the products Q, K, V, O, gate, up and down are rounded
+// to the model dtype, the residual stream after each add, RMSNorm's
+// normalized value and its product with the weight (kernel), SiLU(gate)
+// and its product with up (kernel), Q and K after RoPE (RoPE itself
+// computes cos, sin and the rotation in float32, where transformers rounds
+// cos and sin and each product: a difference of one rounding), attention's
+// output (kernel; scores and softmax in float32), and the logits. The KV
+// cache holds the model dtype. Matmul inputs are the model dtype and
+// accumulate in float32.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/kernels"
+	"github.com/memwall/memwall/kvcache"
+	"github.com/memwall/memwall/plan"
+	"github.com/memwall/memwall/plan/bind"
+	"github.com/memwall/memwall/pool"
+	"github.com/memwall/memwall/residency"
+)
+
+// Options configure New. Budget is required.
+type Options struct {
+	// Budget is the device bytes the engine's pools may use (weights,
+	// staging slots, KV cache, activation arena): residency.Budget's
+	// PoolBytes.
+	Budget uint64
+	// MaxTokens is the longest sequence (prompt plus generated tokens) the
+	// KV cache holds; 0 means the model's context length.
+	MaxTokens int
+	// PrefillChunk is the most prompt tokens one step runs (default 512);
+	// the activation arena is planned for it.
+	PrefillChunk int
+	// BlockTokens is the KV block size in tokens (default 16).
+	BlockTokens int
+	// Slots is the number of staging slots when weights stream (default
+	// 2), Prefetch how many streamed groups are issued ahead (default
+	// Slots-1).
+	Slots, Prefetch int
+	// Source is the host side of streamed copies (default Auto).
+	Source residency.Source
+	// LinkGBps is the host-to-device bandwidth the weight plan predicts
+	// with (default 25); it changes predictions, not placement.
+	LinkGBps float64
+	// Exact keeps every activation in float32 instead of rounding like
+	// transformers (see the package documentation).
+	Exact bool
+	// Logger receives debug logs; nil is silent.
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults(c *llama.Config) Options {
+	if o.MaxTokens <= 0 || o.MaxTokens > c.Context {
+		o.MaxTokens = c.Context
+	}
+	if o.PrefillChunk <= 0 {
+		o.PrefillChunk = 512
+	}
+	o.PrefillChunk = min(o.PrefillChunk, o.MaxTokens)
+	if o.BlockTokens <= 0 {
+		o.BlockTokens = 16
+	}
+	if o.Slots <= 0 {
+		o.Slots = 2
+	}
+	if o.LinkGBps <= 0 {
+		o.LinkGBps = 25
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// ErrBudget matches a budget below the engine's minimum (*BudgetError).
+var ErrBudget = errors.New("engine: budget below the minimum")
+
+// BudgetError says the budget and the minimum that would run the model.
+type BudgetError struct {
+	Budget, Minimum uint64
+	// Parts of the minimum.
+	WeightsMinimum, KVBytes, ArenaBytes uint64
+}
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("engine: budget %d bytes (%.2f MiB) is below the minimum %d bytes (%.2f MiB): weights %d (two staging slots and what must stay resident) + KV cache %d + activations %d",
+		e.Budget, float64(e.Budget)/(1<<20), e.Minimum, float64(e.Minimum)/(1<<20), e.WeightsMinimum, e.KVBytes, e.ArenaBytes)
+}
+
+// Is makes errors.Is(err, ErrBudget) true.
+func (e *BudgetError) Is(target error) bool { return target == ErrBudget }
+
+// Engine is one model loaded on one device. Its methods must be called
+// from one goroutine at a time.
+type Engine struct {
+	d     device.Device
+	ks    *kernels.Set
+	dev   *pool.Pool
+	host  *pool.Pool
+	model *llama.Model
+	cfg   *llama.Config
+	opt   Options
+
+	dt      string // the kernels' name of the matrix dtype: "bf16", "f16", "f32"
+	elt     uint64
+	compute device.Stream
+	plan    *plan.WeightPlan
+	res     *residency.Residency
+	kv      *kvcache.Cache
+	layout  kernels.KVLayout
+	arena   *bind.Arena
+	bufs    []device.Ptr // by buffer id
+	staging pool.Block   // pinned host: ids, positions, block table, logits
+	invFreq pool.Block   // device copy of RoPE's inverse frequencies
+	events  []device.Event
+	groups  []groupUse
+	seq     kvcache.SeqID
+	// embedding is the embedding matrix's device address as of the last
+	// step (the tied LM head; resident then).
+	embedding device.Ptr
+	closed    bool
+}
+
+// groupUse says what the forward pass does with a plan group: a block
+// (Layer ≥ 0), the embedding, the final norm and LM head, or nothing
+// (tensors the model does not use).
+type groupUse struct {
+	layer int
+	roles []llama.Role // by position in the group's tensors
+	layrs []int
+}
+
+// New places m's weights on d under o.Budget and prepares the KV cache and
+// the activation arena. dev is the device pool (every device byte comes
+// from it) and host the pinned host pool. A budget below the minimum fails
+// with a *BudgetError stating the minimum. On failure nothing stays
+// allocated.
+func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.Pool, m *llama.Model, o Options) (e *Engine, err error) {
+	cfg := m.Config
+	o = o.withDefaults(cfg)
+	if o.Budget == 0 {
+		return nil, errors.New("engine: budget is 0")
+	}
+	e = &Engine{d: d, ks: ks, dev: dev, host: host, model: m, cfg: cfg, opt: o}
+	e.dt = plan.MatmulDType(m.Tensors.MatrixDType)
+	if e.dt == "" {
+		return nil, fmt.Errorf("engine: matrix dtype %s: not one the kernels multiply", m.Tensors.MatrixDType)
+	}
+	e.elt = 2
+	if e.dt == kernels.F32 {
+		e.elt = 4
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.Close())
+			e = nil
+		}
+	}()
+	if e.compute, err = d.NewStream(); err != nil {
+		return e, fmt.Errorf("engine: compute stream: %w", err)
+	}
+	bufs := e.buffers(o.PrefillChunk)
+	layout, _, err := plan.Solve(ctx, bufs, plan.Options{Alignment: 256, TimeLimit: -1})
+	if err != nil {
+		return e, fmt.Errorf("engine: activation plan: %w", err)
+	}
+	blocks := (o.MaxTokens + o.BlockTokens - 1) / o.BlockTokens
+	kvCfg := kvcache.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
+		BlockTokens: o.BlockTokens, Blocks: blocks}
+	kvBytes := kvCfg.BlockBytes() * uint64(blocks)
+	reserve := kvBytes + layout.ArenaBytes + 2<<20 // the pool's alignment slack and small buffers
+	if err := e.planWeights(reserve, kvBytes, layout.ArenaBytes); err != nil {
+		return e, err
+	}
+	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger}); err != nil {
+		return e, fmt.Errorf("engine: %w", err)
+	}
+	if err := e.mapGroups(); err != nil {
+		return e, err
+	}
+	if e.kv, err = kvcache.New(d, dev, host, kvCfg, kvcache.Options{Stream: e.compute, NoPrefixCache: true}); err != nil {
+		return e, fmt.Errorf("engine: KV cache: %w", err)
+	}
+	e.layout = kernels.KVLayout{BlockTokens: uint32(o.BlockTokens), KVHeads: uint32(cfg.KVHeads), HeadDim: uint32(cfg.HeadDim),
+		Layers: uint32(cfg.Layers), DType: e.dt, BlockBytes: e.kv.BlockBytes()}
+	if e.arena, err = bind.Bind(dev, bufs, layout); err != nil {
+		return e, fmt.Errorf("engine: %w", err)
+	}
+	e.bufs = e.arena.Addr
+	if err := e.prepareHost(blocks); err != nil {
+		return e, err
+	}
+	for range e.plan.Groups {
+		ev, err := d.NewEvent(false)
+		if err != nil {
+			return e, fmt.Errorf("engine: event: %w", err)
+		}
+		e.events = append(e.events, ev)
+	}
+	return e, nil
+}
+
+// planWeights plans the weights under the budget less reserve (KV cache
+// and activations).
+func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) error {
+	groups, err := plan.GroupWeights(e.model.Weights.Tensors)
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	wo := plan.WeightOptions{Slots: e.opt.Slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256}
+	minimum := func() uint64 {
+		wo.Budget = math.MaxUint64 / 4
+		p, err := plan.PlanWeights(groups, wo)
+		if err != nil {
+			return 0
+		}
+		return p.MinimumBytes
+	}
+	if e.opt.Budget <= reserve {
+		w := minimum()
+		return &BudgetError{Budget: e.opt.Budget, Minimum: w + reserve, WeightsMinimum: w, KVBytes: kvBytes, ArenaBytes: arenaBytes}
+	}
+	wo.Budget = e.opt.Budget - reserve
+	p, err := plan.PlanWeights(groups, wo)
+	var be *plan.BudgetError
+	if errors.As(err, &be) {
+		return &BudgetError{Budget: e.opt.Budget, Minimum: be.Minimum + reserve, WeightsMinimum: be.Minimum, KVBytes: kvBytes, ArenaBytes: arenaBytes}
+	}
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	e.plan = p
+	return nil
+}
+
+// mapGroups records each plan group's use and checks that the pass can
+// walk the groups in plan order: embedding, blocks in order, then the
+// final norm and head, which are acquired together.
+func (e *Engine) mapGroups() error {
+	lastBlock := -1
+	for gi, g := range e.plan.Groups {
+		u := groupUse{layer: -2}
+		for _, t := range g.Tensors {
+			layer, role, ok := llama.RoleOf(t.Name)
+			if !ok {
+				role, layer = llama.RoleNone, -1
+			}
+			u.roles = append(u.roles, role)
+			u.layrs = append(u.layrs, layer)
+			if role.PerLayer() {
+				if u.layer != -2 && u.layer != layer {
+					return fmt.Errorf("engine: weight group %s mixes blocks %d and %d", g.Name, u.layer, layer)
+				}
+				u.layer = layer
+			}
+		}
+		if u.layer >= 0 {
+			if u.layer != lastBlock+1 {
+				return fmt.Errorf("engine: weight group %s is block %d after block %d", g.Name, u.layer, lastBlock)
+			}
+			lastBlock = u.layer
+		}
+		e.groups = append(e.groups, u)
+		_ = gi
+	}
+	if lastBlock != e.cfg.Layers-1 {
+		return fmt.Errorf("engine: the weight plan has blocks up to %d, the config %d", lastBlock, e.cfg.Layers)
+	}
+	if e.cfg.TiedEmbeddings {
+		for gi, u := range e.groups {
+			for _, r := range u.roles {
+				if r == llama.RoleEmbedding && !e.plan.Groups[gi].Resident {
+					return fmt.Errorf("engine: tied embeddings %s must stay resident: raise the budget", e.plan.Groups[gi].Name)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// prepareHost allocates the pinned staging buffer and uploads RoPE's
+// inverse frequencies.
+func (e *Engine) prepareHost(blocks int) error {
+	T := e.opt.PrefillChunk
+	size := uint64(8*T+4*blocks) + 4*uint64(e.cfg.Vocab) + 64
+	var err error
+	if e.staging, err = e.host.Alloc(size, pool.AllocOptions{Purpose: pool.Staging}); err != nil {
+		return fmt.Errorf("engine: host staging of %d bytes: %w", size, err)
+	}
+	inv := e.cfg.InvFreq()
+	if e.invFreq, err = e.dev.Alloc(uint64(4*len(inv)), pool.AllocOptions{Purpose: pool.Activations}); err != nil {
+		return fmt.Errorf("engine: RoPE frequencies: %w", err)
+	}
+	b := make([]byte, 4*len(inv))
+	for i, f := range inv {
+		putF32(b[4*i:], f)
+	}
+	if err := e.d.CopyHtoD(e.invFreq.Ptr, b, e.compute); err != nil {
+		return fmt.Errorf("engine: upload RoPE frequencies: %w", err)
+	}
+	if err := e.d.StreamSynchronize(e.compute); err != nil {
+		return fmt.Errorf("engine: upload RoPE frequencies: %w", err)
+	}
+	return nil
+}
+
+// Close frees everything New took: afterwards the pools hold nothing of
+// the engine's. It is safe to call twice and after a failed step.
+func (e *Engine) Close() error {
+	if e == nil || e.closed {
+		return nil
+	}
+	e.closed = true
+	var errs []error
+	if e.compute != 0 {
+		errs = append(errs, e.d.StreamSynchronize(e.compute))
+	}
+	if e.arena != nil {
+		errs = append(errs, e.arena.Release())
+	}
+	if e.kv != nil {
+		errs = append(errs, e.kv.Close())
+	}
+	if e.res != nil {
+		errs = append(errs, e.res.Close())
+	}
+	if e.staging.Size > 0 {
+		errs = append(errs, e.host.Free(e.staging))
+	}
+	if e.invFreq.Size > 0 {
+		errs = append(errs, e.dev.Free(e.invFreq))
+	}
+	for _, ev := range e.events {
+		errs = append(errs, e.d.DestroyEvent(ev))
+	}
+	if e.compute != 0 {
+		errs = append(errs, e.d.DestroyStream(e.compute))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("engine: close: %w", err)
+	}
+	return nil
+}
+
+// Plan returns the weight plan the engine runs.
+func (e *Engine) Plan() *plan.WeightPlan { return e.plan }
+
+// ArenaBytes is the activation arena's size.
+func (e *Engine) ArenaBytes() uint64 { return e.arena.Block.Size }
+
+// KVBytes is the KV cache's device size.
+func (e *Engine) KVBytes() uint64 { return e.kv.BlockBytes() * uint64(e.kv.Config().Blocks) }
+
+// Residency returns the weights' placement, for its stats.
+func (e *Engine) Residency() *residency.Residency { return e.res }
+
+// GemmLibrary names what runs prefill's matrix products: "cublaslt" or
+// "memwall".
+func (e *Engine) GemmLibrary() string {
+	if g, ok := any(e.ks).(interface{ GemmLibrary() string }); ok {
+		return g.GemmLibrary()
+	}
+	return "memwall"
+}
+
+func putF32(b []byte, f float32) {
+	u := math.Float32bits(f)
+	b[0], b[1], b[2], b[3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+}

@@ -1,0 +1,296 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/cuda"
+	"github.com/memwall/memwall/device/fault"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/engine/internal/reference"
+	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/kernels"
+	"github.com/memwall/memwall/pool"
+)
+
+func onGPU() bool { return os.Getenv("MEMWALL_TEST_DEVICE") == "cuda" }
+
+func testDevice(t testing.TB) device.Device {
+	t.Helper()
+	if onGPU() {
+		d, err := cuda.Open(cuda.Options{})
+		if err != nil {
+			t.Fatalf("MEMWALL_TEST_DEVICE=cuda: %v", err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	o := sim.DefaultOptions()
+	o.TotalBytes = 1 << 30
+	o.Kernels = kernels.Sim()
+	o.Shuffle = true
+	d := sim.New(o)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+var (
+	modelsOnce sync.Once
+	modelsDir  string
+	modelsErr  error
+)
+
+// modelPath generates (once per test binary) the named preset in a format.
+func modelPath(t testing.TB, preset, formatName string) string {
+	t.Helper()
+	modelsOnce.Do(func() {
+		modelsDir, modelsErr = os.MkdirTemp("", "engine-models")
+		if modelsErr != nil {
+			return
+		}
+		for _, p := range []string{"tiny", "tiny-f16"} {
+			for _, f := range []string{synth.Safetensors, synth.GGUF} {
+				dir := filepath.Join(modelsDir, p)
+				if modelsErr = os.MkdirAll(dir, 0o755); modelsErr != nil {
+					return
+				}
+				name := "model.safetensors"
+				if f == synth.GGUF {
+					name = "model.gguf"
+				}
+				if _, modelsErr = synth.Generate(context.Background(), synth.Presets()[p], filepath.Join(dir, name), synth.Options{Format: f, Workers: 2}); modelsErr != nil {
+					return
+				}
+			}
+		}
+	})
+	if modelsErr != nil {
+		t.Fatal(modelsErr)
+	}
+	if formatName == synth.GGUF {
+		return filepath.Join(modelsDir, preset, "model.gguf")
+	}
+	return filepath.Join(modelsDir, preset)
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if modelsDir != "" {
+		os.RemoveAll(modelsDir)
+	}
+	os.Exit(code)
+}
+
+type rig struct {
+	d         device.Device
+	ks        *kernels.Set
+	dev, host *pool.Pool
+}
+
+func newRig(t testing.TB, d device.Device) *rig {
+	t.Helper()
+	ks, err := kernels.Load(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := pool.New(d, pool.DefaultOptions(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := pool.NewHost(d, pool.Options{Name: "host"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{d: d, ks: ks, dev: dev, host: host}
+	t.Cleanup(func() {
+		host.Close()
+		dev.Close()
+		ks.Close()
+	})
+	return r
+}
+
+// zero checks that both pools hold nothing.
+func (r *rig) zero(t testing.TB) {
+	t.Helper()
+	if s := r.dev.Stats(); s.UsedBytes != 0 || s.LiveBlocks != 0 {
+		t.Errorf("device pool: %d bytes in %d blocks still used", s.UsedBytes, s.LiveBlocks)
+	}
+	if s := r.host.Stats(); s.UsedBytes != 0 || s.LiveBlocks != 0 {
+		t.Errorf("host pool: %d bytes in %d blocks still used", s.UsedBytes, s.LiveBlocks)
+	}
+}
+
+func open(t testing.TB, path string) *llama.Model {
+	t.Helper()
+	m, err := llama.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// prompt returns n token ids drawn from seed, avoiding BOS/EOS.
+func prompt(n, vocab int, seed uint64) []int {
+	out := make([]int, n)
+	x := seed*0x9E3779B97F4A7C15 + 1
+	for i := range out {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		out[i] = 3 + int(x%uint64(vocab-3))
+	}
+	return out
+}
+
+// agree checks greedy tokens against the reference by teacher forcing:
+// the reference's logits over prompt+generated at each generated position
+// must have the engine's token as argmax, unless the reference's two best
+// logits are within margin. It returns the positions skipped as near-ties.
+func agree(t *testing.T, ref *reference.Model, p, got []int, margin float32) int {
+	t.Helper()
+	seq := append(append([]int(nil), p...), got...)
+	logits, err := ref.Logits(seq[:len(seq)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	skipped := 0
+	for i, tok := range got {
+		l := logits[len(p)-1+i]
+		best, gap := reference.Argmax(l)
+		if best == tok {
+			continue
+		}
+		if gap < margin || l[best]-l[tok] < margin {
+			skipped++
+			continue
+		}
+		t.Fatalf("token %d: engine %d (logit %.4f), reference %d (logit %.4f, gap to second %.4f)", i, tok, l[tok], best, l[best], gap)
+	}
+	return skipped
+}
+
+func TestAgainstReference(t *testing.T) {
+	ctx := context.Background()
+	for _, preset := range []string{"tiny", "tiny-f16"} {
+		for _, f := range []string{synth.Safetensors, synth.GGUF} {
+			for _, budget := range []string{"resident", "streaming"} {
+				t.Run(preset+"/"+f+"/"+budget, func(t *testing.T) {
+					m := open(t, modelPath(t, preset, f))
+					ref, err := reference.New(m, m.Config.DType)
+					if err != nil {
+						t.Fatal(err)
+					}
+					r := newRig(t, testDevice(t))
+					b := uint64(256 << 20)
+					if budget == "streaming" {
+						b = smallBudget(t, r, m)
+					}
+					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if budget == "streaming" && len(e.Plan().Streamed()) == 0 {
+						t.Fatalf("budget %d streams nothing", b)
+					}
+					p := prompt(21, m.Config.Vocab, 3)
+					res, err := e.Generate(ctx, p, engine.Sampling{MaxNew: 24, IgnoreEOS: true}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(res.Tokens) != 24 {
+						t.Fatalf("%d tokens", len(res.Tokens))
+					}
+					skipped := agree(t, ref, p, res.Tokens, 0.02)
+					if skipped > 3 {
+						t.Errorf("%d of %d positions were near-ties", skipped, len(res.Tokens))
+					}
+					// First step's logits against the reference's.
+					rl, _ := ref.Logits(p)
+					diff, cos := compare(res.FirstLogits, rl[len(p)-1])
+					if diff > 0.05 || cos < 0.999 {
+						t.Errorf("first logits: max abs diff %.4g, cosine %.6f", diff, cos)
+					}
+					t.Logf("tokens %v, %d near-ties, first logits diff %.3g cos %.6f, streamed %d B/token", res.Tokens[:8], skipped, diff, cos, res.StreamedBytesPerToken)
+					if err := e.Close(); err != nil {
+						t.Fatal(err)
+					}
+					r.zero(t)
+				})
+			}
+		}
+	}
+}
+
+// smallBudget returns a budget that streams some blocks: the engine's
+// minimum (two slots of a block and the stand-alone groups resident) plus
+// one block.
+func smallBudget(t testing.TB, r *rig, m *llama.Model) uint64 {
+	t.Helper()
+	_, err := engine.New(context.Background(), r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: 1, MaxTokens: 96, PrefillChunk: 16})
+	var be *engine.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("budget 1: %v", err)
+	}
+	b := m.Tensors.Blocks[0]
+	return be.Minimum + b.Q.Bytes + b.K.Bytes + b.V.Bytes + b.O.Bytes + b.Gate.Bytes + b.Up.Bytes + b.Down.Bytes + 8<<10
+}
+
+func compare(a, b []float32) (maxDiff float64, cos float64) {
+	var ab, aa, bb float64
+	for i := range a {
+		maxDiff = math.Max(maxDiff, math.Abs(float64(a[i]-b[i])))
+		ab += float64(a[i]) * float64(b[i])
+		aa += float64(a[i]) * float64(a[i])
+		bb += float64(b[i]) * float64(b[i])
+	}
+	return maxDiff, ab / math.Sqrt(aa*bb)
+}
+
+func TestFaultFreesEverything(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	for _, n := range []uint64{1, 2, 3, 5, 8} {
+		cfg := &fault.Config{}
+		d := fault.Wrap(testDevice(t), cfg)
+		r := newRig(t, d)
+		cfg.Set(fault.Rules{Alloc: fault.From(n)})
+		e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: smallBudget(t, r, m), MaxTokens: 64, PrefillChunk: 8})
+		if err == nil {
+			_, err = e.Generate(ctx, prompt(20, m.Config.Vocab, 1), engine.Sampling{MaxNew: 4}, nil)
+			err = errors.Join(err, e.Close())
+		}
+		if err == nil {
+			t.Logf("alloc fault from %d: no allocation failed", n)
+		}
+		cfg.Set(fault.Rules{})
+		r.dev.Trim()
+		r.zero(t)
+	}
+}
+
+func TestBudgetTooSmall(t *testing.T) {
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	r := newRig(t, testDevice(t))
+	_, err := engine.New(context.Background(), r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: 1 << 20, MaxTokens: 64})
+	var be *engine.BudgetError
+	if !errors.As(err, &be) || !errors.Is(err, engine.ErrBudget) || be.Minimum <= 1<<20 {
+		t.Fatalf("error %v, want a BudgetError with the minimum", err)
+	}
+	// The minimum it states runs.
+	e, err := engine.New(context.Background(), r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: be.Minimum, MaxTokens: 64})
+	if err != nil {
+		t.Fatalf("at the stated minimum %d: %v", be.Minimum, err)
+	}
+	e.Close()
+	r.zero(t)
+}

@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/memwall/memwall/kvcache"
+)
+
+// Result describes one Generate call.
+type Result struct {
+	PromptTokens int   `json:"prompt_tokens"`
+	Tokens       []int `json:"tokens"` // generated ids, in order
+	// Stop says why generation ended: "eos", "max_new" or "context" (the
+	// KV cache's MaxTokens reached).
+	Stop string `json:"stop"`
+	// PrefillSeconds is the time from the call to the first token's
+	// logits on the host; DecodeSeconds the rest.
+	PrefillSeconds    float64 `json:"prefill_seconds"`
+	DecodeSeconds     float64 `json:"decode_seconds"`
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
+	// DecodeTokensPerS counts the tokens after the first over DecodeSeconds.
+	DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
+	// StreamedBytesPerToken is the weight bytes copied per decode step.
+	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
+	// FirstLogits are the logits that chose the first token.
+	FirstLogits []float32 `json:"-"`
+}
+
+// Generate runs prompt through the model (in chunks of
+// Options.PrefillChunk) and then generates up to s.MaxNew tokens, calling
+// onToken (which may be nil) with each as soon as it is chosen; an error
+// from onToken or ctx ends generation with that error. A prompt that is
+// empty, holds an id outside the vocabulary, or does not leave room for
+// one token within Options.MaxTokens is an error naming the limit. The KV
+// blocks of the sequence are given back before Generate returns. After a
+// device error the Engine must be closed.
+func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken func(id int) error) (*Result, error) {
+	if e.closed {
+		return nil, fmt.Errorf("engine: closed")
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if s.MaxNew == 0 {
+		s.MaxNew = 16
+	}
+	if len(prompt) == 0 {
+		return nil, fmt.Errorf("engine: empty prompt")
+	}
+	if len(prompt) >= e.opt.MaxTokens {
+		return nil, fmt.Errorf("engine: prompt of %d tokens leaves no room within the %d-token limit (max_position_embeddings %d in %s)",
+			len(prompt), e.opt.MaxTokens, e.cfg.Context, e.cfg.Source)
+	}
+	ids := make([]int32, len(prompt))
+	for i, id := range prompt {
+		if id < 0 || id >= e.cfg.Vocab {
+			return nil, fmt.Errorf("engine: prompt token %d at position %d outside the vocabulary of %d (vocab_size in %s)", id, i, e.cfg.Vocab, e.cfg.Source)
+		}
+		ids[i] = int32(id)
+	}
+	e.seq++
+	seq := e.seq
+	if _, err := e.kv.Add(seq, ids, 0); err != nil {
+		return nil, fmt.Errorf("engine: KV blocks for the prompt: %w", err)
+	}
+	defer e.kv.Free(seq)
+
+	res := &Result{PromptTokens: len(prompt), Stop: "max_new"}
+	began := time.Now()
+	var logits []float32
+	for start := 0; start < len(ids); start += e.opt.PrefillChunk {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		end := min(start+e.opt.PrefillChunk, len(ids))
+		out, err := e.step(ids[start:end], start, e.kv.Table(seq), end == len(ids))
+		if err != nil {
+			return res, err
+		}
+		logits = out.logits
+	}
+	res.FirstLogits = logits
+	smp := newSampler(s)
+	tok := smp.next(logits)
+	res.PrefillSeconds = time.Since(began).Seconds()
+	res.PrefillTokensPerS = float64(len(ids)) / max(res.PrefillSeconds, 1e-9)
+	decodeStart := time.Now()
+	streamed0 := e.res.Stats().StreamedBytes
+	pos := len(ids)
+	for {
+		res.Tokens = append(res.Tokens, tok)
+		if onToken != nil {
+			if err := onToken(tok); err != nil {
+				return res, err
+			}
+		}
+		if !s.IgnoreEOS && e.cfg.IsEOS(tok) {
+			res.Stop = "eos"
+			break
+		}
+		if len(res.Tokens) >= s.MaxNew {
+			break
+		}
+		if pos >= e.opt.MaxTokens {
+			res.Stop = "context"
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		if err := e.kv.Append(seq, int32(tok)); err != nil {
+			return res, fmt.Errorf("engine: KV block for position %d: %w", pos, err)
+		}
+		out, err := e.step([]int32{int32(tok)}, pos, e.kv.Table(seq), true)
+		if err != nil {
+			return res, err
+		}
+		pos++
+		tok = smp.next(out.logits)
+	}
+	res.DecodeSeconds = time.Since(decodeStart).Seconds()
+	if n := len(res.Tokens) - 1; n > 0 {
+		res.DecodeTokensPerS = float64(n) / max(res.DecodeSeconds, 1e-9)
+		res.StreamedBytesPerToken = (e.res.Stats().StreamedBytes - streamed0) / uint64(n)
+	}
+	return res, nil
+}
+
+var _ = kvcache.SeqID(0)

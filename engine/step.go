@@ -1,0 +1,379 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/plan"
+	"github.com/memwall/memwall/residency"
+)
+
+// Activation buffers of one step, by id.
+const (
+	bIDs    = iota // int32 T: token ids
+	bPos           // int32 T: positions
+	bTable         // int32 blocks: the sequence's KV block table
+	bX             // f32 T×H: the residual stream
+	bH             // dt T×H: attention norm's output
+	bQ             // f32 T×heads·hd
+	bK             // f32 T×kv·hd
+	bV             // f32 T×kv·hd
+	bA             // dt T×heads·hd: attention's output
+	bO             // f32 T×H: O product
+	bH2            // dt T×H: MLP norm's output
+	bG             // f32 T×I: gate product
+	bU             // f32 T×I: up product
+	bM             // dt T×I: SiLU(gate)·up
+	bD             // f32 T×H: down product
+	bHF            // dt T×H: final norm's output
+	bLogits        // f32 V: the last token's logits
+	numBufs
+)
+
+var bufNames = [numBufs]string{"ids", "pos", "table", "x", "h", "q", "k", "v", "attn", "o", "h2", "gate", "up", "silu_up", "down", "final_norm", "logits"}
+
+// op is one entry of the step's op list: the buffers it reads and writes.
+type op struct {
+	name          string
+	reads, writes []int
+}
+
+// ops is the forward pass of one step, top to bottom. Ops from opLayer to
+// opLayerEnd (exclusive) run once per block.
+var ops = []op{
+	{"upload ids, positions, block table", nil, []int{bIDs, bPos, bTable}},
+	{"embed", []int{bIDs}, []int{bX}},
+	{"attention norm", []int{bX}, []int{bH}},
+	{"q = h·Wq", []int{bH}, []int{bQ}},
+	{"k = h·Wk", []int{bH}, []int{bK}},
+	{"v = h·Wv", []int{bH}, []int{bV}},
+	{"rope q, k", []int{bPos, bQ, bK}, []int{bQ, bK}},
+	{"write k, v to the cache", []int{bK, bV, bTable}, nil},
+	{"attention", []int{bQ, bTable}, []int{bA}},
+	{"o = attn·Wo", []int{bA}, []int{bO}},
+	{"x += o", []int{bX, bO}, []int{bX}},
+	{"mlp norm", []int{bX}, []int{bH2}},
+	{"gate = h2·Wgate", []int{bH2}, []int{bG}},
+	{"up = h2·Wup", []int{bH2}, []int{bU}},
+	{"m = silu(gate)·up", []int{bG, bU}, []int{bM}},
+	{"down = m·Wdown", []int{bM}, []int{bD}},
+	{"x += down", []int{bX, bD}, []int{bX}},
+	{"final norm", []int{bX}, []int{bHF}},
+	{"logits = last row·Whead", []int{bHF}, []int{bLogits}},
+	{"download logits", []int{bLogits}, nil},
+}
+
+const opLayer, opLayerEnd = 2, 17
+
+// buffers returns the step's buffers for T tokens with their lifetimes
+// over the op list: from the first op that touches a buffer to one past
+// the last. A buffer that exists before the blocks and is used inside them
+// (the residual stream, positions, the block table) lives until the last
+// block's last op, since every block reads it again.
+func (e *Engine) buffers(T int) []plan.Buffer {
+	c := e.cfg
+	t, H, I := uint64(T), uint64(c.Hidden), uint64(c.Intermediate)
+	qd, kvd := uint64(c.Heads*c.HeadDim), uint64(c.KVHeads*c.HeadDim)
+	blocks := uint64((e.opt.MaxTokens + e.opt.BlockTokens - 1) / e.opt.BlockTokens)
+	size := [numBufs]uint64{
+		bIDs: 4 * t, bPos: 4 * t, bTable: 4 * blocks, bX: 4 * t * H, bH: e.elt * t * H,
+		bQ: 4 * t * qd, bK: 4 * t * kvd, bV: 4 * t * kvd, bA: e.elt * t * qd, bO: 4 * t * H,
+		bH2: e.elt * t * H, bG: 4 * t * I, bU: 4 * t * I, bM: e.elt * t * I, bD: 4 * t * H,
+		bHF: e.elt * t * H, bLogits: 4 * uint64(c.Vocab),
+	}
+	first, last := [numBufs]int{}, [numBufs]int{}
+	inLayer := [numBufs]bool{}
+	for i := range first {
+		first[i] = -1
+	}
+	for i, o := range ops {
+		for _, b := range append(append([]int(nil), o.reads...), o.writes...) {
+			if first[b] < 0 {
+				first[b] = i
+			}
+			last[b] = max(last[b], i)
+			if i >= opLayer && i < opLayerEnd {
+				inLayer[b] = true
+			}
+		}
+	}
+	out := make([]plan.Buffer, numBufs)
+	for b := range out {
+		end := last[b] + 1
+		if inLayer[b] && first[b] < opLayer {
+			end = max(end, opLayerEnd)
+		}
+		out[b] = plan.Buffer{ID: bufNames[b], Start: first[b], End: end, Size: size[b]}
+	}
+	return out
+}
+
+// stepOut is what a step leaves on the host.
+type stepOut struct {
+	logits []float32 // nil unless asked for
+}
+
+// step runs ids at positions start.. through the model on the compute
+// stream; with wantLogits it returns the last token's logits. table is the
+// sequence's block table (covering start+len(ids) positions).
+func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (stepOut, error) {
+	T := len(ids)
+	st := e.staging.Bytes()
+	idsB, posB := st[:4*T], st[4*T:8*T]
+	tabB := st[8*T : 8*T+4*len(table)]
+	for i, id := range ids {
+		binary.LittleEndian.PutUint32(idsB[4*i:], uint32(id))
+		binary.LittleEndian.PutUint32(posB[4*i:], uint32(start+i))
+	}
+	for i, b := range table {
+		binary.LittleEndian.PutUint32(tabB[4*i:], uint32(b))
+	}
+	cs := e.compute
+	for _, c := range []struct {
+		dst device.Ptr
+		src []byte
+	}{{e.bufs[bIDs], idsB}, {e.bufs[bPos], posB}, {e.bufs[bTable], tabB}} {
+		if err := e.d.CopyHtoD(c.dst, c.src, cs); err != nil {
+			return stepOut{}, fmt.Errorf("engine: upload step inputs: %w", err)
+		}
+	}
+	var tail []int // groups after the last block, acquired together
+	for gi := range e.plan.Groups {
+		u := e.groups[gi]
+		if u.layer < 0 && gi > 0 && e.groups[gi-1].layer >= 0 || len(tail) > 0 {
+			tail = append(tail, gi)
+			continue
+		}
+		views, err := e.acquire(gi)
+		if err != nil {
+			return stepOut{}, err
+		}
+		if u.layer >= 0 {
+			err = e.block(u, views, T, start)
+		} else {
+			err = e.embedIfThere(u, views, T)
+		}
+		if err != nil {
+			return stepOut{}, err
+		}
+		if err := e.release(gi); err != nil {
+			return stepOut{}, err
+		}
+	}
+	var out stepOut
+	if err := e.finish(tail, T, wantLogits, &out); err != nil {
+		return stepOut{}, err
+	}
+	if err := e.d.StreamSynchronize(cs); err != nil {
+		return stepOut{}, fmt.Errorf("engine: step: %w", err)
+	}
+	if wantLogits {
+		lb := st[len(st)-4*e.cfg.Vocab:]
+		out.logits = make([]float32, e.cfg.Vocab)
+		for i := range out.logits {
+			out.logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*i:]))
+		}
+	}
+	return out, nil
+}
+
+func (e *Engine) acquire(gi int) ([]residency.View, error) {
+	views, ready, err := e.res.Acquire(gi)
+	if err != nil {
+		return nil, fmt.Errorf("engine: weights of %s: %w", e.plan.Groups[gi].Name, err)
+	}
+	if ready != 0 {
+		if err := e.d.StreamWaitEvent(e.compute, ready); err != nil {
+			return nil, fmt.Errorf("engine: wait for %s: %w", e.plan.Groups[gi].Name, err)
+		}
+	}
+	return views, nil
+}
+
+func (e *Engine) release(gi int) error {
+	if err := e.d.EventRecord(e.events[gi], e.compute); err != nil {
+		return fmt.Errorf("engine: record the end of %s: %w", e.plan.Groups[gi].Name, err)
+	}
+	if err := e.res.Release(gi, e.events[gi]); err != nil {
+		return fmt.Errorf("engine: release %s: %w", e.plan.Groups[gi].Name, err)
+	}
+	return nil
+}
+
+// find returns the view of role in a group's views, and its kernels dtype.
+func find(u groupUse, views []residency.View, role llama.Role) (device.Ptr, string, bool) {
+	for i, r := range u.roles {
+		if r == role {
+			return views[i].Ptr, plan.MatmulDType(views[i].Tensor.DType), true
+		}
+	}
+	return 0, "", false
+}
+
+func (e *Engine) embedIfThere(u groupUse, views []residency.View, T int) error {
+	p, dt, ok := find(u, views, llama.RoleEmbedding)
+	if !ok {
+		return nil
+	}
+	e.embedding = p
+	if err := e.ks.Embed(p, dt, e.bufs[bIDs], e.bufs[bX], uint32(T), uint32(e.cfg.Hidden), e.compute); err != nil {
+		return fmt.Errorf("engine: embed: %w", err)
+	}
+	return nil
+}
+
+// round keeps n float32 values at the model dtype's precision, like
+// transformers (no-op with Options.Exact or an f32 model).
+func (e *Engine) round(b int, n int) error {
+	if e.opt.Exact || e.dt == "f32" {
+		return nil
+	}
+	if err := e.ks.Round(e.bufs[b], e.dt, uint64(n), e.compute); err != nil {
+		return fmt.Errorf("engine: round %s: %w", bufNames[b], err)
+	}
+	return nil
+}
+
+// block runs one transformer block over T tokens at positions start...
+func (e *Engine) block(u groupUse, views []residency.View, T, start int) error {
+	c, ks, cs, B := e.cfg, e.ks, e.compute, e.bufs
+	t, H, I := uint32(T), uint32(c.Hidden), uint32(c.Intermediate)
+	nq, nkv, hd := uint32(c.Heads), uint32(c.KVHeads), uint32(c.HeadDim)
+	w := func(r llama.Role) (device.Ptr, string) {
+		p, dt, _ := find(u, views, r)
+		return p, dt
+	}
+	layer := uint32(u.layer)
+	eps := float32(c.RMSNormEps)
+	fail := func(what string, err error) error {
+		return fmt.Errorf("engine: block %d: %s: %w", layer, what, err)
+	}
+	mm := func(what string, r llama.Role, x, y int, M, K uint32) error {
+		p, _ := w(r)
+		if err := ks.Matmul(e.dt, p, B[x], B[y], M, K, t, cs); err != nil {
+			return fail(what, err)
+		}
+		return e.round(y, T*int(M))
+	}
+	an, andt := w(llama.RoleAttnNorm)
+	if err := ks.RMSNorm(B[bX], an, andt, B[bH], e.dt, t, H, eps, cs); err != nil {
+		return fail("attention norm", err)
+	}
+	if err := mm("q", llama.RoleQ, bH, bQ, nq*hd, H); err != nil {
+		return err
+	}
+	if err := mm("k", llama.RoleK, bH, bK, nkv*hd, H); err != nil {
+		return err
+	}
+	if err := mm("v", llama.RoleV, bH, bV, nkv*hd, H); err != nil {
+		return err
+	}
+	for _, r := range []struct {
+		b     int
+		heads uint32
+	}{{bQ, nq}, {bK, nkv}} {
+		if err := ks.RoPE(B[r.b], B[bPos], t, r.heads, hd, e.invFreq.Ptr, c.PermutedQK, cs); err != nil {
+			return fail("rope", err)
+		}
+		if err := e.round(r.b, T*int(r.heads*hd)); err != nil {
+			return err
+		}
+	}
+	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
+		return fail("kv write", err)
+	}
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	if err := ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
+		return fail("attention", err)
+	}
+	if err := mm("o", llama.RoleO, bA, bO, H, nq*hd); err != nil {
+		return err
+	}
+	if err := e.residual(bO, T); err != nil {
+		return fail("residual", err)
+	}
+	mn, mndt := w(llama.RoleMLPNorm)
+	if err := ks.RMSNorm(B[bX], mn, mndt, B[bH2], e.dt, t, H, eps, cs); err != nil {
+		return fail("mlp norm", err)
+	}
+	if err := mm("gate", llama.RoleGate, bH2, bG, I, H); err != nil {
+		return err
+	}
+	if err := mm("up", llama.RoleUp, bH2, bU, I, H); err != nil {
+		return err
+	}
+	if err := ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(T)*uint64(I), cs); err != nil {
+		return fail("silu", err)
+	}
+	if err := mm("down", llama.RoleDown, bM, bD, H, I); err != nil {
+		return err
+	}
+	if err := e.residual(bD, T); err != nil {
+		return fail("residual", err)
+	}
+	return nil
+}
+
+// residual adds buffer b into the residual stream and rounds it.
+func (e *Engine) residual(b, T int) error {
+	n := T * e.cfg.Hidden
+	if err := e.ks.Add(e.bufs[bX], e.bufs[b], uint64(n), e.compute); err != nil {
+		return err
+	}
+	return e.round(bX, n)
+}
+
+// finish acquires the groups after the blocks together, runs the final
+// norm and the LM head on the last token when logits are wanted, queues
+// their download, and releases the groups.
+func (e *Engine) finish(tail []int, T int, wantLogits bool, out *stepOut) error {
+	var normP, headP device.Ptr
+	var normDT string
+	haveNorm, haveHead := false, false
+	for _, gi := range tail {
+		views, err := e.acquire(gi)
+		if err != nil {
+			return err
+		}
+		u := e.groups[gi]
+		if p, dt, ok := find(u, views, llama.RoleFinalNorm); ok {
+			normP, normDT, haveNorm = p, dt, true
+		}
+		if p, _, ok := find(u, views, llama.RoleLMHead); ok {
+			headP, haveHead = p, true
+		}
+	}
+	if !haveHead && e.cfg.TiedEmbeddings && e.embedding != 0 {
+		headP, haveHead = e.embedding, true // resident: mapGroups checked
+	}
+	if !haveNorm || !haveHead {
+		return fmt.Errorf("engine: the weight plan's last groups hold no final norm or LM head")
+	}
+	if wantLogits {
+		c, cs, B := e.cfg, e.compute, e.bufs
+		H := uint32(c.Hidden)
+		if err := e.ks.RMSNorm(B[bX], normP, normDT, B[bHF], e.dt, uint32(T), H, float32(c.RMSNormEps), cs); err != nil {
+			return fmt.Errorf("engine: final norm: %w", err)
+		}
+		last := B[bHF].Add(uint64(T-1) * uint64(H) * e.elt)
+		if err := e.ks.Matmul(e.dt, headP, last, B[bLogits], uint32(c.Vocab), H, 1, cs); err != nil {
+			return fmt.Errorf("engine: lm head: %w", err)
+		}
+		if err := e.round(bLogits, c.Vocab); err != nil {
+			return err
+		}
+		st := e.staging.Bytes()
+		if err := e.d.CopyDtoH(st[len(st)-4*c.Vocab:], B[bLogits], cs); err != nil {
+			return fmt.Errorf("engine: download logits: %w", err)
+		}
+	}
+	for _, gi := range tail {
+		if err := e.release(gi); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -347,6 +347,25 @@ func readPTX(path string) ([]byte, error) {
 // "embedded kernels_sm70.ptx", or the override path.
 func (s *Set) Source() string { return s.source }
 
+// GemmLibrary names what runs Matmul's bf16 and f16 products of more than
+// GemvMaxTokens tokens: the device's MatmulLibrary ("cublaslt") when it
+// offers one, else "memwall" (the kernels of this package).
+func (s *Set) GemmLibrary() string {
+	if s.gemmLib != nil {
+		return s.gemmLib.GemmName()
+	}
+	return "memwall"
+}
+
+// SetGemmLibrary replaces the library Matmul uses for prefill products; nil
+// selects memwall's own GEMM. It must not race with Matmul calls.
+func (s *Set) SetGemmLibrary(lib device.MatmulLibrary) {
+	if lib != nil && lib.GemmName() == "" {
+		lib = nil
+	}
+	s.gemmLib = lib
+}
+
 // Close frees the Set's scratch memory and unloads the module. The Set must
 // not be used afterwards.
 func (s *Set) Close() error {
@@ -497,6 +516,16 @@ func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device
 		if p.v == 0 || uint64(p.v)%p.align != 0 {
 			return fmt.Errorf("kernels: %s: %s %#x is not a %d-byte aligned address: %w", sh.Kernel, p.name, uint64(p.v), p.align, device.ErrInvalid)
 		}
+	}
+	if T > GemvMaxTokens && dtype != F32 && s.gemmLib != nil {
+		err := s.gemmLib.Gemm(dtype, W, X, Y, M, K, T, st)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, device.ErrUnsupported) {
+			return fmt.Errorf("kernels: matmul %s M=%d K=%d T=%d through %s: %w", dtype, M, K, T, s.gemmLib.GemmName(), err)
+		}
+		// Not a product the library takes: memwall's own GEMM below.
 	}
 	f := s.gemv[dtype]
 	if T > GemvMaxTokens {

@@ -10,6 +10,8 @@
 #
 #   scripts/build-ptx.sh [OUTDIR]       compile with nvcc (default OUTDIR:
 #                                       kernels/)
+#   scripts/build-ptx.sh FILE.ptx       compile the compute_80 module only,
+#                                       into FILE.ptx (for MEMWALL_KERNELS_PTX)
 #   scripts/build-ptx.sh --clang-check  syntax-check the device code with
 #                                       clang and stand-in headers, for
 #                                       machines without the CUDA toolkit
@@ -37,8 +39,14 @@ if [[ "${1:-}" == "--clang-check" ]]; then
 	exit 0
 fi
 
-outdir="${1:-$root/kernels}"
 sum="$(sha256sum "$src" | cut -d' ' -f1)"
+if [[ "${1:-}" == *.ptx ]]; then
+	"${NVCC:-nvcc}" ${NVCC_FLAGS:-} -ptx -O3 -std=c++17 -arch=compute_80 -o "$1" "$src"
+	echo "// memwall kernels.cu sha256 $sum" >>"$1"
+	echo "wrote $1"
+	exit 0
+fi
+outdir="${1:-$root/kernels}"
 for arch in 80 70; do
 	out="$outdir/kernels_sm$arch.ptx"
 	# shellcheck disable=SC2086 # NVCC_FLAGS is a list of flags

@@ -1,0 +1,264 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/memwall/memwall/device"
+)
+
+// GPU tests (MEMWALL_TEST_DEVICE=cuda). They print result lines that
+// scripts/gpu/kernels.sh turns into its table:
+//
+//	KCHECK <kernel> <target> <max rel error vs twin> <max rel error vs float64> <cases>
+//	KPERF <kernel> <target> <shape> <value> <unit>
+
+// loadTarget loads an embedded PTX target on d.
+func loadTarget(t testing.TB, d device.Device, target string) *Set {
+	t.Helper()
+	t0 := time.Now()
+	s, err := LoadPTX(d, EmbeddedFor(target), embeddedName(target))
+	if err != nil {
+		t.Fatalf("load %s: %v", target, err)
+	}
+	t.Logf("loaded %s in %v", s.Source(), time.Since(t0).Round(time.Millisecond))
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Every Llama kernel of both PTX targets against its Go twin (run on the
+// simulator with the same inputs) and the float64 reference.
+func TestCUDALlamaKernels(t *testing.T) {
+	d := openCUDA(t)
+	sd := newSim(t)
+	ss, err := Load(sd, nil)
+	must(t, err)
+	defer ss.Close()
+	simRig := newRig(t, sd, ss)
+	rounds := 4
+	if os.Getenv("MEMWALL_TEST_QUICK") != "" {
+		rounds = 2
+	}
+	cases := llamaCases(11, rounds)
+	rng := rand.New(rand.NewPCG(12, 12))
+	cases = append(cases,
+		attnCase(rng, 4000, 1, 8, 4, 128, BF16), // decode, split
+		attnCase(rng, 0, 300, 8, 4, 128, BF16),  // prefill
+		attnCase(rng, 500, 64, 2, 4, 128, F16),  // prefill after a prefix
+		attnCase(rng, 1000, 1, 1, 32, 64, F32),  // four head groups
+	)
+	twins := make([][]float32, len(cases))
+	for i, c := range cases {
+		twins[i] = c.run(simRig)
+	}
+	for _, target := range Targets() {
+		s := loadTarget(t, d, target)
+		r := newRig(t, d, s)
+		type agg struct {
+			twin, ref float64
+			n         int
+		}
+		per := map[string]*agg{}
+		for i, c := range cases {
+			got := c.run(r)
+			et, er := relErr32(got, twins[i]), relErr(got, c.ref)
+			a := per[c.kernel]
+			if a == nil {
+				a = &agg{}
+				per[c.kernel] = a
+			}
+			a.twin, a.ref, a.n = max(a.twin, et), max(a.ref, er), a.n+1
+			if !(er <= c.tol) || !(et <= max(c.tol, 1e-6)) {
+				t.Errorf("%s %s %s: relative error %.3g vs float64 (tolerance %.0e), %.3g vs the Go twin", target, c.kernel, c.name, er, c.tol, et)
+			}
+		}
+		names := make([]string, 0, len(per))
+		for k := range per {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for _, k := range names {
+			fmt.Printf("KCHECK %s %s %.3g %.3g %d\n", k, target, per[k].twin, per[k].ref, per[k].n)
+		}
+	}
+}
+
+// The matrix kernels of the compute_70 target (TestCUDAKernels covers the
+// target Load picks).
+func TestCUDAMatmulSM70(t *testing.T) {
+	d := openCUDA(t)
+	s := loadTarget(t, d, TargetSM70)
+	st, err := d.NewStream()
+	must(t, err)
+	defer d.DestroyStream(st)
+	worst := map[string]float64{}
+	for _, dt := range DTypes() {
+		for _, sh := range []struct{ M, K, T int }{{37, 13, 1}, {203, 99, 3}, {1003, 1024, 8}, {77, 200, 9}, {1003, 1024, 300}, {3, 4104, 129}} {
+			W, X := randMatrices(t, dt, sh.M, sh.K, sh.T, uint64(sh.M+sh.K))
+			pw, px := alloc(t, d, uint64(len(W))), alloc(t, d, uint64(len(X)))
+			py := alloc(t, d, uint64(4*sh.M*sh.T))
+			must(t, d.CopyHtoD(pw, W, st))
+			must(t, d.CopyHtoD(px, X, st))
+			must(t, s.Matmul(dt, pw, px, py, uint32(sh.M), uint32(sh.K), uint32(sh.T), st))
+			y, err := Decode(F32, readBack(t, d, py, uint64(4*sh.M*sh.T), st))
+			must(t, err)
+			err = CheckMatmul(dt, W, X, y, sh.M, sh.K, sh.T, 2000, 1)
+			var me *MatmulError
+			switch {
+			case errors.As(err, &me):
+				t.Errorf("sm70 %v", err)
+				worst[dt] = math.Inf(1)
+			case err != nil:
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, dt := range DTypes() {
+		fmt.Printf("KCHECK matmul_%s %s - %.3g 6\n", dt, TargetSM70, worst[dt])
+	}
+}
+
+func readBack(t testing.TB, d device.Device, p device.Ptr, n uint64, st device.Stream) []byte {
+	b := make([]byte, n)
+	must(t, d.CopyDtoH(b, p, st))
+	must(t, d.StreamSynchronize(st))
+	return b
+}
+
+// timer measures device time per call with events.
+type timer struct {
+	t      testing.TB
+	d      device.Device
+	st     device.Stream
+	e0, e1 device.Event
+}
+
+func newTimer(t testing.TB, d device.Device, st device.Stream) *timer {
+	e0, err := d.NewEvent(true)
+	must(t, err)
+	e1, err := d.NewEvent(true)
+	must(t, err)
+	t.Cleanup(func() { d.DestroyEvent(e0); d.DestroyEvent(e1) })
+	return &timer{t: t, d: d, st: st, e0: e0, e1: e1}
+}
+
+// per runs f once to warm up, then n times between events.
+func (tm *timer) per(n int, f func() error) time.Duration {
+	must(tm.t, f())
+	must(tm.t, tm.d.StreamSynchronize(tm.st))
+	must(tm.t, tm.d.EventRecord(tm.e0, tm.st))
+	for range n {
+		must(tm.t, f())
+	}
+	must(tm.t, tm.d.EventRecord(tm.e1, tm.st))
+	must(tm.t, tm.d.EventSynchronize(tm.e1))
+	el, err := tm.d.EventElapsed(tm.e0, tm.e1)
+	must(tm.t, err)
+	return el / time.Duration(n)
+}
+
+// Speed of attention, GEMV and GEMM on the target Load picks (and GEMV on
+// compute_70 too).
+func TestCUDALlamaSpeed(t *testing.T) {
+	d := openCUDA(t)
+	st, err := d.NewStream()
+	must(t, err)
+	defer d.DestroyStream(st)
+	tm := newTimer(t, d, st)
+	for _, target := range Targets() {
+		s := loadTarget(t, d, target)
+		attnSpeed(t, d, s, tm, target)
+		gemvSpeed(t, d, s, tm, target)
+		gemmSpeed(t, d, s, tm, target)
+	}
+}
+
+func attnSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {
+	const nH, kvH, hd = 32, 8, 128
+	L := KVLayout{BlockTokens: 16, KVHeads: kvH, HeadDim: hd, Layers: 1, DType: BF16}
+	L.BlockBytes = 2 * 16 * kvH * hd * 2
+	const maxCtx = 32768
+	nblk := maxCtx / 16
+	cache := alloc(t, d, uint64(nblk)*L.BlockBytes)
+	must(t, d.Memset8(cache, 0x3c, uint64(nblk)*L.BlockBytes, tm.st))
+	ids := make([]int32, nblk)
+	for i, p := range rand.New(rand.NewPCG(1, 1)).Perm(nblk) {
+		ids[i] = int32(p)
+	}
+	r := newRig(t, d, s)
+	table := r.i32(ids)
+	q := r.f32(randF32(rand.New(rand.NewPCG(2, 2)), 2048*nH*hd, 1))
+	out := alloc(t, d, 2048*nH*hd*4)
+	scale := float32(1 / math.Sqrt(hd))
+	// Prefill: 2048 tokens from position 0.
+	{
+		T := uint32(2048)
+		per := tm.per(3, func() error { return s.Attention(q, cache, table, 0, T, nH, L, 0, scale, out, BF16, tm.st) })
+		pairs := float64(T) * float64(T+1) / 2
+		fmt.Printf("KPERF attention_prefill %s T=2048,heads=32/8,dim=128 %.2f TFLOP/s (%.3f ms)\n", target,
+			4*pairs*hd*nH/per.Seconds()/1e12, per.Seconds()*1e3)
+	}
+	for _, ctx := range []uint32{512, 4096, 32768} {
+		per := tm.per(20, func() error { return s.Attention(q, cache, table, ctx-1, 1, nH, L, 0, scale, out, BF16, tm.st) })
+		kv := float64(ctx) * 2 * kvH * hd * 2
+		fmt.Printf("KPERF attention_decode %s ctx=%d,heads=32/8 %.0f GB/s (%.1f us)\n", target, ctx,
+			kv/per.Seconds()/1e9, per.Seconds()*1e6)
+	}
+}
+
+func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {
+	for _, sh := range []struct{ M, K, T uint32 }{{4096, 4096, 1}, {14336, 4096, 1}, {4096, 14336, 1}, {128256, 4096, 1}, {14336, 4096, 4}, {14336, 4096, 8}} {
+		M, K, T := uint64(sh.M), uint64(sh.K), uint64(sh.T)
+		w := rawAlloc(t, d, M*K*2)
+		x := rawAlloc(t, d, T*K*2)
+		y := rawAlloc(t, d, 4*T*M)
+		must(t, d.Memset8(w, 0x3c, M*K*2, tm.st))
+		must(t, d.Memset8(x, 0x3c, T*K*2, tm.st))
+		per := tm.per(20, func() error { return s.Matmul(BF16, w, x, y, sh.M, sh.K, sh.T, tm.st) })
+		fmt.Printf("KPERF gemv_bf16 %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, float64(M*K*2+T*K*2+4*T*M)/per.Seconds()/1e9)
+		must(t, d.Free(w))
+		must(t, d.Free(x))
+		must(t, d.Free(y))
+	}
+}
+
+func gemmSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {
+	lib := s.gemmLib
+	defer func() { s.gemmLib = lib }()
+	for _, sh := range []struct{ M, K uint32 }{{4096, 4096}, {11008, 4096}, {4096, 11008}} {
+		const T = 2048
+		M, K := uint64(sh.M), uint64(sh.K)
+		w := rawAlloc(t, d, M*K*2)
+		x := rawAlloc(t, d, T*K*2)
+		y := rawAlloc(t, d, 4*T*M)
+		must(t, d.Memset8(w, 0x3c, M*K*2, tm.st))
+		must(t, d.Memset8(x, 0x3c, T*K*2, tm.st))
+		libs := []device.MatmulLibrary{nil}
+		if lib != nil && target == TargetSM80 {
+			libs = append(libs, lib)
+		}
+		for _, l := range libs {
+			s.gemmLib = l
+			name := s.GemmLibrary()
+			per := tm.per(5, func() error { return s.Matmul(BF16, w, x, y, sh.M, sh.K, T, tm.st) })
+			fmt.Printf("KPERF gemm_bf16_%s %s T=2048,M=%d,K=%d %.1f TFLOP/s\n", name, target, sh.M, sh.K, 2*float64(M*K*T)/per.Seconds()/1e12)
+		}
+		must(t, d.Free(w))
+		must(t, d.Free(x))
+		must(t, d.Free(y))
+	}
+}
+
+// rawAlloc allocates without a cleanup: the caller frees.
+func rawAlloc(t testing.TB, d device.Device, n uint64) device.Ptr {
+	t.Helper()
+	p, err := d.Alloc(n)
+	must(t, err)
+	return p
+}

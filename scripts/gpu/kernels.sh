@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Kernels check on the GPU machine (issue 15, kernels), from the repo root.
+# Expected run time: about 40 s (two PTX JIT loads, the Llama kernels of both
+# targets against their Go twins, speed runs, a short compute-sanitizer run);
+# every step has its own timeout, 90 s in all at most.
+#
+#   OUT=/some/dir scripts/gpu/kernels.sh
+#
+# Needs gpubin/kernels.test (scripts/gpu-build.sh). Writes under
+# $OUT/kernels/: check.txt, speed.txt, matmul.txt, memcheck.txt, and prints a
+# table: kernel, PTX target, max relative error (vs the Go twin and vs the
+# float64 reference), speed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+dir=$OUT/kernels
+mkdir -p "$dir"
+bin=$PWD/${BIN:-gpubin}/kernels.test
+t0=$(date +%s)
+if [ ! -x "$bin" ]; then
+  echo "kernels: $bin missing (run scripts/gpu-build.sh)"; exit 1
+fi
+export MEMWALL_TEST_DEVICE=cuda
+unset MEMWALL_KERNELS_PTX
+rc=0
+step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
+  local name=$1 secs=$2; shift 2
+  (cd kernels && timeout --kill-after=5 "$secs" "$bin" -test.timeout "${secs}s" "$@") >"$dir/$name.txt" 2>&1
+  local r=$?
+  [ $r -ne 0 ] && { rc=1; echo "kernels: step $name rc=$r"; tail -n 15 "$dir/$name.txt"; }
+  return 0
+}
+step check 35 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$'
+step speed 30 -test.v -test.run 'TestCUDALlamaSpeed'
+# compute-sanitizer memcheck on a quick pass of the Llama kernels (both targets).
+if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 60 ]; then
+  (cd kernels && MEMWALL_TEST_QUICK=1 timeout --kill-after=5 25 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin" -test.run 'TestCUDALlamaKernels' -test.timeout 25s) >"$dir/memcheck.txt" 2>&1
+  m=$?
+  grep -q "ERROR SUMMARY: 0 errors" "$dir/memcheck.txt" && msum="0 errors" || msum="rc=$m $(grep -m1 'ERROR SUMMARY' "$dir/memcheck.txt")"
+  [ $m -eq 124 ] && msum="timed out (no errors before)"
+else
+  msum="skipped"
+fi
+echo
+echo "== kernels: correctness (max relative error over the random cases)"
+printf '%-22s %-6s %-11s %-11s %s\n' kernel target vs_twin vs_float64 cases
+grep -h '^KCHECK' "$dir/check.txt" | awk '{printf "%-22s %-6s %-11s %-11s %s\n", $2, $3, $4, $5, $6}'
+echo "== kernels: speed"
+printf '%-26s %-6s %-32s %s\n' kernel target shape speed
+grep -h '^KPERF' "$dir/speed.txt" | awk '{s=$5" "$6; for(i=7;i<=NF;i++) s=s" "$i; printf "%-26s %-6s %-32s %s\n", $2, $3, $4, s}'
+grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/speed.txt" | head -20
+echo "memcheck: $msum"
+echo "kernels rc=$rc $(( $(date +%s) - t0 ))s"
+exit $rc

@@ -41,6 +41,9 @@ type Device struct {
 	// ctxMem is the primary context's own device memory (context.go).
 	ctxMem contextMemory
 
+	getenv func(string) string // Options.Getenv, for EnvLibCublasLt
+	blas   blasLt              // cuBLASLt, loaded on first use (blaslt.go)
+
 	mu      sync.Mutex
 	host    map[uintptr]hostEntry // base address → how it was obtained
 	streams map[device.Stream]struct{}

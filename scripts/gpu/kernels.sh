@@ -32,6 +32,10 @@ step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
 }
 step check 35 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$'
 step speed 30 -test.v -test.run 'TestCUDALlamaSpeed'
+# cuBLASLt bound through purego, against the float64 reference.
+if [ -x "${BIN:-gpubin}/device_cuda.test" ]; then
+  (cd device/cuda && timeout --kill-after=5 20 "$PWD/../../${BIN:-gpubin}/device_cuda.test" -test.v -test.run 'CublasLt' -test.timeout 20s) >"$dir/cublaslt.txt" 2>&1 || { rc=1; tail -n 15 "$dir/cublaslt.txt"; }
+fi
 # compute-sanitizer memcheck on a quick pass of the Llama kernels (both targets).
 if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 60 ]; then
   (cd kernels && MEMWALL_TEST_QUICK=1 timeout --kill-after=5 25 compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -50,6 +54,7 @@ echo "== kernels: speed"
 printf '%-26s %-6s %-32s %s\n' kernel target shape speed
 grep -h '^KPERF' "$dir/speed.txt" | awk '{s=$5" "$6; for(i=7;i<=NF;i++) s=s" "$i; printf "%-26s %-6s %-32s %s\n", $2, $3, $4, s}'
 grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/speed.txt" | head -20
+echo "cublaslt: $(grep -m1 -o 'cuBLASLt [0-9]* from .*' "$dir/cublaslt.txt" 2>/dev/null || grep -m1 -i 'skip' "$dir/cublaslt.txt" 2>/dev/null) $(grep -c -- '--- PASS' "$dir/cublaslt.txt" 2>/dev/null) passed, $(grep -c -- '--- FAIL' "$dir/cublaslt.txt" 2>/dev/null) failed"
 echo "memcheck: $msum"
 echo "kernels rc=$rc $(( $(date +%s) - t0 ))s"
 exit $rc

@@ -10,11 +10,11 @@ import (
 // addedToken is one entry of tokenizer.json's added_tokens (or a GGUF control
 // or user-defined token): text matched in the input before the model sees it.
 type addedToken struct {
-	id                        int
-	content                   string
-	special                   bool
+	id                         int
+	content                    string
+	special                    bool
 	singleWord, lstrip, rstrip bool
-	normalized                bool // matched after the normalizers, not before
+	normalized                 bool // matched after the normalizers, not before
 }
 
 // matcher finds added tokens in text the way HF's added vocabulary does: the

@@ -200,7 +200,7 @@ func lossyUTF8(b []byte) string {
 // byte and the continuation bytes that could still have completed it.
 func invalidPrefix(b []byte) int {
 	c := b[0]
-	var n int       // bytes the lead byte asks for
+	var n int                        // bytes the lead byte asks for
 	lo, hi := byte(0x80), byte(0xBF) // range of the second byte
 	switch {
 	case 0xC2 <= c && c <= 0xDF:

@@ -276,7 +276,7 @@ func TestMetaspace(t *testing.T) {
 		want []string
 	}{
 		{"hi", []string{"▁hi"}},
-		{" hi", []string{"▁hi"}},          // already starts with ▁: no second one
+		{" hi", []string{"▁hi"}},                      // already starts with ▁: no second one
 		{"hi<s>hi", []string{"▁hi", "<s>", "h", "i"}}, // "first": only at the start of the input
 		{"hi hi", []string{"▁hi", "▁hi"}},
 	} {

@@ -10,6 +10,8 @@ import (
 	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format"
+	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/onnx"
 	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
@@ -123,7 +125,7 @@ func (p *planned) close() {
 // products, and plans. needKernels makes a kernel load failure an error
 // (stream); otherwise the products are modeled (fit).
 func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uint64, needKernels bool) (*planned, error) {
-	m, err := weights.Open(path)
+	m, err := openModel(path)
 	if err != nil {
 		return nil, err
 	}
@@ -311,6 +313,23 @@ func printFit(e *env, o fitJSON) {
 	fmt.Fprintf(w, "compute    %s\n", o.ComputeSource)
 	fmt.Fprintf(w, "predicted  peak %s; %.4f s per step (copy %.4f s, compute %.4f s)\n",
 		humanBytes(o.PredictedPeakBytes), o.PredictedSecondsPerStep, o.PredictedCopySeconds, o.PredictedComputeSeconds)
+}
+
+// openModel opens the weights of the model at path by the format its
+// bytes show (not its name): a file that is not a model is refused naming
+// what it is.
+func openModel(path string) (*format.Model, error) {
+	kind, err := checkModelFile(path)
+	if err != nil {
+		return nil, err
+	}
+	switch kind {
+	case kindONNX:
+		return onnx.OpenWeights(path)
+	case kindGGUF:
+		return gguf.Open(path)
+	}
+	return weights.Open(path) // safetensors, or an index
 }
 
 // checkBudget refuses a --vram budget above the device's total memory and

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -96,6 +98,10 @@ type planConfig struct {
 	algorithm        string
 	capacity         uint64
 	capacitySet      bool
+	ort              bool   // print ONNX Runtime settings (--ort)
+	ortWorkspace     uint64 // --ort-workspace, 0: plan.DefaultORTWorkspace
+	// The side files, checked before the work (nil when not asked for).
+	outFile, svgFile *outputFile
 }
 
 func runPlan(e *env, args []string) error {
@@ -112,7 +118,10 @@ func runPlan(e *env, args []string) error {
 	fs.StringVar(&align, "alignment", "256", "offset alignment in bytes, sizes rounded up to it (default 1 with --lifetimes)")
 	fs.BoolVar(&c.allowUnknown, "allow-unknown", false, "plan a model even if some tensor sizes cannot be inferred (those tensors are left out)")
 	fs.StringVar(&c.algorithm, "algorithm", plan.AlgorithmPortfolio, "offset planner: "+strings.Join(plan.Algorithms(), ", "))
-	fs.StringVar(&capacity, "capacity", "", "arena size to fit (e.g. 1MiB); for --lifetimes the default is the number in the file name (A.1048576.csv), else none")
+	fs.StringVar(&capacity, "capacity", "", "arena size to fit (e.g. 1MiB); for --lifetimes the default is the number in the file name (A.1048576.csv), else none; a plan above it exits 1")
+	fs.BoolVar(&c.ort, "ort", false, "print ONNX Runtime session and provider options that fit the model (with --json: as JSON)")
+	var ortWorkspace string
+	fs.StringVar(&ortWorkspace, "ort-workspace", "", "with --ort: the margin added to weights + arena (default 64MiB + a quarter of the arena)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -132,14 +141,25 @@ func runPlan(e *env, args []string) error {
 	if c.lifetimes != "" && !alignSet {
 		align = "1" // MiniMalloc instances carry exact sizes
 	}
-	if c.alignment, err = parseBytes(align); err != nil || c.alignment == 0 || c.alignment > plan.MaxAlignment {
+	if c.alignment, err = flagSize("alignment", align, false); err != nil {
+		return err
+	}
+	if c.alignment > plan.MaxAlignment {
 		return usagef("--alignment %q: want a size from 1 to %d bytes", align, plan.MaxAlignment)
 	}
 	if capacity != "" {
-		if c.capacity, err = parseBytes(capacity); err != nil || c.capacity == 0 {
-			return usagef("--capacity %q: want a positive size such as 1MiB", capacity)
+		if c.capacity, err = flagSize("capacity", capacity, false); err != nil {
+			return err
 		}
 		c.capacitySet = true
+	}
+	if ortWorkspace != "" {
+		if !c.ort {
+			return usagef("--ort-workspace needs --ort")
+		}
+		if c.ortWorkspace, err = flagSize("ort-workspace", ortWorkspace, false); err != nil {
+			return err
+		}
 	}
 	if !slices.Contains(plan.Algorithms(), c.algorithm) {
 		return usagef("--algorithm %q: want one of %s", c.algorithm, strings.Join(plan.Algorithms(), ", "))
@@ -151,9 +171,27 @@ func runPlan(e *env, args []string) error {
 		if len(c.inputs) > 0 {
 			return usagef("--input applies to models, not --lifetimes")
 		}
+		if c.ort {
+			return usagef("--ort applies to models, not --lifetimes")
+		}
+	}
+	if c.outFile, err = checkOutput("--out", c.outPath); err != nil {
+		return err
+	}
+	if c.svgFile, err = checkOutput("--svg", c.svgPath); err != nil {
+		return err
+	}
+	if c.lifetimes != "" {
 		return planLifetimes(e, c)
 	}
 	return planModel(e, c)
+}
+
+// errNoFit is the failure of a plan above --capacity, returned after the
+// report is printed (exit status 1).
+func errNoFit(arena, capacity uint64) error {
+	return fmt.Errorf("the arena, %s (%d bytes), does not fit --capacity %s (%d bytes): %d bytes over",
+		humanBytes(arena), arena, humanBytes(capacity), capacity, arena-capacity)
 }
 
 // planOptions turns the command line into plan.Options.
@@ -212,12 +250,7 @@ func planSeconds(d time.Duration) string {
 var planCapacityName = regexp.MustCompile(`\.([0-9]+)\.csv$`)
 
 func planLifetimes(e *env, c planConfig) error {
-	f, err := os.Open(c.lifetimes)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	bufs, err := plan.ReadMinimallocCSV(f, c.lifetimes)
+	bufs, err := readLifetimes(c.lifetimes)
 	if err != nil {
 		return err
 	}
@@ -236,9 +269,23 @@ func planLifetimes(e *env, c planConfig) error {
 	for i, b := range bufs {
 		names[i] = []string{b.ID}
 	}
-	if err := planWriteFiles(c, filepath.Base(c.lifetimes), "buffers", bufs, names, l, rep, nil); err != nil {
+	files, err := planFiles(c, filepath.Base(c.lifetimes), "buffers", bufs, names, l, rep, nil)
+	if err != nil {
 		return err
 	}
+	if err := printLifetimes(e, c, bufs, l, rep, secs); err != nil {
+		return err
+	}
+	if err := files.write(); err != nil {
+		return err
+	}
+	if !rep.Fits {
+		return errNoFit(l.ArenaBytes, c.capacity)
+	}
+	return nil
+}
+
+func printLifetimes(e *env, c planConfig, bufs []plan.Buffer, l plan.Layout, rep plan.Report, secs float64) error {
 	if c.jsonOut {
 		return writeJSON(e.stdout, struct {
 			Instance        string        `json:"instance"`
@@ -275,6 +322,42 @@ func planLifetimes(e *env, c planConfig) error {
 	return nil
 }
 
+// readLifetimes reads a MiniMalloc CSV instance, gzip-compressed or not
+// (by its bytes, not its name); any other binary file is refused naming
+// what it is, and so is an instance without buffers.
+func readLifetimes(path string) ([]plan.Buffer, error) {
+	kind, err := sniffFile(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var r io.Reader = f
+	switch kind {
+	case kindGzip:
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: gzip: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	case kindText, kindEmpty:
+	default:
+		return nil, fmt.Errorf("%s: not a CSV file: it is %s (want a MiniMalloc CSV: id,lower,upper,size, plain or gzip-compressed)", path, kindPhrase(kind))
+	}
+	bufs, err := plan.ReadMinimallocCSV(r, path)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 {
+		return nil, fmt.Errorf("%s: no buffers: the file has a header and no rows", path)
+	}
+	return bufs, nil
+}
+
 func planRatio(a, b uint64) float64 {
 	if b == 0 {
 		return 1
@@ -290,6 +373,13 @@ type planModelResult struct {
 }
 
 func planModel(e *env, c planConfig) error {
+	kind, err := sniffFile(c.model)
+	if err != nil {
+		return err
+	}
+	if kind != kindONNX && !(kind == kindBinary && strings.HasSuffix(c.model, ".onnx")) {
+		return fmt.Errorf("%s: not an ONNX model: it is %s", c.model, kindPhrase(kind))
+	}
 	data, err := os.ReadFile(c.model)
 	if err != nil {
 		return err
@@ -304,10 +394,52 @@ func planModel(e *env, c planConfig) error {
 	if c.noInplace {
 		chosen = res.noInplace
 	}
-	tensors := planCount(res.noInplace.set.Members)
 	what := fmt.Sprintf("tensors in %d buffers", len(chosen.set.Buffers))
-	if err := planWriteFiles(c, filepath.Base(c.model), what, chosen.set.Buffers, chosen.set.Members, chosen.layout, chosen.rep, res.g); err != nil {
+	files, err := planFiles(c, filepath.Base(c.model), what, chosen.set.Buffers, chosen.set.Members, chosen.layout, chosen.rep, res.g)
+	if err != nil {
 		return err
+	}
+	var ort *plan.ORTSettings
+	if c.ort {
+		// The plan without aliasing: ORT's reuse is its own, so the larger
+		// of memwall's two arenas is the safer bound.
+		s, err := plan.NewORTSettings(planWeightBytes(res.g), res.noInplace.layout.ArenaBytes, c.ortWorkspace)
+		if err != nil {
+			return err
+		}
+		ort = &s
+	}
+	if err := printPlanModel(e, c, res, chosen, secs, ort); err != nil {
+		return err
+	}
+	if err := files.write(); err != nil {
+		return err
+	}
+	if !chosen.rep.Fits {
+		return errNoFit(chosen.layout.ArenaBytes, c.capacity)
+	}
+	return nil
+}
+
+// planWeightBytes is the bytes of the graph's initializers (its weights),
+// whether their data is inline, external or absent.
+func planWeightBytes(g *graph.Graph) uint64 {
+	var n uint64
+	for _, t := range g.Tensors {
+		if t.Initializer {
+			n += t.Bytes
+		}
+	}
+	return n
+}
+
+// printPlanModel prints a model's report: JSON, or the human lines.
+func printPlanModel(e *env, c planConfig, res *planModelOut, chosen planModelResult, secs float64, ort *plan.ORTSettings) error {
+	tensors := planCount(res.noInplace.set.Members)
+	var capacity *uint64
+	var fits *bool
+	if c.capacity > 0 {
+		capacity, fits = &c.capacity, &chosen.rep.Fits
 	}
 	if c.jsonOut {
 		type inJSON struct {
@@ -320,31 +452,36 @@ func planModel(e *env, c planConfig) error {
 			ins = append(ins, inJSON{in.name, in.dims, in.assumed})
 		}
 		return writeJSON(e.stdout, struct {
-			Model                    string        `json:"model"`
-			Tensors                  int           `json:"tensors"`
-			NaiveBytes               uint64        `json:"naive_bytes"`
-			LowerBoundBytes          uint64        `json:"lower_bound_bytes"`
-			ArenaBytes               uint64        `json:"arena_bytes"`
-			Algorithm                string        `json:"algorithm"`
-			Inplace                  bool          `json:"inplace"`
-			Seconds                  float64       `json:"seconds"`
-			PlannedTensors           int           `json:"planned_tensors"`
-			ExternalViews            int           `json:"external_views"`
-			Buffers                  int           `json:"buffers"`
-			Alignment                uint64        `json:"alignment"`
-			InplaceLowerBoundBytes   uint64        `json:"inplace_lower_bound_bytes"`
-			InplaceArenaBytes        uint64        `json:"inplace_arena_bytes"`
-			NoInplaceLowerBoundBytes uint64        `json:"no_inplace_lower_bound_bytes"`
-			NoInplaceArenaBytes      uint64        `json:"no_inplace_arena_bytes"`
-			SkippedTensors           int           `json:"skipped_tensors"`
-			Inputs                   []inJSON      `json:"inputs"`
-			Algorithms               []planRunJSON `json:"algorithms"`
+			Model                    string            `json:"model"`
+			Tensors                  int               `json:"tensors"`
+			NaiveBytes               uint64            `json:"naive_bytes"`
+			LowerBoundBytes          uint64            `json:"lower_bound_bytes"`
+			ArenaBytes               uint64            `json:"arena_bytes"`
+			Algorithm                string            `json:"algorithm"`
+			Inplace                  bool              `json:"inplace"`
+			Seconds                  float64           `json:"seconds"`
+			PlannedTensors           int               `json:"planned_tensors"`
+			ExternalViews            int               `json:"external_views"`
+			Buffers                  int               `json:"buffers"`
+			Alignment                uint64            `json:"alignment"`
+			InplaceLowerBoundBytes   uint64            `json:"inplace_lower_bound_bytes"`
+			InplaceArenaBytes        uint64            `json:"inplace_arena_bytes"`
+			NoInplaceLowerBoundBytes uint64            `json:"no_inplace_lower_bound_bytes"`
+			NoInplaceArenaBytes      uint64            `json:"no_inplace_arena_bytes"`
+			SkippedTensors           int               `json:"skipped_tensors"`
+			DeclaredTensors          int               `json:"declared_tensors"`
+			WeightBytes              uint64            `json:"weights_bytes"`
+			CapacityBytes            *uint64           `json:"capacity_bytes"`
+			FitsCapacity             *bool             `json:"fits_capacity"`
+			Inputs                   []inJSON          `json:"inputs"`
+			Algorithms               []planRunJSON     `json:"algorithms"`
+			ORT                      *plan.ORTSettings `json:"ort,omitempty"`
 		}{c.model, tensors, res.noInplace.set.NaiveBytes, chosen.rep.LowerBoundBytes, chosen.layout.ArenaBytes,
 			chosen.layout.Algorithm, !c.noInplace, secs, planCount(chosen.set.Members), chosen.set.ExternalViews,
 			len(chosen.set.Buffers), c.alignment,
 			res.inplace.rep.LowerBoundBytes, res.inplace.layout.ArenaBytes,
 			res.noInplace.rep.LowerBoundBytes, res.noInplace.layout.ArenaBytes,
-			chosen.set.Skipped, ins, planRuns(chosen.rep)})
+			chosen.set.Skipped, res.g.Declared, planWeightBytes(res.g), capacity, fits, ins, planRuns(chosen.rep), ort})
 	}
 	w := e.stdout
 	naive := res.noInplace.set.NaiveBytes
@@ -363,6 +500,9 @@ func planModel(e *env, c planConfig) error {
 		fmt.Fprintf(w, " (%d of unknown size left out)", s)
 	}
 	fmt.Fprintln(w)
+	if d := res.g.Declared; d > 0 {
+		fmt.Fprintf(w, "declared     %d tensors sized from the shapes the file declares (value_info, outputs): a constant they depend on is not in the file, or an operator is not modeled\n", d)
+	}
 	fmt.Fprintf(w, "%-20s %12s %12s %8s  %s\n", "", "lower bound", "arena", "vs naive", "algorithm")
 	for _, r := range []struct {
 		name string
@@ -382,8 +522,38 @@ func planModel(e *env, c planConfig) error {
 	}
 	fmt.Fprintln(w, ")")
 	fmt.Fprintf(w, "planners     %s\n", planRunsLine(chosen.rep))
+	if c.capacity > 0 {
+		verdict := "fits"
+		if !chosen.rep.Fits {
+			verdict = fmt.Sprintf("does NOT fit (%d bytes over)", chosen.layout.ArenaBytes-c.capacity)
+		}
+		fmt.Fprintf(w, "capacity     %s (%d bytes): the %s plan's arena %s\n", humanBytes(c.capacity), c.capacity, planAliasing(c), verdict)
+	}
 	fmt.Fprintf(w, "time         %s\n", planSeconds(time.Duration(secs*float64(time.Second))))
+	if ort != nil {
+		printORT(w, c.model, *ort)
+	}
 	return nil
+}
+
+func planAliasing(c planConfig) string {
+	if c.noInplace {
+		return "no-in-place"
+	}
+	return "in-place"
+}
+
+// printORT prints the ONNX Runtime settings and the lines to paste.
+func printORT(w io.Writer, model string, s plan.ORTSettings) {
+	fmt.Fprintf(w, "\nONNX Runtime settings: weights %s + arena %s (the plan without in-place) + workspace %s = %s\n",
+		humanBytes(s.WeightBytes), humanBytes(s.ArenaBytes), humanBytes(s.WorkspaceBytes), humanBytes(s.TotalBytes))
+	fmt.Fprintf(w, "  CUDA provider   gpu_mem_limit=%s arena_extend_strategy=%s\n", s.CUDAProviderOptions["gpu_mem_limit"], s.CUDAProviderOptions["arena_extend_strategy"])
+	fmt.Fprintf(w, "  CPU arena       max_mem=%d arena_extend_strategy=%d initial_chunk_size_bytes=%d max_dead_bytes_per_chunk=%d\n",
+		s.ArenaCfg.MaxMem, s.ArenaCfg.ArenaExtendStrategy, s.ArenaCfg.InitialChunkSizeBytes, s.ArenaCfg.MaxDeadBytesPerChunk)
+	fmt.Fprintf(w, "  session         enable_cpu_mem_arena=%v enable_mem_pattern=%v enable_mem_reuse=%v session.use_env_allocators=1\n",
+		s.SessionOptions.EnableCPUMemArena, s.SessionOptions.EnableMemPattern, s.SessionOptions.EnableMemReuse)
+	fmt.Fprintf(w, "(workspace: the margin for ORT's own plan, inputs and outputs, library workspaces; --ort-workspace sets it)\n\n")
+	fmt.Fprint(w, s.Python(model))
 }
 
 // planInput is one graph input's dimensions and where they came from.
@@ -493,10 +663,23 @@ type planTensorJSON struct {
 	Buffer int    `json:"buffer"` // tensors of one buffer alias each other
 }
 
-// planWriteFiles writes --out and --svg. names lists each buffer's tensors;
-// g, when set, gives each tensor's own size and lifetime (else the
-// buffer's).
-func planWriteFiles(c planConfig, model, what string, bufs []plan.Buffer, names [][]string, l plan.Layout, rep plan.Report, g *graph.Graph) error {
+// planSideFiles are --out's and --svg's contents, made before the report
+// is printed and written after it.
+type planSideFiles struct {
+	c        planConfig
+	out, svg []byte
+}
+
+// write writes the files asked for; the first error is returned after
+// every file was tried.
+func (f planSideFiles) write() error {
+	return errors.Join(f.c.outFile.write(f.out), f.c.svgFile.write(f.svg))
+}
+
+// planFiles makes --out and --svg. names lists each buffer's tensors; g,
+// when set, gives each tensor's own size and lifetime (else the buffer's).
+func planFiles(c planConfig, model, what string, bufs []plan.Buffer, names [][]string, l plan.Layout, rep plan.Report, g *graph.Graph) (planSideFiles, error) {
+	files := planSideFiles{c: c}
 	if c.outPath != "" {
 		var ts []planTensorJSON
 		for i, b := range bufs {
@@ -529,11 +712,9 @@ func planWriteFiles(c planConfig, model, what string, bufs []plan.Buffer, names 
 			Tensors         []planTensorJSON `json:"tensors"`
 		}{model, l.ArenaBytes, l.Alignment, rep.LowerBoundBytes, l.Algorithm, g != nil && !c.noInplace, ts})
 		if err != nil {
-			return err
+			return files, err
 		}
-		if err := os.WriteFile(c.outPath, buf.Bytes(), 0o644); err != nil {
-			return err
-		}
+		files.out = buf.Bytes()
 	}
 	if c.svgPath != "" {
 		pic := viz.PlanPicture{
@@ -559,13 +740,11 @@ func planWriteFiles(c planConfig, model, what string, bufs []plan.Buffer, names 
 		}
 		var buf bytes.Buffer
 		if err := viz.PlanSVG(&buf, pic); err != nil {
-			return err
+			return files, err
 		}
-		if err := os.WriteFile(c.svgPath, buf.Bytes(), 0o644); err != nil {
-			return err
-		}
+		files.svg = buf.Bytes()
 	}
-	return nil
+	return files, nil
 }
 
 func planCount(names [][]string) int {

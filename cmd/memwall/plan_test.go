@@ -135,10 +135,15 @@ func TestPlanLifetimes(t *testing.T) {
 	if a := planNum(t, j, "alignment"); a != 1 {
 		t.Errorf("alignment %d for a CSV instance, want 1", a)
 	}
-	// Greedy alone does not fit this family.
-	code, out, _ = runPlanVerb(t, "--lifetimes", inst, "--algorithm", "greedy-size")
-	if code != 0 || !strings.Contains(out, "does NOT fit") {
-		t.Errorf("greedy-size: exit %d\n%s", code, out)
+	// Greedy alone does not fit this family: the report is printed and the
+	// run fails (exit 1), in both forms.
+	code, out, errOut = runPlanVerb(t, "--lifetimes", inst, "--algorithm", "greedy-size")
+	if code != 1 || !strings.Contains(out, "does NOT fit") || !strings.Contains(errOut, "does not fit --capacity 1.0 MiB") {
+		t.Errorf("greedy-size: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = runPlanVerb(t, "--lifetimes", inst, "--algorithm", "greedy-size", "--json")
+	if j := planJSON(t, out, "fits_capacity"); code != 1 || j["fits_capacity"] != false {
+		t.Errorf("greedy-size --json: exit %d\n%s", code, out)
 	}
 	// An explicit capacity overrides the file name's.
 	code, out, _ = runPlanVerb(t, "--lifetimes", inst, "--capacity", "2MiB", "--time-limit", "0s")

@@ -16,7 +16,7 @@ import (
 
 // The same suite runs on the simulator (always) and on a GPU
 // (MEMWALL_TEST_DEVICE=cuda, with MEMWALL_KERNELS_PTX or a real embedded
-// kernels.ptx).
+// PTX).
 
 func newSim(t testing.TB) device.Device {
 	o := sim.DefaultOptions()

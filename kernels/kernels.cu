@@ -618,7 +618,9 @@ __device__ void attn_split(const AttnArgs& a) {
     }
 
     const uint32_t splits = gridDim.z;
-    for (int g = 0; g < nh; ++g) {
+#pragma unroll
+    for (int g = 0; g < kAttnHeads; ++g) {
+        if (g >= nh) break;  // uniform over the block
         if (lane == 0) {
             sm[warp] = m[g];
             sl[warp] = l[g];

@@ -15,7 +15,9 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 dir=$OUT/kernels
 mkdir -p "$dir"
-bin=$PWD/${BIN:-gpubin}/kernels.test
+bindir=${BIN:-gpubin}
+[[ $bindir == /* ]] || bindir=$PWD/$bindir
+bin=$bindir/kernels.test
 t0=$(date +%s)
 if [ ! -x "$bin" ]; then
   echo "kernels: $bin missing (run scripts/gpu-build.sh)"; exit 1
@@ -33,8 +35,8 @@ step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
 step check 35 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$'
 step speed 30 -test.v -test.run 'TestCUDALlamaSpeed'
 # cuBLASLt bound through purego, against the float64 reference.
-if [ -x "${BIN:-gpubin}/device_cuda.test" ]; then
-  (cd device/cuda && timeout --kill-after=5 20 "$PWD/../../${BIN:-gpubin}/device_cuda.test" -test.v -test.run 'CublasLt' -test.timeout 20s) >"$dir/cublaslt.txt" 2>&1 || { rc=1; tail -n 15 "$dir/cublaslt.txt"; }
+if [ -x "$bindir/device_cuda.test" ]; then
+  (cd device/cuda && timeout --kill-after=5 20 "$bindir/device_cuda.test" -test.v -test.run 'CublasLt' -test.timeout 20s) >"$dir/cublaslt.txt" 2>&1 || { rc=1; tail -n 15 "$dir/cublaslt.txt"; }
 fi
 # compute-sanitizer memcheck on a quick pass of the Llama kernels (both targets).
 if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 60 ]; then

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/memwall/memwall/kvcache"
 )
 
 // Result describes one Generate call.
@@ -26,6 +24,8 @@ type Result struct {
 	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
 	// FirstLogits are the logits that chose the first token.
 	FirstLogits []float32 `json:"-"`
+	// Logits[i] chose Tokens[i] (with Sampling.KeepLogits).
+	Logits [][]float32 `json:"-"`
 }
 
 // Generate runs prompt through the model (in chunks of
@@ -89,6 +89,9 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 	decodeStart := time.Now()
 	streamed0 := e.res.Stats().StreamedBytes
 	pos := len(ids)
+	if s.KeepLogits {
+		res.Logits = append(res.Logits, logits)
+	}
 	for {
 		res.Tokens = append(res.Tokens, tok)
 		if onToken != nil {
@@ -119,6 +122,9 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 		}
 		pos++
 		tok = smp.next(out.logits)
+		if s.KeepLogits {
+			res.Logits = append(res.Logits, out.logits)
+		}
 	}
 	res.DecodeSeconds = time.Since(decodeStart).Seconds()
 	if n := len(res.Tokens) - 1; n > 0 {
@@ -127,5 +133,3 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 	}
 	return res, nil
 }
-
-var _ = kvcache.SeqID(0)

@@ -23,6 +23,8 @@ type Sampling struct {
 	Seed uint64
 	// IgnoreEOS keeps generating past end-of-sequence tokens.
 	IgnoreEOS bool
+	// KeepLogits keeps every step's logits in Result.Logits.
+	KeepLogits bool
 }
 
 // Validate checks the settings' ranges.

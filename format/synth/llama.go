@@ -40,6 +40,10 @@ type Config struct {
 	Context int    `json:"context"` // context length recorded in GGUF metadata; 0 means 4096
 	DType   string `json:"dtype"`   // "BF16", "F16" or "F32"
 	Seed    uint64 `json:"seed"`
+	// Scale widens the matrices' weights to ±Scale·Amplitude (norm weights
+	// stay 1 ± Amplitude); 0 means 1. A larger scale spreads the logits of
+	// a small random model, so that greedy decoding is rarely a near-tie.
+	Scale float64 `json:"scale,omitempty"`
 	// RopeTheta is RoPE's base; 0 means 10000.
 	RopeTheta float64 `json:"rope_theta,omitempty"`
 	// RopeScaling, when set, is Llama-3-style frequency scaling, recorded
@@ -68,15 +72,17 @@ func Llama7B() Config {
 
 // Tiny returns a small Llama-shaped model (4 layers, hidden 256, 8 heads
 // over 4 KV heads, 3.4 million parameters, 6.9 MB in bf16) for tests and
-// demos.
+// demos. Its matrices are ±0.2 (Scale 4), so that its logits spread like a
+// 7B-class model's (standard deviation about 1.8).
 func Tiny() Config {
-	return Config{Arch: "llama", Layers: 4, Hidden: 256, Inter: 688, Heads: 8, KVHeads: 4, Vocab: 1024, Context: 512, DType: "BF16"}
+	return Config{Arch: "llama", Layers: 4, Hidden: 256, Inter: 688, Heads: 8, KVHeads: 4, Vocab: 1024, Context: 512, DType: "BF16", Scale: 4}
 }
 
 // TinyF16 is a small grouped-query model in f16: 3 layers, hidden 192, 6
-// heads of 32 over 2 KV heads (3 query heads per KV head), vocabulary 768.
+// heads of 32 over 2 KV heads (3 query heads per KV head), vocabulary 768,
+// matrices ±0.2 (Scale 4) like Tiny.
 func TinyF16() Config {
-	return Config{Arch: "llama", Layers: 3, Hidden: 192, Inter: 512, Heads: 6, KVHeads: 2, Vocab: 768, Context: 512, DType: "F16", Seed: 7}
+	return Config{Arch: "llama", Layers: 3, Hidden: 192, Inter: 512, Heads: 6, KVHeads: 2, Vocab: 768, Context: 512, DType: "F16", Seed: 7, Scale: 4}
 }
 
 // Llama3_8BShape is a 7B-class model shaped like Llama-3-8B (32 layers,
@@ -148,11 +154,14 @@ func (c Config) Validate() error {
 	if c.Heads%c.kvHeads() != 0 {
 		return fmt.Errorf("synth: heads %d is not a multiple of kv-heads %d", c.Heads, c.kvHeads())
 	}
-	if _, err := newCodec(c.DType, 0); err != nil {
+	if _, err := newCodec(c.DType, 0, Amplitude); err != nil {
 		return err
 	}
 	if c.Hidden/c.Heads%2 != 0 {
 		return fmt.Errorf("synth: head dim %d (hidden/heads) is odd: RoPE needs pairs", c.Hidden/c.Heads)
+	}
+	if c.Scale != 0 && !(c.Scale >= 0.01 && c.Scale <= 100) {
+		return fmt.Errorf("synth: scale %v, want 0.01..100", c.Scale)
 	}
 	if c.RopeTheta != 0 && !(c.RopeTheta > 1 && c.RopeTheta < 1e12) {
 		return fmt.Errorf("synth: rope_theta %v, want 1..1e12", c.RopeTheta)
@@ -170,6 +179,7 @@ type Tensor struct {
 	DType string   // stored dtype
 	Shape []uint64 // outermost first
 	Mean  float32  // 1 for norm weights, 0 otherwise
+	Scale float32  // amplitude multiplier (Config.Scale for matrices); 0 means 1
 	// HeadDim, when non-zero, says the rows are permuted within each head
 	// of HeadDim rows as llama.cpp's converter permutes Q and K for GGUF:
 	// file row h·d + 2i + s holds Hugging Face row h·d + s·d/2 + i.
@@ -206,6 +216,9 @@ func (c Config) Tensors(formatName string) []Tensor {
 	hd := c.Hidden / c.Heads
 	add := func(hf, gguf string, shape []uint64, norm bool) {
 		t := Tensor{Name: hf, Key: hf, DType: c.DType, Shape: shape}
+		if !norm {
+			t.Scale = float32(c.Scale)
+		}
 		if gg && (strings.HasSuffix(hf, "q_proj.weight") || strings.HasSuffix(hf, "k_proj.weight")) {
 			t.HeadDim = hd
 		}

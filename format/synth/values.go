@@ -36,15 +36,30 @@ func stream(seed uint64, key string) uint64 {
 	return mix(seed ^ mix(h.Sum64()))
 }
 
-func laneValue(r uint16, mean float32) float32 {
-	return mean + Amplitude*((float32(r)+0.5)/32768-1)
+func laneValue(r uint16, mean, amp float32) float32 {
+	return mean + amp*((float32(r)+0.5)/32768-1)
 }
 
 // Value returns element i (in row-major order) of the tensor with the given
 // key and mean, for seed, as a float32 before rounding to the file's dtype.
 func Value(seed uint64, key string, mean float32, i uint64) float32 {
 	r := mix(stream(seed, key) + (i/4+1)*gamma)
-	return laneValue(uint16(r>>(16*(i%4))), mean)
+	return laneValue(uint16(r>>(16*(i%4))), mean, Amplitude)
+}
+
+// Value returns element i (in row-major Hugging Face order) of the tensor
+// for seed, before rounding to its dtype: Value(seed, t.Key, t.Mean, i)
+// with the amplitude widened by t.Scale.
+func (t Tensor) Value(seed, i uint64) float32 {
+	r := mix(stream(seed, t.Key) + (i/4+1)*gamma)
+	return laneValue(uint16(r>>(16*(i%4))), t.Mean, t.amplitude())
+}
+
+func (t Tensor) amplitude() float32 {
+	if t.Scale == 0 {
+		return Amplitude
+	}
+	return Amplitude * t.Scale
 }
 
 // codec encodes every possible lane for one dtype and mean.
@@ -54,7 +69,7 @@ type codec struct {
 	t32  *[1 << 16]uint32 // F32
 }
 
-func newCodec(dtype string, mean float32) (*codec, error) {
+func newCodec(dtype string, mean, amp float32) (*codec, error) {
 	c := &codec{}
 	switch dtype {
 	case "BF16", "F16":
@@ -65,13 +80,13 @@ func newCodec(dtype string, mean float32) (*codec, error) {
 			enc = F32ToF16
 		}
 		for r := range c.t16 {
-			c.t16[r] = enc(laneValue(uint16(r), mean))
+			c.t16[r] = enc(laneValue(uint16(r), mean, amp))
 		}
 	case "F32":
 		c.size = 4
 		c.t32 = new([1 << 16]uint32)
 		for r := range c.t32 {
-			c.t32[r] = math.Float32bits(laneValue(uint16(r), mean))
+			c.t32[r] = math.Float32bits(laneValue(uint16(r), mean, amp))
 		}
 	default:
 		return nil, fmt.Errorf("synth: dtype %q: want BF16, F16 or F32", dtype)

@@ -165,7 +165,7 @@ func TestExpectedErrors(t *testing.T) {
 func BenchmarkFill(b *testing.B) {
 	for _, dtype := range []string{"BF16", "F32"} {
 		b.Run(dtype, func(b *testing.B) {
-			c, _ := newCodec(dtype, 0)
+			c, _ := newCodec(dtype, 0, Amplitude)
 			buf := make([]byte, 8<<20)
 			b.SetBytes(int64(len(buf)))
 			for i := 0; b.Loop(); i++ {

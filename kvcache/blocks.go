@@ -119,7 +119,8 @@ type Manager struct {
 	nfree  int
 	cfree  int // free blocks that are cached
 	seqs   map[SeqID]*seq
-	cache  map[uint64]int32
+	spare  []*seq // freed sequences, their slices reused
+	cache  hashTable
 	host   []int32 // free host blocks (a stack)
 	copyFn func(src, dst int32) error
 	st     counters
@@ -154,7 +155,10 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 		cfg.NoPrefixCache = true
 	}
 	m := &Manager{cfg: cfg, blocks: make([]block, cfg.Blocks), head: -1, tail: -1,
-		seqs: map[SeqID]*seq{}, cache: map[uint64]int32{}}
+		seqs: map[SeqID]*seq{}}
+	if !cfg.NoPrefixCache {
+		m.cache = newHashTable(cfg.Blocks)
+	}
 	for i := range m.blocks {
 		m.pushBack(int32(i))
 	}
@@ -269,7 +273,7 @@ func (m *Manager) unref(b int32) {
 
 func (m *Manager) uncache(b int32) {
 	k := &m.blocks[b]
-	delete(m.cache, k.hash)
+	m.cache.del(k.hash)
 	k.flags &^= flagCached
 	if m.cfg.OnEvent != nil {
 		m.cfg.OnEvent(Event{Kind: BlockRemoved, Hash: k.hash, Parent: k.parent, Block: b, Tokens: m.cfg.BlockTokens})
@@ -283,14 +287,14 @@ func (m *Manager) store(b int32, h, parent uint64) {
 	if m.cfg.NoPrefixCache {
 		return
 	}
-	if _, dup := m.cache[h]; dup {
+	if _, dup := m.cache.get(h); dup {
 		return
 	}
 	k := &m.blocks[b]
 	if k.flags&flagCached != 0 {
 		return
 	}
-	m.cache[h] = b
+	m.cache.put(h, b)
 	k.hash, k.parent = h, parent
 	k.flags |= flagCached
 	m.st.storedBlocks++
@@ -319,6 +323,26 @@ func (m *Manager) running(id SeqID) (*seq, error) {
 
 func blocksFor(tokens, per int) int { return (tokens + per - 1) / per }
 
+// maxSpare bounds the freed sequences kept for reuse.
+const maxSpare = 1024
+
+// newSeq returns an empty sequence, reusing a freed one's slices.
+func (m *Manager) newSeq() *seq {
+	if n := len(m.spare); n > 0 {
+		s := m.spare[n-1]
+		m.spare = m.spare[:n-1]
+		*s = seq{table: s.table[:0], hashes: s.hashes[:0], partial: s.partial[:0]}
+		return s
+	}
+	return &seq{partial: make([]int32, 0, m.cfg.BlockTokens)}
+}
+
+func (m *Manager) recycle(s *seq) {
+	if len(m.spare) < maxSpare && cap(s.table) <= 1<<12 {
+		m.spare = append(m.spare, s)
+	}
+}
+
 // Add creates sequence id holding prompt: blocks of the prompt's longest
 // cached prefix are shared (a prefix hit) and the rest are taken from the
 // free list. It returns how many leading tokens already have their K/V in
@@ -335,19 +359,19 @@ func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens i
 	B := m.cfg.BlockTokens
 	nfull := len(prompt) / B
 	need := blocksFor(len(prompt), B)
-	s := &seq{n: len(prompt), extra: extraKey, partial: make([]int32, 0, B)}
+	s := m.newSeq()
+	s.n, s.extra = len(prompt), extraKey
 	// The hits, and how many of them are free blocks that taking would
 	// remove from the free list.
 	hits, freeHits := 0, 0
 	if !m.cfg.NoPrefixCache {
-		s.hashes = make([]uint64, nfull, nfull+4)
 		h := rootHash(extraKey)
 		for j := range nfull {
 			h = chainHash(h, extraKey, prompt[j*B:(j+1)*B])
-			s.hashes[j] = h
+			s.hashes = append(s.hashes, h)
 		}
 		for hits < nfull {
-			b, ok := m.cache[s.hashes[hits]]
+			b, ok := m.cache.get(s.hashes[hits])
 			if !ok {
 				break
 			}
@@ -360,12 +384,12 @@ func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens i
 		m.st.hits += uint64(hits)
 	}
 	if need-hits > m.nfree-freeHits {
+		m.recycle(s)
 		return 0, fmt.Errorf("add sequence %d: %d tokens need %d new blocks, %d free: %w",
 			id, len(prompt), need-hits, m.nfree-freeHits, ErrOutOfBlocks)
 	}
-	s.table = make([]int32, 0, need+1)
 	for j := range hits {
-		b := m.cache[s.hashes[j]]
+		b, _ := m.cache.get(s.hashes[j])
 		m.ref(b)
 		s.table = append(s.table, b)
 	}
@@ -543,10 +567,11 @@ func (m *Manager) Fork(parent, child SeqID) error {
 	if _, dup := m.seqs[child]; dup {
 		return fmt.Errorf("fork %d into %d: %w", parent, child, ErrSeqExists)
 	}
-	c := &seq{table: make([]int32, len(p.table), cap(p.table)), n: p.n, extra: p.extra, stored: p.stored,
-		hashes: append([]uint64(nil), p.hashes...), partial: make([]int32, len(p.partial), m.cfg.BlockTokens), first: p.first}
-	copy(c.table, p.table)
-	copy(c.partial, p.partial)
+	c := m.newSeq()
+	c.n, c.extra, c.stored, c.first = p.n, p.extra, p.stored, p.first
+	c.table = append(c.table, p.table...)
+	c.hashes = append(c.hashes, p.hashes...)
+	c.partial = append(c.partial, p.partial...)
 	for _, b := range c.table {
 		if b != NoBlock {
 			m.ref(b)
@@ -574,6 +599,7 @@ func (m *Manager) Free(id SeqID) error {
 		}
 	}
 	delete(m.seqs, id)
+	m.recycle(s)
 	return nil
 }
 
@@ -682,12 +708,12 @@ func (m *Manager) Swapped(id SeqID) bool {
 // ClearPrefixCache forgets every cached prefix (free blocks stay free) and
 // sends one AllCleared event.
 func (m *Manager) ClearPrefixCache() {
-	for h, b := range m.cache {
+	m.cache.each(func(_ uint64, b int32) {
 		k := &m.blocks[b]
 		k.flags &^= flagCached
 		k.hash, k.parent = 0, 0
-		delete(m.cache, h)
-	}
+	})
+	m.cache.clear()
 	m.cfree = 0
 	if m.cfg.OnEvent != nil {
 		m.cfg.OnEvent(Event{Kind: AllCleared, Block: NoBlock})
@@ -730,7 +756,7 @@ type Stats struct {
 func (m *Manager) Stats() Stats {
 	cf := m.cfree
 	return Stats{Blocks: len(m.blocks), UsedBlocks: len(m.blocks) - m.nfree, FreeBlocks: m.nfree,
-		CachedFree: cf, CachedTotal: len(m.cache), HostBlocks: m.cfg.HostBlocks,
+		CachedFree: cf, CachedTotal: m.cache.len(), HostBlocks: m.cfg.HostBlocks,
 		HostUsed: m.cfg.HostBlocks - len(m.host), Seqs: len(m.seqs),
 		PrefixQueries: m.st.queries, PrefixHits: m.st.hits, Evictions: m.st.evictions,
 		CopyOnWrites: m.st.cows, Allocs: m.st.allocs, Frees: m.st.frees,

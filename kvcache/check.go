@@ -87,22 +87,22 @@ func (m *Manager) Check() error {
 		}
 		if k.flags&flagCached != 0 {
 			cached++
-			if b, ok := m.cache[k.hash]; !ok || b != int32(i) {
+			if b, ok := m.cache.get(k.hash); !ok || b != int32(i) {
 				return fmt.Errorf("block %d: cached under %x but the map says %d, %v", i, k.hash, b, ok)
 			}
 		}
 	}
 	cfree := 0
-	for _, b := range m.cache {
+	m.cache.each(func(_ uint64, b int32) {
 		if m.blocks[b].ref == 0 {
 			cfree++
 		}
-	}
+	})
 	if cfree != m.cfree {
 		return fmt.Errorf("%d free cached blocks, count %d", cfree, m.cfree)
 	}
-	if cached != len(m.cache) {
-		return fmt.Errorf("%d cached blocks, %d hash map entries", cached, len(m.cache))
+	if cached != m.cache.len() {
+		return fmt.Errorf("%d cached blocks, %d hash map entries", cached, m.cache.len())
 	}
 	n, prev := 0, int32(-1)
 	for b := m.head; b >= 0; b = m.blocks[b].next {

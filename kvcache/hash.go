@@ -40,7 +40,10 @@ func chainHash(parent, extra uint64, tokens []int32) uint64 {
 	if i < len(tokens) {
 		h = round(h, uint64(uint32(tokens[i])))
 	}
-	return avalanche(h)
+	if h = avalanche(h); h == 0 {
+		h = 1 // 0 marks an empty slot of the hash table
+	}
+	return h
 }
 
 // BlockHashes returns the chained hashes of tokens' full blocks of

@@ -269,8 +269,8 @@ func (r *Residency) Copies(g int) uint64 {
 }
 
 // CopyDuration returns the device time of copy number n (from 0) of
-// streamed group g into a slot. It needs Options.Timing and a completed
-// copy; only a group's two latest copies are kept.
+// streamed group g into a slot, waiting for the copy to complete. It needs
+// Options.Timing; only a group's two latest copies are kept.
 func (r *Residency) CopyDuration(g int, n uint64) (time.Duration, error) {
 	gr, err := r.group(g)
 	if err != nil {
@@ -285,5 +285,8 @@ func (r *Residency) CopyDuration(g int, n uint64) (time.Duration, error) {
 		return 0, fmt.Errorf("residency: group %d (%s): copy %d is not kept (%d copies so far, the last two kept)", g, gr.plan.Name, n, gr.copies)
 	}
 	tim := gr.timing[n%2]
+	if err := r.d.EventSynchronize(tim[1]); err != nil {
+		return 0, fmt.Errorf("residency: group %d (%s): copy %d: %w", g, gr.plan.Name, n, err)
+	}
 	return r.d.EventElapsed(tim[0], tim[1])
 }

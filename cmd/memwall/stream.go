@@ -12,43 +12,57 @@ import (
 	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
-	"github.com/memwall/memwall/stream"
+	"github.com/memwall/memwall/residency"
 )
 
 func init() {
 	register(verb{name: "stream", summary: "run a model larger than its VRAM budget, streaming weights layer by layer; measure and verify", run: runStream})
 }
 
-const streamUsage = `MODEL --vram SIZE [--tokens T] [--steps N] [--slots N] [--ctx N] [--batch B] [--source S] [--link-gbps X] [--device auto|cuda|sim] [--json]
+const streamUsage = `MODEL --vram SIZE [--tokens T] [--steps N] [--slots N] [--prefetch N] [--ctx N] [--batch B] [--source S] [--link-gbps X] [--device auto|cuda|sim] [--json]
 
-Plans MODEL into --vram as 'memwall fit' does, uploads the resident layers,
-then runs --steps steps (after one verified warm-up step): each streams the
-other layers through the ring of staging slots on a copy stream while a compute
-stream multiplies every weight matrix by a --tokens × K activation with
-memwall's kernels. Prints predicted against measured peak memory and step time,
+The benchmark of package residency. Plans MODEL into --vram as 'memwall fit'
+does (--vram is the process's whole device footprint: the device context's own
+memory, measured when the device opens, is taken off the plan's budget), places
+the weights with residency (the resident layers uploaded once, the others
+streamed through a ring of --slots staging slots, --prefetch groups ahead, on
+its copy stream), then runs --steps steps after one verified warm-up step: a
+compute stream multiplies every weight matrix by a --tokens × K activation with
+memwall's kernels, waiting for each streamed layer's copy. Steps follow each
+other as decode steps do, so the ring fills with the next step's first layers
+while a step ends. Prints predicted against measured peak memory and step time,
 the streamed GB/s and how well copy and compute overlapped. --source picks the
-host side of the copies: auto, registered-mmap, pinned-copy or bounce.`
+host side of the copies: auto, registered-mmap, pinned-copy or bounce. --slots
+is honoured or refused: a budget too small for that many slots is an error, not
+fewer slots.`
 
 // streamJSON is `memwall stream --json`: fit's keys plus the measurements.
 type streamJSON struct {
 	fitJSON
-	Source                string                `json:"source"`
-	Steps                 int                   `json:"steps"`
-	PeakBytes             uint64                `json:"peak_bytes"`
-	SecondsPerStep        float64               `json:"seconds_per_step"`
-	CopySecondsPerStep    float64               `json:"copy_seconds_per_step"`
-	ComputeSecondsPerStep float64               `json:"compute_seconds_per_step"`
-	StallSecondsPerStep   float64               `json:"stall_seconds_per_step"`
-	AchievedGBps          float64               `json:"achieved_GBps"`
-	PinnedH2DGBps         float64               `json:"pinned_h2d_GBps,omitempty"`
-	OverlapEfficiency     float64               `json:"overlap_efficiency"`
-	Verified              bool                  `json:"verified"`
-	CheckedProducts       int                   `json:"checked_products"`
-	VerifyNote            string                `json:"verify_note,omitempty"`
-	UploadSeconds         float64               `json:"upload_seconds"`
-	StepSeconds           []float64             `json:"step_seconds"`
-	Warmup                stream.StepReport     `json:"warmup"`
-	MatmulTimings         []stream.MatmulTiming `json:"matmul_timings,omitempty"`
+	Source                string               `json:"source"`
+	Steps                 int                  `json:"steps"`
+	Prefetch              int                  `json:"prefetch"`
+	PeakBytes             uint64               `json:"peak_bytes"`
+	ContextBytes          uint64               `json:"context_bytes"`
+	ContextSource         string               `json:"context_source"`
+	PeakFootprintBytes    uint64               `json:"peak_footprint_bytes"`
+	PoolBudgetBytes       uint64               `json:"pool_budget_bytes"`
+	SecondsPerStep        float64              `json:"seconds_per_step"`
+	PredictedSteadySecond float64              `json:"predicted_steady_seconds_per_step"`
+	CopySecondsPerStep    float64              `json:"copy_seconds_per_step"`
+	ComputeSecondsPerStep float64              `json:"compute_seconds_per_step"`
+	StallSecondsPerStep   float64              `json:"stall_seconds_per_step"`
+	AchievedGBps          float64              `json:"achieved_GBps"`
+	PinnedH2DGBps         float64              `json:"pinned_h2d_GBps,omitempty"`
+	OverlapEfficiency     float64              `json:"overlap_efficiency"`
+	Verified              bool                 `json:"verified"`
+	CheckedProducts       int                  `json:"checked_products"`
+	VerifyNote            string               `json:"verify_note,omitempty"`
+	UploadSeconds         float64              `json:"upload_seconds"`
+	StepSeconds           []float64            `json:"step_seconds"`
+	Warmup                bench.StepReport     `json:"warmup"`
+	Residency             residency.Stats      `json:"residency"`
+	MatmulTimings         []bench.MatmulTiming `json:"matmul_timings,omitempty"`
 }
 
 func runStream(e *env, args []string) error {
@@ -56,6 +70,7 @@ func runStream(e *env, args []string) error {
 	var f planFlags
 	f.add(fs)
 	steps := fs.Int("steps", 5, "timed steps (after one warm-up step)")
+	prefetch := fs.Int("prefetch", 0, "streamed groups issued ahead of the one computing (default: --slots less one)")
 	src := fs.String("source", "auto", "host side of the copies: auto, registered-mmap, pinned-copy or bounce")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -68,7 +83,10 @@ func runStream(e *env, args []string) error {
 	if *steps < 1 || *steps > 100000 {
 		return usagef("--steps must be 1..100000")
 	}
-	source, err := stream.ParseSource(*src)
+	if *prefetch < 0 || *prefetch >= f.slots {
+		return usagef("--prefetch %d needs %d slots; --slots is %d (want 0..%d)", *prefetch, *prefetch+1, f.slots, f.slots-1)
+	}
+	source, err := residency.ParseSource(*src)
 	if err != nil {
 		return usagef("--source: %v", err)
 	}
@@ -77,8 +95,18 @@ func runStream(e *env, args []string) error {
 		return err
 	}
 	defer pl.close()
+	b, err := fitContext(pl, &f, budget)
+	if err != nil {
+		return err
+	}
+	if len(pl.plan.Streamed()) > 0 && pl.plan.Slots != f.slots {
+		return fmt.Errorf("%s: --slots %d does not fit --vram %s: %d slots of %s with the activations and KV cache need more than the %s the pools may use; %d slots fit (pass --slots %d, or a larger --vram)",
+			path, f.slots, humanBytes(budget), f.slots, humanBytes(pl.plan.SlotBytes), humanBytes(b.PoolBytes), pl.plan.Slots, pl.plan.Slots)
+	}
 	pb := newProgress(e, "stream")
-	out, err := streamPlanned(e.ctx, pl, stream.Options{Source: source, HostBytes: hostAvailable(),
+	out, err := streamPlanned(e.ctx, pl, bench.StreamOptions{
+		Residency:    residency.Options{Source: source, HostBytes: hostAvailable(), Prefetch: *prefetch},
+		ContextBytes: b.ContextBytes,
 		Progress: func(done, total int) {
 			pb.update(float64(done), float64(total), fmt.Sprintf("step %d/%d", done, total))
 		}}, *steps)
@@ -86,7 +114,11 @@ func runStream(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	out.ContextSource, out.PoolBudgetBytes = b.ContextSource, b.PoolBytes
+	layers := out.fitJSON.Layers
 	out.fitJSON = pl.json(path, &f)
+	out.fitJSON.BudgetBytes = budget
+	out.fitJSON.Layers = layers
 	if f.asJSON {
 		return writeJSON(e.stdout, out)
 	}
@@ -95,30 +127,60 @@ func runStream(e *env, args []string) error {
 	return nil
 }
 
+// fitContext takes the device context's own memory off the budget: when
+// the plan was made for the whole --vram figure and the context took
+// memory, the model is planned again into what is left.
+func fitContext(pl *planned, f *planFlags, budget uint64) (residency.Budget, error) {
+	b, err := residency.PlanBudget(pl.dev, budget)
+	if err != nil {
+		return b, err
+	}
+	if b.ContextBytes == 0 || pl.plan.Budget != budget {
+		return b, nil
+	}
+	groups := make([]plan.WeightGroup, len(pl.plan.Groups))
+	for i, g := range pl.plan.Groups {
+		groups[i] = g.WeightGroup
+	}
+	wo := plan.WeightOptions{Budget: b.PoolBytes, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch,
+		LinkGBps: pl.plan.LinkGBps, Granule: pl.plan.Granule, KV: pl.plan.KV}
+	if len(pl.timings) > 0 {
+		wo.Cost = bench.CostFromTimings(pl.timings)
+	}
+	if sd, ok := pl.dev.(*sim.Device); ok {
+		wo.CopyLatency = sd.Options().CopyLatency
+		if len(pl.timings) == 0 {
+			o := sd.Options()
+			wo.Cost = plan.Roofline(o.PeakFLOPS, o.DeviceGBps*1e9, o.LaunchLatency)
+		}
+	}
+	p, err := plan.PlanWeights(groups, wo)
+	if err != nil {
+		return b, budgetHint(fmt.Errorf("%s: after the device context's own %s (%s): %w", pl.model.Path, humanBytes(b.ContextBytes), b.ContextSource, err))
+	}
+	pl.plan = p
+	return b, nil
+}
+
 // streamPlanned runs a planned model and collects the measurements.
-func streamPlanned(ctx context.Context, pl *planned, o stream.Options, steps int) (streamJSON, error) {
+func streamPlanned(ctx context.Context, pl *planned, o bench.StreamOptions, steps int) (streamJSON, error) {
 	o.Kernels = pl.kernels
-	s, err := stream.New(ctx, pl.dev, pl.model, pl.plan, o)
+	rep, err := bench.Stream(ctx, pl.dev, pl.model, pl.plan, steps, o)
 	if err != nil {
 		return streamJSON{}, err
 	}
-	rep, err := s.Run(ctx, steps)
-	if cerr := s.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		return streamJSON{}, err
-	}
-	out := streamJSON{Source: rep.Source, Steps: steps, PeakBytes: rep.PeakBytes, SecondsPerStep: rep.SecondsPerStep,
-		CopySecondsPerStep: rep.CopySecondsPerStep, ComputeSecondsPerStep: rep.ComputeSecondsPerStep,
+	out := streamJSON{Source: rep.Source, Steps: steps, Prefetch: rep.Prefetch, PeakBytes: rep.PeakBytes,
+		ContextBytes: rep.ContextBytes, PeakFootprintBytes: rep.FootprintBytes, SecondsPerStep: rep.SecondsPerStep,
+		PredictedSteadySecond: bench.SteadyStep(pl.plan, rep.Prefetch, 8).Seconds(),
+		CopySecondsPerStep:    rep.CopySecondsPerStep, ComputeSecondsPerStep: rep.ComputeSecondsPerStep,
 		StallSecondsPerStep: rep.StallSecondsPerStep, AchievedGBps: rep.AchievedGBps, PinnedH2DGBps: pl.pinnedGBps,
 		OverlapEfficiency: rep.OverlapEfficiency, Verified: rep.Verified, CheckedProducts: rep.Checked,
-		VerifyNote: rep.VerifyNote, UploadSeconds: rep.UploadSeconds, Warmup: rep.Warmup, MatmulTimings: pl.timings}
+		VerifyNote: rep.VerifyNote, UploadSeconds: rep.UploadSeconds, Warmup: rep.Warmup, Residency: rep.Residency,
+		MatmulTimings: pl.timings}
 	out.Warmup.Layers = nil
 	for _, st := range rep.Steps {
 		out.StepSeconds = append(out.StepSeconds, st.Seconds)
 	}
-	out.fitJSON.Layers = nil
 	lj := pl.json(pl.model.Path, &planFlags{})
 	for i := range lj.Layers {
 		l := rep.Layers[i]
@@ -130,16 +192,18 @@ func streamPlanned(ctx context.Context, pl *planned, o stream.Options, steps int
 
 func printStream(e *env, o streamJSON) {
 	w := e.stdout
-	fmt.Fprintf(w, "measured   peak %s (predicted %s, %+.1f%%); %.4f s per step (predicted %.4f s, %+.1f%%), median of %d\n",
+	fmt.Fprintf(w, "measured   peak %s (predicted %s, %+.1f%%); with the device context's %s: %s of the %s budget\n",
 		humanBytes(o.PeakBytes), humanBytes(o.PredictedPeakBytes), pct(float64(o.PeakBytes), float64(o.PredictedPeakBytes)),
-		o.SecondsPerStep, o.PredictedSecondsPerStep, pct(o.SecondsPerStep, o.PredictedSecondsPerStep), o.Steps)
+		humanBytes(o.ContextBytes), humanBytes(o.PeakFootprintBytes), humanBytes(o.BudgetBytes))
+	fmt.Fprintf(w, "           %.4f s per step (predicted %.4f s steady, %+.1f%%; %.4f s cold), median of %d\n",
+		o.SecondsPerStep, o.PredictedSteadySecond, pct(o.SecondsPerStep, o.PredictedSteadySecond), o.PredictedSecondsPerStep, o.Steps)
 	fmt.Fprintf(w, "           copy %.4f s, compute %.4f s, stall %.4f s: step / max(copy, compute) = %.3f\n",
 		o.CopySecondsPerStep, o.ComputeSecondsPerStep, o.StallSecondsPerStep, 1/max(o.OverlapEfficiency, 1e-9))
 	link := ""
 	if o.PinnedH2DGBps > 0 {
 		link = fmt.Sprintf(" (%.0f%% of the %.1f GB/s pinned link)", 100*o.AchievedGBps/o.PinnedH2DGBps, o.PinnedH2DGBps)
 	}
-	fmt.Fprintf(w, "           streamed %.1f GB/s%s from %s\n", o.AchievedGBps, link, o.Source)
+	fmt.Fprintf(w, "           streamed %.1f GB/s%s from %s, %d slots, prefetch %d\n", o.AchievedGBps, link, o.Source, o.Residency.Slots, o.Prefetch)
 	if o.Verified {
 		fmt.Fprintf(w, "verified   %d products against a float64 reference on sampled rows\n", o.CheckedProducts)
 	} else {
@@ -218,7 +282,7 @@ func demoStream(e *env, d device.Device) error {
 		return err
 	}
 	link, _ := rep.Get("h2d_pinned")
-	_, cost, err := stream.MeasureMatmuls(e.ctx, d, ks, groups, 1, 3)
+	_, cost, err := bench.MeasureMatmuls(e.ctx, d, ks, groups, 1, 3)
 	if err != nil {
 		return err
 	}
@@ -238,7 +302,7 @@ func demoStream(e *env, d device.Device) error {
 		return err
 	}
 	pl := &planned{model: m, dev: d, kernels: ks, plan: p, pinnedGBps: link.GBps}
-	out, err := streamPlanned(e.ctx, pl, stream.Options{}, 3)
+	out, err := streamPlanned(e.ctx, pl, bench.StreamOptions{}, 3)
 	if err != nil {
 		return err
 	}

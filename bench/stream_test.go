@@ -1,14 +1,13 @@
-package stream
+package bench
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
@@ -18,6 +17,7 @@ import (
 	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
+	"github.com/memwall/memwall/residency"
 )
 
 // tinyModel writes the synthetic Tiny model in the format and opens it.
@@ -61,8 +61,7 @@ func simCost(d *sim.Device) plan.MatmulCost {
 	return plan.Roofline(o.PeakFLOPS, o.DeviceGBps*1e9, o.LaunchLatency)
 }
 
-// planFor groups m's tensors and plans them so that about half the blocks
-// stream.
+// planFor plans m's groups under budget.
 func planFor(t testing.TB, m *format.Model, budget uint64, o plan.WeightOptions) *plan.WeightPlan {
 	t.Helper()
 	groups, err := plan.GroupWeights(m.Tensors)
@@ -84,25 +83,19 @@ func planFor(t testing.TB, m *format.Model, budget uint64, o plan.WeightOptions)
 // halfBudget is a budget that keeps the stand-alone groups and one block
 // of the Tiny model resident and streams the other three.
 func halfBudget(t testing.TB, m *format.Model, o plan.WeightOptions) uint64 {
-	groups, err := plan.GroupWeights(m.Tensors)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.Budget = 1 << 40
 	o.LinkGBps = 25
-	full, err := plan.PlanWeights(groups, o)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// One byte short of everything: two slots take two blocks' room, a
 	// third block no longer fits whole.
-	return full.PeakBytes - 1
+	return planFor(t, m, 1<<40, o).PeakBytes - 1
 }
+
+// pageUp rounds n up to the simulator's 2 MiB pages, what the pools map.
+func pageUp(n uint64) uint64 { return (n + 2<<20 - 1) / (2 << 20) * (2 << 20) }
 
 func TestStreamSimTiny(t *testing.T) {
 	for _, f := range []string{synth.Safetensors, synth.GGUF} {
 		for _, tokens := range []int{1, 16} {
-			t.Run(f+"/tokens="+itoa(tokens), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/tokens=%d", f, tokens), func(t *testing.T) {
 				m := tinyModel(t, f)
 				d := simDevice(t, nil)
 				ks := loadKernels(t, d)
@@ -111,61 +104,48 @@ func TestStreamSimTiny(t *testing.T) {
 				if len(p.Streamed()) == 0 || len(p.Streamed()) == len(p.Groups) {
 					t.Fatalf("plan streams %d of %d groups; want some of each", len(p.Streamed()), len(p.Groups))
 				}
-				reg := prometheus.NewRegistry()
-				s, err := New(context.Background(), d, m, p, Options{Kernels: ks, Registerer: reg})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Close()
-				rep, err := s.Run(context.Background(), 3)
+				rep, err := Stream(context.Background(), d, m, p, 4, StreamOptions{Kernels: ks, ContextBytes: 1000})
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !rep.Verified || rep.Checked == 0 {
 					t.Errorf("verified %v, %d products checked (%s)", rep.Verified, rep.Checked, rep.VerifyNote)
 				}
-				if rep.Source != Register.String() {
-					t.Errorf("source %s, want %s", rep.Source, Register)
+				if rep.Source != residency.Register.String() || rep.Slots != 2 || rep.Prefetch != 1 {
+					t.Errorf("source %s, %d slots, prefetch %d; want %s, 2, 1", rep.Source, rep.Slots, rep.Prefetch, residency.Register)
 				}
-				if rep.PeakBytes != p.PeakBytes {
-					t.Errorf("measured peak %d, predicted %d", rep.PeakBytes, p.PeakBytes)
+				// The pools map whole pages: the device sees the plan's
+				// bytes rounded up to them, KV cache aside (nothing
+				// allocates it here).
+				lo, hi := p.PeakBytes-p.KVBytes, pageUp(p.PeakBytes)
+				if rep.PeakBytes < lo || rep.PeakBytes > hi || rep.FootprintBytes != rep.PeakBytes+1000 {
+					t.Errorf("measured peak %d (footprint %d), want %d..%d", rep.PeakBytes, rep.FootprintBytes, lo, hi)
 				}
-				pred := p.StepTime.Seconds()
-				if math.Abs(rep.SecondsPerStep-pred)/pred > 0.02 {
-					t.Errorf("step %.6fs, predicted %.6fs", rep.SecondsPerStep, pred)
+				steady := SteadyStep(p, 1, 8).Seconds()
+				if math.Abs(rep.SecondsPerStep-steady)/steady > 0.02 {
+					t.Errorf("step %.6fs, predicted steady step %.6fs", rep.SecondsPerStep, steady)
 				}
-				t.Logf("streamed %d B/step: step %.3gs (pred %.3gs) copy %.3gs compute %.3gs stall %.3gs, %.1f GB/s, overlap %.3f",
-					p.StreamedBytes, rep.SecondsPerStep, pred, rep.CopySecondsPerStep, rep.ComputeSecondsPerStep,
+				if cold := p.StepTime.Seconds(); rep.SecondsPerStep > cold*1.001 {
+					t.Errorf("step %.6fs is longer than the plan's cold step %.6fs", rep.SecondsPerStep, cold)
+				}
+				st := rep.Residency
+				if want := uint64(5 * len(p.Streamed())); st.Copies < want || st.StreamedBytes < 5*p.StreamedBytes {
+					t.Errorf("residency copied %d groups (%d bytes) in 5 steps of %d streamed groups", st.Copies, st.StreamedBytes, len(p.Streamed()))
+				}
+				t.Logf("streamed %d B/step: step %.3gs (steady %.3gs, cold %.3gs) copy %.3gs compute %.3gs stall %.3gs, %.1f GB/s, overlap %.3f",
+					p.StreamedBytes, rep.SecondsPerStep, steady, p.StepTime.Seconds(), rep.CopySecondsPerStep, rep.ComputeSecondsPerStep,
 					rep.StallSecondsPerStep, rep.AchievedGBps, rep.OverlapEfficiency)
-				mfs, err := reg.Gather()
-				if err != nil || len(mfs) == 0 {
-					t.Errorf("metrics: %d families, %v", len(mfs), err)
-				}
-				if err := s.Close(); err != nil {
-					t.Fatal(err)
-				}
 				if st := d.Stats(); st.AllocatedBytes != 0 || st.PinnedHostBytes != 0 {
-					t.Errorf("after Close: %d device bytes, %d pinned host bytes still allocated", st.AllocatedBytes, st.PinnedHostBytes)
+					t.Errorf("after Stream: %d device bytes, %d pinned host bytes still allocated", st.AllocatedBytes, st.PinnedHostBytes)
 				}
 			})
 		}
 	}
 }
 
-func itoa(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	var b []byte
-	for ; n > 0; n /= 10 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-	}
-	return string(b)
-}
-
-// runOnce streams the Tiny model once (three of four blocks streamed, or
-// with all, every group) and returns the Run error.
-func runOnce(t *testing.T, d device.Device, m *format.Model, o Options, all bool) (*Report, error) {
+// runOnce streams the Tiny model one step after the warm-up (three of four
+// blocks streamed, or with all, every group).
+func runOnce(t *testing.T, d device.Device, m *format.Model, o StreamOptions, all bool) (*StreamReport, error) {
 	t.Helper()
 	ks := loadKernels(t, d)
 	wo := plan.WeightOptions{Tokens: 2}
@@ -178,40 +158,22 @@ func runOnce(t *testing.T, d device.Device, m *format.Model, o Options, all bool
 		t.Fatalf("at the minimum budget %d of %d groups stream", len(p.Streamed()), len(p.Groups))
 	}
 	o.Kernels = ks
-	s, err := New(context.Background(), d, m, p, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
-	return s.Run(context.Background(), 1)
+	return Stream(context.Background(), d, m, p, 2, o)
 }
 
-// TestRingEventsNeeded runs the ring on a simulator that executes ready
-// work in a random order: with both waits every seed verifies; with either
-// wait removed some seeds read a slot before its copy landed or after the
-// next copy overwrote it, and the check fails.
-func TestRingEventsNeeded(t *testing.T) {
+// TestComputeWaitNeeded runs on a simulator that executes ready work in a
+// random order: with the compute stream's wait on residency's event every
+// seed verifies; without it some seed multiplies a slot before its copy
+// landed, and the check fails.
+func TestComputeWaitNeeded(t *testing.T) {
 	m := tinyModel(t, synth.Safetensors)
-	cases := []struct {
-		name                  string
-		noComputeWait, noSlot bool
-		wantCorrupt           bool
-	}{
-		{"both waits", false, false, false},
-		{"no compute wait on copy", true, false, true},
-		{"no copy wait on slot", false, true, true},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
+	for _, noWait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noComputeWait=%v", noWait), func(t *testing.T) {
 			corrupt := 0
 			const seeds = 12
 			for seed := uint64(1); seed <= seeds; seed++ {
 				d := simDevice(t, func(o *sim.Options) { o.Shuffle, o.Seed = true, seed })
-				_, err := runOnce(t, d, m, Options{Source: Register, noComputeWait: c.noComputeWait, noSlotWait: c.noSlot, verifyAll: true}, true)
+				_, err := runOnce(t, d, m, StreamOptions{Residency: residency.Options{Source: residency.Register}, noComputeWait: noWait, verifyAll: true}, true)
 				switch {
 				case err == nil:
 				case errors.Is(err, ErrVerify) && errors.Is(err, kernels.ErrMismatch):
@@ -219,107 +181,98 @@ func TestRingEventsNeeded(t *testing.T) {
 				default:
 					t.Fatalf("seed %d: %v", seed, err)
 				}
+				if st := d.Stats(); st.AllocatedBytes != 0 || st.PinnedHostBytes != 0 {
+					t.Errorf("seed %d: %d device, %d pinned bytes left", seed, st.AllocatedBytes, st.PinnedHostBytes)
+				}
 			}
-			if c.wantCorrupt && corrupt == 0 {
+			if noWait && corrupt == 0 {
 				t.Errorf("no seed of %d saw corrupted data without the wait", seeds)
 			}
-			if !c.wantCorrupt && corrupt != 0 {
-				t.Errorf("%d of %d seeds saw corrupted data with both waits", corrupt, seeds)
+			if !noWait && corrupt != 0 {
+				t.Errorf("%d of %d seeds saw corrupted data with the wait", corrupt, seeds)
 			}
-			t.Logf("%d of %d seeds corrupted", corrupt, seeds)
 		})
 	}
 }
 
-// TestSources streams from each host source and checks the data.
-func TestSources(t *testing.T) {
+// TestStreamSources streams from each host source and checks the data.
+func TestStreamSources(t *testing.T) {
 	m := tinyModel(t, synth.GGUF)
 	cases := []struct {
 		name string
 		opt  func(*sim.Options)
-		o    Options
-		want Source
+		o    residency.Options
+		want residency.Source
 	}{
-		{"auto registers", nil, Options{}, Register},
-		{"auto without read-only register copies", func(o *sim.Options) { o.ReadOnlyHostRegister = false }, Options{}, Pinned},
-		{"auto with little host memory bounces", func(o *sim.Options) { o.ReadOnlyHostRegister = false }, Options{HostBytes: 1 << 20, BounceBytes: 256 << 10}, Bounce},
-		{"pinned", nil, Options{Source: Pinned}, Pinned},
-		{"bounce, small buffers", nil, Options{Source: Bounce, BounceBytes: 100 << 10, Bounces: 2}, Bounce},
-		{"bounce under shuffle", func(o *sim.Options) { o.Shuffle, o.Seed = true, 7 }, Options{Source: Bounce, BounceBytes: 64 << 10, Bounces: 2}, Bounce},
+		{"auto registers", nil, residency.Options{}, residency.Register},
+		{"auto without read-only register copies", func(o *sim.Options) { o.ReadOnlyHostRegister = false }, residency.Options{}, residency.Pinned},
+		{"auto with little host memory bounces", func(o *sim.Options) { o.ReadOnlyHostRegister = false }, residency.Options{HostBytes: 1 << 20, BounceBytes: 256 << 10}, residency.Bounce},
+		{"pinned", nil, residency.Options{Source: residency.Pinned}, residency.Pinned},
+		{"bounce, small buffers", nil, residency.Options{Source: residency.Bounce, BounceBytes: 100 << 10, Bounces: 2}, residency.Bounce},
+		{"bounce under shuffle", func(o *sim.Options) { o.Shuffle, o.Seed = true, 7 }, residency.Options{Source: residency.Bounce, BounceBytes: 64 << 10, Bounces: 2}, residency.Bounce},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			d := simDevice(t, c.opt)
-			c.o.verifyAll = true
-			rep, err := runOnce(t, d, m, c.o, false)
+			rep, err := runOnce(t, d, m, StreamOptions{Residency: c.o, verifyAll: true}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if rep.Source != c.want.String() || !rep.Verified {
 				t.Errorf("source %s verified %v; want %s verified", rep.Source, rep.Verified, c.want)
 			}
-			if st := d.Stats(); st.PinnedHostBytes != 0 {
-				t.Errorf("%d pinned host bytes left after Close", st.PinnedHostBytes)
+			if st := d.Stats(); st.PinnedHostBytes != 0 || st.AllocatedBytes != 0 {
+				t.Errorf("%d pinned host bytes, %d device bytes left", st.PinnedHostBytes, st.AllocatedBytes)
 			}
 		})
 	}
 	t.Run("register refused", func(t *testing.T) {
 		d := simDevice(t, func(o *sim.Options) { o.ReadOnlyHostRegister = false })
-		ks := loadKernels(t, d)
-		wo := plan.WeightOptions{}
-		p := planFor(t, m, halfBudget(t, m, wo), wo)
-		_, err := New(context.Background(), d, m, p, Options{Kernels: ks, Source: Register})
+		_, err := runOnce(t, d, m, StreamOptions{Residency: residency.Options{Source: residency.Register}}, false)
 		if !errors.Is(err, device.ErrUnsupported) {
-			t.Fatalf("New with Source Register on a device without read-only register: %v, want ErrUnsupported", err)
+			t.Fatalf("Source Register on a device without read-only register: %v, want ErrUnsupported", err)
 		}
 		if st := d.Stats(); st.AllocatedBytes != 0 {
-			t.Errorf("failed New left %d device bytes allocated", st.AllocatedBytes)
+			t.Errorf("failed run left %d device bytes allocated", st.AllocatedBytes)
 		}
 	})
 }
 
-// TestBadInput: a plan that does not belong to the model, a device that
-// runs out of memory, bad options.
-func TestBadInput(t *testing.T) {
+// TestStreamBadInput: a plan that does not belong to the model, a device
+// that runs out of memory, bad options.
+func TestStreamBadInput(t *testing.T) {
 	m := tinyModel(t, synth.Safetensors)
 	d := simDevice(t, nil)
 	ks := loadKernels(t, d)
 	wo := plan.WeightOptions{}
 	p := planFor(t, m, halfBudget(t, m, wo), wo)
-	if _, err := New(context.Background(), d, m, p, Options{}); err == nil {
-		t.Error("New without kernels succeeded")
+	ctx := context.Background()
+	if _, err := Stream(ctx, d, m, p, 1, StreamOptions{}); err == nil {
+		t.Error("Stream without kernels succeeded")
 	}
-	// A plan for the GGUF file applied to the safetensors file names a file
-	// the model does not map.
+	if _, err := Stream(ctx, d, m, p, 0, StreamOptions{Kernels: ks}); err == nil {
+		t.Error("Stream of 0 steps succeeded")
+	}
 	other := tinyModel(t, synth.GGUF)
 	po := planFor(t, other, halfBudget(t, other, wo), wo)
-	if _, err := New(context.Background(), d, m, po, Options{Kernels: ks}); err == nil {
-		t.Error("New with another model's plan succeeded")
+	if _, err := Stream(ctx, d, m, po, 1, StreamOptions{Kernels: ks}); err == nil {
+		t.Error("Stream with another model's plan succeeded")
 	}
-	small := simDevice(t, func(o *sim.Options) { o.TotalBytes = p.PeakBytes / 2 })
+	small := simDevice(t, func(o *sim.Options) { o.TotalBytes = 4 << 20 })
 	ks2 := loadKernels(t, small)
-	_, err := New(context.Background(), small, m, p, Options{Kernels: ks2})
-	if !errors.Is(err, device.ErrOutOfMemory) {
-		t.Errorf("New on a device smaller than the plan: %v, want ErrOutOfMemory", err)
+	if _, err := Stream(ctx, small, m, p, 1, StreamOptions{Kernels: ks2}); !errors.Is(err, device.ErrOutOfMemory) {
+		t.Errorf("Stream on a device smaller than the plan: %v, want ErrOutOfMemory", err)
 	}
 	if st := small.Stats(); st.AllocatedBytes != 0 {
-		t.Errorf("failed New left %d bytes allocated", st.AllocatedBytes)
+		t.Errorf("failed Stream left %d bytes allocated", st.AllocatedBytes)
 	}
-	s, err := New(context.Background(), d, m, p, Options{Kernels: ks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Run(context.Background(), 0); err == nil {
-		t.Error("Run(0) succeeded")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.Run(ctx, 1); !errors.Is(err, context.Canceled) {
-		t.Errorf("Run with a cancelled context: %v", err)
+	if _, err := Stream(cctx, d, m, p, 1, StreamOptions{Kernels: ks}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Stream with a cancelled context: %v", err)
 	}
-	s.Close()
-	if _, err := s.Step(context.Background()); err == nil {
-		t.Error("Step after Close succeeded")
+	if st := d.Stats(); st.AllocatedBytes != 0 || st.PinnedHostBytes != 0 {
+		t.Errorf("%d device, %d pinned bytes left", st.AllocatedBytes, st.PinnedHostBytes)
 	}
 }
 
@@ -350,6 +303,27 @@ func TestMeasureMatmuls(t *testing.T) {
 	}
 }
 
+// TestSteadyStep: the steady-state model is between max(copy, compute)
+// and the plan's cold step, and equals the cold step's compute when
+// nothing streams.
+func TestSteadyStep(t *testing.T) {
+	m := tinyModel(t, synth.Safetensors)
+	for _, tokens := range []int{1, 64, 4096} {
+		wo := plan.WeightOptions{Tokens: tokens, Slots: 3}
+		p := planFor(t, m, halfBudget(t, m, wo), wo)
+		for _, pf := range []int{1, 2} {
+			s := SteadyStep(p, pf, 6)
+			if s < max(p.CopyTime, p.ComputeTime) || s > p.StepTime {
+				t.Errorf("tokens %d prefetch %d: steady %v outside [max(copy %v, compute %v), cold %v]", tokens, pf, s, p.CopyTime, p.ComputeTime, p.StepTime)
+			}
+		}
+		all := planFor(t, m, 1<<40, wo)
+		if s := SteadyStep(all, 1, 3); s != all.ComputeTime {
+			t.Errorf("all resident: steady %v, compute %v", s, all.ComputeTime)
+		}
+	}
+}
+
 // TestCUDAStream streams a generated model on the GPU
 // (MEMWALL_TEST_DEVICE=cuda): data verified, the step close to max(copy,
 // compute).
@@ -374,25 +348,17 @@ func TestCUDAStream(t *testing.T) {
 		}
 		ks := loadKernels(t, d)
 		for _, tokens := range []int{1, 512} {
-			for _, src := range []Source{Register, Pinned, Bounce} {
-				t.Run(f+"/"+src.String()+"/tokens="+itoa(tokens), func(t *testing.T) {
+			for _, src := range []residency.Source{residency.Register, residency.Pinned, residency.Bounce} {
+				t.Run(fmt.Sprintf("%s/%s/tokens=%d", f, src, tokens), func(t *testing.T) {
 					groups, _ := plan.GroupWeights(m.Tensors)
 					_, cost, err := MeasureMatmuls(context.Background(), d, ks, groups, tokens, 3)
 					if err != nil {
 						t.Fatal(err)
 					}
 					wo := plan.WeightOptions{Tokens: tokens, LinkGBps: 50, Cost: cost, Granule: 2 << 20}
-					full, err := plan.PlanWeights(groups, plan.WeightOptions{Budget: 1 << 40, LinkGBps: 50, Tokens: tokens, Granule: 2 << 20})
-					if err != nil {
-						t.Fatal(err)
-					}
+					full := planFor(t, m, 1<<40, wo)
 					p := planFor(t, m, full.PeakBytes/2, wo)
-					s, err := New(context.Background(), d, m, p, Options{Kernels: ks, Source: src})
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer s.Close()
-					rep, err := s.Run(context.Background(), 3)
+					rep, err := Stream(context.Background(), d, m, p, 3, StreamOptions{Kernels: ks, Residency: residency.Options{Source: src}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -403,8 +369,11 @@ func TestCUDAStream(t *testing.T) {
 					t.Logf("%s: %d streamed B, step %.4fs copy %.4fs compute %.4fs stall %.4fs ratio %.3f, %.1f GB/s; peak %d (pred %d), pred step %.4fs",
 						rep.Source, p.StreamedBytes, rep.SecondsPerStep, rep.CopySecondsPerStep, rep.ComputeSecondsPerStep,
 						rep.StallSecondsPerStep, ratio, rep.AchievedGBps, rep.PeakBytes, p.PeakBytes, p.StepTime.Seconds())
-					if src != Bounce && ratio > 1.10 {
+					if src != residency.Bounce && ratio > 1.10 {
 						t.Errorf("step %.4fs is %.2f× max(copy, compute)", rep.SecondsPerStep, ratio)
+					}
+					if rep.PeakBytes > p.PeakBytes {
+						t.Errorf("measured peak %d above the plan's %d", rep.PeakBytes, p.PeakBytes)
 					}
 				})
 			}

@@ -1,4 +1,4 @@
-package stream
+package bench
 
 import (
 	"cmp"
@@ -32,7 +32,7 @@ type MatmulTiming struct {
 // the table and others with a roofline at the best rates measured.
 func MeasureMatmuls(ctx context.Context, d device.Device, ks *kernels.Set, groups []plan.WeightGroup, tokens, reps int) ([]MatmulTiming, plan.MatmulCost, error) {
 	if tokens < 1 {
-		return nil, nil, fmt.Errorf("stream: measure: tokens = %d", tokens)
+		return nil, nil, fmt.Errorf("bench: matmuls: tokens = %d", tokens)
 	}
 	if reps < 1 {
 		reps = 3
@@ -75,7 +75,7 @@ func MeasureMatmuls(ctx context.Context, d device.Device, ks *kernels.Set, group
 	})
 	st, err := d.NewStream()
 	if err != nil {
-		return nil, nil, fmt.Errorf("stream: measure: %w", err)
+		return nil, nil, fmt.Errorf("bench: matmuls: %w", err)
 	}
 	var bufs []device.Ptr
 	var evs []device.Event
@@ -92,7 +92,7 @@ func MeasureMatmuls(ctx context.Context, d device.Device, ks *kernels.Set, group
 	alloc := func(n uint64) (device.Ptr, error) {
 		p, err := d.Alloc(n)
 		if err != nil {
-			return 0, fmt.Errorf("stream: measure: scratch of %d bytes: %w", n, err)
+			return 0, fmt.Errorf("bench: matmuls: scratch of %d bytes: %w", n, err)
 		}
 		bufs = append(bufs, p)
 		// Small finite values (bf16 0x3c3c ≈ 0.0115): the time does not
@@ -114,7 +114,7 @@ func MeasureMatmuls(ctx context.Context, d device.Device, ks *kernels.Set, group
 	for range 2 {
 		e, err := d.NewEvent(true)
 		if err != nil {
-			return nil, nil, fmt.Errorf("stream: measure: %w", err)
+			return nil, nil, fmt.Errorf("bench: matmuls: %w", err)
 		}
 		evs = append(evs, e)
 	}
@@ -126,16 +126,16 @@ func MeasureMatmuls(ctx context.Context, d device.Device, ks *kernels.Set, group
 		}
 		launch := func() error { return ks.Matmul(k.dt, W, X, Y, uint32(k.m), uint32(k.k), uint32(T), st) }
 		if err := launch(); err != nil {
-			return nil, nil, fmt.Errorf("stream: measure: %w", err)
+			return nil, nil, fmt.Errorf("bench: matmuls: %w", err)
 		}
 		var times []time.Duration
 		for range reps {
 			if err := errors.Join(d.EventRecord(evs[0], st), launch(), d.EventRecord(evs[1], st), d.EventSynchronize(evs[1])); err != nil {
-				return nil, nil, fmt.Errorf("stream: measure: %w", err)
+				return nil, nil, fmt.Errorf("bench: matmuls: %w", err)
 			}
 			el, err := d.EventElapsed(evs[0], evs[1])
 			if err != nil {
-				return nil, nil, fmt.Errorf("stream: measure: %w", err)
+				return nil, nil, fmt.Errorf("bench: matmuls: %w", err)
 			}
 			times = append(times, el)
 		}
@@ -148,7 +148,7 @@ func MeasureMatmuls(ctx context.Context, d device.Device, ks *kernels.Set, group
 			GBps:   by / t.Seconds() / 1e9})
 	}
 	if err := d.StreamSynchronize(st); err != nil {
-		return nil, nil, fmt.Errorf("stream: measure: %w", err)
+		return nil, nil, fmt.Errorf("bench: matmuls: %w", err)
 	}
 	return out, CostFromTimings(out), nil
 }

@@ -2,6 +2,7 @@ package llama_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
@@ -250,4 +252,73 @@ func FuzzParseGGUF(f *testing.F) {
 			t.Fatalf("accepted inconsistent config %+v", c)
 		}
 	})
+}
+
+// TestGGUFSameWeights: the GGUF file of a synthetic model holds the
+// safetensors file's values — norms widened to F32 exactly, Q and K rows
+// permuted as llama.cpp permutes them.
+func TestGGUFSameWeights(t *testing.T) {
+	for _, cfg := range []synth.Config{synth.Tiny(), synth.TinyF16()} {
+		st, err := llama.Open(filepath.Dir(gen(t, cfg, "model.safetensors")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gg, err := llama.Open(gen(t, cfg, "model.gguf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd := cfg.Hidden / cfg.Heads
+		for l := range cfg.Layers {
+			a, b := st.Tensors.Blocks[l], gg.Tensors.Blocks[l]
+			for _, p := range []struct {
+				a, b    format.Tensor
+				permute bool
+			}{{a.Q, b.Q, true}, {a.K, b.K, true}, {a.V, b.V, false}, {a.Down, b.Down, false}, {a.AttnNorm, b.AttnNorm, false}, {a.MLPNorm, b.MLPNorm, false}} {
+				x, y := values(t, st.Weights, p.a), values(t, gg.Weights, p.b)
+				cols := len(x) / int(p.a.Shape[0])
+				for r := range int(p.a.Shape[0]) {
+					src := r
+					if p.permute {
+						src = int(synth.SourceRow(uint64(r), hd))
+					}
+					for c := range cols {
+						if y[r*cols+c] != x[src*cols+c] {
+							t.Fatalf("%s row %d col %d: gguf %v, safetensors row %d %v", p.b.Name, r, c, y[r*cols+c], src, x[src*cols+c])
+						}
+					}
+				}
+			}
+		}
+		st.Close()
+		gg.Close()
+	}
+}
+
+func values(t *testing.T, m *format.Model, tn format.Tensor) []float32 {
+	t.Helper()
+	b := m.Data(tn)
+	out := make([]float32, tn.Elements())
+	for i := range out {
+		switch tn.DType {
+		case "F32":
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		case "BF16":
+			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
+		case "F16":
+			out[i] = halfToFloat(binary.LittleEndian.Uint16(b[2*i:]))
+		}
+	}
+	return out
+}
+
+func halfToFloat(h uint16) float32 {
+	e, m := int(h>>10)&0x1F, float64(h&0x3FF)
+	v := math.Ldexp(1+m/1024, e-15)
+	if e == 0 {
+		v = math.Ldexp(m/1024, -14)
+	}
+	if h&0x8000 != 0 {
+		v = -v
+	}
+	return float32(v)
 }

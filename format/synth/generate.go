@@ -190,8 +190,8 @@ func splitShards(tensors []Tensor, n int, dir string) []shardFile {
 }
 
 type codecKey struct {
-	dtype     string
-	mean, amp float32
+	dtype, via string
+	mean, amp  float32
 }
 
 type generator struct {
@@ -203,10 +203,10 @@ type generator struct {
 }
 
 func (g *generator) codec(t Tensor) *codec {
-	k := codecKey{t.DType, t.Mean, t.amplitude()}
+	k := codecKey{t.DType, t.Via, t.Mean, t.amplitude()}
 	c, ok := g.codecs[k]
 	if !ok {
-		c, _ = newCodec(t.DType, t.Mean, t.amplitude()) // dtypes come from a validated Config
+		c, _ = newCodecVia(t.DType, t.Via, t.Mean, t.amplitude()) // dtypes come from a validated Config
 		g.codecs[k] = c
 	}
 	return c

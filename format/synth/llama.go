@@ -180,6 +180,10 @@ type Tensor struct {
 	Shape []uint64 // outermost first
 	Mean  float32  // 1 for norm weights, 0 otherwise
 	Scale float32  // amplitude multiplier (Config.Scale for matrices); 0 means 1
+	// Via, when set, is a narrower dtype the value is rounded to before it
+	// is stored as DType: GGUF's F32 norms of a BF16 or F16 model hold
+	// the model dtype's values, as llama.cpp converts such a checkpoint.
+	Via string
 	// HeadDim, when non-zero, says the rows are permuted within each head
 	// of HeadDim rows as llama.cpp's converter permutes Q and K for GGUF:
 	// file row h·d + 2i + s holds Hugging Face row h·d + s·d/2 + i.
@@ -206,8 +210,9 @@ func (t Tensor) Bytes() uint64 {
 // Tensors lists the model's tensors in storage order (embedding, then layer
 // by layer, then final norm and head) with the names the given format uses.
 // In GGUF, as llama.cpp converts them, norm weights are F32 whatever the
-// model dtype and Q and K rows are permuted (see Tensor.HeadDim); the values
-// are otherwise the same in both formats. Call Validate first.
+// model dtype (holding the model dtype's values) and Q and K rows are
+// permuted (see Tensor.HeadDim); the values are otherwise the same in both
+// formats. Call Validate first.
 func (c Config) Tensors(formatName string) []Tensor {
 	h, in, v := uint64(c.Hidden), uint64(c.Inter), uint64(c.Vocab)
 	kv := uint64(c.kvHeads()) * (h / uint64(c.Heads))
@@ -227,8 +232,8 @@ func (c Config) Tensors(formatName string) []Tensor {
 		}
 		if gg {
 			t.Name = gguf
-			if norm {
-				t.DType = "F32"
+			if norm && c.DType != "F32" {
+				t.DType, t.Via = "F32", c.DType
 			}
 		}
 		out = append(out, t)

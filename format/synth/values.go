@@ -70,6 +70,21 @@ type codec struct {
 }
 
 func newCodec(dtype string, mean, amp float32) (*codec, error) {
+	return newCodecVia(dtype, "", mean, amp)
+}
+
+// newCodecVia is newCodec for values rounded to via ("BF16", "F16") first.
+func newCodecVia(dtype, via string, mean, amp float32) (*codec, error) {
+	value := func(r uint16) float32 { return laneValue(r, mean, amp) }
+	switch via {
+	case "":
+	case "BF16":
+		value = func(r uint16) float32 { return math.Float32frombits(uint32(F32ToBF16(laneValue(r, mean, amp))) << 16) }
+	case "F16":
+		value = func(r uint16) float32 { return widenF16(F32ToF16(laneValue(r, mean, amp))) }
+	default:
+		return nil, fmt.Errorf("synth: via dtype %q: want BF16 or F16", via)
+	}
 	c := &codec{}
 	switch dtype {
 	case "BF16", "F16":
@@ -80,13 +95,13 @@ func newCodec(dtype string, mean, amp float32) (*codec, error) {
 			enc = F32ToF16
 		}
 		for r := range c.t16 {
-			c.t16[r] = enc(laneValue(uint16(r), mean, amp))
+			c.t16[r] = enc(value(uint16(r)))
 		}
 	case "F32":
 		c.size = 4
 		c.t32 = new([1 << 16]uint32)
 		for r := range c.t32 {
-			c.t32[r] = math.Float32bits(laneValue(uint16(r), mean, amp))
+			c.t32[r] = math.Float32bits(value(uint16(r)))
 		}
 	default:
 		return nil, fmt.Errorf("synth: dtype %q: want BF16, F16 or F32", dtype)
@@ -211,4 +226,22 @@ func (c *codec) fillTensor(dst []byte, st, first uint64, t Tensor) {
 		c.fill(dst[done*uint64(c.size):(done+seg)*uint64(c.size)], st, SourceRow(row, t.HeadDim)*cols+col)
 		done += seg
 	}
+}
+
+// widenF16 widens an IEEE half exactly.
+func widenF16(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	e := int(h>>10) & 0x1F
+	m := uint32(h & 0x3FF)
+	switch {
+	case e == 0x1F:
+		return math.Float32frombits(sign | 0x7F800000 | m<<13)
+	case e == 0:
+		v := float32(m) / (1 << 24)
+		if sign != 0 {
+			v = -v
+		}
+		return v
+	}
+	return math.Float32frombits(sign | uint32(e-15+127)<<23 | m<<13)
 }

@@ -13,7 +13,7 @@ import (
 // size (2 for BF16 and F16, 4 for F32); it returns an error otherwise or for
 // another dtype.
 func Expected(seed uint64, t Tensor, first uint64, dst []byte) error {
-	c, err := newCodec(t.DType, t.Mean, t.amplitude())
+	c, err := newCodecVia(t.DType, t.Via, t.Mean, t.amplitude())
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,308 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/memwall/memwall/device/auto"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/kernels"
+	"github.com/memwall/memwall/pool"
+	"github.com/memwall/memwall/residency"
+)
+
+func init() {
+	register(verb{name: "run", summary: "generate tokens with a Llama-family model within a VRAM budget", run: runRun})
+}
+
+const runUsage = `MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--vram SIZE] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device auto|cuda|sim] [--json]
+
+Runs a Llama-family model — a directory with config.json, safetensors and
+tokenizer.json, a .safetensors file with config.json beside it, or a .gguf
+file — on the device within --vram, the process's whole device footprint
+(the CUDA context's own memory counted). Weights that do not fit stream
+through staging slots; K and V live in paged blocks; one planned arena holds
+each step's activations. Tokens print as they are produced (text when the
+model has a tokenizer), then prefill and decode tokens/s, peak device memory,
+bytes streamed per token and what stayed resident. Without --vram the budget
+is the device's free memory less a margin (512 MiB, or a tenth of the free
+memory when smaller). --temperature 0 (the default) is greedy decoding.`
+
+// runJSON is `memwall run --json`.
+type runJSON struct {
+	Model                 string  `json:"model"`
+	Device                string  `json:"device"`
+	PromptIDs             []int   `json:"prompt_ids"`
+	Tokens                []int   `json:"tokens"`
+	Text                  *string `json:"text,omitempty"`
+	Stop                  string  `json:"stop"`
+	PrefillTokensPerS     float64 `json:"prefill_tokens_per_s"`
+	DecodeTokensPerS      float64 `json:"decode_tokens_per_s"`
+	PrefillSeconds        float64 `json:"prefill_seconds"`
+	DecodeSeconds         float64 `json:"decode_seconds"`
+	PeakDeviceBytes       uint64  `json:"peak_device_bytes"`
+	PoolPeakBytes         uint64  `json:"pool_peak_bytes"`
+	ContextBytes          uint64  `json:"context_bytes"`
+	ContextSource         string  `json:"context_source"`
+	BudgetBytes           uint64  `json:"budget_bytes"`
+	BudgetDefault         bool    `json:"budget_default"`
+	StreamedBytesPerToken uint64  `json:"streamed_bytes_per_token"`
+	ResidentBytes         uint64  `json:"resident_bytes"`
+	ResidentGroups        int     `json:"resident_groups"`
+	StreamedGroups        int     `json:"streamed_groups"`
+	Groups                int     `json:"groups"`
+	KVBytes               uint64  `json:"kv_bytes"`
+	ArenaBytes            uint64  `json:"arena_bytes"`
+	Source                string  `json:"source"`
+	Gemm                  string  `json:"gemm"`
+	Kernels               string  `json:"kernels"`
+	Warning               string  `json:"warning,omitempty"`
+}
+
+type runFlags struct {
+	df                       deviceFlag
+	vram, prompt, ids        string
+	maxNew, topK, chunk      int
+	temperature, topP        float64
+	seed                     uint64
+	asJSON, ignoreEOS, exact bool
+	logitsOut, source        string
+}
+
+func runRun(e *env, args []string) error {
+	fs := newFlags(e, "run", runUsage)
+	var f runFlags
+	f.df.add(fs)
+	fs.StringVar(&f.vram, "vram", "", "the process's device memory budget, context included (default: free memory less a margin)")
+	fs.StringVar(&f.prompt, "prompt", "", "prompt text (needs a tokenizer)")
+	fs.StringVar(&f.ids, "prompt-ids", "", "prompt token ids, comma separated")
+	fs.IntVar(&f.maxNew, "max-new", 32, "most tokens to generate")
+	fs.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
+	fs.IntVar(&f.topK, "top-k", 0, "keep the K most likely tokens (0: all)")
+	fs.Float64Var(&f.topP, "top-p", 0, "keep the smallest set of tokens reaching probability P (0: all)")
+	fs.Uint64Var(&f.seed, "seed", 0, "sampling seed")
+	fs.IntVar(&f.chunk, "prefill-chunk", 512, "most prompt tokens per prefill step")
+	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "keep generating after an end-of-sequence token")
+	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
+	fs.StringVar(&f.logitsOut, "logits-out", "", "write the first generated token's logits to FILE (little-endian float32)")
+	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
+	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want one MODEL argument, got %d", len(pos))
+	}
+	if err := f.df.check(); err != nil {
+		return err
+	}
+	var vram uint64
+	if f.vram != "" {
+		if vram, err = flagSize("vram", f.vram, false); err != nil {
+			return err
+		}
+	}
+	if (f.prompt == "") == (f.ids == "") {
+		return usagef("give exactly one of --prompt and --prompt-ids")
+	}
+	var ids []int
+	if f.ids != "" {
+		if ids, err = parseIDs(f.ids); err != nil {
+			return usagef("--prompt-ids: %v", err)
+		}
+	}
+	if f.maxNew < 1 || f.maxNew > 1<<20 {
+		return usagef("--max-new %d: want 1..%d", f.maxNew, 1<<20)
+	}
+	if f.chunk < 1 || f.chunk > 1<<16 {
+		return usagef("--prefill-chunk %d: want 1..65536", f.chunk)
+	}
+	sampling := engine.Sampling{MaxNew: f.maxNew, Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, IgnoreEOS: f.ignoreEOS}
+	if err := sampling.Validate(); err != nil {
+		return usagef("%s", strings.TrimPrefix(err.Error(), "engine: "))
+	}
+	source, err := residency.ParseSource(f.source)
+	if err != nil {
+		return usagef("--source: %v", err)
+	}
+	return runModel(e, &f, pos[0], ids, vram, sampling, source)
+}
+
+// parseIDs reads "1,2,3".
+func parseIDs(s string) ([]int, error) {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || n > math.MaxInt32 {
+			return nil, fmt.Errorf("%q is not a token id (a non-negative integer)", p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// runModel does the work of `memwall run` once the command line is valid.
+func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling engine.Sampling, source residency.Source) error {
+	m, err := llama.Open(path)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	tok, err := openTokenizer(m)
+	if err != nil {
+		return err
+	}
+	if f.prompt != "" {
+		if tok == nil {
+			return fmt.Errorf("%s: no tokenizer (no tokenizer.json beside the weights, no GGUF vocabulary): give --prompt-ids", path)
+		}
+		ids = tok.Encode(f.prompt, true)
+	}
+	if len(ids) == 0 {
+		return fmt.Errorf("the prompt encodes to no tokens")
+	}
+	if len(ids) >= m.Config.Context {
+		return fmt.Errorf("%s: max_position_embeddings: prompt of %d tokens does not fit the context of %d (one position must stay for a new token)",
+			m.Config.Source, len(ids), m.Config.Context)
+	}
+	so := sim.DefaultOptions()
+	so.Kernels = kernels.Sim()
+	d, ch, err := auto.Open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	budget, err := residency.PlanBudget(d, vram)
+	if err != nil {
+		return err
+	}
+	if budget.Warning != "" && !f.asJSON {
+		fmt.Fprintf(e.stderr, "memwall run: warning: %s\n", budget.Warning)
+	}
+	po := pool.DefaultOptions(d)
+	po.Name, po.Limit = "run", budget.PoolBytes
+	dev, err := pool.New(d, po)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	host, err := pool.NewHost(d, pool.Options{Name: "run-host"})
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	ks, err := kernels.Load(d, e.getenv)
+	if err != nil {
+		return err
+	}
+	defer ks.Close()
+	maxTokens := min(len(ids)+sampling.MaxNew, m.Config.Context)
+	eng, err := engine.New(e.ctx, d, ks, dev, host, m, engine.Options{Budget: budget.PoolBytes, MaxTokens: maxTokens,
+		PrefillChunk: f.chunk, Source: source, Exact: f.exact})
+	if err != nil {
+		var be *engine.BudgetError
+		if errors.As(err, &be) {
+			return fmt.Errorf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s included): %w",
+				budget.VRAMBytes, humanBytes(budget.VRAMBytes), be.Minimum+budget.ContextBytes, humanBytes(be.Minimum+budget.ContextBytes),
+				path, maxTokens, humanBytes(budget.ContextBytes), err)
+		}
+		return err
+	}
+	defer eng.Close()
+	out := runJSON{Model: path, Device: ch.Backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
+		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource,
+		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), Warning: budget.Warning}
+	var dec func(id int) string
+	if tok != nil {
+		dec = tok.NewDecoder()
+	}
+	onToken := func(id int) error {
+		if f.asJSON {
+			return nil
+		}
+		if dec != nil {
+			fmt.Fprint(e.stdout, dec(id))
+		} else {
+			fmt.Fprintf(e.stdout, "%d ", id)
+		}
+		return nil
+	}
+	res, err := eng.Generate(e.ctx, ids, sampling, onToken)
+	if err != nil {
+		return err
+	}
+	if f.logitsOut != "" {
+		if err := writeLogits(f.logitsOut, res.FirstLogits); err != nil {
+			return err
+		}
+	}
+	fillRunJSON(&out, eng, dev, res)
+	if tok != nil {
+		text := tok.Decode(res.Tokens)
+		out.Text = &text
+	}
+	if f.asJSON {
+		return writeJSON(e.stdout, out)
+	}
+	printRun(e, out)
+	return nil
+}
+
+func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.Result) {
+	out.Tokens, out.Stop = res.Tokens, res.Stop
+	out.PrefillTokensPerS, out.DecodeTokensPerS = res.PrefillTokensPerS, res.DecodeTokensPerS
+	out.PrefillSeconds, out.DecodeSeconds = res.PrefillSeconds, res.DecodeSeconds
+	out.StreamedBytesPerToken = res.StreamedBytesPerToken
+	st := dev.Stats()
+	out.PoolPeakBytes = st.PeakReservedBytes
+	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes
+	rs := eng.Residency().Stats()
+	out.ResidentBytes, out.ResidentGroups, out.Groups = rs.ResidentBytes, rs.ResidentGroups, rs.Groups
+	out.StreamedGroups = rs.Groups - rs.ResidentGroups
+	out.Source = rs.Source
+	out.KVBytes, out.ArenaBytes = eng.KVBytes(), eng.ArenaBytes()
+}
+
+func printRun(e *env, o runJSON) {
+	w := e.stdout
+	fmt.Fprintf(w, "\n\n%d prompt tokens, %d generated (stop: %s) on %s\n", len(o.PromptIDs), len(o.Tokens), o.Stop, o.Device)
+	fmt.Fprintf(w, "  prefill %.1f tokens/s, decode %.2f tokens/s (products: %s)\n", o.PrefillTokensPerS, o.DecodeTokensPerS, o.Gemm)
+	fmt.Fprintf(w, "  peak device memory %s of the %s budget (pools %s + context %s)\n",
+		humanBytes(o.PeakDeviceBytes), humanBytes(o.BudgetBytes), humanBytes(o.PoolPeakBytes), humanBytes(o.ContextBytes))
+	fmt.Fprintf(w, "  resident: %d of %d weight groups (%s); streamed %s per token (%s)\n",
+		o.ResidentGroups, o.Groups, humanBytes(o.ResidentBytes), humanBytes(o.StreamedBytesPerToken), o.Source)
+	fmt.Fprintf(w, "  KV cache %s, activation arena %s\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes))
+}
+
+func writeLogits(path string, l []float32) error {
+	b := make([]byte, 4*len(l))
+	for i, v := range l {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("--logits-out: %w", err)
+	}
+	return nil
+}
+
+// textCodec is what run needs of a tokenizer.
+type textCodec interface {
+	Encode(text string, addSpecial bool) []int
+	Decode(ids []int) string
+	// NewDecoder returns a function giving the text each new id adds.
+	NewDecoder() func(id int) string
+}
+
+// openTokenizer loads the model's tokenizer, nil when it has none.
+func openTokenizer(m *llama.Model) (textCodec, error) {
+	return nil, nil
+}

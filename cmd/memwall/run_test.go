@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/memwall/memwall/format/synth"
+)
+
+// tinyDir writes a preset as a safetensors directory (with config.json)
+// and as a GGUF file into one temp dir.
+func tinyDir(t *testing.T, preset string) (dir, ggufPath string) {
+	t.Helper()
+	dir = t.TempDir()
+	cfg := synth.Presets()[preset]
+	if _, err := synth.Generate(context.Background(), cfg, filepath.Join(dir, "model.safetensors"), synth.Options{Workers: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ggufPath = filepath.Join(t.TempDir(), "model.gguf")
+	if _, err := synth.Generate(context.Background(), cfg, ggufPath, synth.Options{Format: synth.GGUF, Workers: 2}); err != nil {
+		t.Fatal(err)
+	}
+	return dir, ggufPath
+}
+
+func runJSONOut(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	code, out, errOut := runVerbSim(t, args...)
+	if code != 0 {
+		t.Fatalf("memwall %v: exit %d: %s", args, code, errOut)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return m
+}
+
+func tokensOf(m map[string]any) []int {
+	var out []int
+	for _, v := range m["tokens"].([]any) {
+		out = append(out, int(v.(float64)))
+	}
+	return out
+}
+
+func TestRunJSON(t *testing.T) {
+	dir, gg := tinyDir(t, "tiny")
+	args := []string{"--prompt-ids", "5,17,300,42,9,77", "--max-new", "12", "--ignore-eos", "--device", "sim", "--json"}
+	resident := runJSONOut(t, append([]string{"run", dir, "--vram", "1GiB"}, args...)...)
+	for _, k := range []string{"prompt_ids", "tokens", "prefill_tokens_per_s", "decode_tokens_per_s", "peak_device_bytes",
+		"budget_bytes", "streamed_bytes_per_token", "gemm"} {
+		if _, ok := resident[k]; !ok {
+			t.Errorf("run --json lacks %q", k)
+		}
+	}
+	if len(tokensOf(resident)) != 12 || resident["streamed_bytes_per_token"].(float64) != 0 || resident["gemm"] != "memwall" {
+		t.Errorf("resident run: %v", resident)
+	}
+	if resident["peak_device_bytes"].(float64) > resident["budget_bytes"].(float64) {
+		t.Errorf("peak %v above the budget %v", resident["peak_device_bytes"], resident["budget_bytes"])
+	}
+	// A budget that forces streaming gives the same tokens.
+	streamed := runJSONOut(t, append([]string{"run", dir, "--vram", "6MiB"}, args...)...)
+	if streamed["streamed_bytes_per_token"].(float64) == 0 || streamed["streamed_groups"].(float64) == 0 {
+		t.Errorf("6 MiB streams nothing: %v", streamed)
+	}
+	if a, b := tokensOf(resident), tokensOf(streamed); !equalInts(a, b) {
+		t.Errorf("resident %v, streaming %v", a, b)
+	}
+	if streamed["peak_device_bytes"].(float64) > streamed["budget_bytes"].(float64) {
+		t.Errorf("peak %v above the budget %v", streamed["peak_device_bytes"], streamed["budget_bytes"])
+	}
+	// The GGUF file of the same weights gives the same tokens.
+	g := runJSONOut(t, append([]string{"run", gg, "--vram", "1GiB"}, args...)...)
+	if a, b := tokensOf(resident), tokensOf(g); !equalInts(a, b) {
+		t.Errorf("safetensors %v, gguf %v", a, b)
+	}
+	// Human output streams the ids and reports.
+	code, out, errOut := runVerbSim(t, append([]string{"run", filepath.Join(dir, "model.safetensors"), "--vram", "1GiB"}, args[:len(args)-1]...)...)
+	if code != 0 || !strings.Contains(out, "decode") || !strings.Contains(out, "peak device memory") {
+		t.Errorf("human output: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestRunErrors(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	long := strings.Repeat("1,", 600) + "1"
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"run", dir, "--device", "sim"}, 2, "exactly one of --prompt and --prompt-ids"},
+		{[]string{"run", dir, "--prompt-ids", "1,x", "--device", "sim"}, 2, "--prompt-ids"},
+		{[]string{"run", dir, "--prompt-ids", "1", "--vram", "lots", "--device", "sim"}, 2, "--vram"},
+		{[]string{"run", dir, "--prompt-ids", "1", "--top-p", "2", "--device", "sim"}, 2, "top-p"},
+		{[]string{"run", dir, "--prompt-ids", "1", "--device", "gpu"}, 2, "--device"},
+		{[]string{"run", "--prompt-ids", "1"}, 2, "MODEL"},
+		{[]string{"run", dir, "--prompt-ids", long, "--device", "sim"}, 1, "max_position_embeddings"},
+		{[]string{"run", dir, "--prompt-ids", "1,2,5000", "--device", "sim"}, 1, "vocab_size"},
+		{[]string{"run", dir, "--prompt-ids", "1,2", "--vram", "1MiB", "--device", "sim"}, 1, "below the minimum"},
+		{[]string{"run", dir, "--prompt", "hello", "--device", "sim"}, 1, "no tokenizer"},
+		{[]string{"run", filepath.Join(dir, "nope"), "--prompt-ids", "1", "--device", "sim"}, 1, "nope"},
+	} {
+		code, _, errOut := runVerbSim(t, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+	}
+	// A config that contradicts the tensors names the file and the field.
+	cfgPath := filepath.Join(dir, "config.json")
+	b, _ := os.ReadFile(cfgPath)
+	var c map[string]any
+	json.Unmarshal(b, &c)
+	c["intermediate_size"] = 700
+	b, _ = json.Marshal(c)
+	os.WriteFile(cfgPath, b, 0o644)
+	code, _, errOut := runVerbSim(t, "run", dir, "--prompt-ids", "1", "--device", "sim")
+	if code != 1 || !strings.Contains(errOut, "mlp.gate_proj.weight") || !strings.Contains(errOut, "shape") {
+		t.Errorf("mismatched config: exit %d, %s", code, errOut)
+	}
+	c["model_type"] = "qwen2"
+	b, _ = json.Marshal(c)
+	os.WriteFile(cfgPath, b, 0o644)
+	code, _, errOut = runVerbSim(t, "run", dir, "--prompt-ids", "1", "--device", "sim")
+	if code != 1 || !strings.Contains(errOut, "config.json: model_type") {
+		t.Errorf("qwen2: exit %d, %s", code, errOut)
+	}
+}

@@ -651,3 +651,26 @@ func TestPlanBudget(t *testing.T) {
 		t.Errorf("budget above the free memory: %+v, %v", b, err)
 	}
 }
+
+// TestContextBytesGPU: on the GPU the context's own memory is measured
+// (MEMWALL_TEST_DEVICE=cuda), plausibly (tens of MiB to a few GiB), and a
+// budget takes it off.
+func TestContextBytesGPU(t *testing.T) {
+	if !onGPU() {
+		t.Skip("set MEMWALL_TEST_DEVICE=cuda on a GPU machine to measure the CUDA context")
+	}
+	d := testDevice(t, 1, nil)
+	n, how := ContextBytes(d)
+	t.Logf("context: %d bytes (%.1f MiB), %s", n, float64(n)/(1<<20), how)
+	if n < 16<<20 || n > 4<<30 {
+		t.Errorf("context %d bytes (%s): want 16 MiB..4 GiB", n, how)
+	}
+	b, err := PlanBudget(d, 8<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.PoolBytes != 8<<30-n || b.ContextBytes != n {
+		t.Errorf("budget %+v", b)
+	}
+	t.Logf("8 GiB budget: %+v", b)
+}

@@ -125,17 +125,32 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // ---------------------------------------------------------------------------
-// GEMV: T <= kGemvMaxT tokens. One warp per weight row m; the warp streams
-// the row once (16-byte loads when K and the pointers allow) and multiplies
-// it with every token row of X, which stays hot in L1/L2.
+// GEMV: T <= kGemvMaxT tokens, the decode path: it must stream W at HBM
+// speed. Each warp owns kGemvRows consecutive rows of W (a block of 8 warps:
+// 8*kGemvRows rows); lane l reads 16-byte vectors l, l+32, ... of each row
+// with loads that bypass L1 (W is read once), eight of them in flight
+// before the first is used, and multiplies them with the same vector of
+// every token row of X (read through L1, where X stays hot), so X is
+// loaded once per kGemvRows rows.
 
 const int kGemvMaxT = 8;
+const int kGemvRows = 2;
+
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
 
 template <class Tr>
-__device__ __forceinline__ void gemv_vec_step(uint4 wv, const typename Tr::S* X, uint64_t c,
-                                              uint32_t K, uint32_t T, float* acc) {
-    float wf[Tr::kVec];
-    Tr::unpack(wv, wf);
+__device__ __forceinline__ void gemv_vec_step(const uint4 (&wv)[kGemvRows], const typename Tr::S* X,
+                                              uint64_t c, uint32_t K, uint32_t T,
+                                              float (&acc)[kGemvRows][kGemvMaxT]) {
+    float wf[kGemvRows][Tr::kVec];
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) Tr::unpack(wv[r], wf[r]);
 #pragma unroll
     for (int t = 0; t < kGemvMaxT; ++t) {
         if (t < (int)T) {
@@ -143,7 +158,9 @@ __device__ __forceinline__ void gemv_vec_step(uint4 wv, const typename Tr::S* X,
             float xf[Tr::kVec];
             Tr::unpack(__ldg(xr + c), xf);
 #pragma unroll
-            for (int j = 0; j < Tr::kVec; ++j) acc[t] = fmaf(wf[j], xf[j], acc[t]);
+            for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+                for (int j = 0; j < Tr::kVec; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
         }
     }
 }
@@ -153,37 +170,54 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
                                      const typename Tr::S* __restrict__ X, float* __restrict__ Y,
                                      uint32_t M, uint32_t K, uint32_t T) {
     const uint32_t lane = threadIdx.x & 31u;
-    const uint64_t m = (uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (m >= M) return;  // whole warp leaves together; no block barrier follows
+    const uint64_t m0 = ((uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kGemvRows;
+    if (m0 >= M) return;  // whole warp leaves together; no block barrier follows
     if (T > (uint32_t)kGemvMaxT) T = kGemvMaxT;  // the launcher never asks for more
-
-    float acc[kGemvMaxT];
+    // Rows past M repeat the last row (valid memory) and are not written.
+    uint64_t rows[kGemvRows];
 #pragma unroll
-    for (int t = 0; t < kGemvMaxT; ++t) acc[t] = 0.0f;
+    for (int r = 0; r < kGemvRows; ++r) rows[r] = min(m0 + r, (uint64_t)M - 1);
 
-    const typename Tr::S* w = W + m * K;
+    float acc[kGemvRows][kGemvMaxT];
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+        for (int t = 0; t < kGemvMaxT; ++t) acc[r][t] = 0.0f;
+
     if (K % Tr::kVec == 0 && aligned16(W) && aligned16(X)) {
         const uint64_t nvec = K / Tr::kVec;
-        const uint4* w4 = reinterpret_cast<const uint4*>(w);
+        const uint4* w4[kGemvRows];
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) w4[r] = reinterpret_cast<const uint4*>(W + rows[r] * K);
         uint64_t c = lane;
-        // Four independent 16-byte weight loads in flight per lane.
+        // Four vectors of each row (eight 16-byte loads) in flight per lane.
         for (; c + 96 < nvec; c += 128) {
-            uint4 w0 = __ldg(w4 + c);
-            uint4 w1 = __ldg(w4 + c + 32);
-            uint4 w2 = __ldg(w4 + c + 64);
-            uint4 w3 = __ldg(w4 + c + 96);
-            gemv_vec_step<Tr>(w0, X, c, K, T, acc);
-            gemv_vec_step<Tr>(w1, X, c + 32, K, T, acc);
-            gemv_vec_step<Tr>(w2, X, c + 64, K, T, acc);
-            gemv_vec_step<Tr>(w3, X, c + 96, K, T, acc);
+            uint4 v[4][kGemvRows];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int r = 0; r < kGemvRows; ++r) v[u][r] = ld_stream16(w4[r] + c + 32 * u);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) gemv_vec_step<Tr>(v[u], X, c + 32 * u, K, T, acc);
         }
-        for (; c < nvec; c += 32) gemv_vec_step<Tr>(__ldg(w4 + c), X, c, K, T, acc);
+        for (; c < nvec; c += 32) {
+            uint4 v[kGemvRows];
+#pragma unroll
+            for (int r = 0; r < kGemvRows; ++r) v[r] = ld_stream16(w4[r] + c);
+            gemv_vec_step<Tr>(v, X, c, K, T, acc);
+        }
     } else {
         for (uint32_t k = lane; k < K; k += 32) {
-            const float wk = Tr::load(w + k);
+            float wk[kGemvRows];
+#pragma unroll
+            for (int r = 0; r < kGemvRows; ++r) wk[r] = Tr::load(W + rows[r] * K + k);
 #pragma unroll
             for (int t = 0; t < kGemvMaxT; ++t) {
-                if (t < (int)T) acc[t] = fmaf(wk, Tr::load(X + (uint64_t)t * K + k), acc[t]);
+                if (t < (int)T) {
+                    const float xk = Tr::load(X + (uint64_t)t * K + k);
+#pragma unroll
+                    for (int r = 0; r < kGemvRows; ++r) acc[r][t] = fmaf(wk[r], xk, acc[r][t]);
+                }
             }
         }
     }
@@ -191,8 +225,11 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
 #pragma unroll
     for (int t = 0; t < kGemvMaxT; ++t) {
         if (t < (int)T) {
-            const float v = warp_sum(acc[t]);
-            if (lane == 0) Y[(uint64_t)t * M + m] = v;
+#pragma unroll
+            for (int r = 0; r < kGemvRows; ++r) {
+                const float v = warp_sum(acc[r][t]);
+                if (lane == 0 && m0 + r < M) Y[(uint64_t)t * M + m0 + r] = v;
+            }
         }
     }
 }
@@ -718,8 +755,8 @@ extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
     } while (now - start < nanoseconds);
 }
 
-// Y[t, m] = sum_k W[m, k] * X[t, k] for T <= 8: block of 256 threads, one
-// warp per row m, grid.x = ceil(M / 8).
+// Y[t, m] = sum_k W[m, k] * X[t, k] for T <= 8: block of 256 threads, two
+// rows of W per warp, grid.x = ceil(M / 16).
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f32(
     const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
     gemv<F32>(W, X, Y, M, K, T);

@@ -108,7 +108,7 @@ const GemvMaxTokens = 8
 // Launch-shape constants, mirrored from kernels.cu.
 const (
 	threadsPerBlock = 256 // every kernel but spin
-	gemvRowsPerBlk  = threadsPerBlock / 32
+	gemvRowsPerBlk  = threadsPerBlock / 32 * 2 // kGemvRows rows per warp
 	gemmTileF32     = 64
 	gemmTile16      = 128
 	maxGridX        = 1<<31 - 1
@@ -461,7 +461,7 @@ type MatmulShape struct {
 }
 
 // ShapeFor returns the launch Matmul uses for Y[T×M] = X[T×K]·W[M×K]ᵀ in
-// dtype: T ≤ GemvMaxTokens runs memwall_gemv_<dtype>, one warp per row of W;
+// dtype: T ≤ GemvMaxTokens runs memwall_gemv_<dtype>, two rows of W per warp;
 // larger T runs memwall_gemm_<dtype> over 64×64 (f32) or 128×128 (bf16,
 // f16) output tiles. It fails with ErrDType, or ErrShape when M or T is 0
 // or the grid would exceed CUDA's limits.

@@ -159,14 +159,14 @@ func TestShapeFor(t *testing.T) {
 		grid    device.Dim3
 		err     error
 	}{
-		{BF16, 4096, 4096, 1, "memwall_gemv_bf16", d(512, 1), nil},
-		{F16, 1003, 999, 8, "memwall_gemv_f16", d(126, 1), nil},
+		{BF16, 4096, 4096, 1, "memwall_gemv_bf16", d(256, 1), nil},
+		{F16, 1003, 999, 8, "memwall_gemv_f16", d(63, 1), nil},
 		{F32, 1, 1, 1, "memwall_gemv_f32", d(1, 1), nil},
 		{BF16, 4096, 4096, 9, "memwall_gemm_bf16", d(32, 1), nil},
 		{F16, 1003, 64, 4096, "memwall_gemm_f16", d(8, 32), nil},
 		{F32, 1003, 64, 4096, "memwall_gemm_f32", d(16, 64), nil},
 		{F32, 65, 1, 65, "memwall_gemm_f32", d(2, 2), nil},
-		{BF16, 1<<32 - 1, 1, 1, "memwall_gemv_bf16", d(1<<29, 1), nil},
+		{BF16, 1<<32 - 1, 1, 1, "memwall_gemv_bf16", d(1<<28, 1), nil},
 		{BF16, 1, 1, 128 * 65535, "memwall_gemm_bf16", d(1, 65535), nil},
 		{BF16, 1, 1, 128*65535 + 1, "", device.Dim3{}, ErrShape},
 		{F32, 1, 1, 64*65535 + 1, "", device.Dim3{}, ErrShape},
@@ -421,7 +421,7 @@ func TestSetLaunches(t *testing.T) {
 		{"spin", func() error { return s.Spin(1500*time.Microsecond, st) },
 			&launch{NameSpin, one, one, st, []any{uint64(1500000)}}},
 		{"gemv", func() error { return s.Matmul(BF16, p, p+256, p+512, 1003, 999, 8, st) },
-			&launch{GemvName(BF16), device.Dim3{X: 126, Y: 1, Z: 1}, blockDim(), st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8)}}},
+			&launch{GemvName(BF16), device.Dim3{X: 63, Y: 1, Z: 1}, blockDim(), st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8)}}},
 		{"gemm", func() error { return s.Matmul(F32, p, p+4, p+8, 65, 3, 4096, st) },
 			&launch{GemmName(F32), device.Dim3{X: 2, Y: 64, Z: 1}, blockDim(), st, []any{p, p + 4, p + 8, uint32(65), uint32(3), uint32(4096)}}},
 		{"matmul empty", func() error { return s.Matmul(F16, p, p, p, 0, 3, 4, st) }, nil},

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -178,12 +179,30 @@ func exitStatus(e *env, verb string, err error) int {
 	case err == nil, errors.Is(err, errHelp):
 		return exitOK
 	case errors.As(err, &u):
-		fmt.Fprintf(e.stderr, "memwall %s: %v\n(run 'memwall help %s' for its flags)\n", verb, err, verb)
+		fmt.Fprintf(e.stderr, "memwall %s: %s\n(run 'memwall help %s' for its flags)\n", verb, tidyMessage(verb, err.Error()), verb)
 		return exitUsage
 	default:
-		fmt.Fprintf(e.stderr, "memwall %s: %v\n", verb, err)
+		fmt.Fprintf(e.stderr, "memwall %s: %s\n", verb, tidyMessage(verb, err.Error()))
 		return exitFail
 	}
+}
+
+// wordPair is two words before a colon, as in "pool pool:" (a pool with
+// the pool package's default name, in that package's prefix).
+var wordPair = regexp.MustCompile(`\b([A-Za-z][A-Za-z-]*) ([A-Za-z][A-Za-z-]*):`)
+
+// tidyMessage removes what an error's layers repeat: the verb's own name
+// at its start ("memwall plan: plan: ...") and a word doubled before a
+// colon ("pool pool: ..." becomes "pool: ...").
+func tidyMessage(verb, msg string) string {
+	msg = strings.TrimPrefix(msg, verb+": ")
+	return wordPair.ReplaceAllStringFunc(msg, func(m string) string {
+		a, b, _ := strings.Cut(strings.TrimSuffix(m, ":"), " ")
+		if a == b {
+			return a + ":"
+		}
+		return m
+	})
 }
 
 // runHelp is `memwall help [VERB [SUB]]`: the top-level help, or a verb's

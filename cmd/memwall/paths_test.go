@@ -166,3 +166,68 @@ func TestFitBudgetAboveDevice(t *testing.T) {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// TestReplayPaths: empty traces and empty selections are refused, --json's
+// fragmentation figures are real (or null for a replay that took no
+// sample), an --html that cannot be written fails before the work, and one
+// that fails on writing still leaves the report printed.
+func TestReplayPaths(t *testing.T) {
+	dir := t.TempDir()
+	header := filepath.Join(dir, "h.csv")
+	os.WriteFile(header, []byte("action,addr,size,stream\n"), 0o644)
+	empty := filepath.Join(dir, "e.jsonl")
+	os.WriteFile(empty, nil, 0o644)
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{header}, 1, "no allocations to replay"},
+		{[]string{empty}, 1, ""},
+		{[]string{bertTrace, "--strategy", ","}, 2, "--strategy"},
+		{[]string{bertTrace, "--html", "/nonexistent/x.html"}, 1, "--html /nonexistent/x.html"},
+	} {
+		code, out, errOut := runReplayVerb(t, c.args...)
+		if code != c.code || !strings.Contains(errOut, c.want) || strings.Contains(out, "goal") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit %d saying %q", c.args, code, out, errOut, c.code, c.want)
+		}
+	}
+	code, out, errOut := runReplayVerb(t, bertTrace, "--strategy", "default", "--no-search", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Results) != 1 {
+		t.Fatalf("%v %s", err, out)
+	}
+	fmin, ok1 := rep.Results[0]["fragmentation_min"].(float64)
+	fmean, ok2 := rep.Results[0]["fragmentation_mean"].(float64)
+	if !ok1 || !ok2 || fmean <= 0 || fmin > fmean || fmean > 1 || fmin == 1 {
+		t.Errorf("fragmentation min %v mean %v: placeholders, not measurements", rep.Results[0]["fragmentation_min"], rep.Results[0]["fragmentation_mean"])
+	}
+	code, out, _ = runReplayVerb(t, bertTrace, "--strategy", "default", "--no-search", "--capacity", "1MiB", "--json")
+	if err := json.Unmarshal([]byte(out), &rep); code != 1 || err != nil || rep.Results[0]["fragmentation_min"] != nil {
+		t.Errorf("a replay failing at once: exit %d, fragmentation_min %v (want null)", code, rep.Results[0]["fragmentation_min"])
+	}
+	if _, err := os.Stat("/dev/full"); err == nil {
+		code, out, errOut = runReplayVerb(t, bertTrace, "--strategy", "default", "--no-search", "--html", "/dev/full")
+		if code != 1 || !strings.Contains(out, "configuration") || !strings.Contains(errOut, "--html /dev/full") {
+			t.Errorf("--html /dev/full: exit %d, stdout %q, stderr %q; want the report, then the error", code, out, errOut)
+		}
+	}
+}
+
+func TestTidyMessage(t *testing.T) {
+	for in, want := range map[string]string{
+		"pool pool: cannot allocate":      "pool: cannot allocate",
+		"plan: x":                         "x",
+		"replay a of b: op 3: pool p: no": "replay a of b: op 3: pool p: no",
+		"stream stream: a; pool pool: b":  "stream: a; pool: b",
+	} {
+		if got := tidyMessage("plan", in); got != want {
+			t.Errorf("tidyMessage(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -3,10 +3,11 @@ package main
 import (
 	"bytes"
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/memwall/memwall/device"
@@ -41,38 +42,92 @@ func runReplay(e *env, args []string) error {
 	}
 	var capBytes uint64
 	if *capacity != "" {
-		if capBytes, err = parseBytes(*capacity); err != nil || capBytes == 0 {
-			return usagef("--capacity %q: want a positive size such as 600MiB", *capacity)
+		if capBytes, err = flagSize("capacity", *capacity, false); err != nil {
+			return err
 		}
 	}
 	cs, err := replay.SelectConfigs(replay.Configs(), *strategy)
 	if err != nil {
 		return usagef("--strategy: %v", err)
 	}
+	if len(cs) == 0 {
+		return usagef("--strategy %q selects no configuration", *strategy)
+	}
+	hf, err := checkOutput("--html", *html)
+	if err != nil {
+		return err
+	}
 	t, err := replay.Load(pos[0], replay.LoadOptions{FreeAt: fa, Lenient: *lenient})
 	if err != nil {
 		return err
 	}
+	if t.Allocs == 0 {
+		return fmt.Errorf("%s: no allocations to replay (%d events read)", pos[0], t.Events)
+	}
 	t.Name = filepath.Base(pos[0])
+	// The timeline is always sampled: the fragmentation figures come from it.
 	rep, err := replay.Evaluate(t, cs, replay.EvalOptions{Capacity: capBytes, NoSearch: *noSearch,
-		Timeline: *html != "", AddressMap: *html != ""})
+		Timeline: true, AddressMap: *html != ""})
 	if err != nil {
 		return err
 	}
 	rep.FreeAt = fa.String()
-	if *html != "" {
-		if err := writeReplayHTML(*html, rep); err != nil {
+	var page []byte
+	if hf != nil {
+		if page, err = replayHTML(rep); err != nil {
 			return err
 		}
 	}
 	if *asJSON {
-		return writeJSON(e.stdout, rep)
+		if err := writeJSON(e.stdout, replayJSON(rep)); err != nil {
+			return err
+		}
+	} else {
+		printReplay(e.stdout, rep, t)
 	}
-	printReplay(e.stdout, rep, t)
-	if *html != "" {
+	// The report is out before the page is written: a failed write loses
+	// neither.
+	if err := hf.write(page); err != nil {
+		return err
+	}
+	if hf != nil && !*asJSON {
 		fmt.Fprintf(e.stdout, "\nwrote %s\n", *html)
 	}
+	var failed []string
+	for _, r := range rep.Results {
+		if r.Error != "" {
+			failed = append(failed, r.Config)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d of %d configurations could not replay the trace: %s", len(failed), len(rep.Results), strings.Join(failed, ", "))
+	}
 	return nil
+}
+
+// replayJSON is the report as JSON with no placeholder: a configuration
+// whose replay took no sample (it failed at once) has null fragmentation
+// figures rather than the initial 1 and 0.
+func replayJSON(rep *replay.Report) any {
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return rep
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return rep
+	}
+	results, _ := m["results"].([]any)
+	for i, r := range results {
+		line, ok := r.(map[string]any)
+		if !ok || i >= len(rep.Runs) || rep.Runs[i] == nil {
+			continue
+		}
+		if len(rep.Runs[i].Timeline) == 0 {
+			line["fragmentation_min"], line["fragmentation_mean"] = nil, nil
+		}
+	}
+	return m
 }
 
 // printReplay writes the human table.
@@ -115,7 +170,7 @@ func printReplay(w io.Writer, rep *replay.Report, t *replay.Trace) {
 	fmt.Fprintln(w, "\n* the pool's default. goal: met, or how far off (memory ×, calls ×) the 1.05× / 1% bounds.")
 	for _, r := range rep.Results {
 		if r.Error != "" {
-			fmt.Fprintf(w, "%s failed: %s\n", r.Config, r.Error)
+			fmt.Fprintf(w, "%s failed: %s\n", r.Config, tidyMessage("replay", r.Error))
 		}
 	}
 }
@@ -137,9 +192,9 @@ func goalText(r replay.ResultJSON) string {
 	return s
 }
 
-// writeReplayHTML draws the report's timelines and the default's address
-// map at the peak into path.
-func writeReplayHTML(path string, rep *replay.Report) error {
+// replayHTML draws the report's timelines and the default's address map at
+// the peak as a self-contained page.
+func replayHTML(rep *replay.Report) ([]byte, error) {
 	pic := viz.ReplayPicture{Title: "memwall replay: " + rep.Trace}
 	pic.Notes = append(pic.Notes, fmt.Sprintf("%d events, %d allocs, peak live %s.", rep.Events, rep.Allocs, humanBytes(rep.PeakLive)))
 	if rep.PyTorchReserved != nil && rep.PyTorchRatio != nil {
@@ -170,12 +225,9 @@ func writeReplayHTML(path string, rep *replay.Report) error {
 	}
 	var buf bytes.Buffer
 	if err := viz.ReplayHTML(&buf, pic); err != nil {
-		return fmt.Errorf("html: %w", err)
+		return nil, fmt.Errorf("html: %w", err)
 	}
-	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("html: %w", err)
-	}
-	return nil
+	return buf.Bytes(), nil
 }
 
 //go:embed demodata/bert_base_varlen.csv.gz

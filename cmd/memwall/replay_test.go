@@ -103,7 +103,7 @@ func TestReplayErrors(t *testing.T) {
 		{"truncated gzip", []string{write("cut.csv.gz", full[:len(full)/3])}, 1, "truncated", false},
 		{"unknown address", []string{write("u.csv", []byte(hdr+"alloc,4096,512,0\nfree_completed,8192,512,0\n"))}, 1, "line 3", true},
 		{"unknown action", []string{write("a.csv", []byte(hdr+"alloc,4096,512,0\nmalloc,1,2,0\n"))}, 1, "line 3", true},
-		{"absurd size", []string{write("s.csv", []byte(hdr+"alloc,4096,4000000000000000,0\n"))}, 1, "line 2", true},
+		{"absurd size", []string{write("s.csv", []byte(hdr+"alloc,4096,4000000000000000,0\nalloc,8192,512,0\n"))}, 1, "line 2", true},
 		{"hostile pickle", []string{"../../trace/testdata/hostile_reduce_p2.pickle"}, 1, "offset 50", false},
 		{"missing file", []string{filepath.Join(dir, "none.csv")}, 1, "none.csv", false},
 		{"no trace", nil, 2, "exactly one", false},
@@ -129,9 +129,11 @@ func TestReplayErrors(t *testing.T) {
 }
 
 func TestReplayCapacity(t *testing.T) {
-	// Far below the peak live bytes: every configuration fails, and says so.
+	// Far below the peak live bytes: every configuration fails, says so
+	// in the report, and the run fails (exit 1).
 	code, out, errOut := runReplayVerb(t, bertTrace, "--capacity", "64MiB", "--strategy", "default")
-	if code != 0 || !strings.Contains(out, "failed") || !strings.Contains(out, "cannot allocate 14066688 bytes") {
+	if code != 1 || !strings.Contains(out, "failed") || !strings.Contains(out, "cannot allocate 14066688 bytes") ||
+		!strings.Contains(errOut, "1 of 1 configurations could not replay the trace") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

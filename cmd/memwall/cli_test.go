@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/memwall/memwall/kernels"
 )
 
 // TestExitCodes: 0 done, 1 the work failed, 2 a bad command line, for
@@ -163,5 +169,37 @@ func TestGenModelCancelled(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("a cancelled run left %d files", len(entries))
+	}
+}
+
+// TestVersion: version prints the Go version and one hash per embedded PTX
+// build, the same in --json, with unknown build facts null.
+func TestVersion(t *testing.T) {
+	code, out, errOut := runVerb(t, nil, "version")
+	if code != 0 || !strings.Contains(out, runtime.Version()) || !strings.Contains(out, "kernels  sm80 PTX sha256 ") || !strings.Contains(out, "kernels  sm70") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = runVerb(t, nil, "version", "--json")
+	var v map[string]any
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil {
+		t.Fatalf("exit %d: %v\n%s", code, err, out)
+	}
+	for _, k := range []string{"module", "version", "commit", "commit_time", "modified", "go", "ptx"} {
+		if _, ok := v[k]; !ok {
+			t.Errorf("--json lacks %q", k)
+		}
+	}
+	ptx, _ := v["ptx"].([]any)
+	if len(ptx) != len(kernels.Targets()) {
+		t.Fatalf("ptx %v", v["ptx"])
+	}
+	for i, p := range ptx {
+		sum := sha256.Sum256(kernels.EmbeddedFor(kernels.Targets()[i]))
+		if p.(map[string]any)["sha256"] != hex.EncodeToString(sum[:]) {
+			t.Errorf("ptx %d hash %v", i, p)
+		}
+	}
+	if code, _, _ := runVerb(t, nil, "version", "extra"); code != 2 {
+		t.Errorf("version extra: exit %d", code)
 	}
 }

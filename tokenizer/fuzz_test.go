@@ -1,0 +1,202 @@
+package tokenizer
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/memwall/memwall/format/gguf"
+)
+
+// llama3Spec is a byte-level BPE after the Llama-3 split, with ignore_merges
+// and a BOS from a TemplateProcessing inside a Sequence, as Llama-3's file.
+func llama3Spec(merges ...string) spec {
+	s := gpt2Spec(merges...)
+	n := len(s.vocab)
+	s.vocab = append(s.vocab, "<|begin_of_text|>")
+	s.added = append(s.added, map[string]any{"id": n, "content": "<|begin_of_text|>", "special": true, "normalized": false})
+	s.model = map[string]any{"ignore_merges": true}
+	s.extra["pre_tokenizer"] = map[string]any{"type": "Sequence", "pretokenizers": []any{
+		map[string]any{"type": "Split", "pattern": map[string]any{"Regex": llama3Pattern}, "behavior": "Isolated", "invert": false},
+		map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}}}
+	s.extra["post_processor"] = map[string]any{"type": "Sequence", "processors": []any{
+		map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+		map[string]any{"type": "TemplateProcessing",
+			"single": []any{map[string]any{"SpecialToken": map[string]any{"id": "<|begin_of_text|>", "type_id": 0}},
+				map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}},
+			"pair":           []any{},
+			"special_tokens": map[string]any{"<|begin_of_text|>": map[string]any{"id": "<|begin_of_text|>", "ids": []int{n}, "tokens": []string{"<|begin_of_text|>"}}}}}}
+	return s
+}
+
+func TestLlama3Style(t *testing.T) {
+	tok := mustParse(t, llama3Spec("1 2", "12 3", "Ġ a"))
+	bos, ok := tok.BOS()
+	if !ok || bos != tok.lookup("<|begin_of_text|>") {
+		t.Fatalf("BOS %d %v", bos, ok)
+	}
+	// 1234 splits as 123 | 4 (three digits at most); " a" is one piece.
+	got := tok.Encode("1234 a", true)
+	want := append([]int{bos}, tok.idsOf("123", "4", "Ġa")...)
+	if !slices.Equal(got, want) {
+		t.Errorf("Encode: %v, want %v", got, want)
+	}
+	if d := tok.Decode(got, true); d != "1234 a" {
+		t.Errorf("Decode: %q", d)
+	}
+}
+
+// fuzzTokenizers are the hand-written files of every kind.
+func fuzzTokenizers(t testing.TB) map[string]*Tokenizer {
+	ms := llama2Spec([]string{"▁", "a", "e"}, "▁ a", "a a")
+	delete(ms.extra, "normalizer")
+	ms.extra["pre_tokenizer"] = map[string]any{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true}
+	ms.extra["decoder"] = map[string]any{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true}
+	return map[string]*Tokenizer{
+		"gpt2":      mustParse(t, gpt2Spec("h e", "Ġ a", "a a", "Ġ Ġ", "Ċ Ċ", "1 2")),
+		"llama3":    mustParse(t, llama3Spec("h e", "Ġ a", "a a", "1 2", "12 3")),
+		"llama2":    mustParse(t, llama2Spec([]string{"▁", "a", "e", "Z"}, "▁ a", "a a", "▁ ▁")),
+		"metaspace": mustParse(t, ms),
+	}
+}
+
+// FuzzEncode: no input panics, ids are tokens, and Decode(Encode(s)) gives s
+// back: exactly for byte-level BPE; for SentencePiece with its ▁ rules.
+func FuzzEncode(f *testing.F) {
+	for _, s := range []string{"", " ", "hello world", "  \n\t x", "a<s>b", "<|endoftext|>", "▁▁a", "\xff\xfe",
+		"e\u0301", "👨\u200d👩\u200d👧", "1234567", "'S'll", "\r\n\r\n"} {
+		f.Add(s)
+	}
+	toks := fuzzTokenizers(f)
+	f.Fuzz(func(t *testing.T, s string) {
+		for name, tok := range toks {
+			ids := tok.Encode(s, true)
+			for _, id := range ids {
+				if _, ok := tok.Token(id); !ok {
+					t.Fatalf("%s %q: id %d is no token", name, s, id)
+				}
+			}
+			d := tok.Decode(ids, false)
+			if !utf8.ValidString(d) {
+				t.Fatalf("%s %q: decode %q is not UTF-8", name, s, d)
+			}
+			if !utf8.ValidString(s) {
+				continue // bad bytes come back as U+FFFD
+			}
+			want := s
+			switch name {
+			case "llama2":
+				if strings.Contains(s, "<s>") || strings.Contains(s, "</s>") || strings.Contains(s, "<unk>") {
+					continue // text after an added token gets its own ▁
+				}
+				want = strings.ReplaceAll(s, "▁", " ")
+			case "metaspace":
+				continue // its decoder drops every ▁ of the first token
+			}
+			if got := tok.Decode(tok.Encode(s, false), false); got != want {
+				t.Fatalf("%s: Decode(Encode(%q)) = %q, want %q", name, s, got, want)
+			}
+		}
+	})
+}
+
+// FuzzParse: any bytes either fail with an *Error or give a tokenizer that
+// encodes and decodes without panicking.
+func FuzzParse(f *testing.F) {
+	for _, s := range []spec{gpt2Spec("h e"), llama3Spec("a a"), llama2Spec([]string{"▁", "a"}, "▁ a")} {
+		f.Add(s.json())
+	}
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]},"added_tokens":[{"id":3,"content":"<x>","special":true,"lstrip":true,"rstrip":true,"single_word":true}]}`))
+	f.Add([]byte(`{"model":{"vocab":{"a":0},"merges":[]},"decoder":{"type":"Strip","content":"a","start":3,"stop":3}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tok, err := Parse("fuzz.json", b)
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("error %T %v is not *Error", err, err)
+			}
+			return
+		}
+		for _, s := range []string{"", "ab <x> a\n", string(b[:min(len(b), 40)])} {
+			ids := tok.Encode(s, true)
+			_ = tok.Decode(ids, false)
+			_ = tok.Decode(ids, true)
+		}
+		ids := make([]int, 0, 16)
+		for i := 0; i < 16 && i < len(b); i++ {
+			ids = append(ids, int(b[i])-8)
+		}
+		d := tok.NewDecoder()
+		for _, id := range ids {
+			d.Add(id)
+		}
+		d.Flush()
+	})
+}
+
+// FuzzGGUF: any GGUF header either fails to parse, fails FromGGUF with an
+// *Error, or gives a tokenizer that encodes and decodes.
+func FuzzGGUF(f *testing.F) {
+	toks := fuzzTokenizers(f)
+	for _, kind := range []struct{ name, model string }{{"gpt2", "gpt2"}, {"llama2", "llama"}} {
+		meta := ggufOf(toks[kind.name], kind.model)
+		var kvs []gguf.KV
+		for k, v := range meta {
+			kvs = append(kvs, gguf.KV{Key: k, Value: v})
+		}
+		slices.SortFunc(kvs, func(a, b gguf.KV) int { return strings.Compare(a.Key, b.Key) })
+		hdr, _, err := gguf.Layout(kvs, nil)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(hdr)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		g, err := gguf.Parse("fuzz.gguf", b)
+		if err != nil {
+			return
+		}
+		meta := map[string]any{}
+		for _, kv := range g.Metadata {
+			meta[kv.Key] = kv.Value
+		}
+		tok, err := FromGGUF(meta)
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("error %T %v is not *Error", err, err)
+			}
+			return
+		}
+		ids := tok.Encode("a b\n aa ▁<s>é", true)
+		_ = tok.Decode(ids, false)
+		_ = tok.Decode(append(ids, -1, 0, tok.VocabSize()), true)
+	})
+}
+
+// FuzzStream: the stream decoder's pieces add up to Decode for any ids.
+func FuzzStream(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3})
+	f.Add([]byte{230, 143, 131, 200, 7})
+	toks := fuzzTokenizers(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for name, tok := range toks {
+			ids := make([]int, len(b))
+			for i, c := range b {
+				ids[i] = int(c) * tok.VocabSize() / 255
+			}
+			d := tok.NewDecoder()
+			var sb strings.Builder
+			for _, id := range ids {
+				sb.WriteString(d.Add(id))
+			}
+			sb.WriteString(d.Flush())
+			want := tok.Decode(ids, true)
+			if strings.Contains(want, "\uFFFD") {
+				continue
+			}
+			if sb.String() != want {
+				t.Fatalf("%s ids %v: stream %q, Decode %q", name, ids, sb.String(), want)
+			}
+		}
+	})
+}

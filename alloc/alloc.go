@@ -42,6 +42,15 @@
 // the capacity exactly, Stats agree with Walk, coalescing, and this
 // package's internal structures); tests elsewhere can call them after every
 // step of a random sequence.
+//
+// # Quick start
+//
+//	a, err := alloc.New("tlsf", 1<<30) // offsets of a 1 GiB range
+//	b, err := a.Alloc(4096, 256)       // b.Offset, b.Size
+//	err = a.Free(b.Offset)
+//	st := a.Stats()                    // Used, Free, LargestFree, ...
+//
+// Example and Example_outOfMemory run this as tests.
 package alloc
 
 import (

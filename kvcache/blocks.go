@@ -407,6 +407,29 @@ func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens i
 	return cachedTokens, nil
 }
 
+// AddNeeds returns how many free blocks Add(·, prompt, extraKey) would take
+// now: the prompt's blocks less its cached prefix (counting a hit on a free
+// cached block as taken, since it leaves the free list).
+func (m *Manager) AddNeeds(prompt []int32, extraKey uint64) int {
+	B := m.cfg.BlockTokens
+	need := blocksFor(len(prompt), B)
+	if m.cfg.NoPrefixCache {
+		return need
+	}
+	h := rootHash(extraKey)
+	for j := 0; j < len(prompt)/B; j++ {
+		h = chainHash(h, extraKey, prompt[j*B:(j+1)*B])
+		b, ok := m.cache.get(h)
+		if !ok {
+			break
+		}
+		if m.blocks[b].ref > 0 {
+			need--
+		}
+	}
+	return need
+}
+
 // Computed says that the K/V of id's first n positions is written: its
 // full blocks among them enter the prefix cache (a block whose hash another
 // block already holds stays out). Append implies Computed(id, Len(id)).

@@ -135,15 +135,23 @@ func (md *model) step(op int) {
 		id := md.next
 		md.next++
 		before := m.FreeBlocks()
+		needs := m.AddNeeds(prompt, extra)
 		cached, err := m.Add(id, prompt, extra)
 		if errors.Is(err, ErrOutOfBlocks) {
 			if m.FreeBlocks() != before || m.Len(id) != 0 {
 				md.t.Fatalf("failed add changed the manager")
 			}
+			if needs <= before {
+				md.t.Fatalf("add failed with %d free blocks, AddNeeds said %d", before, needs)
+			}
 			return
 		}
 		if err != nil {
 			md.t.Fatal(err)
+		}
+		// (A window releases blocks at once.)
+		if took := before - m.FreeBlocks(); took != needs && (m.Config().Window == 0 || took > needs) {
+			md.t.Fatalf("add took %d free blocks, AddNeeds said %d", before-m.FreeBlocks(), needs)
 		}
 		if cached%md.B != 0 && cached != len(prompt)-1 || cached >= len(prompt) && len(prompt) > 0 {
 			md.t.Fatalf("add of %d tokens: %d cached", len(prompt), cached)

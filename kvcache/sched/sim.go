@@ -66,10 +66,10 @@ type PolicyResult struct {
 	PrefixHitRate   float64 `json:"prefix_hit_rate"`
 	ShareableBlocks uint64  `json:"shareable_blocks"`
 	HitBlocks       uint64  `json:"hit_blocks"`
-	Steps         int     `json:"steps"`
-	SimSeconds    float64 `json:"sim_seconds"`
-	OutputTokens  uint64  `json:"output_tokens"`
-	Finished      int     `json:"finished"`
+	Steps           int     `json:"steps"`
+	SimSeconds      float64 `json:"sim_seconds"`
+	OutputTokens    uint64  `json:"output_tokens"`
+	Finished        int     `json:"finished"`
 	// MeanHeldBytes is the K/V memory held, averaged over busy time;
 	// PeakHeldBytes its maximum.
 	MeanHeldBytes float64 `json:"mean_held_bytes"`

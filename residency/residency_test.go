@@ -408,77 +408,104 @@ func TestRandomHolds(t *testing.T) {
 	for it := range iters {
 		seed := uint64(it) + 100
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(seed, 11))
-			d := testDevice(t, seed, nil)
-			m := randomModel(t, rng, 2+rng.IntN(7), 1<<uint(8+rng.IntN(8)))
-			p := randomPlan(t, rng, m, 2+rng.IntN(3))
-			dev, host := pools(t, d)
-			r, err := New(context.Background(), d, dev, host, m, p, Options{Source: randomSource(rng, d), BounceBytes: 8192})
-			if err != nil {
-				t.Fatal(err)
+			rng := rand.New(rand.NewPCG(seed, 12))
+			ops := make([]byte, 300)
+			for i := range ops {
+				ops[i] = byte(rng.Uint32())
 			}
-			rd := newReader(t, d, r, m)
-			held := map[int]int{} // group → times held
-			heldStreamed := func() int {
-				n := 0
-				for g := range held {
-					if !p.Groups[g].Resident {
-						n++
-					}
-				}
-				return n
-			}
-			for op := range 300 {
-				g := rng.IntN(len(p.Groups))
-				if rng.IntN(2) == 0 {
-					err := rd.acquire(g)
-					switch {
-					case !p.Groups[g].Resident && held[g] > 0:
-						if !errors.Is(err, ErrState) {
-							t.Fatalf("op %d: second acquire of streamed group %d: %v", op, g, err)
-						}
-					case !p.Groups[g].Resident && heldStreamed() == p.Slots:
-						if !errors.Is(err, ErrRingFull) {
-							t.Fatalf("op %d: acquire %d with all %d slots held: %v", op, g, p.Slots, err)
-						}
-					case err != nil:
-						t.Fatalf("op %d: acquire %d (%d streamed held of %d slots): %v", op, g, heldStreamed(), p.Slots, err)
-					default:
-						held[g]++
-					}
-				} else {
-					err := rd.release(g)
-					if held[g] == 0 {
-						if !errors.Is(err, ErrState) {
-							t.Fatalf("op %d: release of unheld group %d: %v", op, g, err)
-						}
-						continue
-					}
-					if err != nil {
-						t.Fatalf("op %d: release %d: %v", op, g, err)
-					}
-					if held[g]--; held[g] == 0 {
-						delete(held, g)
-					}
-				}
-				checkDisjoint(t, r, held)
-				if rng.IntN(10) == 0 {
-					rd.verify()
-				}
-			}
-			rd.verify()
-			if _, _, err := r.Acquire(len(p.Groups)); !errors.Is(err, ErrState) {
-				t.Errorf("acquire past the plan: %v", err)
-			}
-			if err := r.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if _, _, err := r.Acquire(0); !errors.Is(err, ErrClosed) {
-				t.Errorf("acquire after Close: %v", err)
-			}
-			checkEmpty(t, "after Close", dev, host)
+			runHolds(t, seed, ops)
 		})
 	}
+}
+
+// FuzzHolds runs an op sequence (each byte: low bit acquire or release,
+// the rest the group) on a model and plan drawn from the seed.
+func FuzzHolds(f *testing.F) {
+	if onGPU() {
+		f.Skip("the fuzz target runs on the simulator")
+	}
+	f.Add(uint64(1), []byte{0, 2, 4, 1, 3, 5})
+	f.Add(uint64(2), []byte{0, 0, 2, 2, 4, 4, 6, 6, 1, 3})
+	f.Fuzz(func(t *testing.T, seed uint64, ops []byte) {
+		if len(ops) > 2000 {
+			ops = ops[:2000]
+		}
+		runHolds(t, seed, ops)
+	})
+}
+
+// runHolds builds a random model, plan and residency from seed and runs
+// ops, checking every result against a model of the ring's rules.
+func runHolds(t *testing.T, seed uint64, ops []byte) {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	d := testDevice(t, seed, nil)
+	m := randomModel(t, rng, 2+rng.IntN(7), 1<<uint(8+rng.IntN(8)))
+	p := randomPlan(t, rng, m, 2+rng.IntN(3))
+	dev, host := pools(t, d)
+	r, err := New(context.Background(), d, dev, host, m, p, Options{Source: randomSource(rng, d), BounceBytes: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := newReader(t, d, r, m)
+	held := map[int]int{} // group → times held
+	heldStreamed := func() int {
+		n := 0
+		for g := range held {
+			if !p.Groups[g].Resident {
+				n++
+			}
+		}
+		return n
+	}
+	for op, b := range ops {
+		g := int(b>>1) % len(p.Groups)
+		if b&1 == 0 {
+			err := rd.acquire(g)
+			switch {
+			case !p.Groups[g].Resident && held[g] > 0:
+				if !errors.Is(err, ErrState) {
+					t.Fatalf("op %d: second acquire of streamed group %d: %v", op, g, err)
+				}
+			case !p.Groups[g].Resident && heldStreamed() == p.Slots:
+				if !errors.Is(err, ErrRingFull) {
+					t.Fatalf("op %d: acquire %d with all %d slots held: %v", op, g, p.Slots, err)
+				}
+			case err != nil:
+				t.Fatalf("op %d: acquire %d (%d streamed held of %d slots): %v", op, g, heldStreamed(), p.Slots, err)
+			default:
+				held[g]++
+			}
+		} else {
+			err := rd.release(g)
+			if held[g] == 0 {
+				if !errors.Is(err, ErrState) {
+					t.Fatalf("op %d: release of unheld group %d: %v", op, g, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("op %d: release %d: %v", op, g, err)
+			}
+			if held[g]--; held[g] == 0 {
+				delete(held, g)
+			}
+		}
+		checkDisjoint(t, r, held)
+		if op%10 == 9 {
+			rd.verify()
+		}
+	}
+	rd.verify()
+	if _, _, err := r.Acquire(len(p.Groups)); !errors.Is(err, ErrState) {
+		t.Errorf("acquire past the plan: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.Acquire(0); !errors.Is(err, ErrClosed) {
+		t.Errorf("acquire after Close: %v", err)
+	}
+	checkEmpty(t, "after Close", dev, host)
 }
 
 // checkDisjoint fails when two held groups' views share a device byte.

@@ -40,6 +40,8 @@ type Options struct {
 	TimelinePoints int
 	// Seed draws the token ids of prompts and outputs.
 	Seed uint64
+	// OnEvent, when set, receives the paged policy's KV events.
+	OnEvent func(kvcache.Event)
 
 	// check, in tests, runs the Manager's invariant checker after every step.
 	check func(*kvcache.Manager) error
@@ -259,7 +261,7 @@ func run(reqs []Request, o Options, res Result, paged bool) (PolicyResult, error
 			hostBlocks = int(min(hb/res.BlockBytes, 1<<30))
 		}
 		m, err := kvcache.NewManager(kvcache.ManagerConfig{Blocks: res.Blocks, BlockTokens: o.BlockTokens,
-			HostBlocks: hostBlocks, NoPrefixCache: o.NoPrefixCache})
+			HostBlocks: hostBlocks, NoPrefixCache: o.NoPrefixCache, OnEvent: o.OnEvent})
 		if err != nil {
 			return r.res, err
 		}

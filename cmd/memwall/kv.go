@@ -1,0 +1,354 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/kvcache"
+	"github.com/memwall/memwall/kvcache/sched"
+	"github.com/memwall/memwall/viz"
+)
+
+func init() {
+	register(verb{name: "kv", summary: "simulate the paged KV cache against contiguous reservation (kv simulate)", run: runKV})
+	benchVerbs["kv"] = runBenchKV
+}
+
+func runKV(e *env, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fmt.Fprintln(e.stdout, "usage: memwall kv simulate [flags]; memwall kv simulate -h for its flags")
+			return errHelp
+		}
+		return usagef("want a sub-command: simulate")
+	}
+	if args[0] != "simulate" {
+		return usagef("unknown sub-command %q (want simulate)", args[0])
+	}
+	return runKVSimulate(e, args[1:])
+}
+
+const kvSimulateUsage = `(--requests FILE.jsonl | --synthetic sharegpt|alpaca|shared-prefix) --model PRESET|FILE --vram SIZE [flags]
+
+Runs the requests through continuous batching twice on the same KV budget
+(--vram less the weights): with paged blocks (prefix caching, preemption by
+recompute or swap) and with a contiguous reservation of the model's context
+per sequence. A step costs max((weights + K/V bytes) / HBM bandwidth,
+FLOPs / rate) on the time model (default: an H200). Synthetic mixes are
+log-normal lengths matched to published means (see kvcache/sched).`
+
+type kvSimulateJSON struct {
+	Source string `json:"source"`
+	sched.Result
+}
+
+func runKVSimulate(e *env, args []string) error {
+	fs := newFlags(e, "kv simulate", kvSimulateUsage)
+	requests := fs.String("requests", "", "request file: JSON lines with arrival_s, prompt_tokens, output_tokens[, prefix_id, prefix_tokens]")
+	synthetic := fs.String("synthetic", "", "synthetic mix: sharegpt, alpaca or shared-prefix")
+	n := fs.Int("n", 1000, "synthetic requests")
+	rate := fs.Float64("rate", 0, "synthetic arrivals per second (Poisson); 0: all at once")
+	seed := fs.Uint64("seed", 1, "seed of the synthetic mix and the token ids")
+	model := fs.String("model", "", "gen-model preset (tiny, tiny-f16, llama-7b, llama3-8b-shape) or a model file or directory")
+	vram := fs.String("vram", "", "device memory ("+sizeUnitsHelp+")")
+	blockTokens := fs.Int("block-tokens", 16, "tokens per KV block")
+	tokenBudget := fs.Int("token-budget", 8192, "tokens computed per step at most")
+	maxSeqs := fs.Int("max-seqs", 256, "sequences running at once at most")
+	preempt := fs.String("preempt", "recompute", "preemption when blocks run out: recompute or swap")
+	host := fs.String("host", "", "swap space for --preempt swap (default: the KV budget)")
+	noPrefix := fs.Bool("no-prefix-cache", false, "turn the paged policy's prefix caching off")
+	hbm := fs.Float64("hbm-gbps", sched.H200().HBMGBps, "time model: device memory bandwidth, GB/s")
+	tflops := fs.Float64("tflops", sched.H200().FLOPS/1e12, "time model: compute rate, TFLOP/s")
+	link := fs.Float64("link-gbps", sched.H200().LinkGBps, "time model: host link for swaps, GB/s")
+	asJSON := fs.Bool("json", false, "print JSON")
+	html := fs.String("html", "", "write the KV usage and batch timelines of both policies to this HTML file")
+	events := fs.String("events", "", "write the paged policy's KV events (JSON lines) to this file")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if (*requests == "") == (*synthetic == "") {
+		return usagef("give one of --requests FILE or --synthetic sharegpt|alpaca|shared-prefix")
+	}
+	if *model == "" {
+		return usagef("--model is required: a gen-model preset or a model file")
+	}
+	if *vram == "" {
+		return usagef("--vram is required")
+	}
+	vb, err := flagSize("vram", *vram, false)
+	if err != nil {
+		return err
+	}
+	var hostBytes uint64
+	if *host != "" {
+		if hostBytes, err = flagSize("host", *host, false); err != nil {
+			return err
+		}
+	}
+	switch {
+	case *blockTokens < 1 || *blockTokens > 4096:
+		return usagef("--block-tokens %d: want 1..4096", *blockTokens)
+	case *tokenBudget < 1:
+		return usagef("--token-budget %d: want at least 1", *tokenBudget)
+	case *maxSeqs < 1:
+		return usagef("--max-seqs %d: want at least 1", *maxSeqs)
+	case *preempt != "recompute" && *preempt != "swap":
+		return usagef("--preempt %q: want recompute or swap", *preempt)
+	case !(*hbm > 0) || !(*tflops > 0) || !(*link > 0):
+		return usagef("--hbm-gbps, --tflops and --link-gbps must be positive")
+	case *n < 1 || *n > sched.MaxRequests:
+		return usagef("--n %d: want 1..%d", *n, sched.MaxRequests)
+	case !(*rate >= 0):
+		return usagef("--rate %v: want ≥ 0", *rate)
+	}
+	switch *synthetic {
+	case "", "sharegpt", "alpaca", "shared-prefix":
+	default:
+		return usagef("--synthetic %q: want sharegpt, alpaca or shared-prefix", *synthetic)
+	}
+	htmlOut, err := checkOutput("--html", *html)
+	if err != nil {
+		return err
+	}
+	eventsOut, err := checkOutput("--events", *events)
+	if err != nil {
+		return err
+	}
+	m, err := kvModel(*model)
+	if err != nil {
+		return err
+	}
+	var reqs []sched.Request
+	source := *requests
+	if *requests != "" {
+		f, err := os.Open(*requests)
+		if err != nil {
+			return fmt.Errorf("--requests: %w", err)
+		}
+		reqs, err = sched.ReadRequests(f, *requests)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	} else {
+		source = "synthetic " + *synthetic
+		if reqs, err = sched.Synthetic(sched.SyntheticOptions{Kind: *synthetic, Requests: *n, Seed: *seed, RatePerS: *rate, MaxLen: m.Context}); err != nil {
+			return err
+		}
+	}
+	o := sched.Options{Model: m, VRAMBytes: vb, BlockTokens: *blockTokens, TokenBudget: *tokenBudget, MaxSeqs: *maxSeqs,
+		Preempt: *preempt, HostBytes: hostBytes, NoPrefixCache: *noPrefix, Seed: *seed,
+		Hardware: sched.Hardware{Name: fmt.Sprintf("%g GB/s, %g TFLOP/s, link %g GB/s", *hbm, *tflops, *link), HBMGBps: *hbm, FLOPS: *tflops * 1e12, LinkGBps: *link}}
+	if *hbm == sched.H200().HBMGBps && *tflops == sched.H200().FLOPS/1e12 && *link == sched.H200().LinkGBps {
+		o.Hardware = sched.H200()
+	}
+	var evBuf bytes.Buffer
+	var evErr func() error
+	if eventsOut != nil {
+		o.OnEvent, evErr = kvcache.EventWriter(&evBuf)
+	}
+	res, err := sched.Simulate(reqs, o)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if err := writeJSON(e.stdout, kvSimulateJSON{Source: source, Result: res}); err != nil {
+			return err
+		}
+	} else {
+		printKVSimulate(e, source, res)
+	}
+	if htmlOut != nil {
+		var b bytes.Buffer
+		if err := viz.KVHTML(&b, kvPicture(source, res)); err != nil {
+			return err
+		}
+		if err := htmlOut.write(b.Bytes()); err != nil {
+			return err
+		}
+	}
+	if eventsOut != nil {
+		if err := evErr(); err != nil {
+			return err
+		}
+		if err := eventsOut.write(evBuf.Bytes()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kvModel resolves --model: a gen-model preset, else a model file or
+// directory read with format/llama (its config and tensors).
+func kvModel(name string) (sched.Model, error) {
+	if m, ok := sched.Preset(name); ok {
+		return m, nil
+	}
+	if _, err := os.Stat(name); err != nil {
+		return sched.Model{}, fmt.Errorf("--model %q: not a gen-model preset (tiny, tiny-f16, llama-7b, llama3-8b-shape) and not a file: %v", name, pathErr(err))
+	}
+	lm, err := llama.Open(name)
+	if err != nil {
+		return sched.Model{}, err
+	}
+	defer lm.Close()
+	c := lm.Config
+	m := sched.Model{Name: name, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
+		ElemBytes: 2, WeightBytes: lm.Weights.DataBytes, Context: c.Context}
+	for _, t := range lm.Weights.Tensors {
+		m.Params += t.Elements()
+	}
+	if c.DType == "F32" {
+		m.ElemBytes = 4
+	}
+	return m, m.Validate()
+}
+
+func kvPct(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" }
+
+func printKVSimulate(e *env, source string, r sched.Result) {
+	w := e.stdout
+	m := r.Model
+	fmt.Fprintf(w, "model %s: %d layers × %d KV heads × %d, %d-byte elements: %s of K/V per token; weights %s; context %d\n",
+		m.Name, m.Layers, m.KVHeads, m.HeadDim, m.ElemBytes, humanBytes(r.BytesPerToken), humanBytes(m.WeightBytes), m.Context)
+	fmt.Fprintf(w, "KV budget %s of %s: %d blocks of %d tokens (%s each)\n",
+		humanBytes(r.KVBudgetBytes), humanBytes(r.VRAMBytes), r.Blocks, r.BlockTokens, humanBytes(r.BlockBytes))
+	fmt.Fprintf(w, "requests: %d from %s (prompt mean %.0f, output mean %.0f tokens", r.Requests, source, r.MeanPrompt, r.MeanOutput)
+	if r.Clamped > 0 {
+		fmt.Fprintf(w, "; %d cut to the context", r.Clamped)
+	}
+	fmt.Fprintf(w, "); preemption by %s; time model %s\n\n", r.Preempt, r.Hardware.Name)
+	p, c := r.Paged, r.Contiguous
+	fmt.Fprintf(w, "%-16s %14s %14s\n", "", "paged", "contiguous")
+	fmt.Fprintf(w, "%-16s %14s %14s\n", "waste_ratio", kvPct(p.WasteRatio), kvPct(c.WasteRatio))
+	fmt.Fprintf(w, "%-16s %14.1f %14.1f\n", "mean_batch", p.MeanBatch, c.MeanBatch)
+	fmt.Fprintf(w, "%-16s %14d %14d\n", "max_batch", p.MaxBatch, c.MaxBatch)
+	fmt.Fprintf(w, "%-16s %14.0f %14.0f\n", "tokens_per_s", p.TokensPerS, c.TokensPerS)
+	fmt.Fprintf(w, "%-16s %14d %14d\n", "preemptions", p.Preemptions, c.Preemptions)
+	fmt.Fprintf(w, "%-16s %14s %14s\n", "swapped_bytes", humanBytes(p.SwappedBytes), humanBytes(c.SwappedBytes))
+	fmt.Fprintf(w, "%-16s %14s %14s\n", "mean K/V held", humanBytes(uint64(p.MeanHeldBytes)), humanBytes(uint64(c.MeanHeldBytes)))
+	fmt.Fprintf(w, "%-16s %14.2f %14.2f\n", "simulated s", p.SimSeconds, c.SimSeconds)
+	if r.ShareableBlocks > 0 {
+		fmt.Fprintf(w, "prefix_hit_rate  %s (%d of %d full shareable blocks served from the cache)\n", kvPct(r.PrefixHitRate), r.HitBlocks, r.ShareableBlocks)
+	} else {
+		fmt.Fprintln(w, "prefix_hit_rate  - (no request shares a prefix)")
+	}
+	if c.Note != "" {
+		fmt.Fprintf(w, "contiguous: %s\n", c.Note)
+	} else if c.MeanBatch > 0 {
+		fmt.Fprintf(w, "paged runs %s the sequences per step and %s the tokens per second of contiguous reservation.\n",
+			ratio(p.MeanBatch, c.MeanBatch), ratio(p.TokensPerS, c.TokensPerS))
+	}
+}
+
+func kvPicture(source string, r sched.Result) viz.KVPicture {
+	pic := viz.KVPicture{Title: fmt.Sprintf("memwall kv simulate: %s on %s", source, r.Model.Name), BudgetBytes: r.KVBudgetBytes,
+		Notes: []string{
+			fmt.Sprintf("KV budget %s (%d blocks of %d tokens); %d requests; time model %s", humanBytes(r.KVBudgetBytes), r.Blocks, r.BlockTokens, r.Requests, r.Hardware.Name),
+			fmt.Sprintf("paged: waste %s, mean batch %.1f, %.0f tokens/s, %d preemptions, prefix hit rate %s",
+				kvPct(r.Paged.WasteRatio), r.Paged.MeanBatch, r.Paged.TokensPerS, r.Paged.Preemptions, kvPct(r.PrefixHitRate)),
+			fmt.Sprintf("contiguous: waste %s, mean batch %.1f, %.0f tokens/s", kvPct(r.Contiguous.WasteRatio), r.Contiguous.MeanBatch, r.Contiguous.TokensPerS),
+		}}
+	for _, p := range []sched.PolicyResult{r.Paged, r.Contiguous} {
+		s := viz.KVSeries{Name: p.Policy}
+		for _, x := range p.Timeline {
+			s.T = append(s.T, x.T)
+			s.Held = append(s.Held, x.HeldBytes)
+			s.Batch = append(s.Batch, x.Batch)
+		}
+		pic.Series = append(pic.Series, s)
+	}
+	return pic
+}
+
+const benchKVUsage = `[--device auto|cuda|sim] [--blocks 1000,10000,100000,1000000] [--ops N] [--swap-bytes SIZE] [--reps N] [--no-swap] [--json]
+
+Times the block manager's alloc, free, fork and touch at each pool size
+(flat means O(1)), then swaps a sequence to pinned host memory and back on
+the device with the cache's layout (every layer of a block in one copy) and
+with a per-layer layout (2·layers copies per block), next to one pinned copy
+of the same size, verifying every byte after each round trip.`
+
+func runBenchKV(e *env, args []string) error {
+	fs := newFlags(e, "bench kv", benchKVUsage)
+	var df deviceFlag
+	df.add(fs)
+	blocks := fs.String("blocks", "1000,10000,100000,1000000", "pool sizes in blocks, comma-separated")
+	ops := fs.Int("ops", 200000, "timed operations of each kind per size")
+	swapBytes := fs.String("swap-bytes", "", "K/V moved per swap (default 1GiB on a GPU, 256MiB on the simulator)")
+	reps := fs.Int("reps", 3, "timed swaps per direction and layout (median)")
+	noSwap := fs.Bool("no-swap", false, "skip the swap measurement (no device opened)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if err := df.check(); err != nil {
+		return err
+	}
+	var sizes []int
+	for _, f := range strings.Split(*blocks, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 100 || v > 1<<26 {
+			return usagef("--blocks %q: want sizes of 100..%d blocks, comma-separated", f, 1<<26)
+		}
+		sizes = append(sizes, v)
+	}
+	if *ops < 1000 || *reps < 1 {
+		return usagef("--ops must be at least 1000 and --reps at least 1")
+	}
+	o := bench.KVOptions{Blocks: sizes, Ops: *ops, Reps: *reps}
+	if *swapBytes != "" {
+		v, err := flagSize("swap-bytes", *swapBytes, false)
+		if err != nil {
+			return err
+		}
+		o.SwapBytes = v
+	}
+	if !*noSwap {
+		d, _, err := df.open(e)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		if d.Info().Backend == "sim" && o.SwapBytes == 0 {
+			o.SwapBytes = 256 << 20
+		}
+		o.Device = d
+	}
+	pb := newProgress(e, "bench kv")
+	o.Progress = func(done, total int, name string) { pb.update(float64(done), float64(total), name) }
+	rep, err := bench.KV(e.ctx, o)
+	pb.done()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(e.stdout, rep)
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "block manager, ns per operation (the cheapest of ~20 rounds):\n%10s %9s %9s %9s %9s\n", "blocks", "alloc", "free", "fork", "touch")
+	for _, r := range rep.Ops {
+		fmt.Fprintf(w, "%10d %9.1f %9.1f %9.1f %9.1f\n", r.Blocks, r.AllocNs, r.FreeNs, r.ForkNs, r.TouchNs)
+	}
+	fmt.Fprintf(w, "largest over smallest: alloc %.2f×, free %.2f×, fork %.2f×, touch %.2f×\n",
+		rep.Flatness["alloc"], rep.Flatness["free"], rep.Flatness["fork"], rep.Flatness["touch"])
+	fmt.Fprintln(w, "(alloc: an Append of a block's tokens, evicting the LRU cached block; free: per block; fork: of an 8-block sequence; touch: per block hit)")
+	if len(rep.Swap) > 0 {
+		fmt.Fprintf(w, "\nswap on %s (%s), %s per swap:\n%-22s %10s %8s %10s %10s %9s\n", rep.Device, rep.Backend, humanBytes(rep.Swap[0].Bytes),
+			"layout", "copy", "copies", "out GB/s", "in GB/s", "verified")
+		for _, s := range rep.Swap {
+			fmt.Fprintf(w, "%-22s %10s %8d %10.1f %10.1f %9s\n", s.Layout, humanBytes(s.CopyBytes), s.Copies, s.OutGBps, s.InGBps, yesNo(s.Verified))
+		}
+		fmt.Fprintf(w, "%-22s %10s %8d %10.1f %10.1f\n", "pinned link", humanBytes(rep.Swap[0].Bytes), 1, rep.LinkD2HGBps, rep.LinkH2DGBps)
+		fmt.Fprintf(w, "swap over link: %.2f (the smaller direction)\n", rep.SwapOverLink)
+		if rep.Backend == "sim" {
+			fmt.Fprintln(w, "(simulated device: times come from its model, not from hardware)")
+		}
+	}
+	return nil
+}

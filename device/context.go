@@ -10,3 +10,11 @@ type ContextMemory interface {
 	// ok is false when they are unknown (how then says why).
 	ContextBytes() (bytes uint64, how string, ok bool)
 }
+
+// FreeAfterContext is implemented by devices that recorded their free
+// memory just after the context was created, so that what the process took
+// since (kernel modules, library handles) can be counted: that figure less
+// the free memory now.
+type FreeAfterContext interface {
+	FreeAfterContext() (bytes uint64, ok bool)
+}

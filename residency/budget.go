@@ -25,9 +25,16 @@ type Budget struct {
 	// budget; ContextSource says how it was found (or why it is 0).
 	ContextBytes  uint64 `json:"context_bytes"`
 	ContextSource string `json:"context_source"`
-	// PoolBytes = VRAMBytes - ContextBytes: what the weight plan, the
-	// activation arena and the KV cache together may take from the pools
-	// (plan.WeightOptions.Budget).
+	// LoadedBytes is what the process took on the device after the
+	// context and still held when PlanBudget ran: kernel modules, library
+	// handles and workspaces (device.FreeAfterContext less the free memory
+	// then; 0 when the device cannot say). Call PlanBudget after loading
+	// kernels and before allocating pools: a pool's bytes held then would
+	// be counted here too.
+	LoadedBytes uint64 `json:"loaded_bytes"`
+	// PoolBytes = VRAMBytes - ContextBytes - LoadedBytes: what the weight
+	// plan, the activation arena and the KV cache together may take from
+	// the pools (plan.WeightOptions.Budget).
 	PoolBytes uint64 `json:"pool_bytes"`
 	// FreeBytes and TotalBytes are the device's memory when PlanBudget ran
 	// (the context already exists then, so FreeBytes excludes it).
@@ -57,11 +64,12 @@ func ContextBytes(d device.Device) (uint64, string) {
 }
 
 // PlanBudget turns vram, the process's whole device footprint in bytes (0:
-// not given), into a Budget for device d. A budget above the device's total
+// not given), into a Budget for device d: the context's own memory and
+// what was loaded since are taken off. A budget above the device's total
 // memory, or one that leaves nothing after the context, is an error naming
 // both figures; one above the free memory gets a Warning. With vram 0 the
-// budget is the free memory plus the context's, less the margin (Margin,
-// or a tenth of the free memory when smaller).
+// budget is the free memory plus the context's and the loaded bytes, less
+// the margin (Margin, or a tenth of the free memory when smaller).
 func PlanBudget(d device.Device, vram uint64) (Budget, error) {
 	free, total, err := d.MemInfo()
 	if err != nil {
@@ -73,23 +81,29 @@ func PlanBudget(d device.Device, vram uint64) (Budget, error) {
 	}
 	b := Budget{VRAMBytes: vram, FreeBytes: free, TotalBytes: total}
 	b.ContextBytes, b.ContextSource = ContextBytes(d)
+	if fa, ok := d.(device.FreeAfterContext); ok && b.ContextBytes > 0 {
+		if after, ok := fa.FreeAfterContext(); ok && after > free {
+			b.LoadedBytes = after - free
+		}
+	}
+	overhead := b.ContextBytes + b.LoadedBytes
 	if vram == 0 {
 		b.Default = true
 		b.MarginBytes = min(Margin, free/10)
-		b.VRAMBytes = free + b.ContextBytes - b.MarginBytes
+		b.VRAMBytes = free + overhead - b.MarginBytes
 	}
 	if b.VRAMBytes > total {
 		return b, fmt.Errorf("residency: budget %d bytes (%s) exceeds the device's total memory %d bytes (%s, %s)",
 			b.VRAMBytes, gib(b.VRAMBytes), total, gib(total), in.Name)
 	}
-	if b.VRAMBytes <= b.ContextBytes {
-		return b, fmt.Errorf("residency: budget %d bytes (%s) leaves nothing after the device context's own %d bytes (%s; %s)",
-			b.VRAMBytes, gib(b.VRAMBytes), b.ContextBytes, gib(b.ContextBytes), b.ContextSource)
+	if b.VRAMBytes <= overhead {
+		return b, fmt.Errorf("residency: budget %d bytes (%s) leaves nothing after the device context's own %d bytes (%s; %s) and %d bytes loaded since",
+			b.VRAMBytes, gib(b.VRAMBytes), b.ContextBytes, gib(b.ContextBytes), b.ContextSource, b.LoadedBytes)
 	}
-	b.PoolBytes = b.VRAMBytes - b.ContextBytes
+	b.PoolBytes = b.VRAMBytes - overhead
 	if b.PoolBytes > free {
-		b.Warning = fmt.Sprintf("budget %s less the context's %s is %s, more than the %s the device has free now (%s)",
-			gib(b.VRAMBytes), gib(b.ContextBytes), gib(b.PoolBytes), gib(free), in.Name)
+		b.Warning = fmt.Sprintf("budget %s less the context's %s (and %s loaded since) is %s, more than the %s the device has free now (%s)",
+			gib(b.VRAMBytes), gib(b.ContextBytes), gib(b.LoadedBytes), gib(b.PoolBytes), gib(free), in.Name)
 	}
 	return b, nil
 }

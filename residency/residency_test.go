@@ -625,6 +625,14 @@ type budgetDevice struct {
 
 func (b budgetDevice) ContextBytes() (uint64, string, bool) { return b.ctx, "test", b.ok }
 
+// loadedDevice also says what the device had free just after its context.
+type loadedDevice struct {
+	budgetDevice
+	after uint64
+}
+
+func (l loadedDevice) FreeAfterContext() (uint64, bool) { return l.after, true }
+
 func TestPlanBudget(t *testing.T) {
 	o := sim.DefaultOptions()
 	o.TotalBytes = 8 << 30
@@ -646,6 +654,7 @@ func TestPlanBudget(t *testing.T) {
 		{name: "below context", d: budgetDevice{sd, 500 << 20, true}, vram: 400 << 20, wantErr: "leaves nothing after the device context"},
 		{name: "default", d: budgetDevice{sd, 500 << 20, true}, pool: free - Margin, ctx: 500 << 20},
 		{name: "above free", d: budgetDevice{sd, 1 << 30, true}, vram: 8 << 30, pool: 7 << 30, ctx: 1 << 30},
+		{name: "loaded since", d: loadedDevice{budgetDevice{sd, 500 << 20, true}, free + 20<<20}, vram: 4 << 30, pool: 4<<30 - 520<<20, ctx: 500 << 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := PlanBudget(tc.d, tc.vram)
@@ -658,7 +667,7 @@ func TestPlanBudget(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b.PoolBytes != tc.pool || b.ContextBytes != tc.ctx || b.PoolBytes+b.ContextBytes != b.VRAMBytes {
+			if b.PoolBytes != tc.pool || b.ContextBytes != tc.ctx || b.PoolBytes+b.ContextBytes+b.LoadedBytes != b.VRAMBytes {
 				t.Errorf("budget %+v, want pool %d, context %d", b, tc.pool, tc.ctx)
 			}
 			if b.Default != (tc.vram == 0) || b.ContextSource == "" {
@@ -696,7 +705,7 @@ func TestContextBytesGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.PoolBytes != 8<<30-n || b.ContextBytes != n {
+	if b.PoolBytes != 8<<30-n-b.LoadedBytes || b.ContextBytes != n || b.LoadedBytes > 256<<20 {
 		t.Errorf("budget %+v", b)
 	}
 	t.Logf("8 GiB budget: %+v", b)

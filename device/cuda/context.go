@@ -22,6 +22,7 @@ type contextMemory struct {
 	bytes uint64
 	how   string
 	ok    bool
+	after uint64 // cuMemGetInfo's free bytes just after the context was created (ok only)
 }
 
 // nvml is the part of NVML the measurement uses.
@@ -120,7 +121,7 @@ func (d *driver) primaryActive(dev int32) bool {
 
 // measureContext retains the primary context with retain and measures the
 // device memory it took.
-func (d *driver) measureContext(dev int32, retain func() error) (contextMemory, error) {
+func (d *driver) measureContext(dev int32, retain func() (uintptr, error)) (contextMemory, error) {
 	uuid := d.deviceUUID(dev)
 	var cm contextMemory
 	var n *nvml
@@ -140,7 +141,8 @@ func (d *driver) measureContext(dev int32, retain func() error) (contextMemory, 
 			n = nil
 		}
 	}
-	if err := retain(); err != nil {
+	ctx, err := retain()
+	if err != nil {
 		if n != nil {
 			n.close()
 		}
@@ -151,13 +153,20 @@ func (d *driver) measureContext(dev int32, retain func() error) (contextMemory, 
 	}
 	defer n.close()
 	after, err := n.free(uuid)
+	// The driver's own view right after, for FreeAfterContext: later
+	// figures come from cuMemGetInfo, which may count free memory a little
+	// differently from NVML.
+	var cuFree, cuTotal uint64
+	if r := d.ctxCall(ctx, d.cuMemGetInfo, uintptr(unsafe.Pointer(&cuFree)), uintptr(unsafe.Pointer(&cuTotal))); r != cudaSuccess {
+		cuFree = 0
+	}
 	switch {
 	case err != nil:
 		cm.how = "unknown: " + err.Error()
 	case after >= before:
 		cm.how = fmt.Sprintf("unknown: free memory did not drop while the context was created (%d → %d bytes)", before, after)
 	default:
-		cm = contextMemory{bytes: before - after, ok: true,
+		cm = contextMemory{bytes: before - after, ok: true, after: cuFree,
 			how: "measured: NVML free memory before and after the primary context was created"}
 	}
 	return cm, nil
@@ -167,4 +176,12 @@ func (d *driver) measureContext(dev int32, retain func() error) (contextMemory, 
 // Open created it (device.ContextMemory).
 func (c *Device) ContextBytes() (uint64, string, bool) {
 	return c.ctxMem.bytes, c.ctxMem.how, c.ctxMem.ok
+}
+
+// FreeAfterContext returns the device's free memory (as cuMemGetInfo,
+// and so MemInfo, reports it) just after Open created the primary context, when the context's memory
+// was measured: the free memory now, subtracted from it, is what the
+// process (and any other) took since, modules and libraries included.
+func (c *Device) FreeAfterContext() (uint64, bool) {
+	return c.ctxMem.after, c.ctxMem.after != 0
 }

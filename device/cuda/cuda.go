@@ -103,8 +103,9 @@ func Open(opts Options) (*Device, error) {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	var ctx uintptr
-	cm, err := d.measureContext(dev, func() error {
-		return d.err("cuDevicePrimaryCtxRetain", d.raw(d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(dev)))
+	cm, err := d.measureContext(dev, func() (uintptr, error) {
+		err := d.err("cuDevicePrimaryCtxRetain", d.raw(d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(dev)))
+		return ctx, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)

@@ -12,6 +12,12 @@
 //	defer e.Close()
 //	res, _ := e.Generate(ctx, prompt, engine.Sampling{MaxNew: 32}, func(id int) error { fmt.Print(id, " "); return nil })
 //
+// GGUF files carry Q and K rows permuted as llama.cpp converts them; the
+// engine multiplies each head of their products by a 0/1 permutation matrix
+// (exact in float32) to put them back in Hugging Face order, so the same
+// weights in GGUF and safetensors run the same arithmetic and give the same
+// tokens.
+//
 // Rounding: with Options.Exact false (the default) the engine keeps
 // activations at the model dtype's precision where transformers does in a
 // bf16 or f16 model: the products Q, K, V, O, gate, up and down are rounded
@@ -135,9 +141,13 @@ type Engine struct {
 	bufs    []device.Ptr // by buffer id
 	staging pool.Block   // pinned host: ids, positions, block table, logits
 	invFreq pool.Block   // device copy of RoPE's inverse frequencies
-	events  []device.Event
-	groups  []groupUse
-	seq     kvcache.SeqID
+	// unpermute is the head_dim × head_dim f32 permutation matrix that puts
+	// a GGUF head's Q/K rows back in HF order (zero Size otherwise).
+	unpermute pool.Block
+	events    []device.Event
+	groups    []groupUse
+	seq       kvcache.SeqID
+	scratch   uint64 // the attention kernel's scratch at the longest context
 	// embedding is the embedding matrix's device address as of the last
 	// step (the tied LM head; resident then).
 	embedding device.Ptr
@@ -191,7 +201,12 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	kvCfg := kvcache.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
 		BlockTokens: o.BlockTokens, Blocks: blocks}
 	kvBytes := kvCfg.BlockBytes() * uint64(blocks)
-	reserve := kvBytes + layout.ArenaBytes + 2<<20 // the pool's alignment slack and small buffers
+	e.scratch = e.attentionScratch()
+	// Two pages of the pool's growth granule for rounding and the small
+	// buffers (RoPE frequencies, the Q/K permutation), and the attention
+	// kernel's own scratch, which the kernels allocate outside the pool.
+	gran := max(d.Info().Granularity, 64<<10)
+	reserve := kvBytes + layout.ArenaBytes + 2*gran + e.scratch
 	if err := e.planWeights(reserve, kvBytes, layout.ArenaBytes); err != nil {
 		return e, err
 	}
@@ -222,6 +237,30 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	}
 	return e, nil
 }
+
+// attentionScratch is the device memory kernels.Set.Attention allocates
+// for split (flash-decoding) partials at the longest context, decode and
+// prefill chunks alike: at least 1 MiB once any launch splits.
+func (e *Engine) attentionScratch() uint64 {
+	c := e.cfg
+	sms := uint32(e.d.Info().Multiprocessors)
+	if sms == 0 {
+		sms = 128
+	}
+	var most uint64
+	for _, T := range []int{1, e.opt.PrefillChunk} {
+		start := max(e.opt.MaxTokens-T, 0)
+		p := kernels.PlanAttention(uint32(start), uint32(T), uint32(c.Heads), uint32(c.KVHeads), uint32(c.HeadDim), sms)
+		if p.Splits > 1 {
+			most = max(most, p.ScratchBytes, 1<<20)
+		}
+	}
+	return most
+}
+
+// ScratchBytes is the device memory the attention kernel takes outside the
+// pools (already subtracted from Options.Budget).
+func (e *Engine) ScratchBytes() uint64 { return e.scratch }
 
 // planWeights plans the weights under the budget less reserve (KV cache
 // and activations).
@@ -321,10 +360,35 @@ func (e *Engine) prepareHost(blocks int) error {
 	if err := e.d.CopyHtoD(e.invFreq.Ptr, b, e.compute); err != nil {
 		return fmt.Errorf("engine: upload RoPE frequencies: %w", err)
 	}
+	if e.cfg.PermutedQK {
+		if err := e.uploadUnpermute(); err != nil {
+			return err
+		}
+	}
 	if err := e.d.StreamSynchronize(e.compute); err != nil {
 		return fmt.Errorf("engine: upload RoPE frequencies: %w", err)
 	}
 	return nil
+}
+
+// uploadUnpermute builds P with P[m][g(m)] = 1, g(m) the GGUF row of HF
+// row m within a head (HF m = s·d/2 + i is GGUF 2i + s), so that
+// Matmul(P, x) gathers a head into HF order exactly (products by 1 and 0).
+func (e *Engine) uploadUnpermute() error {
+	d := e.cfg.HeadDim
+	var err error
+	if e.unpermute, err = e.dev.Alloc(uint64(4*d*d), pool.AllocOptions{Purpose: pool.Activations}); err != nil {
+		return fmt.Errorf("engine: Q/K permutation: %w", err)
+	}
+	b := make([]byte, 4*d*d)
+	for m := range d {
+		g := 2*(m%(d/2)) + m/(d/2)
+		putF32(b[4*(m*d+g):], 1)
+	}
+	if err := e.d.CopyHtoD(e.unpermute.Ptr, b, e.compute); err != nil {
+		return fmt.Errorf("engine: upload the Q/K permutation: %w", err)
+	}
+	return e.d.StreamSynchronize(e.compute)
 }
 
 // Close frees everything New took: afterwards the pools hold nothing of
@@ -352,6 +416,9 @@ func (e *Engine) Close() error {
 	}
 	if e.invFreq.Size > 0 {
 		errs = append(errs, e.dev.Free(e.invFreq))
+	}
+	if e.unpermute.Size > 0 {
+		errs = append(errs, e.dev.Free(e.unpermute))
 	}
 	for _, ev := range e.events {
 		errs = append(errs, e.d.DestroyEvent(ev))

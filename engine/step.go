@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/format/llama"
@@ -30,10 +31,12 @@ const (
 	bD             // f32 T×H: down product
 	bHF            // dt T×H: final norm's output
 	bLogits        // f32 V: the last token's logits
+	bQRaw          // f32 T×heads·hd: Q in the file's row order (GGUF)
+	bKRaw          // f32 T×kv·hd: K in the file's row order (GGUF)
 	numBufs
 )
 
-var bufNames = [numBufs]string{"ids", "pos", "table", "x", "h", "q", "k", "v", "attn", "o", "h2", "gate", "up", "silu_up", "down", "final_norm", "logits"}
+var bufNames = [numBufs]string{"ids", "pos", "table", "x", "h", "q", "k", "v", "attn", "o", "h2", "gate", "up", "silu_up", "down", "final_norm", "logits", "q_raw", "k_raw"}
 
 // op is one entry of the step's op list: the buffers it reads and writes.
 type op struct {
@@ -41,15 +44,26 @@ type op struct {
 	reads, writes []int
 }
 
-// ops is the forward pass of one step, top to bottom. Ops from opLayer to
-// opLayerEnd (exclusive) run once per block.
-var ops = []op{
+// opList returns the forward pass of one step, top to bottom, and the
+// range [layerStart, layerEnd) of ops that run once per block. permuted
+// (GGUF) adds the op that puts Q and K rows back in HF order.
+func opList(permuted bool) (ops []op, layerStart, layerEnd int) {
+	ops = slices.Clone(allOps)
+	if !permuted {
+		ops[3].writes, ops[4].writes = []int{bQ}, []int{bK}
+		ops = slices.Delete(ops, 6, 7)
+	}
+	return ops, 2, len(ops) - 3
+}
+
+var allOps = []op{
 	{"upload ids, positions, block table", nil, []int{bIDs, bPos, bTable}},
 	{"embed", []int{bIDs}, []int{bX}},
 	{"attention norm", []int{bX}, []int{bH}},
-	{"q = h·Wq", []int{bH}, []int{bQ}},
-	{"k = h·Wk", []int{bH}, []int{bK}},
+	{"q = h·Wq", []int{bH}, []int{bQRaw}},
+	{"k = h·Wk", []int{bH}, []int{bKRaw}},
 	{"v = h·Wv", []int{bH}, []int{bV}},
+	{"q, k to HF row order (GGUF)", []int{bQRaw, bKRaw}, []int{bQ, bK}},
 	{"rope q, k", []int{bPos, bQ, bK}, []int{bQ, bK}},
 	{"write k, v to the cache", []int{bK, bV, bTable}, nil},
 	{"attention", []int{bQ, bTable}, []int{bA}},
@@ -66,8 +80,6 @@ var ops = []op{
 	{"download logits", []int{bLogits}, nil},
 }
 
-const opLayer, opLayerEnd = 2, 17
-
 // buffers returns the step's buffers for T tokens with their lifetimes
 // over the op list: from the first op that touches a buffer to one past
 // the last. A buffer that exists before the blocks and is used inside them
@@ -82,8 +94,12 @@ func (e *Engine) buffers(T int) []plan.Buffer {
 		bIDs: 4 * t, bPos: 4 * t, bTable: 4 * blocks, bX: 4 * t * H, bH: e.elt * t * H,
 		bQ: 4 * t * qd, bK: 4 * t * kvd, bV: 4 * t * kvd, bA: e.elt * t * qd, bO: 4 * t * H,
 		bH2: e.elt * t * H, bG: 4 * t * I, bU: 4 * t * I, bM: e.elt * t * I, bD: 4 * t * H,
-		bHF: e.elt * t * H, bLogits: 4 * uint64(c.Vocab),
+		bHF: e.elt * t * H, bLogits: 4 * uint64(c.Vocab), bQRaw: 256, bKRaw: 256,
 	}
+	if c.PermutedQK {
+		size[bQRaw], size[bKRaw] = size[bQ], size[bK]
+	}
+	ops, opLayer, opLayerEnd := opList(c.PermutedQK)
 	first, last := [numBufs]int{}, [numBufs]int{}
 	inLayer := [numBufs]bool{}
 	for i := range first {
@@ -102,6 +118,9 @@ func (e *Engine) buffers(T int) []plan.Buffer {
 	}
 	out := make([]plan.Buffer, numBufs)
 	for b := range out {
+		if first[b] < 0 { // not in this model's op list: a token buffer the planner may put anywhere
+			first[b], last[b] = 0, 0
+		}
 		end := last[b] + 1
 		if inLayer[b] && first[b] < opLayer {
 			end = max(end, opLayerEnd)
@@ -258,24 +277,45 @@ func (e *Engine) block(u groupUse, views []residency.View, T, start int) error {
 		}
 		return e.round(y, T*int(M))
 	}
+	// Q and K of a GGUF file come out in llama.cpp's row order and are put
+	// back in HF's by an exact permutation product (after V, as the op
+	// list says), so that both formats run the same arithmetic from there.
+	qOut, kOut := bQ, bK
+	if c.PermutedQK {
+		qOut, kOut = bQRaw, bKRaw
+	}
+	unpermute := func(raw, y int, heads uint32) error {
+		if err := ks.Matmul("f32", e.unpermute.Ptr, B[raw], B[y], hd, hd, t*heads, cs); err != nil {
+			return fail("q/k to HF row order", err)
+		}
+		return e.round(y, T*int(heads*hd))
+	}
 	an, andt := w(llama.RoleAttnNorm)
 	if err := ks.RMSNorm(B[bX], an, andt, B[bH], e.dt, t, H, eps, cs); err != nil {
 		return fail("attention norm", err)
 	}
-	if err := mm("q", llama.RoleQ, bH, bQ, nq*hd, H); err != nil {
+	if err := mm("q", llama.RoleQ, bH, qOut, nq*hd, H); err != nil {
 		return err
 	}
-	if err := mm("k", llama.RoleK, bH, bK, nkv*hd, H); err != nil {
+	if err := mm("k", llama.RoleK, bH, kOut, nkv*hd, H); err != nil {
 		return err
 	}
 	if err := mm("v", llama.RoleV, bH, bV, nkv*hd, H); err != nil {
 		return err
 	}
+	if c.PermutedQK {
+		if err := unpermute(bQRaw, bQ, nq); err != nil {
+			return err
+		}
+		if err := unpermute(bKRaw, bK, nkv); err != nil {
+			return err
+		}
+	}
 	for _, r := range []struct {
 		b     int
 		heads uint32
 	}{{bQ, nq}, {bK, nkv}} {
-		if err := ks.RoPE(B[r.b], B[bPos], t, r.heads, hd, e.invFreq.Ptr, c.PermutedQK, cs); err != nil {
+		if err := ks.RoPE(B[r.b], B[bPos], t, r.heads, hd, e.invFreq.Ptr, false, cs); err != nil {
 			return fail("rope", err)
 		}
 		if err := e.round(r.b, T*int(r.heads*hd)); err != nil {

@@ -28,6 +28,7 @@ func demoSteps() []demoStep {
 		{"activations of a real ONNX model packed by liveness", func(e *env, _ device.Device) error { return planDemo(e) }},
 		{"a PyTorch trace replayed through the pool", demoReplay},
 		{"a model larger than its VRAM budget, streamed", demoStream},
+		{"a Llama model generates tokens: weights placed by the plan, KV paged, activations planned", demoRun},
 	}
 }
 

@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/engine"
 	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/pool"
 	"github.com/memwall/memwall/residency"
@@ -50,6 +53,7 @@ type runJSON struct {
 	PeakDeviceBytes       uint64  `json:"peak_device_bytes"`
 	PoolPeakBytes         uint64  `json:"pool_peak_bytes"`
 	ContextBytes          uint64  `json:"context_bytes"`
+	ScratchBytes          uint64  `json:"kernel_scratch_bytes"`
 	ContextSource         string  `json:"context_source"`
 	BudgetBytes           uint64  `json:"budget_bytes"`
 	BudgetDefault         bool    `json:"budget_default"`
@@ -167,76 +171,19 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 		}
 		ids = tok.Encode(f.prompt, true)
 	}
-	if len(ids) == 0 {
-		return fmt.Errorf("the prompt encodes to no tokens")
-	}
-	if len(ids) >= m.Config.Context {
-		return fmt.Errorf("%s: max_position_embeddings: prompt of %d tokens does not fit the context of %d (one position must stay for a new token)",
-			m.Config.Source, len(ids), m.Config.Context)
-	}
 	so := sim.DefaultOptions()
 	so.Kernels = kernels.Sim()
+	// 64 KiB pages, so that the pools' page rounding does not swamp a tiny
+	// model's budget on the simulator.
+	so.Granularity = 64 << 10
 	d, ch, err := auto.Open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	budget, err := residency.PlanBudget(d, vram)
-	if err != nil {
-		return err
-	}
-	if budget.Warning != "" && !f.asJSON {
-		fmt.Fprintf(e.stderr, "memwall run: warning: %s\n", budget.Warning)
-	}
-	po := pool.DefaultOptions(d)
-	po.Name, po.Limit = "run", budget.PoolBytes
-	dev, err := pool.New(d, po)
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
-	host, err := pool.NewHost(d, pool.Options{Name: "run-host"})
-	if err != nil {
-		return err
-	}
-	defer host.Close()
-	ks, err := kernels.Load(d, e.getenv)
-	if err != nil {
-		return err
-	}
-	defer ks.Close()
-	maxTokens := min(len(ids)+sampling.MaxNew, m.Config.Context)
-	eng, err := engine.New(e.ctx, d, ks, dev, host, m, engine.Options{Budget: budget.PoolBytes, MaxTokens: maxTokens,
-		PrefillChunk: f.chunk, Source: source, Exact: f.exact})
-	if err != nil {
-		var be *engine.BudgetError
-		if errors.As(err, &be) {
-			return fmt.Errorf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s included): %w",
-				budget.VRAMBytes, humanBytes(budget.VRAMBytes), be.Minimum+budget.ContextBytes, humanBytes(be.Minimum+budget.ContextBytes),
-				path, maxTokens, humanBytes(budget.ContextBytes), err)
-		}
-		return err
-	}
-	defer eng.Close()
-	out := runJSON{Model: path, Device: ch.Backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
-		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource,
-		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), Warning: budget.Warning}
-	var dec func(id int) string
-	if tok != nil {
-		dec = tok.NewDecoder()
-	}
-	onToken := func(id int) error {
-		if f.asJSON {
-			return nil
-		}
-		if dec != nil {
-			fmt.Fprint(e.stdout, dec(id))
-		} else {
-			fmt.Fprintf(e.stdout, "%d ", id)
-		}
-		return nil
-	}
-	res, err := eng.Generate(e.ctx, ids, sampling, onToken)
+	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
+		opts: engine.Options{PrefillChunk: f.chunk, Source: source, Exact: f.exact}, quiet: f.asJSON}
+	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
 	}
@@ -245,16 +192,102 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 			return err
 		}
 	}
-	fillRunJSON(&out, eng, dev, res)
-	if tok != nil {
-		text := tok.Decode(res.Tokens)
-		out.Text = &text
-	}
 	if f.asJSON {
 		return writeJSON(e.stdout, out)
 	}
 	printRun(e, out)
 	return nil
+}
+
+// generation is one prompt run through a model on an open device.
+type generation struct {
+	model    *llama.Model
+	path     string
+	tok      textCodec // nil: print ids
+	ids      []int
+	vram     uint64 // 0: the default budget
+	sampling engine.Sampling
+	opts     engine.Options // Budget and MaxTokens are filled in
+	quiet    bool           // print no tokens as they come
+}
+
+// run plans the budget, makes the pools and the engine, generates
+// (printing tokens as they come unless quiet) and reports.
+func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *engine.Result, error) {
+	m, ids := g.model, g.ids
+	var out runJSON
+	if len(ids) == 0 {
+		return out, nil, fmt.Errorf("the prompt encodes to no tokens")
+	}
+	if len(ids) >= m.Config.Context {
+		return out, nil, fmt.Errorf("%s: max_position_embeddings: prompt of %d tokens does not fit the context of %d (one position must stay for a new token)",
+			m.Config.Source, len(ids), m.Config.Context)
+	}
+	budget, err := residency.PlanBudget(d, g.vram)
+	if err != nil {
+		return out, nil, err
+	}
+	if budget.Warning != "" && !g.quiet {
+		fmt.Fprintf(e.stderr, "memwall run: warning: %s\n", budget.Warning)
+	}
+	po := pool.DefaultOptions(d)
+	po.Name, po.Limit = "run", budget.PoolBytes
+	dev, err := pool.New(d, po)
+	if err != nil {
+		return out, nil, err
+	}
+	defer dev.Close()
+	host, err := pool.NewHost(d, pool.Options{Name: "run-host"})
+	if err != nil {
+		return out, nil, err
+	}
+	defer host.Close()
+	ks, err := kernels.Load(d, e.getenv)
+	if err != nil {
+		return out, nil, err
+	}
+	defer ks.Close()
+	maxTokens := min(len(ids)+g.sampling.MaxNew, m.Config.Context)
+	o := g.opts
+	o.Budget, o.MaxTokens = budget.PoolBytes, maxTokens
+	eng, err := engine.New(e.ctx, d, ks, dev, host, m, o)
+	if err != nil {
+		var be *engine.BudgetError
+		if errors.As(err, &be) {
+			return out, nil, fmt.Errorf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s included): %w",
+				budget.VRAMBytes, humanBytes(budget.VRAMBytes), be.Minimum+budget.ContextBytes, humanBytes(be.Minimum+budget.ContextBytes),
+				g.path, maxTokens, humanBytes(budget.ContextBytes), err)
+		}
+		return out, nil, err
+	}
+	defer eng.Close()
+	out = runJSON{Model: g.path, Device: backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
+		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource,
+		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), Warning: budget.Warning}
+	var dec func(id int) string
+	if g.tok != nil {
+		dec = g.tok.NewDecoder()
+	}
+	onToken := func(id int) error {
+		switch {
+		case g.quiet:
+		case dec != nil:
+			fmt.Fprint(e.stdout, dec(id))
+		default:
+			fmt.Fprintf(e.stdout, "%d ", id)
+		}
+		return nil
+	}
+	res, err := eng.Generate(e.ctx, ids, g.sampling, onToken)
+	if err != nil {
+		return out, nil, err
+	}
+	fillRunJSON(&out, eng, dev, res)
+	if g.tok != nil {
+		text := g.tok.Decode(res.Tokens)
+		out.Text = &text
+	}
+	return out, res, nil
 }
 
 func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.Result) {
@@ -264,7 +297,8 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.StreamedBytesPerToken = res.StreamedBytesPerToken
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
-	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes
+	out.ScratchBytes = eng.ScratchBytes()
+	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes + out.ScratchBytes
 	rs := eng.Residency().Stats()
 	out.ResidentBytes, out.ResidentGroups, out.Groups = rs.ResidentBytes, rs.ResidentGroups, rs.Groups
 	out.StreamedGroups = rs.Groups - rs.ResidentGroups
@@ -276,8 +310,8 @@ func printRun(e *env, o runJSON) {
 	w := e.stdout
 	fmt.Fprintf(w, "\n\n%d prompt tokens, %d generated (stop: %s) on %s\n", len(o.PromptIDs), len(o.Tokens), o.Stop, o.Device)
 	fmt.Fprintf(w, "  prefill %.1f tokens/s, decode %.2f tokens/s (products: %s)\n", o.PrefillTokensPerS, o.DecodeTokensPerS, o.Gemm)
-	fmt.Fprintf(w, "  peak device memory %s of the %s budget (pools %s + context %s)\n",
-		humanBytes(o.PeakDeviceBytes), humanBytes(o.BudgetBytes), humanBytes(o.PoolPeakBytes), humanBytes(o.ContextBytes))
+	fmt.Fprintf(w, "  peak device memory %s of the %s budget (pools %s + context %s + attention scratch %s)\n",
+		humanBytes(o.PeakDeviceBytes), humanBytes(o.BudgetBytes), humanBytes(o.PoolPeakBytes), humanBytes(o.ContextBytes), humanBytes(o.ScratchBytes))
 	fmt.Fprintf(w, "  resident: %d of %d weight groups (%s); streamed %s per token (%s)\n",
 		o.ResidentGroups, o.Groups, humanBytes(o.ResidentBytes), humanBytes(o.StreamedBytesPerToken), o.Source)
 	fmt.Fprintf(w, "  KV cache %s, activation arena %s\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes))
@@ -305,4 +339,51 @@ type textCodec interface {
 // openTokenizer loads the model's tokenizer, nil when it has none.
 func openTokenizer(m *llama.Model) (textCodec, error) {
 	return nil, nil
+}
+
+// demoRun generates with the tiny synthetic model on d under a budget that
+// makes part of it stream, and says what ran where.
+func demoRun(e *env, d device.Device) error {
+	dir, err := os.MkdirTemp("", "memwall-demo-run")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfg := synth.Tiny()
+	if _, err := synth.Generate(e.ctx, cfg, filepath.Join(dir, "model.safetensors"), synth.Options{}); err != nil {
+		return err
+	}
+	m, err := llama.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	ids := make([]int, 24)
+	for i := range ids {
+		ids[i] = 3 + (i*7919+17)%(cfg.Vocab-3)
+	}
+	g := generation{model: m, path: "tiny (synthetic, " + humanBytes(m.Weights.DataBytes) + ")", ids: ids,
+		sampling: engine.Sampling{MaxNew: 24, IgnoreEOS: true}, opts: engine.Options{PrefillChunk: 16}, quiet: true}
+	// The smallest budget the engine takes, from its error at 1 byte above
+	// the context, plus one block: the other blocks stream.
+	ctxBytes, _ := residency.ContextBytes(d)
+	g.vram = ctxBytes + 1
+	_, _, err = g.run(e, d, d.Info().Backend)
+	var be *engine.BudgetError
+	if !errors.As(err, &be) {
+		return fmt.Errorf("probing the minimum budget: %v", err)
+	}
+	b := m.Tensors.Blocks[0]
+	g.vram = ctxBytes + be.Minimum + b.Q.Bytes + b.K.Bytes + b.V.Bytes + b.O.Bytes + b.Gate.Bytes + b.Up.Bytes + b.Down.Bytes
+	g.quiet = false
+	fmt.Fprintf(e.stdout, "  %d-layer Llama (GQA %d/%d heads), prompt of %d ids, --vram %s:\n  ", cfg.Layers, cfg.Heads, cfg.KVHeads, len(ids), humanBytes(g.vram))
+	out, _, err := g.run(e, d, d.Info().Backend)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "\n  %d tokens; prefill %.0f tokens/s, decode %.1f tokens/s; %d of %d weight groups resident, %s streamed per token\n",
+		len(out.Tokens), out.PrefillTokensPerS, out.DecodeTokensPerS, out.ResidentGroups, out.Groups, humanBytes(out.StreamedBytesPerToken))
+	fmt.Fprintf(e.stdout, "  peak %s of the %s budget; KV cache %s in paged blocks, activations %s in one planned arena\n",
+		humanBytes(out.PeakDeviceBytes), humanBytes(out.BudgetBytes), humanBytes(out.KVBytes), humanBytes(out.ArenaBytes))
+	return nil
 }

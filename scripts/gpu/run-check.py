@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""GPU check of `memwall run` against transformers (issue 15), run by
+scripts/gpu/engine.sh on the GPU machine.
+
+Phase 1 runs memwall (this process does not touch the GPU then, so that
+nvidia-smi's memory.used during the 7B run is memwall's alone); phase 2 loads
+the same files in transformers' LlamaForCausalLM (bf16 or f16 as the model
+is, on the GPU) and compares:
+
+- tokens, position by position: transformers' logits are computed with one
+  forward over prompt + memwall's tokens (teacher forcing), and a position
+  agrees when memwall's token is transformers' argmax there. A position where
+  transformers' best logit exceeds its logit for memwall's token by less than
+  MARGIN is a near-tie and is skipped (counted apart); anything else is a
+  mismatch. transformers' own greedy generate is reported too (how many
+  leading tokens equal memwall's).
+- the first step's logits (memwall --logits-out vs transformers at the last
+  prompt position): max abs difference and cosine similarity.
+
+Also: GGUF vs safetensors tokens for the tiny models, streaming (a --vram
+just above the minimum memwall states) vs resident, compute-sanitizer memcheck
+and racecheck on a short tiny run; in full mode the 7B-shaped models at
+--vram 8GiB with nvidia-smi sampled every 100 ms and `memwall fit`'s
+prediction. Everything has a timeout; results go to OUT/results.json and a
+table is printed last.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+MARGIN = 0.1  # logits; the synthetic models' logits have a standard deviation of about 1.8
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def sh(cmd, timeout, out_path=None, env=None):
+    """Runs cmd; returns (rc, stdout, stderr, seconds). Never raises."""
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        rc, so, se = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, so, se = 124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout after %ds" % timeout
+    except OSError as e:
+        rc, so, se = 127, "", str(e)
+    dt = time.time() - t0
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write("$ " + " ".join(cmd) + "\n# rc=%d %.1fs\n%s\n--- stderr\n%s\n" % (rc, dt, so, se))
+    return rc, so, se, dt
+
+
+def prompt_ids(n, vocab, seed):
+    r = random.Random(seed)
+    return [r.randrange(3, vocab) for _ in range(n)]
+
+
+class Check:
+    def __init__(self, a):
+        self.bin, self.out, self.models, self.mode = a.bin, a.out, a.models, a.mode
+        self.model7b = a.model7b
+        self.device = a.device
+        self.no_hf = a.no_hf
+        self.rows = []      # table rows
+        self.results = {}   # everything, for results.json
+        self.hf_jobs = []   # (name, model dir, dtype, prompt, memwall json, logits file)
+        self.failed = False
+
+    def fail(self, msg):
+        log("FAIL:", msg)
+        self.failed = True
+
+    # -- models ---------------------------------------------------------
+    def gen(self, preset, out, timeout=240):
+        if os.path.exists(out):
+            return True
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        rc, so, se, dt = sh([self.bin, "gen-model", "--preset", preset, "--out", out, "--json"], timeout,
+                            os.path.join(self.out, "gen-%s-%s.txt" % (preset, os.path.basename(out))))
+        log("gen-model %s -> %s: rc=%d %.1fs" % (preset, out, rc, dt))
+        if rc != 0:
+            self.fail("gen-model %s: %s" % (preset, se.strip()[-300:]))
+        return rc == 0
+
+    # -- memwall runs ---------------------------------------------------
+    def run(self, name, model, ids, max_new, vram=None, extra=(), timeout=120, smi=False):
+        """One memwall run; returns its JSON (or None) and stderr."""
+        logits = os.path.join(self.out, name + ".logits.f32")
+        cmd = [self.bin, "run", model, "--device", self.device, "--prompt-ids", ",".join(map(str, ids)),
+               "--max-new", str(max_new), "--ignore-eos", "--json", "--logits-out", logits] + list(extra)
+        if vram:
+            cmd += ["--vram", vram]
+        sampler = None
+        if smi:
+            smi_path = os.path.join(self.out, name + ".smi.csv")
+            self.results.setdefault(name, {})["smi_baseline_mib"] = smi_used()
+            sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100"],
+                                       stdout=open(smi_path, "w"), stderr=subprocess.DEVNULL)
+        rc, so, se, dt = sh(cmd, timeout, os.path.join(self.out, name + ".txt"))
+        if sampler:
+            time.sleep(0.2)
+            sampler.terminate()
+            try:
+                sampler.wait(5)
+            except subprocess.TimeoutExpired:
+                sampler.kill()
+            samples = []
+            for line in open(smi_path):
+                try:
+                    samples.append(int(line.strip().split()[0]))
+                except (ValueError, IndexError):
+                    pass
+            r = self.results.setdefault(name, {})
+            r["smi_peak_mib"] = max(samples) if samples else None
+            r["smi_samples"] = len(samples)
+        log("run %s: rc=%d %.1fs" % (name, rc, dt))
+        if rc != 0:
+            return None, se
+        try:
+            j = json.loads(so)
+        except ValueError:
+            self.fail("%s: not JSON: %s" % (name, so[:200]))
+            return None, se
+        j["wall_seconds"] = dt
+        j["logits_file"] = logits
+        self.results.setdefault(name, {}).update({k: j[k] for k in j if k not in ("prompt_ids",)})
+        return j, se
+
+    def minimum_vram(self, name, model, ids, extra=()):
+        """The smallest --vram memwall accepts, from its error at 1 MiB."""
+        _, se = self.run(name + "-min", model, ids, 64, vram="1MiB", extra=extra, timeout=60)
+        m = re.search(r"below the minimum (\d+) bytes", se)
+        return int(m.group(1)) if m else None
+
+    def tiny(self, preset, dtype):
+        d = os.path.join(self.models, preset)
+        st, gg = os.path.join(d, "model.safetensors"), os.path.join(self.models, preset + ".gguf")
+        if not (self.gen(preset, st) and self.gen(preset, gg)):
+            return
+        ids = prompt_ids(32, 768 if preset == "tiny-f16" else 1024, 11)
+        chunk = ["--prefill-chunk", "16"]  # prefill in two chunks; a small arena lets a small budget stream
+        res, _ = self.run(preset + "-resident", d, ids, 64, vram="4GiB", extra=chunk)
+        if res is None:
+            return self.fail(preset + " resident run failed")
+        self.hf_jobs.append((preset + "-resident", d, dtype, ids, res))
+        mn = self.minimum_vram(preset, d, ids, chunk)
+        if mn is None:
+            self.fail(preset + ": no minimum in the error at --vram 1MiB")
+        else:
+            for extra in (1 << 20, 0, 4 << 20):
+                s, _ = self.run(preset + "-streaming", d, ids, 64, vram=str(mn + extra), extra=chunk)
+                if s is not None and s.get("streamed_groups", 0) > 0:
+                    break
+            if s is not None:
+                self.results[preset + "-streaming"]["same_tokens_as_resident"] = s["tokens"] == res["tokens"]
+                self.hf_jobs.append((preset + "-streaming", d, dtype, ids, s))
+                if s.get("streamed_groups", 0) == 0:
+                    self.fail(preset + ": streaming run streamed nothing")
+                if s["peak_device_bytes"] > s["budget_bytes"]:
+                    self.fail(preset + ": streaming peak above the budget")
+        g, _ = self.run(preset + "-gguf", gg, ids, 64, vram="4GiB", extra=chunk)
+        if g is not None:
+            same = g["tokens"] == res["tokens"]
+            self.results[preset + "-gguf"]["same_tokens_as_safetensors"] = same
+            first = next((i for i, (a, b) in enumerate(zip(g["tokens"], res["tokens"])) if a != b), None)
+            self.results[preset + "-gguf"]["first_difference"] = first
+            self.hf_jobs.append((preset + "-gguf", d, dtype, ids, g))
+            if not same:
+                self.fail("%s: gguf tokens differ from safetensors at %s" % (preset, first))
+
+    def sanitizer(self, preset):
+        d = os.path.join(self.models, preset)
+        if shutil.which("compute-sanitizer") is None:
+            self.results["sanitizer"] = "compute-sanitizer not found"
+            return
+        ids = ",".join(map(str, prompt_ids(12, 1024, 3)))
+        for tool, new in (("memcheck", 4), ("racecheck", 2)):
+            path = os.path.join(self.out, "sanitizer-%s.txt" % tool)
+            rc, so, se, dt = sh(["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", self.bin, "run", d, "--device", "cuda",
+                                 "--prompt-ids", ids, "--max-new", str(new), "--vram", "2GiB", "--json"], 150, path)
+            summ = re.findall(r"(ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)", so + se)
+            self.results["sanitizer-" + tool] = {"rc": rc, "seconds": dt, "summary": summ[-1] if summ else ""}
+            log("compute-sanitizer %s: rc=%d %.1fs %s" % (tool, rc, dt, summ[-1] if summ else ""))
+            if rc != 0:
+                self.fail("compute-sanitizer %s rc=%d" % (tool, rc))
+
+    def big(self, preset, dirname):
+        d = self.model7b if (self.model7b and preset == "llama-7b") else os.path.join(self.models, dirname)
+        st = os.path.join(d, "model.safetensors")
+        if not self.gen(preset, st, timeout=300):
+            return
+        ids = prompt_ids(448, 32000, 5)
+        name = preset + "-8GiB"
+        r, se = self.run(name, d, ids, 64, vram="8GiB", timeout=240, smi=True)
+        if r is None:
+            return self.fail("%s: %s" % (name, se.strip()[-400:]))
+        self.hf_jobs.append((name, d, "bfloat16", ids, r))
+        rc, so, se, _ = sh([self.bin, "fit", st, "--vram", "8GiB", "--ctx", "512", "--device", self.device, "--json"], 120,
+                           os.path.join(self.out, preset + "-fit.txt"))
+        if rc == 0:
+            try:
+                self.results[name]["fit_predicted_peak_bytes"] = json.loads(so).get("predicted_peak_bytes")
+            except ValueError:
+                pass
+        if preset == "llama-7b":
+            p = prompt_ids(2048, 32000, 6)
+            r2, se = self.run(preset + "-prefill2048", d, p, 2, vram="8GiB", extra=["--prefill-chunk", "2048"], timeout=240)
+            if r2 is None:
+                self.fail("prefill 2048: " + se.strip()[-300:])
+
+    # -- transformers ---------------------------------------------------
+    def hf(self):
+        if self.no_hf:
+            return
+        try:
+            import torch
+            from transformers import LlamaForCausalLM
+        except Exception as e:  # noqa: BLE001 — report, do not crash
+            self.fail("transformers unavailable: %s" % e)
+            return
+        loaded = {}
+        for name, d, dtype, ids, res in self.hf_jobs:
+            key = (d, dtype)
+            try:
+                if key not in loaded:
+                    for k in list(loaded):
+                        del loaded[k]
+                    torch.cuda.empty_cache()
+                    t0 = time.time()
+                    dt = getattr(torch, dtype)
+                    try:
+                        m = LlamaForCausalLM.from_pretrained(d, dtype=dt)
+                    except TypeError:
+                        m = LlamaForCausalLM.from_pretrained(d, torch_dtype=dt)
+                    m = m.to("cuda").eval()
+                    loaded[key] = m
+                    log("transformers loaded %s (%s) in %.1fs" % (d, dtype, time.time() - t0))
+                m = loaded[key]
+                self.compare(name, m, ids, res, torch)
+            except Exception as e:  # noqa: BLE001
+                self.fail("%s: transformers: %r" % (name, e))
+
+    def compare(self, name, m, ids, res, torch):
+        toks = res["tokens"]
+        seq = torch.tensor([ids + toks[:-1]], device="cuda")
+        with torch.no_grad():
+            logits = m(input_ids=seq).logits[0].float()
+        rows = logits[len(ids) - 1:]
+        best = rows.argmax(dim=-1)
+        mine = torch.tensor(toks, device="cuda")
+        lb = rows.gather(1, best[:, None])[:, 0]
+        lm = rows.gather(1, mine[:, None])[:, 0]
+        agree = (best == mine)
+        near = (~agree) & ((lb - lm) < MARGIN)
+        bad = (~agree) & ~near
+        r = self.results[name]
+        r["positions"] = len(toks)
+        r["agree"] = int(agree.sum())
+        r["near_ties"] = int(near.sum())
+        r["mismatches"] = int(bad.sum())
+        r["first_mismatch"] = int(bad.nonzero()[0][0]) if bool(bad.any()) else None
+        # The first step's logits.
+        first = torch.tensor(list(struct.unpack("<%df" % (os.path.getsize(res["logits_file"]) // 4),
+                                                open(res["logits_file"], "rb").read())), device="cuda")
+        ref = rows[0]
+        r["first_logits_max_abs_diff"] = float((first - ref).abs().max())
+        r["first_logits_cosine"] = float(torch.nn.functional.cosine_similarity(first, ref, dim=0))
+        r["first_logits_max_abs"] = float(ref.abs().max())
+        # transformers' own greedy tokens.
+        with torch.no_grad():
+            g = m.generate(torch.tensor([ids], device="cuda"), max_new_tokens=len(toks), min_new_tokens=len(toks),
+                           do_sample=False, pad_token_id=0)
+        hg = g[0, len(ids):].tolist()
+        r["hf_greedy_same_prefix"] = next((i for i, (a, b) in enumerate(zip(hg, toks)) if a != b), min(len(hg), len(toks)))
+        log("%s: %d/%d agree, %d near-ties, %d mismatches; first logits max diff %.4f cos %.6f; greedy prefix %d" % (
+            name, r["agree"], len(toks), r["near_ties"], r["mismatches"], r["first_logits_max_abs_diff"],
+            r["first_logits_cosine"], r["hf_greedy_same_prefix"]))
+        if r["mismatches"]:
+            self.fail("%s: %d mismatches (first at %s)" % (name, r["mismatches"], r["first_mismatch"]))
+
+    # -- report ---------------------------------------------------------
+    def table(self):
+        hdr = "%-26s %6s %5s %4s %4s %9s %9s %9s %8s %9s %9s %9s" % (
+            "run", "tokens", "agree", "near", "bad", "maxdiff", "cosine", "prefill/s", "decode/s", "peak MiB", "smi MiB", "budget")
+        lines = [hdr, "-" * len(hdr)]
+        for name, r in self.results.items():
+            if not isinstance(r, dict) or "tokens" not in r:
+                continue
+            smi = ""
+            if r.get("smi_peak_mib") is not None:
+                smi = "%d" % (r["smi_peak_mib"] - (r.get("smi_baseline_mib") or 0))
+            lines.append("%-26s %6d %5s %4s %4s %9s %9s %9.1f %8.2f %9.0f %9s %9.0f" % (
+                name, len(r["tokens"]), r.get("agree", "-"), r.get("near_ties", "-"), r.get("mismatches", "-"),
+                "%.4f" % r["first_logits_max_abs_diff"] if "first_logits_max_abs_diff" in r else "-",
+                "%.6f" % r["first_logits_cosine"] if "first_logits_cosine" in r else "-",
+                r["prefill_tokens_per_s"], r["decode_tokens_per_s"], r["peak_device_bytes"] / 2**20, smi,
+                r["budget_bytes"] / 2**20))
+        for k in ("tiny-gguf", "tiny-f16-gguf"):
+            if k in self.results:
+                lines.append("%s: same tokens as safetensors: %s" % (k, self.results[k].get("same_tokens_as_safetensors")))
+        for name, r in self.results.items():
+            if isinstance(r, dict) and r.get("fit_predicted_peak_bytes"):
+                lines.append("%s: fit predicted %.0f MiB, memwall peak %.0f MiB, nvidia-smi %s MiB" % (
+                    name, r["fit_predicted_peak_bytes"] / 2**20, r["peak_device_bytes"] / 2**20,
+                    r.get("smi_peak_mib", 0) - (r.get("smi_baseline_mib") or 0) if r.get("smi_peak_mib") else "-"))
+        for t in ("memcheck", "racecheck"):
+            if "sanitizer-" + t in self.results:
+                s = self.results["sanitizer-" + t]
+                lines.append("compute-sanitizer %s: rc=%s %s" % (t, s["rc"], s["summary"]))
+        lines.append("margin for near-ties: %.2f logits; result: %s" % (MARGIN, "FAIL" if self.failed else "ok"))
+        return "\n".join(lines)
+
+
+def smi_used():
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+        return int(p.stdout.strip().split()[0])
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--mode", choices=["quick", "full"], default="quick")
+    ap.add_argument("--model7b", default="")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers (to test the script without torch)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    c = Check(a)
+    t0 = time.time()
+    c.tiny("tiny", "bfloat16")
+    c.tiny("tiny-f16", "float16")
+    if a.device == "cuda":
+        c.sanitizer("tiny")
+    if a.mode == "full":
+        c.big("llama-7b", "llama-7b")
+        c.big("llama3-8b-shape", "llama3-8b-shape")
+    c.hf()
+    c.results["seconds"] = time.time() - t0
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(c.results, f, indent=1, default=str)
+    print()
+    tab = c.table()
+    with open(os.path.join(a.out, "table.txt"), "w") as f:
+        f.write(tab + "\n")
+    print(tab)
+    sys.exit(1 if c.failed else 0)
+
+
+if __name__ == "__main__":
+    main()

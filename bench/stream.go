@@ -49,8 +49,10 @@ type StreamOptions struct {
 	// a product (default 4), VerifySamples the outputs checked per product
 	// (default 256).
 	VerifyRows, VerifySamples int
-	// ContextBytes is the device context's own memory, added to the
-	// measured peak for the footprint figure (residency.ContextBytes).
+	// ContextBytes is the device memory the process holds outside the
+	// pools (the context's own and what was loaded since:
+	// residency.Budget's ContextBytes + LoadedBytes), added to the
+	// measured peak for the footprint figure.
 	ContextBytes uint64
 	// Logger receives debug logs (nil: silent).
 	Logger *slog.Logger
@@ -101,8 +103,9 @@ type StreamReport struct {
 	// PeakBytes is the most device memory taken since Stream began, as the
 	// device reports it (free memory at the start minus free memory after
 	// setting up and after each step): the pools' reserved bytes and the
-	// driver's own for them. FootprintBytes adds the context's own memory
-	// (StreamOptions.ContextBytes): the process's figure in nvidia-smi.
+	// driver's own for them. FootprintBytes adds the memory outside the
+	// pools (StreamOptions.ContextBytes): the process's figure in
+	// nvidia-smi.
 	PeakBytes      uint64 `json:"peak_bytes"`
 	ContextBytes   uint64 `json:"context_bytes"`
 	FootprintBytes uint64 `json:"peak_footprint_bytes"`

@@ -45,6 +45,7 @@ type streamJSON struct {
 	PeakBytes             uint64               `json:"peak_bytes"`
 	ContextBytes          uint64               `json:"context_bytes"`
 	ContextSource         string               `json:"context_source"`
+	LoadedBytes           uint64               `json:"loaded_bytes"`
 	PeakFootprintBytes    uint64               `json:"peak_footprint_bytes"`
 	PoolBudgetBytes       uint64               `json:"pool_budget_bytes"`
 	SecondsPerStep        float64              `json:"seconds_per_step"`
@@ -106,7 +107,7 @@ func runStream(e *env, args []string) error {
 	pb := newProgress(e, "stream")
 	out, err := streamPlanned(e.ctx, pl, bench.StreamOptions{
 		Residency:    residency.Options{Source: source, HostBytes: hostAvailable(), Prefetch: *prefetch},
-		ContextBytes: b.ContextBytes,
+		ContextBytes: b.ContextBytes + b.LoadedBytes,
 		Progress: func(done, total int) {
 			pb.update(float64(done), float64(total), fmt.Sprintf("step %d/%d", done, total))
 		}}, *steps)
@@ -114,7 +115,7 @@ func runStream(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	out.ContextSource, out.PoolBudgetBytes = b.ContextSource, b.PoolBytes
+	out.ContextBytes, out.LoadedBytes, out.ContextSource, out.PoolBudgetBytes = b.ContextBytes, b.LoadedBytes, b.ContextSource, b.PoolBytes
 	layers := out.fitJSON.Layers
 	out.fitJSON = pl.json(path, &f)
 	out.fitJSON.BudgetBytes = budget
@@ -192,9 +193,9 @@ func streamPlanned(ctx context.Context, pl *planned, o bench.StreamOptions, step
 
 func printStream(e *env, o streamJSON) {
 	w := e.stdout
-	fmt.Fprintf(w, "measured   peak %s (predicted %s, %+.1f%%); with the device context's %s: %s of the %s budget\n",
+	fmt.Fprintf(w, "measured   peak %s (predicted %s, %+.1f%%); with the device context's %s and %s loaded since: %s of the %s budget\n",
 		humanBytes(o.PeakBytes), humanBytes(o.PredictedPeakBytes), pct(float64(o.PeakBytes), float64(o.PredictedPeakBytes)),
-		humanBytes(o.ContextBytes), humanBytes(o.PeakFootprintBytes), humanBytes(o.BudgetBytes))
+		humanBytes(o.ContextBytes), humanBytes(o.LoadedBytes), humanBytes(o.PeakFootprintBytes), humanBytes(o.BudgetBytes))
 	fmt.Fprintf(w, "           %.4f s per step (predicted %.4f s steady, %+.1f%%; %.4f s cold), median of %d\n",
 		o.SecondsPerStep, o.PredictedSteadySecond, pct(o.SecondsPerStep, o.PredictedSteadySecond), o.PredictedSecondsPerStep, o.Steps)
 	fmt.Fprintf(w, "           copy %.4f s, compute %.4f s, stall %.4f s: step / max(copy, compute) = %.3f\n",

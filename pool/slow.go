@@ -141,7 +141,9 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 			if gerr := a.alloc.Grow(grow); gerr != nil {
 				break
 			}
-			b, h, err = a.place(size, align)
+			// The same request as the first try: the slack is what lets
+			// the shift below land the block inside what was placed.
+			b, h, err = a.place(size+slack, want)
 		}
 		if err != nil {
 			if errors.Is(err, alloc.ErrOutOfMemory) || errors.Is(err, alloc.ErrTooLarge) {
@@ -331,8 +333,10 @@ func (p *Pool) growChunk(size, align uint64) (*meta, error) {
 	const unit = 2 << 20
 	need := size + align
 	if p.opts.Strategy == "buddy" {
-		// Buddy blocks are powers of two at offsets aligned to their size.
-		need = max(need, 1<<bits.Len64(size-1))
+		// Buddy blocks are powers of two at offsets aligned to their size,
+		// and a chunk whose base is less aligned than asked for is asked
+		// for size plus the alignment's slack (tryArenas).
+		need = 1 << bits.Len64(need-1)
 	}
 	csize := p.opts.ChunkBytes
 	if need > csize/2 {

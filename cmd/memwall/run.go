@@ -19,6 +19,7 @@ import (
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/pool"
 	"github.com/memwall/memwall/residency"
+	"github.com/memwall/memwall/tokenizer"
 )
 
 func init() {
@@ -264,7 +265,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	out = runJSON{Model: g.path, Device: backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
 		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource,
 		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), Warning: budget.Warning}
-	var dec func(id int) string
+	var dec *tokenizer.StreamDecoder
 	if g.tok != nil {
 		dec = g.tok.NewDecoder()
 	}
@@ -272,7 +273,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		switch {
 		case g.quiet:
 		case dec != nil:
-			fmt.Fprint(e.stdout, dec(id))
+			fmt.Fprint(e.stdout, dec.Add(id))
 		default:
 			fmt.Fprintf(e.stdout, "%d ", id)
 		}
@@ -282,9 +283,12 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	if err != nil {
 		return out, nil, err
 	}
+	if dec != nil && !g.quiet {
+		fmt.Fprint(e.stdout, dec.Flush())
+	}
 	fillRunJSON(&out, eng, dev, res)
 	if g.tok != nil {
-		text := g.tok.Decode(res.Tokens)
+		text := g.tok.Decode(res.Tokens, true)
 		out.Text = &text
 	}
 	return out, res, nil
@@ -331,14 +335,35 @@ func writeLogits(path string, l []float32) error {
 // textCodec is what run needs of a tokenizer.
 type textCodec interface {
 	Encode(text string, addSpecial bool) []int
-	Decode(ids []int) string
-	// NewDecoder returns a function giving the text each new id adds.
-	NewDecoder() func(id int) string
+	Decode(ids []int, skipSpecial bool) string
+	NewDecoder() *tokenizer.StreamDecoder
 }
 
-// openTokenizer loads the model's tokenizer, nil when it has none.
+// openTokenizer loads the model's tokenizer: tokenizer.json beside the
+// weights, or a GGUF file's tokenizer.ggml vocabulary; nil when it has
+// none. A tokenizer whose vocabulary is larger than the model's is an
+// error naming both.
 func openTokenizer(m *llama.Model) (textCodec, error) {
-	return nil, nil
+	var t *tokenizer.Tokenizer
+	var err error
+	var from string
+	switch {
+	case m.TokenizerPath != "":
+		from = m.TokenizerPath
+		t, err = tokenizer.Load(m.TokenizerPath)
+	case m.Weights.Format == "gguf" && m.Weights.Metadata["tokenizer.ggml.tokens"] != nil:
+		from = m.Weights.Path + " (tokenizer.ggml.*)"
+		t, err = tokenizer.FromGGUF(m.Weights.Metadata)
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if t.VocabSize() > m.Config.Vocab {
+		return nil, fmt.Errorf("%s: %d tokens, more than the model's vocab_size %d (%s)", from, t.VocabSize(), m.Config.Vocab, m.Config.Source)
+	}
+	return t, nil
 }
 
 // demoRun generates with the tiny synthetic model on d under a budget that

@@ -144,3 +144,95 @@ func TestRunErrors(t *testing.T) {
 		t.Errorf("qwen2: exit %d, %s", code, errOut)
 	}
 }
+
+// byteTokenizer writes a byte-level BPE tokenizer.json (GPT-2's byte
+// alphabet, ids 3..258, a few merges, <s> = 1 and </s> = 2 as the synthetic
+// models' BOS and EOS) into dir.
+func byteTokenizer(t *testing.T, dir string) {
+	t.Helper()
+	var printable []int
+	for b := '!'; b <= '~'; b++ {
+		printable = append(printable, int(b))
+	}
+	for b := 0xA1; b <= 0xAC; b++ {
+		printable = append(printable, b)
+	}
+	for b := 0xAE; b <= 0xFF; b++ {
+		printable = append(printable, b)
+	}
+	isPrint := map[int]bool{}
+	for _, b := range printable {
+		isPrint[b] = true
+	}
+	vocab := map[string]int{"<pad>": 0, "<s>": 1, "</s>": 2}
+	n := 0
+	for b := range 256 {
+		r := rune(b)
+		if !isPrint[b] {
+			r = rune(256 + n)
+			n++
+		}
+		vocab[string(r)] = 3 + b
+	}
+	merges := []string{"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d"}
+	next := 259
+	for _, m := range merges {
+		a, b, _ := strings.Cut(m, " ")
+		vocab[a+b] = next
+		next++
+	}
+	special := func(id int, s string) map[string]any {
+		return map[string]any{"id": id, "content": s, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+	}
+	tj := map[string]any{
+		"version":        "1.0",
+		"truncation":     nil,
+		"padding":        nil,
+		"added_tokens":   []any{special(0, "<pad>"), special(1, "<s>"), special(2, "</s>")},
+		"normalizer":     nil,
+		"pre_tokenizer":  map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+		"post_processor": map[string]any{"type": "TemplateProcessing", "single": []any{map[string]any{"SpecialToken": map[string]any{"id": "<s>", "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}}, "pair": []any{map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "B", "type_id": 1}}}, "special_tokens": map[string]any{"<s>": map[string]any{"id": "<s>", "ids": []int{1}, "tokens": []string{"<s>"}}}},
+		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+		"model": map[string]any{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": nil, "end_of_word_suffix": nil,
+			"fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges},
+	}
+	b, err := json.Marshal(tj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunText(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	byteTokenizer(t, dir)
+	j := runJSONOut(t, "run", dir, "--prompt", "hello world", "--max-new", "10", "--ignore-eos", "--device", "sim", "--json")
+	ids := []int{}
+	for _, v := range j["prompt_ids"].([]any) {
+		ids = append(ids, int(v.(float64)))
+	}
+	// <s>, "hello", "Ġworld"
+	if !equalInts(ids, []int{1, 262, 267}) {
+		t.Errorf("prompt ids %v", ids)
+	}
+	if _, ok := j["text"].(string); !ok || len(tokensOf(j)) != 10 {
+		t.Errorf("text %v, tokens %v", j["text"], j["tokens"])
+	}
+	// The same prompt as ids gives the same tokens; human output is text.
+	k := runJSONOut(t, "run", dir, "--prompt-ids", "1,262,267", "--max-new", "10", "--ignore-eos", "--device", "sim", "--json")
+	if !equalInts(tokensOf(j), tokensOf(k)) || j["text"] != k["text"] {
+		t.Errorf("text prompt %v %q, ids %v %q", j["tokens"], j["text"], k["tokens"], k["text"])
+	}
+	code, out, errOut := runVerbSim(t, "run", dir, "--prompt", "hello world", "--max-new", "10", "--ignore-eos", "--device", "sim")
+	if code != 0 || !strings.HasPrefix(out, j["text"].(string)) {
+		t.Errorf("human output: exit %d %q (%s), want it to start with %q", code, out, errOut, j["text"])
+	}
+	// A tokenizer file that does not parse is an error naming it.
+	os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model": {"type": "BPE", "vocab": 3}}`), 0o644)
+	code, _, errOut = runVerbSim(t, "run", dir, "--prompt", "hi", "--device", "sim")
+	if code != 1 || !strings.Contains(errOut, "tokenizer.json") {
+		t.Errorf("bad tokenizer.json: exit %d, %s", code, errOut)
+	}
+}

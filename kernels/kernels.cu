@@ -594,10 +594,19 @@ __device__ __forceinline__ void attn_load_row(const unsigned char* row, int lane
     }
 }
 
+// Shared memory of memwall_attn, declared once in the kernel: static
+// __shared__ arrays in the templates would be allocated once per
+// instantiation.
+struct AttnSmem {
+    float sm[kAttnWarps], sl[kAttnWarps];
+    float sacc[kAttnWarps][kAttnMaxDim];
+};
+
 template <class Tr, int E>
-__device__ void attn_split(const AttnArgs& a) {
-    __shared__ float sm[kAttnWarps], sl[kAttnWarps];
-    __shared__ float sacc[kAttnWarps][kAttnMaxDim];
+__device__ void attn_split(const AttnArgs& a, AttnSmem& sh) {
+    float* sm = sh.sm;
+    float* sl = sh.sl;
+    float (*sacc)[kAttnMaxDim] = sh.sacc;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint32_t G = a.nHeads / a.kvHeads;
     const uint32_t groups = (G + kAttnHeads - 1) / kAttnHeads;
@@ -696,19 +705,241 @@ __device__ void attn_split(const AttnArgs& a) {
     }
 }
 
-template <class Tr>
-__device__ void attn_split_dim(const AttnArgs& a) {
-    const uint32_t hd = a.headDim;
-    if (hd <= 32) {
-        attn_split<Tr, 1>(a);
-    } else if (hd <= 64) {
-        attn_split<Tr, 2>(a);
-    } else if (hd <= 128) {
-        attn_split<Tr, 4>(a);
+
+template <int E>
+__device__ __forceinline__ void attn_entry(const AttnArgs& a, AttnSmem& sh) {
+    if (a.dt == kDtBF16) {
+        attn_split<BF16, E>(a, sh);
+    } else if (a.dt == kDtF16) {
+        attn_split<F16, E>(a, sh);
     } else {
-        attn_split<Tr, 8>(a);
+        attn_split<F32, E>(a, sh);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Flash attention for prefill (compute_80: mma.sync on bf16/f16 tensor
+// cores). A block of 4 warps takes 64 query tokens of one query head; warp w
+// owns query rows 16w..16w+15. Q is rounded to the cache dtype and kept in
+// registers as mma A fragments. The cached positions are walked in tiles of
+// 64: K is staged row-major in shared memory with cp.async, V transposed
+// (Vt[d][position]) with plain loads, so every mma B fragment is a 32-bit
+// shared load. S = Q.K^T (f32), causal mask, online softmax in the log2
+// domain (f32), P rounded to the cache dtype and reused from the S
+// registers as the A fragments of O += P.V (f32). Fragment layouts are the
+// PTX ISA's for mma.m16n8k16 (groupID = lane/4, tig = lane%4).
+
+#if MEMWALL_SM80
+const int kFlashBr = 64;  // query rows per block
+const int kFlashBc = 64;  // positions per tile
+const int kFlashThreads = 128;
+
+__device__ __forceinline__ uint32_t pack_dt2(float lo, float hi, uint32_t dt) {
+    if (dt == kDtBF16) return (uint32_t)f32_to_bf16_bits(lo) | ((uint32_t)f32_to_bf16_bits(hi) << 16);
+    return (uint32_t)f32_to_f16_bits(lo) | ((uint32_t)f32_to_f16_bits(hi) << 16);
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if (BF) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Shared bytes of flash_attn<D>: Ks (which also stages Q), then Vt.
+__host__ __device__ constexpr int flash_smem_bytes(int D) { return (kFlashBc * (D + 8) + D * (kFlashBc + 8)) * 2; }
+
+template <int D, bool BF>
+__device__ void flash_attn(const AttnArgs& a, uint16_t* smem) {
+    constexpr int LDK = D + 8;          // Ks row (halves): 16-byte multiple, conflict-free
+    constexpr int LDV = kFlashBc + 8;   // Vt row (halves)
+    constexpr int KC = D / 16;          // k-chunks of Q.K^T
+    constexpr int NT = D / 8;           // n-tiles of O
+    constexpr int CH = D / 8;           // 16-byte chunks per K/V row
+    uint16_t* Ks = smem;                // [kFlashBc][LDK]
+    uint16_t* Vt = smem + kFlashBc * LDK;  // [D][LDV]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const uint32_t h = blockIdx.y;
+    const uint32_t G = a.nHeads / a.kvHeads;
+    const uint32_t kvh = h / G;
+    const uint32_t qtile = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    const uint64_t t0 = (uint64_t)qtile * kFlashBr;
+    const uint64_t ctxEnd = (uint64_t)a.start + a.T;
+    const uint64_t elt = 2;
+    const uint64_t rowBytes = (uint64_t)a.kvHeads * D * elt;
+    const uint64_t vOff = (uint64_t)a.blockTokens * rowBytes;
+    const uint64_t layerOff = (uint64_t)a.layer * 2 * vOff + (uint64_t)kvh * D * elt;
+
+    // Q (f32) -> cache dtype -> Ks staging -> A fragments in registers.
+    for (int c = tid; c < kFlashBr * D / 4; c += kFlashThreads) {
+        const int r = c / (D / 4), d4 = (c % (D / 4)) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t0 + r < a.T) v = *reinterpret_cast<const float4*>(a.q + ((t0 + r) * a.nHeads + h) * D + d4);
+        uint32_t* dst = reinterpret_cast<uint32_t*>(Ks + r * LDK + d4);
+        dst[0] = pack_dt2(v.x, v.y, a.dt);
+        dst[1] = pack_dt2(v.z, v.w, a.dt);
+    }
+    __syncthreads();
+    uint32_t qa[KC][4];
+    {
+        const uint16_t* q0 = Ks + (warp * 16 + g) * LDK + tig * 2;
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc) {
+            qa[kc][0] = *reinterpret_cast<const uint32_t*>(q0 + kc * 16);
+            qa[kc][1] = *reinterpret_cast<const uint32_t*>(q0 + 8 * LDK + kc * 16);
+            qa[kc][2] = *reinterpret_cast<const uint32_t*>(q0 + kc * 16 + 8);
+            qa[kc][3] = *reinterpret_cast<const uint32_t*>(q0 + 8 * LDK + kc * 16 + 8);
+        }
+    }
+    __syncthreads();
+
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const float sc = a.scale * 1.4426950408889634f;
+    const uint64_t qp0 = (uint64_t)a.start + t0 + warp * 16 + g;  // this thread's rows: qp0, qp0 + 8
+    const uint64_t tLast = min(t0 + kFlashBr, (uint64_t)a.T) - 1;
+    const uint64_t ntiles = ((uint64_t)a.start + tLast) / kFlashBc + 1;
+
+    for (uint64_t j = 0; j < ntiles; ++j) {
+        const uint64_t p0 = j * kFlashBc;
+        // K tile, row-major, cp.async (zero-filled past the context).
+        for (int c = tid; c < kFlashBc * CH; c += kFlashThreads) {
+            const int r = c / CH, ch = c % CH;
+            const uint64_t p = p0 + r;
+            const bool ok = p < ctxEnd;
+            const unsigned char* src = a.cache;
+            if (ok) {
+                const uint64_t blk = (uint64_t)(uint32_t)a.table[p / a.blockTokens];
+                src = a.cache + blk * a.blockBytes + layerOff + (p % a.blockTokens) * rowBytes + ch * 16;
+            }
+            cp_async16(Ks + r * LDK + ch * 8, src, ok ? 16u : 0u);
+        }
+        cp_async_commit();
+        // V tile, transposed into Vt[d][position].
+        for (int c = tid; c < kFlashBc * CH; c += kFlashThreads) {
+            const int r = c % kFlashBc, ch = c / kFlashBc;
+            const uint64_t p = p0 + r;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (p < ctxEnd) {
+                const uint64_t blk = (uint64_t)(uint32_t)a.table[p / a.blockTokens];
+                v = __ldg(reinterpret_cast<const uint4*>(a.cache + blk * a.blockBytes + layerOff + vOff +
+                                                         (p % a.blockTokens) * rowBytes + ch * 16));
+            }
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                Vt[(ch * 8 + 2 * i) * LDV + r] = (uint16_t)(w[i] & 0xFFFFu);
+                Vt[(ch * 8 + 2 * i + 1) * LDV + r] = (uint16_t)(w[i] >> 16);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+
+        // S = Q.K^T for this warp's 16 rows x 64 positions.
+        float s[kFlashBc / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < kFlashBc / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const uint16_t* k0 = Ks + (nt * 8 + g) * LDK + tig * 2;
+#pragma unroll
+            for (int kc = 0; kc < KC; ++kc) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(k0 + kc * 16);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(k0 + kc * 16 + 8);
+                mma16816<BF>(s[nt], qa[kc], b0, b1);
+            }
+        }
+        // Mask, scale to log2 units, row maxima (a row lives in 4 lanes).
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < kFlashBc / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t kp = p0 + nt * 8 + tig * 2 + (e & 1);
+                const uint64_t qp = qp0 + (e >> 1) * 8;
+                const float v = kp <= qp ? s[nt][e] * sc : -INFINITY;
+                s[nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
+            // Every row has position 0 <= its own position: mx is finite.
+            corr[i] = exp2f(m[i] - mx[i]);
+            m[i] = mx[i];
+            l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            o[nt][0] *= corr[0];
+            o[nt][1] *= corr[0];
+            o[nt][2] *= corr[1];
+            o[nt][3] *= corr[1];
+        }
+#pragma unroll
+        for (int nt = 0; nt < kFlashBc / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float p = exp2f(s[nt][e] - m[e >> 1]);
+                s[nt][e] = p;
+                l[e >> 1] += p;
+            }
+        }
+        // O += P.V: P's accumulator layout is the A fragment layout.
+#pragma unroll
+        for (int kc = 0; kc < kFlashBc / 16; ++kc) {
+            uint32_t pa[4];
+            pa[0] = pack_dt2(s[2 * kc][0], s[2 * kc][1], a.dt);
+            pa[1] = pack_dt2(s[2 * kc][2], s[2 * kc][3], a.dt);
+            pa[2] = pack_dt2(s[2 * kc + 1][0], s[2 * kc + 1][1], a.dt);
+            pa[3] = pack_dt2(s[2 * kc + 1][2], s[2 * kc + 1][3], a.dt);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint16_t* v0 = Vt + (nt * 8 + g) * LDV + kc * 16 + tig * 2;
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(v0);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(v0 + 8);
+                mma16816<BF>(o[nt], pa, b0, b1);
+            }
+        }
+        __syncthreads();  // Ks and Vt are rewritten for the next tile
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xFFFFFFFFu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xFFFFFFFFu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const uint64_t t = t0 + warp * 16 + g + 8 * i;
+        if (t >= a.T) continue;
+        const float inv = 1.0f / l[i];
+        const uint64_t base = (t * a.nHeads + h) * D;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const uint64_t d = nt * 8 + tig * 2;
+            store_dt(a.out, base + d, a.odt, o[nt][2 * i] * inv);
+            store_dt(a.out, base + d + 1, a.odt, o[nt][2 * i + 1] * inv);
+        }
+    }
+}
+#endif  // MEMWALL_SM80
 
 }  // namespace
 
@@ -921,21 +1152,52 @@ extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite(
 
 // Attention, one split of the cached positions per grid.z: grid
 // (kvHeads * ceil((nHeads/kvHeads)/8), T, splits), block 256. See
-// attn_split. chunk: positions per split; part: splits > 1 only.
-extern "C" __global__ void __launch_bounds__(256) memwall_attn(
+// attn_split. chunk: positions per split; part: splits > 1 only. One entry
+// per elements-per-lane E (headDim <= 32E), so each gets its own register
+// allocation: memwall_attn_e1 (headDim <= 32), _e2 (<= 64), _e4 (<= 128),
+// _e8 (<= 256).
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_e1(
     const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
     uint32_t odt) {
-    const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
-                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
-    if (dt == kDtBF16) {
-        attn_split_dim<BF16>(a);
-    } else if (dt == kDtF16) {
-        attn_split_dim<F16>(a);
-    } else {
-        attn_split_dim<F32>(a);
-    }
+    __shared__ AttnSmem sh;
+    attn_entry<1>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
+                           dt, blockBytes, scale, chunk, part, out, odt},
+                  sh);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_e2(
+    const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
+    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
+    uint32_t odt) {
+    __shared__ AttnSmem sh;
+    attn_entry<2>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
+                           dt, blockBytes, scale, chunk, part, out, odt},
+                  sh);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_e4(
+    const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
+    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
+    uint32_t odt) {
+    __shared__ AttnSmem sh;
+    attn_entry<4>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
+                           dt, blockBytes, scale, chunk, part, out, odt},
+                  sh);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_e8(
+    const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
+    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
+    uint32_t odt) {
+    __shared__ AttnSmem sh;
+    attn_entry<8>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
+                           dt, blockBytes, scale, chunk, part, out, odt},
+                  sh);
 }
 
 // Merges the splits of memwall_attn: out[row, e] = sum_s acc_s[e] c_s /
@@ -965,4 +1227,36 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
         }
         __syncthreads();  // c is rewritten for the next row
     }
+}
+
+// Prefill attention on tensor cores (compute_80; the compute_70 module
+// traps): grid (ceil(T/64), nHeads), block 128; headDim 64 or 128, cache
+// dtype bf16 or f16, cache, blockBytes and rows 16-byte aligned. Same
+// arguments as memwall_attn (chunk and part unused). Q and P are rounded to
+// the cache dtype for the products; the softmax is f32.
+extern "C" __global__ void __launch_bounds__(128) memwall_attn_flash(
+    const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
+    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
+    uint32_t odt) {
+#if MEMWALL_SM80
+    const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
+                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
+    __shared__ __align__(16) uint16_t smem[flash_smem_bytes(128) / 2];
+    if (headDim == 128) {
+        if (dt == kDtBF16) {
+            flash_attn<128, true>(a, smem);
+        } else {
+            flash_attn<128, false>(a, smem);
+        }
+    } else {
+        if (dt == kDtBF16) {
+            flash_attn<64, true>(a, smem);
+        } else {
+            flash_attn<64, false>(a, smem);
+        }
+    }
+#else
+    __trap();
+#endif
 }

@@ -107,7 +107,7 @@ const GemvMaxTokens = 8
 
 // Launch-shape constants, mirrored from kernels.cu.
 const (
-	threadsPerBlock = 256 // every kernel but spin
+	threadsPerBlock = 256                      // every kernel but spin
 	gemvRowsPerBlk  = threadsPerBlock / 32 * 2 // kGemvRows rows per warp
 	gemmTileF32     = 64
 	gemmTile16      = 128
@@ -222,6 +222,8 @@ type Set struct {
 	blocks  uint32               // grid cap for the grid-stride kernels
 	sms     uint32               // multiprocessors (a guess when the device does not say)
 	gemmLib device.MatmulLibrary // nil: memwall's own GEMM for every T
+	flash   bool                 // Attention uses memwall_attn_flash for prefill
+	flashOK bool                 // the module and device can run it
 
 	scratchMu sync.Mutex
 	scratch   map[device.Stream]scratchBuf // attention split partials, per stream
@@ -249,7 +251,34 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 			ptx, source = b, path
 		}
 	}
-	return LoadPTX(d, ptx, source)
+	s, err := LoadPTX(d, ptx, source)
+	if err == nil && getenv != nil && getenv(EnvFlash) == "0" {
+		s.SetFlashAttention(false)
+	}
+	return s, err
+}
+
+// EnvFlash is the environment variable that, set to "0" when Load runs,
+// keeps Attention off the tensor-core prefill kernel (FlashAttention).
+const EnvFlash = "MEMWALL_KERNELS_FLASH"
+
+// PTXTarget returns the NN of the ".target sm_NN" line of PTX text, or 0.
+func PTXTarget(ptx []byte) int {
+	i := bytes.Index(ptx, []byte("\n.target sm_"))
+	if i < 0 {
+		return 0
+	}
+	n := 0
+	for _, c := range ptx[i+len("\n.target sm_"):] {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int(c-'0')
+		if n > 1000 {
+			return 0
+		}
+	}
+	return n
 }
 
 // LoadPTX is Load with the PTX given: source names it in errors and in
@@ -288,6 +317,8 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	if lib, ok := d.(device.MatmulLibrary); ok && lib.GemmName() != "" {
 		s.gemmLib = lib
 	}
+	s.flashOK = info.Backend == "sim" || info.ComputeMajor >= 8 && PTXTarget(ptx) >= 80
+	s.flash = s.flashOK
 	resolve := func(name string) (device.Function, error) {
 		f, err := d.Function(mod, name)
 		if err != nil {

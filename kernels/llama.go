@@ -18,17 +18,37 @@ const (
 	NameCast        = "memwall_cast"
 	NameRound       = "memwall_round"
 	NameKVWrite     = "memwall_kvwrite"
-	NameAttn        = "memwall_attn"
+	NameAttn        = "memwall_attn" // prefix of the split-attention entries (AttnName)
 	NameAttnCombine = "memwall_attn_combine"
+	NameAttnFlash   = "memwall_attn_flash"
 )
 
+// attnLanes are the elements per lane E of the split-attention entries:
+// memwall_attn_e<E> takes head dims up to 32·E.
+var attnLanes = [...]uint32{1, 2, 4, 8}
+
+// AttnName returns the split-attention kernel for a head dimension
+// ("memwall_attn_e4" for 65..128), or "" above MaxHeadDim.
+func AttnName(headDim uint32) string {
+	for _, e := range attnLanes {
+		if headDim <= 32*e {
+			return fmt.Sprintf("%s_e%d", NameAttn, e)
+		}
+	}
+	return ""
+}
+
 func llamaNames() []string {
-	return []string{NameEmbed, NameRMSNorm, NameRoPE, NameSiluMul, NameAdd, NameCast, NameRound,
-		NameKVWrite, NameAttn, NameAttnCombine}
+	n := []string{NameEmbed, NameRMSNorm, NameRoPE, NameSiluMul, NameAdd, NameCast, NameRound, NameKVWrite}
+	for _, e := range attnLanes {
+		n = append(n, AttnName(32*e))
+	}
+	return append(n, NameAttnCombine, NameAttnFlash)
 }
 
 type llamaFuncs struct {
-	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, attn, combine device.Function
+	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, combine, flash device.Function
+	attn                                                                     [len(attnLanes)]device.Function
 }
 
 func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
@@ -37,13 +57,29 @@ func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
 		name string
 	}{{&f.embed, NameEmbed}, {&f.rmsnorm, NameRMSNorm}, {&f.rope, NameRoPE}, {&f.silumul, NameSiluMul},
 		{&f.add, NameAdd}, {&f.cast, NameCast}, {&f.round, NameRound}, {&f.kvwrite, NameKVWrite},
-		{&f.attn, NameAttn}, {&f.combine, NameAttnCombine}} {
+		{&f.combine, NameAttnCombine}, {&f.flash, NameAttnFlash}} {
 		var err error
 		if *r.dst, err = get(r.name); err != nil {
 			return err
 		}
 	}
+	for i, e := range attnLanes {
+		var err error
+		if f.attn[i], err = get(AttnName(32 * e)); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// attnFunc returns the split-attention entry for headDim (≤ MaxHeadDim).
+func (f *llamaFuncs) attnFunc(headDim uint32) device.Function {
+	for i, e := range attnLanes {
+		if headDim <= 32*e {
+			return f.attn[i]
+		}
+	}
+	return 0
 }
 
 // dtype codes the kernels take (kDt* in kernels.cu).
@@ -92,6 +128,11 @@ const (
 	maxScratch = 64 << 20
 	attnWarps  = 8 // kAttnWarps
 	attnHeads  = 8 // kAttnHeads: query heads per block
+	// flashRows is kFlashBr, the query tokens per flash-attention block;
+	// flashMinT the fewest tokens Attention runs the flash kernel for.
+	flashRows    = 64
+	flashThreads = 128
+	flashMinT    = 16
 )
 
 // KVLayout describes the paged KV cache Attention and KVWrite address
@@ -423,6 +464,15 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 		checkPtr(NameAttn, "table", table, 4), checkPtr(NameAttn, "out", out, uint64(oe))); err != nil {
 		return err
 	}
+	c, _ := dtCode(L.DType)
+	if s.useFlash(T, L, cache) {
+		grid := device.Dim3{X: ceilDiv(T, flashRows), Y: nHeads, Z: 1}
+		if err := s.d.Launch(s.llama.flash, grid, device.Dim3{X: flashThreads, Y: 1, Z: 1}, 0, st, q, cache, table, start, T, nHeads,
+			L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, uint32(0), device.Ptr(0), out, oc); err != nil {
+			return fmt.Errorf("kernels: %s: %w", NameAttnFlash, err)
+		}
+		return nil
+	}
 	p := PlanAttention(start, T, nHeads, L.KVHeads, L.HeadDim, s.sms)
 	var part device.Ptr
 	if p.Splits > 1 {
@@ -430,8 +480,7 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 			return fmt.Errorf("kernels: %s: %w", NameAttn, err)
 		}
 	}
-	c, _ := dtCode(L.DType)
-	if err := s.d.Launch(s.llama.attn, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
+	if err := s.d.Launch(s.llama.attnFunc(L.HeadDim), p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
 		L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, p.Chunk, part, out, oc); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameAttn, err)
 	}
@@ -441,6 +490,27 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 	rows := T * nHeads
 	return s.launch(NameAttnCombine, s.llama.combine, s.rowGrid(rows), st, part, out, oc, rows, L.HeadDim, p.Splits)
 }
+
+// useFlash reports whether Attention runs the tensor-core prefill kernel:
+// enabled on the Set (FlashAttention), at least 16 tokens, head dim 64 or
+// 128, a bf16 or f16 cache with 16-byte aligned rows and blocks.
+func (s *Set) useFlash(T uint32, L KVLayout, cache device.Ptr) bool {
+	return s.flash && T >= flashMinT && (L.HeadDim == 64 || L.HeadDim == 128) &&
+		(L.DType == BF16 || L.DType == F16) && cache%16 == 0 && L.BlockBytes%16 == 0
+}
+
+// FlashAttention reports whether Attention runs prefill (T ≥ 16, head dim
+// 64 or 128, bf16/f16 cache) on the tensor-core kernel memwall_attn_flash:
+// true on GPUs of compute capability 8.0 and newer with a compute_80 or
+// newer module (and on the simulator), unless MEMWALL_KERNELS_FLASH=0 was
+// set at Load or SetFlashAttention(false) was called. That kernel rounds
+// q and the softmax weights to the cache dtype for its products (as HF's
+// bf16 attention does); the split kernel keeps them in float32.
+func (s *Set) FlashAttention() bool { return s.flash }
+
+// SetFlashAttention turns the flash prefill kernel off, or back on where the
+// module and GPU support it. It must not race with Attention calls.
+func (s *Set) SetFlashAttention(on bool) { s.flash = on && s.flashOK }
 
 // scratchBuf is device memory for attention partials.
 type scratchBuf struct {

@@ -120,6 +120,7 @@ type llamaCase struct {
 	run          func(r *rig) []float32
 	ref          []float64
 	tol          float64
+	odt          string // attention: the output dtype
 }
 
 func tolFor(dt string, f32 float64) float64 {
@@ -426,9 +427,21 @@ func kvwriteCase(rng *rand.Rand) llamaCase {
 		}}
 }
 
+// flashEligible: shapes Attention may run on the flash kernel, which rounds
+// q and the weights to the cache dtype (bf16: ~3e-3 relative error).
+func flashEligible(T, hd int, dt string) bool {
+	return T >= flashMinT && (hd == 64 || hd == 128) && (dt == BF16 || dt == F16)
+}
+
 func attnCase(rng *rand.Rand, start, T, kvH, G, hd int, dt string) llamaCase {
 	a := newAttnSetup(rng, start, T, kvH, G, hd, dt)
-	return llamaCase{kernel: "attention", name: a.name(), ref: a.ref(), tol: tolFor(a.odt, 2e-5),
+	tol := tolFor(a.odt, 2e-5)
+	kernel := "attention"
+	if flashEligible(T, hd, dt) {
+		tol = max(tol, tolFor(dt, 0))
+		kernel = "attention_prefill"
+	}
+	return llamaCase{kernel: kernel, name: a.name(), ref: a.ref(), tol: tol, odt: a.odt,
 		run: func(r *rig) []float32 {
 			cache, table := a.write(r)
 			oe, _ := ElemSize(a.odt)
@@ -496,11 +509,22 @@ func TestSimAttentionShapes(t *testing.T) {
 		attnCase(rng, 0, 37, 2, 2, 128, BF16),   // prefill from 0
 		attnCase(rng, 150, 20, 1, 16, 32, F32),  // prefill after a prefix, two head groups
 		attnCase(rng, 1000, 3, 1, 1, 100, BF16), // odd head dim, split
+		attnCase(rng, 70, 130, 2, 4, 64, F16),   // flash: three query tiles after a prefix
 	} {
 		got := c.run(r)
 		if e := relErr(got, c.ref); !(e <= c.tol) {
 			t.Errorf("%s: relative error %.3g exceeds %.0e", c.name, e, c.tol)
 		}
+	}
+	// The split kernel takes prefill too (flash off): float32 precision.
+	if !s.FlashAttention() {
+		t.Fatal("the simulator runs the flash twin")
+	}
+	s.SetFlashAttention(false)
+	defer s.SetFlashAttention(true)
+	c := attnCase(rng, 33, 40, 2, 4, 128, BF16)
+	if e := relErr(c.run(r), c.ref); !(e <= tolFor(c.odt, 2e-5)) {
+		t.Errorf("split prefill %s: relative error %.3g", c.name, e)
 	}
 }
 
@@ -604,12 +628,14 @@ func TestGoLlamaLaunchChecks(t *testing.T) {
 		{NameEmbed, one, []any{p, uint32(1), p, p, uint32(1)}},                               // missing H
 		{NameEmbed, one, []any{p, uint32(7), p, p, uint32(1), uint32(1)}},                    // dtype code
 		{NameRMSNorm, one, []any{p, p, uint32(0), p, uint32(0), uint32(1), uint32(4), 1e-5}}, // float64 eps
-		{NameAttn, one, []any{p, p, p, uint32(0), uint32(1), uint32(1), uint32(1), uint32(8), uint32(4), uint32(0), uint32(0), uint64(1024), float32(1), uint32(1), p, p, uint32(0)}}, // chunk 1 < ctx? no: ctx 1; grid ok — use bad grid below
+		{AttnName(8), one, []any{p, p, p, uint32(0), uint32(1), uint32(1), uint32(1), uint32(8), uint32(4), uint32(0), uint32(0), uint64(1024), float32(1), uint32(1), p, p, uint32(0)}},    // grid below: one kv head needs X = 1
+		{AttnName(1), one, []any{p, p, p, uint32(0), uint32(1), uint32(1), uint32(1), uint32(33), uint32(4), uint32(0), uint32(0), uint64(1024), float32(1), uint32(1), p, p, uint32(0)}},   // head dim 33 > 32 lanes
+		{NameAttnFlash, one, []any{p, p, p, uint32(0), uint32(1), uint32(1), uint32(1), uint32(64), uint32(4), uint32(0), uint32(1), uint64(1024), float32(1), uint32(0), p, p, uint32(0)}}, // block of 256, not 128
 		{NameAttnCombine, one, []any{p, p, uint32(0), uint32(1), uint32(4), uint32(0)}},
 	} {
 		k := kernelByName(t, c.name)
 		grid := c.grid
-		if c.name == NameAttn {
+		if c.name == AttnName(8) {
 			grid = device.Dim3{X: 2, Y: 1, Z: 1} // one kv head: X must be 1
 		}
 		if err := k.run(mem, grid, blockDim(), c.args); !errors.Is(err, device.ErrInvalid) {

@@ -14,7 +14,7 @@ import (
 // CUDA code needs them.
 
 func llamaGoKernels() []goKernel {
-	return []goKernel{
+	ks := []goKernel{
 		{name: NameEmbed, run: runEmbed, cost: costEmbed},
 		{name: NameRMSNorm, run: runRMSNorm, cost: costRMSNorm},
 		{name: NameRoPE, run: runRoPE, cost: costRoPE},
@@ -23,9 +23,18 @@ func llamaGoKernels() []goKernel {
 		{name: NameCast, run: runCast, cost: costElem(4, 3, 8)},
 		{name: NameRound, run: runRound, cost: costElem(3, 2, 8)},
 		{name: NameKVWrite, run: runKVWrite, cost: costKVWrite},
-		{name: NameAttn, run: runAttn, cost: costAttn},
-		{name: NameAttnCombine, run: runCombine, cost: costCombine},
 	}
+	ks = append(ks, attnGoKernels()...)
+	return append(ks, goKernel{name: NameAttnCombine, run: runCombine, cost: costCombine},
+		goKernel{name: NameAttnFlash, run: runFlash, cost: costFlash})
+}
+
+func attnGoKernels() []goKernel {
+	var ks []goKernel
+	for _, e := range attnLanes {
+		ks = append(ks, goKernel{name: AttnName(32 * e), run: runAttn(e), cost: costAttn})
+	}
+	return ks
 }
 
 // args reads a launch's arguments by kind: 'p' device.Ptr, 'u' uint32, 'U'
@@ -578,8 +587,13 @@ func parseAttn(k string, args []any) (attnArgs, error) {
 	}, nil
 }
 
-func runAttn(mem memory, grid, block device.Dim3, args []any) error {
-	const k = NameAttn
+func runAttn(lanes uint32) func(mem memory, grid, block device.Dim3, args []any) error {
+	return func(mem memory, grid, block device.Dim3, args []any) error {
+		return runAttnSplit(AttnName(32*lanes), lanes, mem, grid, block, args)
+	}
+}
+
+func runAttnSplit(k string, lanes uint32, mem memory, grid, block device.Dim3, args []any) error {
 	a, err := parseAttn(k, args)
 	if err != nil {
 		return err
@@ -589,7 +603,7 @@ func runAttn(mem memory, grid, block device.Dim3, args []any) error {
 		return err
 	}
 	L := a.L
-	if L.KVHeads == 0 || a.nHeads%L.KVHeads != 0 || L.HeadDim == 0 || L.HeadDim > MaxHeadDim || L.BlockTokens == 0 || a.chunk == 0 {
+	if L.KVHeads == 0 || a.nHeads%L.KVHeads != 0 || L.HeadDim == 0 || L.HeadDim > 32*lanes || L.BlockTokens == 0 || a.chunk == 0 {
 		return fmt.Errorf("kernels: %s: nHeads %d, layout %+v, chunk %d: %w", k, a.nHeads, L, a.chunk, device.ErrInvalid)
 	}
 	groups := ceilDiv(a.nHeads/L.KVHeads, attnHeads)
@@ -773,4 +787,117 @@ func costCombine(_, _ device.Dim3, args []any) (goCost, bool) {
 	}
 	n := float64(a.u[1]) * float64(a.u[3]) * (float64(a.u[2]) + 2)
 	return goCost{flops: 2 * n, bytes: 4*n + 4*float64(a.u[1])*float64(a.u[2])}, true
+}
+
+// runFlash is memwall_attn_flash's math: q rounded to the cache dtype; for
+// each tile of 64 positions up to the query's own, scores in log2 units
+// (q·k·scale·log2 e, f32), running max m, corr = 2^(m_old − m), weights
+// p = 2^(s − m) summed in f32 into l, and acc = acc·corr + Σ dtype(p)·v; out
+// = acc / l.
+func runFlash(mem memory, grid, block device.Dim3, args []any) error {
+	const k = NameAttnFlash
+	a, err := parseAttn(k, args)
+	if err != nil {
+		return err
+	}
+	odt, oe, err := dtArg(k, a.odtCode)
+	if err != nil {
+		return err
+	}
+	L := a.L
+	if L.KVHeads == 0 || a.nHeads%L.KVHeads != 0 || (L.HeadDim != 64 && L.HeadDim != 128) || L.BlockTokens == 0 ||
+		(L.DType != BF16 && L.DType != F16) {
+		return fmt.Errorf("kernels: %s: nHeads %d, layout %+v: %w", k, a.nHeads, L, device.ErrInvalid)
+	}
+	if block != (device.Dim3{X: flashThreads, Y: 1, Z: 1}) || grid.X != ceilDiv(a.T, flashRows) || grid.Y != a.nHeads || grid.Z != 1 {
+		return fmt.Errorf("kernels: %s: grid %v block %v do not match T=%d and %d heads: %w", k, grid, block, a.T, a.nHeads, device.ErrInvalid)
+	}
+	if a.T == 0 {
+		return nil
+	}
+	hd := uint64(L.HeadDim)
+	rows := uint64(a.T) * uint64(a.nHeads)
+	qb, err := buf(k, "q", mem, a.q, rows*hd, 4)
+	if err != nil {
+		return err
+	}
+	ob, err := buf(k, "out", mem, a.out, rows*hd, oe)
+	if err != nil {
+		return err
+	}
+	blocks, err := a.blocks(k, mem)
+	if err != nil {
+		return err
+	}
+	G := a.nHeads / L.KVHeads
+	sc := a.scale * float32(math.Log2E)
+	q := make([]float32, hd)
+	acc := make([]float32, hd)
+	s := make([]float32, flashRows)
+	for t := range a.T {
+		qp := uint64(a.start) + uint64(t)
+		for h := range a.nHeads {
+			row := uint64(t)*uint64(a.nHeads) + uint64(h)
+			for e := range hd {
+				q[e] = RoundTo(L.DType, getF(qb, row*hd+e))
+			}
+			clear(acc)
+			m, l := float32(math.Inf(-1)), float32(0)
+			for p0 := uint64(0); p0 <= qp; p0 += flashRows {
+				n := min(uint64(flashRows), qp+1-p0)
+				mx := m
+				for i := range n {
+					kr, err := a.row(k, mem, blocks, 0, uint32(p0+i), h/G)
+					if err != nil {
+						return err
+					}
+					var d float32
+					for e, qv := range q {
+						d += qv * getDT(L.DType, kr, uint64(e))
+					}
+					s[i] = d * sc
+					mx = max(mx, s[i])
+				}
+				corr := float32(math.Exp2(float64(m - mx)))
+				m = mx
+				l *= corr
+				for e := range acc {
+					acc[e] *= corr
+				}
+				for i := range n {
+					p := float32(math.Exp2(float64(s[i] - m)))
+					l += p
+					pr := RoundTo(L.DType, p)
+					vr, err := a.row(k, mem, blocks, 1, uint32(p0+i), h/G)
+					if err != nil {
+						return err
+					}
+					for e := range acc {
+						acc[e] += pr * getDT(L.DType, vr, uint64(e))
+					}
+				}
+			}
+			for e := range hd {
+				putDT(odt, ob, row*hd+e, acc[e]/l)
+			}
+		}
+	}
+	return nil
+}
+
+func costFlash(_, _ device.Dim3, args []any) (goCost, bool) {
+	a, err := parseAttn("", args)
+	if err != nil {
+		return goCost{}, false
+	}
+	elt, _ := ElemSize(a.L.DType)
+	pairs := float64(a.T)*float64(a.start) + float64(a.T)*(float64(a.T)+1)/2
+	hd := float64(a.L.HeadDim)
+	// Each block of 64 tokens reads K and V up to its last token.
+	var rows float64
+	for t0 := uint64(0); t0 < uint64(a.T); t0 += flashRows {
+		rows += float64(uint64(a.start) + min(t0+flashRows, uint64(a.T)))
+	}
+	kv := rows * float64(a.nHeads) * 2 * hd * float64(elt)
+	return goCost{flops: 4 * pairs * hd * float64(a.nHeads), bytes: kv + 8*float64(a.T)*float64(a.nHeads)*hd}, true
 }

@@ -465,7 +465,7 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 		return err
 	}
 	c, _ := dtCode(L.DType)
-	if s.useFlash(T, L, cache) {
+	if s.useFlash(T, nHeads, L, q, cache) {
 		grid := device.Dim3{X: ceilDiv(T, flashRows), Y: nHeads, Z: 1}
 		if err := s.d.Launch(s.llama.flash, grid, device.Dim3{X: flashThreads, Y: 1, Z: 1}, 0, st, q, cache, table, start, T, nHeads,
 			L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, uint32(0), device.Ptr(0), out, oc); err != nil {
@@ -493,10 +493,12 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 
 // useFlash reports whether Attention runs the tensor-core prefill kernel:
 // enabled on the Set (FlashAttention), at least 16 tokens, head dim 64 or
-// 128, a bf16 or f16 cache with 16-byte aligned rows and blocks.
-func (s *Set) useFlash(T uint32, L KVLayout, cache device.Ptr) bool {
+// 128, a bf16 or f16 cache with 16-byte aligned rows and blocks, q 16-byte
+// aligned (it is read as float4).
+func (s *Set) useFlash(T, nHeads uint32, L KVLayout, q, cache device.Ptr) bool {
 	return s.flash && T >= flashMinT && (L.HeadDim == 64 || L.HeadDim == 128) &&
-		(L.DType == BF16 || L.DType == F16) && cache%16 == 0 && L.BlockBytes%16 == 0
+		(L.DType == BF16 || L.DType == F16) && cache%16 == 0 && q%16 == 0 && L.BlockBytes%16 == 0 &&
+		nHeads <= maxGridY
 }
 
 // FlashAttention reports whether Attention runs prefill (T ≥ 16, head dim

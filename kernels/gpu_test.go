@@ -196,12 +196,23 @@ func attnSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 	q := r.f32(randF32(rand.New(rand.NewPCG(2, 2)), 2048*nH*hd, 1))
 	out := alloc(t, d, 2048*nH*hd*4)
 	scale := float32(1 / math.Sqrt(hd))
-	// Prefill: 2048 tokens from position 0.
-	{
+	// Prefill: 2048 tokens from position 0, on the flash kernel (where the
+	// target has it) and on the split kernel.
+	flash := s.FlashAttention()
+	defer s.SetFlashAttention(flash)
+	for _, on := range []bool{true, false} {
+		if on && !flash {
+			continue
+		}
+		s.SetFlashAttention(on)
+		name := "attention_prefill_split"
+		if on {
+			name = "attention_prefill_flash"
+		}
 		T := uint32(2048)
 		per := tm.per(3, func() error { return s.Attention(q, cache, table, 0, T, nH, L, 0, scale, out, BF16, tm.st) })
 		pairs := float64(T) * float64(T+1) / 2
-		fmt.Printf("KPERF attention_prefill %s T=2048,heads=32/8,dim=128 %.2f TFLOP/s (%.3f ms)\n", target,
+		fmt.Printf("KPERF %s %s T=2048,heads=32/8,dim=128 %.2f TFLOP/s (%.3f ms)\n", name, target,
 			4*pairs*hd*nH/per.Seconds()/1e12, per.Seconds()*1e3)
 	}
 	for _, ctx := range []uint32{512, 4096, 32768} {

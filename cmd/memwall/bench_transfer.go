@@ -11,8 +11,9 @@ func init() { benchVerbs["transfer"] = runBenchTransfer }
 type transferJSON struct {
 	bench.TransferReport
 	Reason string `json:"device_choice"`
-	// PinnedOverPageable is H2D pinned over H2D pageable bandwidth.
-	PinnedOverPageable float64 `json:"pinned_over_pageable"`
+	// PinnedOverPageable is H2D pinned over H2D pageable bandwidth; null
+	// when the pageable figure is missing or zero.
+	PinnedOverPageable *float64 `json:"pinned_over_pageable"`
 }
 
 func runBenchTransfer(e *env, args []string) error {
@@ -48,7 +49,8 @@ func runBenchTransfer(e *env, args []string) error {
 	pin, _ := rep.Get("h2d_pinned")
 	pag, _ := rep.Get("h2d_pageable")
 	if pag.GBps > 0 {
-		out.PinnedOverPageable = pin.GBps / pag.GBps
+		r := pin.GBps / pag.GBps
+		out.PinnedOverPageable = &r
 	}
 	if *asJSON {
 		return writeJSON(e.stdout, out)

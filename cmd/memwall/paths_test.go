@@ -231,3 +231,26 @@ func TestTidyMessage(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSniff: no input panics, every input gets one of the known kinds, and
+// a kind found from a prefix of a file is found again for the same bytes.
+func FuzzSniff(f *testing.F) {
+	for _, s := range [][]byte{nil, []byte("GGUF\x03"), {0x1f, 0x8b, 8}, []byte("# README\n"), {8, 7, 0x12}, []byte("{\"a\":1}"),
+		append([]byte{2, 0, 0, 0, 0, 0, 0, 0}, "{}"...), {0xff, 0xfe, 0}} {
+		f.Add(s, int64(len(s)))
+	}
+	known := map[string]bool{kindEmpty: true, kindGGUF: true, kindSafetensors: true, kindJSON: true, kindONNX: true,
+		kindGzip: true, kindZip: true, kindText: true, kindBinary: true}
+	f.Fuzz(func(t *testing.T, head []byte, size int64) {
+		if size < int64(len(head)) {
+			size = int64(len(head))
+		}
+		k := sniff(head, size)
+		if !known[k] || sniff(head, size) != k {
+			t.Fatalf("sniff(%q, %d) = %q", head, size, k)
+		}
+		if kindPhrase(k) == "" {
+			t.Fatalf("no phrase for %q", k)
+		}
+	})
+}

@@ -381,3 +381,33 @@ func TestCUDAStream(t *testing.T) {
 		m.Close()
 	}
 }
+
+// TestSteadyStepMatchesSim: for every slot count and prefetch depth the
+// simulator's measured step is the steady-state model's, within 2%.
+func TestSteadyStepMatchesSim(t *testing.T) {
+	m := tinyModel(t, synth.Safetensors)
+	for _, slots := range []int{2, 3, 4} {
+		for pf := 1; pf < slots; pf++ {
+			for _, tokens := range []int{1, 64} {
+				t.Run(fmt.Sprintf("slots=%d/prefetch=%d/tokens=%d", slots, pf, tokens), func(t *testing.T) {
+					d := simDevice(t, func(o *sim.Options) { o.Backing = false })
+					ks := loadKernels(t, d)
+					wo := plan.WeightOptions{Tokens: tokens, Cost: simCost(d), Slots: slots}
+					full := planFor(t, m, 1<<40, wo)
+					p := planFor(t, m, full.MinimumBytes+uint64(slots-2)*full.SlotBytes+full.SlotBytes/2, wo)
+					if p.Slots != slots || len(p.Streamed()) < slots {
+						t.Skipf("plan has %d slots, %d streamed", p.Slots, len(p.Streamed()))
+					}
+					rep, err := Stream(context.Background(), d, m, p, 4, StreamOptions{Kernels: ks, Residency: residency.Options{Prefetch: pf}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					steady := SteadyStep(p, pf, 8).Seconds()
+					if math.Abs(rep.SecondsPerStep-steady)/steady > 0.02 {
+						t.Errorf("step %.6fs, steady model %.6fs (cold %.6fs)", rep.SecondsPerStep, steady, p.StepTime.Seconds())
+					}
+				})
+			}
+		}
+	}
+}

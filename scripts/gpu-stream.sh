@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Weight-streaming acceptance run (issue 5) on the GPU machine, from the repo
 # root, with the binaries scripts/gpu-build.sh built (gpubin/memwall and
-# gpubin/stream.test; the build list includes package stream).
+# gpubin/bench.test; the streaming benchmark is bench.Stream over residency).
 #
 #   OUT=/some/dir scripts/gpu-stream.sh
 #
@@ -10,7 +10,7 @@
 # measures the pinned host-to-device link once with `memwall bench transfer`,
 # then for each file and for --tokens 1 (decode) and --tokens 4096 (prefill)
 # runs `memwall fit` and `memwall stream --vram 8GiB` with --json (saved under
-# $OUT), runs the stream package's GPU tests, and prints a table: achieved
+# $OUT), runs the streaming benchmark's GPU tests, and prints a table: achieved
 # GB/s and its share of the pinned link, the step against max(copy, compute),
 # fit's predicted peak and step time against the measured ones, and whether
 # the products verified. Acceptance (issue 5): ≥ 90% of pinned H2D, step ≤
@@ -80,12 +80,12 @@ done
 step "stream safetensors-t1 pinned-copy" bash -c "'$bin/memwall' stream '$st' --vram $VRAM --tokens 1 --steps $STEPS --source pinned-copy --json >'$OUT/stream-safetensors-t1-pinned.json'"
 runs+=("safetensors-t1-pinned")
 
-say "stream package GPU tests"
-if [ -x "$bin/stream.test" ]; then
-	step "stream tests (cuda)" bash -c "cd stream && MEMWALL_TEST_DEVICE=cuda '$bin/stream.test' -test.v -test.run CUDA -test.timeout 300s >'$OUT/stream-test.txt' 2>&1"
+say "streaming benchmark GPU tests"
+if [ -x "$bin/bench.test" ]; then
+	step "stream tests (cuda)" bash -c "cd bench && MEMWALL_TEST_DEVICE=cuda '$bin/bench.test' -test.v -test.run TestCUDAStream -test.timeout 300s >'$OUT/stream-test.txt' 2>&1"
 	grep -E "^(=== RUN|--- |\s+stream_test.go|ok|FAIL|PASS)" "$OUT/stream-test.txt" | grep -v "=== RUN" | tail -n 40
 else
-	echo "no $bin/stream.test: rebuild with scripts/gpu-build.sh" | tee -a "$log"
+	echo "no $bin/bench.test: rebuild with scripts/gpu-build.sh" | tee -a "$log"
 fi
 
 # top-level JSON value: key at two spaces of indent.

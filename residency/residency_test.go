@@ -16,6 +16,7 @@ import (
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/safetensors"
+	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/plan"
 	"github.com/memwall/memwall/pool"
@@ -709,4 +710,76 @@ func TestContextBytesGPU(t *testing.T) {
 		t.Errorf("budget %+v", b)
 	}
 	t.Logf("8 GiB budget: %+v", b)
+}
+
+// TestGeneratedModels: the synthetic tiny model as one safetensors file,
+// three shards (a group's tensors may span files) and GGUF (padding between
+// tensors becomes extent gaps), at the smallest budget and a middle one,
+// from every source: cycles read back the file's bytes.
+func TestGeneratedModels(t *testing.T) {
+	if onGPU() {
+		t.Skip("covered by the random plans on the GPU")
+	}
+	for _, c := range []struct {
+		name   string
+		format string
+		shards int
+	}{{"safetensors", synth.Safetensors, 1}, {"shards", synth.Safetensors, 3}, {"gguf", synth.GGUF, 1}} {
+		out := filepath.Join(t.TempDir(), "tiny."+c.format)
+		if c.shards > 1 {
+			out = filepath.Join(filepath.Dir(out), "model.safetensors.index.json")
+		}
+		res, err := synth.Generate(context.Background(), synth.Tiny(), out, synth.Options{Format: c.format, Shards: c.shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := weights.Open(res.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		if c.shards > 1 && len(m.Files()) != c.shards {
+			t.Fatalf("%d files, want %d", len(m.Files()), c.shards)
+		}
+		groups, err := plan.GroupWeights(m.Tensors)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full, err := plan.PlanWeights(groups, plan.WeightOptions{Budget: 1 << 40, LinkGBps: 25})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, budget := range []uint64{full.MinimumBytes, (full.MinimumBytes + full.PeakBytes) / 2} {
+			p, err := plan.PlanWeights(groups, plan.WeightOptions{Budget: budget, LinkGBps: 25})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, src := range []Source{Register, Pinned, Bounce} {
+				t.Run(fmt.Sprintf("%s/%d/%s", c.name, budget, src), func(t *testing.T) {
+					d := testDevice(t, budget, nil)
+					dev, host := pools(t, d)
+					r, err := New(context.Background(), d, dev, host, m, p, Options{Source: src, BounceBytes: 64 << 10})
+					if err != nil {
+						t.Fatal(err)
+					}
+					rd := newReader(t, d, r, m)
+					for range 3 {
+						for g := range p.Groups {
+							if err := rd.acquire(g); err != nil {
+								t.Fatal(err)
+							}
+							if err := rd.release(g); err != nil {
+								t.Fatal(err)
+							}
+						}
+						rd.verify()
+					}
+					if err := r.Close(); err != nil {
+						t.Fatal(err)
+					}
+					checkEmpty(t, "after Close", dev, host)
+				})
+			}
+		}
+	}
 }

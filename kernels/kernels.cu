@@ -638,13 +638,18 @@ __device__ void attn_split(const AttnArgs& a, AttnSmem& sh) {
             q[g][j] = (g < nh && e < hd) ? a.q[((uint64_t)t * a.nHeads + h0 + g) * hd + e] : 0.0f;
         }
     }
-    for (uint64_t p = p0 + warp; p < p1; p += kAttnWarps) {
+    // The next position's K and V rows are loaded before this one's math.
+    auto load = [&](uint64_t p, float (&k)[E], float (&v)[E]) {
         const uint64_t blk = (uint64_t)(uint32_t)a.table[p / a.blockTokens];
-        const uint64_t slot = p % a.blockTokens;
-        const unsigned char* krow = a.cache + blk * a.blockBytes + layerOff + slot * rowBytes;
-        float k[E], v[E];
+        const unsigned char* krow = a.cache + blk * a.blockBytes + layerOff + (p % a.blockTokens) * rowBytes;
         attn_load_row<Tr, E>(krow, lane, hd, vec, k);
         attn_load_row<Tr, E>(krow + vOff, lane, hd, vec, v);
+    };
+    float k[E], v[E];
+    if (p0 + warp < p1) load(p0 + warp, k, v);
+    for (uint64_t p = p0 + warp; p < p1; p += kAttnWarps) {
+        float kn[E], vn[E];
+        if (p + kAttnWarps < p1) load(p + kAttnWarps, kn, vn);
 #pragma unroll
         for (int g = 0; g < kAttnHeads; ++g) {
             if (g < nh) {
@@ -660,6 +665,11 @@ __device__ void attn_split(const AttnArgs& a, AttnSmem& sh) {
 #pragma unroll
                 for (int j = 0; j < E; ++j) acc[g][j] = fmaf(pe, v[j], acc[g][j] * corr);
             }
+        }
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            k[j] = kn[j];
+            v[j] = vn[j];
         }
     }
 
@@ -1156,7 +1166,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite(
 // per elements-per-lane E (headDim <= 32E), so each gets its own register
 // allocation: memwall_attn_e1 (headDim <= 32), _e2 (<= 64), _e4 (<= 128),
 // _e8 (<= 256).
-extern "C" __global__ void __launch_bounds__(256) memwall_attn_e1(
+extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e1(
     const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
@@ -1167,7 +1177,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_e1(
                   sh);
 }
 
-extern "C" __global__ void __launch_bounds__(256) memwall_attn_e2(
+extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e2(
     const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
@@ -1178,7 +1188,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_e2(
                   sh);
 }
 
-extern "C" __global__ void __launch_bounds__(256) memwall_attn_e4(
+extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e4(
     const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,

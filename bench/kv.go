@@ -59,17 +59,20 @@ func (o KVOptions) withDefaults() KVOptions {
 }
 
 // KVOpResult is the cost of the block manager's operations with Blocks
-// blocks, two thirds of them in use and the rest cached (each figure the
-// cheapest of about 20 rounds). Alloc is ns per block
-// appended (an Append of BlockTokens tokens: a block taken from the free
-// list, evicting a cached prefix when the front holds one, and the previous
-// full block hashed into the prefix cache); Free ns per block released by
-// Free; Fork ns per Fork of an 8-block sequence; Touch ns per block served
-// from the prefix cache to Add (a hash lookup and the block's removal from
-// the middle of the free list).
+// blocks, two thirds of them held by 512 sequences and the rest free (each
+// figure the cheapest of about 20 rounds). Alloc is ns per block appended
+// (an Append of BlockTokens tokens that takes a block from the free list)
+// without prefix caching; Free ns per block released by Free; Fork ns per
+// Fork of an 8-block sequence. With prefix caching, where every free block
+// is cached: Evict is ns per block appended when each one taken evicts the
+// least recently used cached block (and the previous full block is hashed
+// into the cache), the steady state of a full cache; Touch ns per block
+// served from the prefix cache to Add (a hash lookup and the block's removal
+// from the middle of the free list).
 type KVOpResult struct {
 	Blocks  int     `json:"blocks"`
 	AllocNs float64 `json:"alloc_ns"`
+	EvictNs float64 `json:"evict_ns"`
 	FreeNs  float64 `json:"free_ns"`
 	ForkNs  float64 `json:"fork_ns"`
 	TouchNs float64 `json:"touch_ns"`
@@ -135,6 +138,7 @@ func KV(ctx context.Context, o KVOptions) (KVReport, error) {
 	for name, get := range map[string]func(KVOpResult) float64{
 		"alloc": func(r KVOpResult) float64 { return r.AllocNs }, "free": func(r KVOpResult) float64 { return r.FreeNs },
 		"fork": func(r KVOpResult) float64 { return r.ForkNs }, "touch": func(r KVOpResult) float64 { return r.TouchNs },
+		"evict": func(r KVOpResult) float64 { return r.EvictNs },
 	} {
 		lo, hi := 0.0, 0.0
 		for i, r := range rep.Ops {
@@ -164,154 +168,200 @@ func KV(ctx context.Context, o KVOptions) (KVReport, error) {
 	return rep, nil
 }
 
-// kvOps times the operations on a manager of n blocks.
+// kvOps times the operations at n blocks: alloc, free and fork on a
+// manager without prefix caching, evict and touch on one with it.
 func kvOps(n, ops, B int) (KVOpResult, error) {
 	r := KVOpResult{Blocks: n}
-	m, err := kvcache.NewManager(kvcache.ManagerConfig{Blocks: n, BlockTokens: B})
+	round := max(ops/20, 64)
+	plain, err := newKVBench(n, B, true)
 	if err != nil {
 		return r, err
 	}
-	rng := rand.New(rand.NewPCG(uint64(n), 11))
-	tokens := func(k int) []int32 {
-		t := make([]int32, k)
-		for i := range t {
-			t[i] = int32(rng.Uint32() >> 1)
-		}
-		return t
+	if r.AllocNs, r.FreeNs, err = plain.allocFree(ops, round); err != nil {
+		return r, err
 	}
-	// Every block in sequences of 1–8 blocks, a third of those sequences
-	// freed again in random order: their blocks stay cached, so that every
-	// block taken evicts the least recently used one, the steady state of a
-	// serving cache.
-	next := kvcache.SeqID(1)
-	var held []kvcache.SeqID
+	if r.ForkNs, err = plain.fork(ops, round); err != nil {
+		return r, err
+	}
+	cached, err := newKVBench(n, B, false)
+	if err != nil {
+		return r, err
+	}
+	if r.EvictNs, _, err = cached.allocFree(ops, round); err != nil {
+		return r, err
+	}
+	if r.TouchNs, err = cached.touch(ops, round); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// kvBench is a manager in a serving cache's steady state.
+type kvBench struct {
+	m    *kvcache.Manager
+	rng  *rand.Rand
+	next kvcache.SeqID
+	B    int
+}
+
+func (k *kvBench) tokens(n int) []int32 {
+	t := make([]int32, n)
+	for i := range t {
+		t[i] = int32(k.rng.Uint32() >> 1)
+	}
+	return t
+}
+
+func (k *kvBench) id() kvcache.SeqID { k.next++; return k.next }
+
+// newKVBench fills every block of a manager with 768 sequences grown a
+// block at a time in random turns (so that a sequence's blocks lie
+// scattered, as in a server that has run a while), then frees a third of
+// them in random order: with prefix caching their blocks stay cached, so
+// that every block taken evicts the least recently used one.
+func newKVBench(n, B int, noPrefix bool) (*kvBench, error) {
+	m, err := kvcache.NewManager(kvcache.ManagerConfig{Blocks: n, BlockTokens: B, NoPrefixCache: noPrefix})
+	if err != nil {
+		return nil, err
+	}
+	k := &kvBench{m: m, rng: rand.New(rand.NewPCG(uint64(n), 11)), B: B}
+	const history = 768
+	held := make([]kvcache.SeqID, history)
+	for i := range held {
+		held[i] = k.id()
+		if _, err := m.Add(held[i], nil, 0); err != nil {
+			return nil, err
+		}
+	}
+	chunk := k.tokens(B)
 	for m.FreeBlocks() > 0 {
-		k := min(1+rng.IntN(8), m.FreeBlocks())
-		p := tokens(k * B)
-		if _, err := m.Add(next, p, 0); err != nil {
-			return r, err
+		id := held[k.rng.IntN(history)]
+		chunk[0] = int32(m.FreeBlocks())
+		if err := m.Append(id, chunk...); err != nil {
+			return nil, err
 		}
-		_ = m.Computed(next, len(p))
-		held = append(held, next)
-		next++
 	}
-	rng.Shuffle(len(held), func(i, j int) { held[i], held[j] = held[j], held[i] })
-	for _, id := range held[:len(held)/3] {
+	k.rng.Shuffle(len(held), func(i, j int) { held[i], held[j] = held[j], held[i] })
+	for _, id := range held[:history/3] {
+		_ = m.Computed(id, m.Len(id))
 		_ = m.Free(id)
 	}
-	// Popular prompts of 4 blocks (cached before the touches are timed).
-	const popular = 64
-	prompts := make([][]int32, popular)
-	for i := range prompts {
-		prompts[i] = tokens(4 * B)
-	}
+	return k, nil
+}
 
-	// Alloc and free: working sequences grow a block per Append up to 32
-	// blocks, then are freed.
-	const working = 8
-	ws := make([]kvcache.SeqID, working)
+// allocFree grows 8 working sequences a block per Append up to 32 blocks,
+// then frees them: ns per block appended, and per block freed.
+func (k *kvBench) allocFree(ops, round int) (allocNs, freeNs float64, err error) {
+	m := k.m
+	ws := make([]kvcache.SeqID, 8)
 	for i := range ws {
-		ws[i] = next
-		next++
+		ws[i] = k.id()
 		if _, err := m.Add(ws[i], nil, 0); err != nil {
-			return r, err
+			return 0, 0, err
 		}
 	}
-	chunk := tokens(B)
-	round := max(ops/20, 64)
+	chunk := k.tokens(k.B)
 	allocT, freeT := bestOf{round: round}, bestOf{round: round}
-	var allocs int
-	for allocs < ops {
+	for allocs := 0; allocs < ops; {
 		t0 := time.Now()
 		for _, w := range ws {
 			chunk[0] = int32(allocs)
 			if err := m.Append(w, chunk...); err != nil {
-				return r, fmt.Errorf("bench kv: append at %d blocks: %w", n, err)
+				return 0, 0, fmt.Errorf("bench kv: append: %w", err)
 			}
 			allocs++
 		}
 		allocT.add(time.Since(t0), len(ws))
-		if m.Len(ws[0]) >= 32*B {
-			frees := 0
-			for _, w := range ws {
-				frees += m.Blocks(w)
+		if m.Len(ws[0]) < 32*k.B {
+			continue
+		}
+		frees := 0
+		for _, w := range ws {
+			frees += m.Blocks(w)
+		}
+		t0 = time.Now()
+		for _, w := range ws {
+			if err := m.Free(w); err != nil {
+				return 0, 0, err
 			}
-			t0 := time.Now()
-			for _, w := range ws {
-				if err := m.Free(w); err != nil {
-					return r, err
-				}
-			}
-			freeT.add(time.Since(t0), frees)
-			for i := range ws {
-				ws[i] = next
-				next++
-				_, _ = m.Add(ws[i], nil, 0)
-			}
+		}
+		freeT.add(time.Since(t0), frees)
+		for i := range ws {
+			ws[i] = k.id()
+			_, _ = m.Add(ws[i], nil, 0)
 		}
 	}
 	for _, w := range ws {
 		_ = m.Free(w)
 	}
-	r.AllocNs, r.FreeNs = allocT.ns(), freeT.ns()
+	return allocT.ns(), freeT.ns(), nil
+}
 
-	// Fork: batches of children of one 8-block sequence, freed untimed.
-	src := next
-	next++
-	if _, err := m.Add(src, tokens(8*B), 0); err != nil {
-		return r, err
+// fork times batches of Forks of one 8-block sequence (children freed
+// untimed): ns per Fork.
+func (k *kvBench) fork(ops, round int) (float64, error) {
+	m := k.m
+	src := k.id()
+	if _, err := m.Add(src, k.tokens(8*k.B), 0); err != nil {
+		return 0, err
 	}
 	const batch = 256
 	forkT := bestOf{round: round}
-	forks := 0
-	for forks < ops {
-		base := next
+	kids := make([]kvcache.SeqID, batch)
+	for forks := 0; forks < ops; forks += batch {
+		for i := range kids {
+			kids[i] = k.id()
+		}
 		t0 := time.Now()
-		for i := range batch {
-			if err := m.Fork(src, base+kvcache.SeqID(i)); err != nil {
-				return r, err
+		for _, c := range kids {
+			if err := m.Fork(src, c); err != nil {
+				return 0, err
 			}
 		}
 		forkT.add(time.Since(t0), batch)
-		for i := range batch {
-			_ = m.Free(base + kvcache.SeqID(i))
+		for _, c := range kids {
+			_ = m.Free(c)
 		}
-		next += batch
-		forks += batch
 	}
-	r.ForkNs = forkT.ns()
 	_ = m.Free(src)
+	return forkT.ns(), nil
+}
 
-	// Touch: the popular prompts served from the cache, each block a hit
-	// on a free cached block; freed untimed (back to the cache's tail).
-	for _, p := range prompts {
-		_, _ = m.Add(next, p, 0)
-		_ = m.Computed(next, len(p))
-		_ = m.Free(next)
-		next++
+// touch times Adds of 64 popular 4-block prompts whose blocks are free and
+// cached (each block a hash lookup and a removal from the middle of the
+// free list), freed untimed back to the cache's tail: ns per block.
+func (k *kvBench) touch(ops, round int) (float64, error) {
+	m := k.m
+	const popular = 64
+	prompts := make([][]int32, popular)
+	for i := range prompts {
+		prompts[i] = k.tokens(4 * k.B)
+		id := k.id()
+		_, _ = m.Add(id, prompts[i], 0)
+		_ = m.Computed(id, len(prompts[i]))
+		_ = m.Free(id)
 	}
 	touchT := bestOf{round: round}
-	touches := 0
-	for touches < ops {
-		base := next
+	ids := make([]kvcache.SeqID, popular)
+	for touches := 0; touches < ops; touches += popular * 4 {
+		for i := range ids {
+			ids[i] = k.id()
+		}
 		t0 := time.Now()
 		for i, p := range prompts {
-			if _, err := m.Add(base+kvcache.SeqID(i), p, 0); err != nil {
-				return r, err
+			if _, err := m.Add(ids[i], p, 0); err != nil {
+				return 0, err
 			}
 		}
 		touchT.add(time.Since(t0), popular*4)
-		for i := range prompts {
-			_ = m.Free(base + kvcache.SeqID(i))
+		for _, id := range ids {
+			_ = m.Free(id)
 		}
-		next += popular
-		touches += popular * 4
 	}
-	r.TouchNs = touchT.ns()
 	if st := m.Stats(); st.PrefixHits == 0 {
-		return r, fmt.Errorf("bench kv: no prefix hits at %d blocks", n)
+		return 0, fmt.Errorf("bench kv: no prefix hits")
 	}
-	return r, nil
+	return touchT.ns(), nil
 }
 
 // kvSwap measures swap bandwidth for both layouts on o.Device and the pinned

@@ -118,7 +118,7 @@ type Manager struct {
 	tail   int32
 	nfree  int
 	cfree  int // free blocks that are cached
-	seqs   map[SeqID]*seq
+	seqs   seqTable
 	spare  []*seq // freed sequences, their slices reused
 	cache  hashTable
 	host   []int32 // free host blocks (a stack)
@@ -155,7 +155,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 		cfg.NoPrefixCache = true
 	}
 	m := &Manager{cfg: cfg, blocks: make([]block, cfg.Blocks), head: -1, tail: -1,
-		seqs: map[SeqID]*seq{}}
+		seqs: newSeqTable()}
 	if !cfg.NoPrefixCache {
 		m.cache = newHashTable(cfg.Blocks)
 	}
@@ -306,7 +306,7 @@ func (m *Manager) store(b int32, h, parent uint64) {
 // --- sequences ---
 
 func (m *Manager) get(id SeqID) (*seq, error) {
-	s, ok := m.seqs[id]
+	s, ok := m.seqs.get(id)
 	if !ok {
 		return nil, fmt.Errorf("sequence %d: %w", id, ErrUnknownSeq)
 	}
@@ -353,7 +353,7 @@ func (m *Manager) recycle(s *seq) {
 // K/V is computed: at the sequence's next Append, or at Computed.
 // ErrOutOfBlocks leaves everything unchanged.
 func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens int, err error) {
-	if _, dup := m.seqs[id]; dup {
+	if _, dup := m.seqs.get(id); dup {
 		return 0, fmt.Errorf("add sequence %d: %w", id, ErrSeqExists)
 	}
 	B := m.cfg.BlockTokens
@@ -398,7 +398,7 @@ func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens i
 	}
 	s.stored = hits
 	s.partial = append(s.partial, prompt[nfull*B:]...)
-	m.seqs[id] = s
+	m.seqs.put(id, s)
 	cachedTokens = hits * B
 	if cachedTokens == len(prompt) && cachedTokens > 0 {
 		cachedTokens--
@@ -548,7 +548,7 @@ func (m *Manager) window(s *seq) {
 // read it before the next call that changes id; nil for an unknown or
 // swapped-out sequence.
 func (m *Manager) Table(id SeqID) []int32 {
-	s, ok := m.seqs[id]
+	s, ok := m.seqs.get(id)
 	if !ok || s.host != nil {
 		return nil
 	}
@@ -557,7 +557,7 @@ func (m *Manager) Table(id SeqID) []int32 {
 
 // Len returns the tokens id holds (0 for an unknown sequence).
 func (m *Manager) Len(id SeqID) int {
-	if s, ok := m.seqs[id]; ok {
+	if s, ok := m.seqs.get(id); ok {
 		return s.n
 	}
 	return 0
@@ -566,7 +566,7 @@ func (m *Manager) Len(id SeqID) int {
 // Blocks returns the number of blocks id holds on the device (0 for an
 // unknown one).
 func (m *Manager) Blocks(id SeqID) int {
-	s, ok := m.seqs[id]
+	s, ok := m.seqs.get(id)
 	if !ok {
 		return 0
 	}
@@ -587,7 +587,7 @@ func (m *Manager) Fork(parent, child SeqID) error {
 	if err != nil {
 		return fmt.Errorf("fork: %w", err)
 	}
-	if _, dup := m.seqs[child]; dup {
+	if _, dup := m.seqs.get(child); dup {
 		return fmt.Errorf("fork %d into %d: %w", parent, child, ErrSeqExists)
 	}
 	c := m.newSeq()
@@ -600,7 +600,7 @@ func (m *Manager) Fork(parent, child SeqID) error {
 			m.ref(b)
 		}
 	}
-	m.seqs[child] = c
+	m.seqs.put(child, c)
 	return nil
 }
 
@@ -621,7 +621,7 @@ func (m *Manager) Free(id SeqID) error {
 			m.unref(b)
 		}
 	}
-	delete(m.seqs, id)
+	m.seqs.del(id)
 	m.recycle(s)
 	return nil
 }
@@ -656,7 +656,7 @@ func (m *Manager) SwapOut(id SeqID) ([]Move, error) {
 	if n > len(m.host) {
 		return nil, fmt.Errorf("swap out sequence %d: %d host blocks needed, %d free: %w", id, n, len(m.host), ErrOutOfHostBlocks)
 	}
-	s := m.seqs[id]
+	s, _ := m.seqs.get(id)
 	s.host = make([]int32, len(s.table))
 	moves := make([]Move, 0, n)
 	for j := len(s.table) - 1; j >= 0; j-- {
@@ -706,7 +706,7 @@ func (m *Manager) SwapIn(id SeqID) ([]Move, error) {
 	if n > m.nfree {
 		return nil, fmt.Errorf("swap in sequence %d: %d blocks needed, %d free: %w", id, n, m.nfree, ErrOutOfBlocks)
 	}
-	s := m.seqs[id]
+	s, _ := m.seqs.get(id)
 	moves := make([]Move, 0, n)
 	for j, h := range s.host {
 		if h == NoBlock {
@@ -724,7 +724,7 @@ func (m *Manager) SwapIn(id SeqID) ([]Move, error) {
 
 // Swapped reports whether id is swapped out.
 func (m *Manager) Swapped(id SeqID) bool {
-	s, ok := m.seqs[id]
+	s, ok := m.seqs.get(id)
 	return ok && s.host != nil
 }
 
@@ -751,7 +751,7 @@ func (m *Manager) FreeBlocks() int { return m.nfree }
 func (m *Manager) FreeHostBlocks() int { return len(m.host) }
 
 // Seqs returns the number of sequences.
-func (m *Manager) Seqs() int { return len(m.seqs) }
+func (m *Manager) Seqs() int { return m.seqs.len() }
 
 // Stats is a snapshot of a Manager's accounting.
 type Stats struct {
@@ -780,7 +780,7 @@ func (m *Manager) Stats() Stats {
 	cf := m.cfree
 	return Stats{Blocks: len(m.blocks), UsedBlocks: len(m.blocks) - m.nfree, FreeBlocks: m.nfree,
 		CachedFree: cf, CachedTotal: m.cache.len(), HostBlocks: m.cfg.HostBlocks,
-		HostUsed: m.cfg.HostBlocks - len(m.host), Seqs: len(m.seqs),
+		HostUsed: m.cfg.HostBlocks - len(m.host), Seqs: m.seqs.len(),
 		PrefixQueries: m.st.queries, PrefixHits: m.st.hits, Evictions: m.st.evictions,
 		CopyOnWrites: m.st.cows, Allocs: m.st.allocs, Frees: m.st.frees,
 		SwappedOut: m.st.swapOut, SwappedIn: m.st.swapIn}

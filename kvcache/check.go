@@ -24,48 +24,14 @@ func (m *Manager) Check() error {
 		}
 		hostUsed[h] = true
 	}
-	for id, s := range m.seqs {
-		if want := blocksFor(s.n, B); len(s.table) != want {
-			return fmt.Errorf("sequence %d: %d tokens in %d blocks, want %d", id, s.n, len(s.table), want)
+	var bad error
+	m.seqs.each(func(id SeqID, s *seq) {
+		if bad == nil {
+			bad = m.checkSeq(id, s, B, N, refs, where, hostUsed)
 		}
-		if len(s.partial) != s.n%B {
-			return fmt.Errorf("sequence %d: %d tokens but %d in the partial block", id, s.n, len(s.partial))
-		}
-		if !m.cfg.NoPrefixCache && (len(s.hashes) != s.n/B || s.stored > len(s.hashes)) {
-			return fmt.Errorf("sequence %d: %d tokens, %d block hashes, %d stored", id, s.n, len(s.hashes), s.stored)
-		}
-		if s.host != nil && len(s.host) != len(s.table) {
-			return fmt.Errorf("sequence %d: %d host entries for %d blocks", id, len(s.host), len(s.table))
-		}
-		for j, b := range s.table {
-			swapped := s.host != nil && s.host[j] != NoBlock
-			if swapped {
-				h := s.host[j]
-				if h < 0 || int(h) >= len(hostUsed) || hostUsed[h] {
-					return fmt.Errorf("sequence %d entry %d: bad or repeated host block %d", id, j, h)
-				}
-				hostUsed[h] = true
-				if b != NoBlock {
-					return fmt.Errorf("sequence %d entry %d: swapped out but names device block %d", id, j, b)
-				}
-				continue
-			}
-			if j < s.first {
-				if b != NoBlock {
-					return fmt.Errorf("sequence %d entry %d: before the window start %d but holds block %d", id, j, s.first, b)
-				}
-				continue
-			}
-			if b < 0 || int(b) >= N {
-				return fmt.Errorf("sequence %d entry %d: block %d out of range", id, j, b)
-			}
-			// A block twice in one table would sit at two positions.
-			if where[b] >= 0 && where[b] != int32(j) {
-				return fmt.Errorf("block %d shared at table positions %d and %d", b, where[b], j)
-			}
-			where[b] = int32(j)
-			refs[b]++
-		}
+	})
+	if bad != nil {
+		return bad
 	}
 	for h, u := range hostUsed {
 		if !u {
@@ -128,6 +94,52 @@ func (m *Manager) Check() error {
 	}
 	if free != n {
 		return fmt.Errorf("free list: %d blocks, %d unreferenced", n, free)
+	}
+	return nil
+}
+
+// checkSeq checks one sequence and counts its references.
+func (m *Manager) checkSeq(id SeqID, s *seq, B, N int, refs, where []int32, hostUsed []bool) error {
+	if want := blocksFor(s.n, B); len(s.table) != want {
+		return fmt.Errorf("sequence %d: %d tokens in %d blocks, want %d", id, s.n, len(s.table), want)
+	}
+	if len(s.partial) != s.n%B {
+		return fmt.Errorf("sequence %d: %d tokens but %d in the partial block", id, s.n, len(s.partial))
+	}
+	if !m.cfg.NoPrefixCache && (len(s.hashes) != s.n/B || s.stored > len(s.hashes)) {
+		return fmt.Errorf("sequence %d: %d tokens, %d block hashes, %d stored", id, s.n, len(s.hashes), s.stored)
+	}
+	if s.host != nil && len(s.host) != len(s.table) {
+		return fmt.Errorf("sequence %d: %d host entries for %d blocks", id, len(s.host), len(s.table))
+	}
+	for j, b := range s.table {
+		swapped := s.host != nil && s.host[j] != NoBlock
+		if swapped {
+			h := s.host[j]
+			if h < 0 || int(h) >= len(hostUsed) || hostUsed[h] {
+				return fmt.Errorf("sequence %d entry %d: bad or repeated host block %d", id, j, h)
+			}
+			hostUsed[h] = true
+			if b != NoBlock {
+				return fmt.Errorf("sequence %d entry %d: swapped out but names device block %d", id, j, b)
+			}
+			continue
+		}
+		if j < s.first {
+			if b != NoBlock {
+				return fmt.Errorf("sequence %d entry %d: before the window start %d but holds block %d", id, j, s.first, b)
+			}
+			continue
+		}
+		if b < 0 || int(b) >= N {
+			return fmt.Errorf("sequence %d entry %d: block %d out of range", id, j, b)
+		}
+		// A block twice in one table would sit at two positions.
+		if where[b] >= 0 && where[b] != int32(j) {
+			return fmt.Errorf("block %d shared at table positions %d and %d", b, where[b], j)
+		}
+		where[b] = int32(j)
+		refs[b]++
 	}
 	return nil
 }

@@ -46,3 +46,47 @@ func TestHashTable(t *testing.T) {
 		}
 	}
 }
+
+// The sequence table against a Go map, growing and shrinking, with ids
+// chosen to collide on their home slots.
+func TestSeqTable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	tb := newSeqTable()
+	ref := map[SeqID]*seq{}
+	for op := range 100_000 {
+		id := SeqID(rng.IntN(300)) << 56 // few home slots until the table grows
+		if rng.IntN(3) > 0 {
+			id = SeqID(rng.IntN(2000))
+		}
+		if rng.IntN(2) == 0 {
+			if _, ok := ref[id]; !ok {
+				s := &seq{n: op}
+				tb.put(id, s)
+				ref[id] = s
+			}
+		} else {
+			tb.del(id)
+			delete(ref, id)
+		}
+		if tb.len() != len(ref) {
+			t.Fatalf("op %d: %d entries, want %d", op, tb.len(), len(ref))
+		}
+		if op%101 == 0 {
+			for id, s := range ref {
+				if got, ok := tb.get(id); !ok || got != s {
+					t.Fatalf("op %d: get(%d) = %v, %v", op, id, got, ok)
+				}
+			}
+			n := 0
+			tb.each(func(id SeqID, s *seq) {
+				n++
+				if ref[id] != s {
+					t.Fatalf("op %d: entry %d wrong", op, id)
+				}
+			})
+			if n != len(ref) {
+				t.Fatalf("op %d: each saw %d, want %d", op, n, len(ref))
+			}
+		}
+	}
+}

@@ -1,19 +1,31 @@
 // Package kernels holds memwall's own GPU kernels: a pattern fill and check
 // (device and pool data tests), a spin kernel (stream-ordering tests: "a
-// kernel still running") and matrix multiply over streamed weights (GEMV for
-// decode steps, GEMM for prefill-sized batches) in bf16, f16 and f32 with
-// float32 accumulation.
+// kernel still running"), matrix multiply over streamed weights (GEMV for
+// decode steps, GEMM for prefill-sized batches, or the device's cuBLASLt) in
+// bf16, f16 and f32 with float32 accumulation, and the other ops of a Llama
+// layer: Embed, RMSNorm, RoPE, KVWrite into a paged KV cache, grouped-query
+// Attention over it (flash-decoding for decode, tensor cores for prefill),
+// SiluMul, Add, Cast and Round.
 //
-// The kernels are CUDA C (kernels.cu), compiled to PTX by
-// scripts/build-ptx.sh and embedded here; Load hands the PTX to a
-// device.Device and resolves every kernel into a Set with typed launch
-// helpers. The environment variable MEMWALL_KERNELS_PTX (read through the
-// getenv function the caller passes) names a PTX file to use instead, so a
-// freshly built module can be tried before it is committed.
+// Quick start:
+//
+//	s, err := kernels.Load(dev, os.Getenv) // picks the PTX for the GPU
+//	...
+//	err = s.RMSNorm(x, w, "f32", xn, "bf16", T, H, 1e-5, stream)
+//	err = s.Matmul("bf16", wq, xn, q, M, H, T, stream)
+//
+// The kernels are CUDA C (kernels.cu), compiled by scripts/build-ptx.sh to
+// PTX for compute_80 and compute_70, both embedded here; Load hands the one
+// the GPU can run to a device.Device and resolves every kernel into a Set
+// with typed launch helpers that validate their arguments. The environment
+// variable MEMWALL_KERNELS_PTX (read through the getenv function the caller
+// passes) names a PTX file to use instead, so a freshly built module can be
+// tried before it is committed.
 //
 // For the simulated device, Sim returns Go implementations of the same
-// kernels with cost models; HostMatmul, ReferenceRow and CheckMatmul are the
-// host-side math that results are verified against.
+// kernels with cost models; HostMatmul, ReferenceRow, CheckMatmul,
+// RMSNormRow, RopePair, SiluMulValue and RoundTo are the host-side math
+// that results are verified against.
 package kernels
 
 import (

@@ -146,6 +146,7 @@ type Engine struct {
 	unpermute pool.Block
 	events    []device.Event
 	groups    []groupUse
+	foot      *Footprint
 	seq       kvcache.SeqID
 	scratch   uint64 // the attention kernel's scratch at the longest context
 	// embedding is the embedding matrix's device address as of the last
@@ -163,18 +164,46 @@ type groupUse struct {
 	layrs []int
 }
 
-// New places m's weights on d under o.Budget and prepares the KV cache and
-// the activation arena. dev is the device pool (every device byte comes
-// from it) and host the pinned host pool. A budget below the minimum fails
-// with a *BudgetError stating the minimum. On failure nothing stays
-// allocated.
-func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.Pool, m *llama.Model, o Options) (e *Engine, err error) {
+// Footprint is what the engine will take from the device for a model and
+// options: the weight plan, the KV cache, the activation arena, the
+// attention kernel's scratch, and the pools' predicted peak.
+type Footprint struct {
+	Plan         *plan.WeightPlan `json:"-"`
+	KVBytes      uint64           `json:"kv_bytes"`
+	ArenaBytes   uint64           `json:"arena_bytes"`
+	ScratchBytes uint64           `json:"kernel_scratch_bytes"` // allocated by the kernels, outside the pools
+	// PoolPeakBytes predicts the device pool's peak reserved bytes: the
+	// plan's resident groups and staging slots, the KV cache, the arena and
+	// the small buffers, rounded up to the pool's pages.
+	PoolPeakBytes uint64 `json:"pool_peak_bytes"`
+	// DeviceBytes = PoolPeakBytes + ScratchBytes: the engine's share of
+	// the process's device memory (the context's comes on top).
+	DeviceBytes uint64 `json:"device_bytes"`
+
+	layout plan.Layout
+	bufs   []plan.Buffer
+	kvCfg  kvcache.Config
+}
+
+// Estimate plans m under o.Budget for a device described by info, without
+// a device: New runs exactly this plan. A budget below the minimum fails
+// with a *BudgetError stating the minimum.
+func Estimate(ctx context.Context, m *llama.Model, o Options, info device.Info) (*Footprint, error) {
+	e, err := newShell(m, o)
+	if err != nil {
+		return nil, err
+	}
+	return e.estimate(ctx, info)
+}
+
+// newShell is an Engine with its configuration and nothing on a device.
+func newShell(m *llama.Model, o Options) (*Engine, error) {
 	cfg := m.Config
 	o = o.withDefaults(cfg)
 	if o.Budget == 0 {
 		return nil, errors.New("engine: budget is 0")
 	}
-	e = &Engine{d: d, ks: ks, dev: dev, host: host, model: m, cfg: cfg, opt: o}
+	e := &Engine{model: m, cfg: cfg, opt: o}
 	e.dt = plan.MatmulDType(m.Tensors.MatrixDType)
 	if e.dt == "" {
 		return nil, fmt.Errorf("engine: matrix dtype %s: not one the kernels multiply", m.Tensors.MatrixDType)
@@ -183,32 +212,62 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	if e.dt == kernels.F32 {
 		e.elt = 4
 	}
+	return e, nil
+}
+
+func (e *Engine) estimate(ctx context.Context, info device.Info) (*Footprint, error) {
+	o, cfg := e.opt, e.cfg
+	f := &Footprint{bufs: e.buffers(o.PrefillChunk)}
+	var err error
+	if f.layout, _, err = plan.Solve(ctx, f.bufs, plan.Options{Alignment: 256, TimeLimit: -1}); err != nil {
+		return nil, fmt.Errorf("engine: activation plan: %w", err)
+	}
+	blocks := (o.MaxTokens + o.BlockTokens - 1) / o.BlockTokens
+	f.kvCfg = kvcache.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
+		BlockTokens: o.BlockTokens, Blocks: blocks}
+	f.KVBytes = f.kvCfg.BlockBytes() * uint64(blocks)
+	f.ArenaBytes = f.layout.ArenaBytes
+	f.ScratchBytes = e.attentionScratch(info)
+	// Two pages of the pool's growth granule for rounding and the small
+	// buffers (RoPE frequencies, the Q/K permutation), and the attention
+	// kernel's own scratch, which the kernels allocate outside the pool.
+	gran := max(info.Granularity, 64<<10)
+	small := uint64(64<<10) + 4*uint64(cfg.HeadDim*cfg.HeadDim)
+	reserve := f.KVBytes + f.ArenaBytes + 2*gran + f.ScratchBytes
+	if f.Plan, err = e.planWeights(reserve, f.KVBytes, f.ArenaBytes); err != nil {
+		return nil, err
+	}
+	used := f.Plan.ResidentBytes + f.Plan.StagingBytes + f.KVBytes + f.ArenaBytes + small
+	f.PoolPeakBytes = (used + gran - 1) / gran * gran
+	f.DeviceBytes = f.PoolPeakBytes + f.ScratchBytes
+	return f, nil
+}
+
+// New places m's weights on d under o.Budget and prepares the KV cache and
+// the activation arena. dev is the device pool (every device byte comes
+// from it) and host the pinned host pool. A budget below the minimum fails
+// with a *BudgetError stating the minimum. On failure nothing stays
+// allocated.
+func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.Pool, m *llama.Model, o Options) (e *Engine, err error) {
+	e, err = newShell(m, o)
+	if err != nil {
+		return nil, err
+	}
+	e.d, e.ks, e.dev, e.host = d, ks, dev, host
+	o = e.opt
+	cfg := e.cfg
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.Close())
 			e = nil
 		}
 	}()
+	if e.foot, err = e.estimate(ctx, d.Info()); err != nil {
+		return e, err
+	}
+	e.plan, e.scratch = e.foot.Plan, e.foot.ScratchBytes
 	if e.compute, err = d.NewStream(); err != nil {
 		return e, fmt.Errorf("engine: compute stream: %w", err)
-	}
-	bufs := e.buffers(o.PrefillChunk)
-	layout, _, err := plan.Solve(ctx, bufs, plan.Options{Alignment: 256, TimeLimit: -1})
-	if err != nil {
-		return e, fmt.Errorf("engine: activation plan: %w", err)
-	}
-	blocks := (o.MaxTokens + o.BlockTokens - 1) / o.BlockTokens
-	kvCfg := kvcache.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
-		BlockTokens: o.BlockTokens, Blocks: blocks}
-	kvBytes := kvCfg.BlockBytes() * uint64(blocks)
-	e.scratch = e.attentionScratch()
-	// Two pages of the pool's growth granule for rounding and the small
-	// buffers (RoPE frequencies, the Q/K permutation), and the attention
-	// kernel's own scratch, which the kernels allocate outside the pool.
-	gran := max(d.Info().Granularity, 64<<10)
-	reserve := kvBytes + layout.ArenaBytes + 2*gran + e.scratch
-	if err := e.planWeights(reserve, kvBytes, layout.ArenaBytes); err != nil {
-		return e, err
 	}
 	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger}); err != nil {
 		return e, fmt.Errorf("engine: %w", err)
@@ -216,16 +275,16 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	if err := e.mapGroups(); err != nil {
 		return e, err
 	}
-	if e.kv, err = kvcache.New(d, dev, host, kvCfg, kvcache.Options{Stream: e.compute, NoPrefixCache: true}); err != nil {
+	if e.kv, err = kvcache.New(d, dev, host, e.foot.kvCfg, kvcache.Options{Stream: e.compute, NoPrefixCache: true}); err != nil {
 		return e, fmt.Errorf("engine: KV cache: %w", err)
 	}
 	e.layout = kernels.KVLayout{BlockTokens: uint32(o.BlockTokens), KVHeads: uint32(cfg.KVHeads), HeadDim: uint32(cfg.HeadDim),
 		Layers: uint32(cfg.Layers), DType: e.dt, BlockBytes: e.kv.BlockBytes()}
-	if e.arena, err = bind.Bind(dev, bufs, layout); err != nil {
+	if e.arena, err = bind.Bind(dev, e.foot.bufs, e.foot.layout); err != nil {
 		return e, fmt.Errorf("engine: %w", err)
 	}
 	e.bufs = e.arena.Addr
-	if err := e.prepareHost(blocks); err != nil {
+	if err := e.prepareHost(e.foot.kvCfg.Blocks); err != nil {
 		return e, err
 	}
 	for range e.plan.Groups {
@@ -238,12 +297,15 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	return e, nil
 }
 
+// Footprint returns the plan New ran, with its predictions.
+func (e *Engine) Footprint() *Footprint { return e.foot }
+
 // attentionScratch is the device memory kernels.Set.Attention allocates
 // for split (flash-decoding) partials at the longest context, decode and
 // prefill chunks alike: at least 1 MiB once any launch splits.
-func (e *Engine) attentionScratch() uint64 {
+func (e *Engine) attentionScratch(info device.Info) uint64 {
 	c := e.cfg
-	sms := uint32(e.d.Info().Multiprocessors)
+	sms := uint32(info.Multiprocessors)
 	if sms == 0 {
 		sms = 128
 	}
@@ -264,10 +326,10 @@ func (e *Engine) ScratchBytes() uint64 { return e.scratch }
 
 // planWeights plans the weights under the budget less reserve (KV cache
 // and activations).
-func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) error {
+func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) (*plan.WeightPlan, error) {
 	groups, err := plan.GroupWeights(e.model.Weights.Tensors)
 	if err != nil {
-		return fmt.Errorf("engine: %w", err)
+		return nil, fmt.Errorf("engine: %w", err)
 	}
 	wo := plan.WeightOptions{Slots: e.opt.Slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256}
 	minimum := func() uint64 {
@@ -280,19 +342,18 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) error {
 	}
 	if e.opt.Budget <= reserve {
 		w := minimum()
-		return &BudgetError{Budget: e.opt.Budget, Minimum: w + reserve, WeightsMinimum: w, KVBytes: kvBytes, ArenaBytes: arenaBytes}
+		return nil, &BudgetError{Budget: e.opt.Budget, Minimum: w + reserve, WeightsMinimum: w, KVBytes: kvBytes, ArenaBytes: arenaBytes}
 	}
 	wo.Budget = e.opt.Budget - reserve
 	p, err := plan.PlanWeights(groups, wo)
 	var be *plan.BudgetError
 	if errors.As(err, &be) {
-		return &BudgetError{Budget: e.opt.Budget, Minimum: be.Minimum + reserve, WeightsMinimum: be.Minimum, KVBytes: kvBytes, ArenaBytes: arenaBytes}
+		return nil, &BudgetError{Budget: e.opt.Budget, Minimum: be.Minimum + reserve, WeightsMinimum: be.Minimum, KVBytes: kvBytes, ArenaBytes: arenaBytes}
 	}
 	if err != nil {
-		return fmt.Errorf("engine: %w", err)
+		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e.plan = p
-	return nil
+	return p, nil
 }
 
 // mapGroups records each plan group's use and checks that the pass can

@@ -41,34 +41,37 @@ memory when smaller). --temperature 0 (the default) is greedy decoding.`
 
 // runJSON is `memwall run --json`.
 type runJSON struct {
-	Model                 string  `json:"model"`
-	Device                string  `json:"device"`
-	PromptIDs             []int   `json:"prompt_ids"`
-	Tokens                []int   `json:"tokens"`
-	Text                  *string `json:"text,omitempty"`
-	Stop                  string  `json:"stop"`
-	PrefillTokensPerS     float64 `json:"prefill_tokens_per_s"`
-	DecodeTokensPerS      float64 `json:"decode_tokens_per_s"`
-	PrefillSeconds        float64 `json:"prefill_seconds"`
-	DecodeSeconds         float64 `json:"decode_seconds"`
-	PeakDeviceBytes       uint64  `json:"peak_device_bytes"`
-	PoolPeakBytes         uint64  `json:"pool_peak_bytes"`
-	ContextBytes          uint64  `json:"context_bytes"`
-	ScratchBytes          uint64  `json:"kernel_scratch_bytes"`
-	ContextSource         string  `json:"context_source"`
-	BudgetBytes           uint64  `json:"budget_bytes"`
-	BudgetDefault         bool    `json:"budget_default"`
-	StreamedBytesPerToken uint64  `json:"streamed_bytes_per_token"`
-	ResidentBytes         uint64  `json:"resident_bytes"`
-	ResidentGroups        int     `json:"resident_groups"`
-	StreamedGroups        int     `json:"streamed_groups"`
-	Groups                int     `json:"groups"`
-	KVBytes               uint64  `json:"kv_bytes"`
-	ArenaBytes            uint64  `json:"arena_bytes"`
-	Source                string  `json:"source"`
-	Gemm                  string  `json:"gemm"`
-	Kernels               string  `json:"kernels"`
-	Warning               string  `json:"warning,omitempty"`
+	Model             string  `json:"model"`
+	Device            string  `json:"device"`
+	PromptIDs         []int   `json:"prompt_ids"`
+	Tokens            []int   `json:"tokens"`
+	Text              *string `json:"text,omitempty"`
+	Stop              string  `json:"stop"`
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
+	DecodeTokensPerS  float64 `json:"decode_tokens_per_s"`
+	PrefillSeconds    float64 `json:"prefill_seconds"`
+	DecodeSeconds     float64 `json:"decode_seconds"`
+	PeakDeviceBytes   uint64  `json:"peak_device_bytes"`
+	PoolPeakBytes     uint64  `json:"pool_peak_bytes"`
+	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
+	// the attention scratch and the context.
+	PredictedPeakBytes    uint64 `json:"predicted_peak_bytes"`
+	ContextBytes          uint64 `json:"context_bytes"`
+	ScratchBytes          uint64 `json:"kernel_scratch_bytes"`
+	ContextSource         string `json:"context_source"`
+	BudgetBytes           uint64 `json:"budget_bytes"`
+	BudgetDefault         bool   `json:"budget_default"`
+	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
+	ResidentBytes         uint64 `json:"resident_bytes"`
+	ResidentGroups        int    `json:"resident_groups"`
+	StreamedGroups        int    `json:"streamed_groups"`
+	Groups                int    `json:"groups"`
+	KVBytes               uint64 `json:"kv_bytes"`
+	ArenaBytes            uint64 `json:"arena_bytes"`
+	Source                string `json:"source"`
+	Gemm                  string `json:"gemm"`
+	Kernels               string `json:"kernels"`
+	Warning               string `json:"warning,omitempty"`
 }
 
 type runFlags struct {
@@ -302,6 +305,7 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
 	out.ScratchBytes = eng.ScratchBytes()
+	out.PredictedPeakBytes = eng.Footprint().DeviceBytes + out.ContextBytes
 	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes + out.ScratchBytes
 	rs := eng.Residency().Stats()
 	out.ResidentBytes, out.ResidentGroups, out.Groups = rs.ResidentBytes, rs.ResidentGroups, rs.Groups

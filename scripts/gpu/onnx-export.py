@@ -4,7 +4,7 @@ and measures ONNX Runtime on them with its default settings and with the
 settings `memwall plan MODEL --ort` prints (issue 16).
 
   python3 onnx-export.py export --out DIR       # DIR/ship/*.onnx, DIR/work/...
-  python3 onnx-export.py ort MODEL --mode default|memwall [--settings PLAN.json]
+  python3 onnx-export.py ort MODEL --mode default|memwall|memwall-tight [--settings PLAN.json]
 
 `export` builds each model from a config written here (random weights, no
 download), exports it with torch.onnx.export(..., dynamo=True,
@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import sys
 import time
@@ -55,7 +54,8 @@ def models():
     out = []
 
     def gpt2():
-        cfg = eager(tf.GPT2Config(vocab_size=1024, n_positions=64, n_embd=96, n_layer=2, n_head=4))
+        cfg = eager(tf.GPT2Config(vocab_size=1024, n_positions=64, n_embd=96, n_layer=2, n_head=4,
+                                  bos_token_id=0, eos_token_id=0))
         m = tf.GPT2LMHeadModel(cfg).eval()
         return Field(m, "logits", {"use_cache": False, "return_dict": True})
 
@@ -72,7 +72,8 @@ def models():
     def whisper():
         cfg = eager(tf.WhisperConfig(vocab_size=1024, num_mel_bins=80, encoder_layers=2, encoder_attention_heads=4,
                                      decoder_layers=1, decoder_attention_heads=4, d_model=96, encoder_ffn_dim=256,
-                                     decoder_ffn_dim=256, max_source_positions=50, max_target_positions=32))
+                                     decoder_ffn_dim=256, max_source_positions=50, max_target_positions=32,
+                                     pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1))
         enc = tf.WhisperModel(cfg).eval().get_encoder()
         return Field(enc, "last_hidden_state", {"return_dict": True})
 
@@ -131,7 +132,7 @@ def export(args):
         t0 = time.time()
         entry = {"name": name, "inputs": [list(t.shape) for t in ex], "dynamic": dyn is not None}
         try:
-            m = build()
+            m = build().eval()
             params = sum(p.numel() for p in m.parameters())
             path = os.path.join(work, name + ".onnx")
             with torch.no_grad():
@@ -142,24 +143,39 @@ def export(args):
             onnx.save_model(full, inline, save_as_external_data=False)
             # Without data: every initializer, however small (the shape
             # constants too), moved to a data file that is then left out.
-            nodata = os.path.join(work, name + ".nodata.onnx")
-            onnx.save_model(full, nodata, save_as_external_data=True, all_tensors_to_external_data=True,
-                            location=name + ".nodata.onnx.data", size_threshold=0)
-            shutil.copyfile(nodata, os.path.join(ship, name + ".nodata.onnx"))
+            strip_data(full, name + ".nodata.onnx.data")
+            onnx.save_model(full, os.path.join(ship, name + ".nodata.onnx"))
             entry.update(ok=True, params=params, seconds=round(time.time() - t0, 2), data_files=data,
                          opset=[(o.domain, o.version) for o in full.opset_import],
                          nodes=len(full.graph.node), value_info=len(full.graph.value_info),
                          nodata_bytes=os.path.getsize(os.path.join(ship, name + ".nodata.onnx")),
                          inline_bytes=os.path.getsize(inline), torch=torch.__version__, onnx=onnx.__version__)
-            if dyn is not None:
-                os.remove(inline)  # the dynamic graph is kept without data only
-                entry["inline_bytes"] = 0
         except Exception as e:  # one model failing must not stop the others
             entry.update(ok=False, error=f"{type(e).__name__}: {e}"[:2000], seconds=round(time.time() - t0, 2))
         manifest.append(entry)
         print(json.dumps({k: entry.get(k) for k in ("name", "ok", "seconds", "params", "nodes", "value_info", "error")}), flush=True)
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
+
+
+def strip_data(model, location):
+    """Moves every initializer's bytes out of the model (in place): the
+    tensor says its data is at `location` (a file that is not written) and
+    keeps its name, type and dims. Written here rather than with onnx's
+    external-data helpers, whose keywords differ between versions."""
+    from onnx import TensorProto, numpy_helper
+
+    offset = 0
+    for t in model.graph.initializer:
+        n = len(t.raw_data) if t.raw_data else numpy_helper.to_array(t).nbytes
+        for f in ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"):
+            t.ClearField(f)
+        del t.external_data[:]
+        for k, v in (("location", location), ("offset", str(offset)), ("length", str(n))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        t.data_location = TensorProto.EXTERNAL
+        offset += n
 
 
 def hwm_kib():
@@ -196,7 +212,7 @@ def ort_run(args):
     try:
         so = ort.SessionOptions()
         providers = ["CPUExecutionProvider"]
-        if args.mode == "memwall":
+        if args.mode.startswith("memwall"):
             with open(args.settings) as f:
                 s = json.load(f)["ort"]
             res["settings"] = {"total_bytes": s["total_bytes"], "arena_cfg": s["arena_cfg"]}
@@ -240,7 +256,7 @@ def main():
     e.add_argument("--only", default="", help="comma-separated model names")
     o = sub.add_parser("ort")
     o.add_argument("model")
-    o.add_argument("--mode", choices=["default", "memwall"], required=True)
+    o.add_argument("--mode", choices=["default", "memwall", "memwall-tight"], required=True)
     o.add_argument("--settings", help="memwall plan --ort --json output (for --mode memwall)")
     o.add_argument("--repeat", type=int, default=5)
     a = p.parse_args()

@@ -783,3 +783,63 @@ func TestGeneratedModels(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAcquireRelease is the host's cost of one Acquire and Release
+// pair in a decode loop (the copies only submitted; a simulator without
+// backing bytes moves none), for all-resident and all-streamed plans.
+func BenchmarkAcquireRelease(b *testing.B) {
+	for _, streamed := range []bool{false, true} {
+		b.Run(fmt.Sprintf("streamed=%v", streamed), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			o := sim.DefaultOptions()
+			o.Backing = false
+			d := sim.New(o)
+			defer d.Close()
+			m := randomModel(b, rng, 8, 1<<16)
+			groups, err := plan.GroupWeights(m.Tensors)
+			if err != nil {
+				b.Fatal(err)
+			}
+			wo := plan.WeightOptions{Budget: 1 << 40, LinkGBps: 25, Granule: 512}
+			p, err := plan.PlanWeights(groups, wo)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if streamed {
+				wo.Budget = p.MinimumBytes
+				if p, err = plan.PlanWeights(groups, wo); err != nil {
+					b.Fatal(err)
+				}
+			}
+			dev, host := pools(b, d)
+			r, err := New(context.Background(), d, dev, host, m, p, Options{Source: Pinned})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			cs, _ := d.NewStream()
+			done, _ := d.NewEvent(false)
+			b.ResetTimer()
+			for i := range b.N {
+				g := i % len(p.Groups)
+				_, ready, err := r.Acquire(g)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if ready != 0 {
+					d.StreamWaitEvent(cs, ready)
+				}
+				d.EventRecord(done, cs)
+				if err := r.Release(g, done); err != nil {
+					b.Fatal(err)
+				}
+				if g == len(p.Groups)-1 {
+					d.StreamSynchronize(cs)
+				}
+			}
+			b.StopTimer()
+			d.StreamSynchronize(cs)
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/pair")
+		})
+	}
+}

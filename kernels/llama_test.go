@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/memwall/memwall/device"
@@ -642,4 +644,48 @@ func TestGoLlamaLaunchChecks(t *testing.T) {
 			t.Errorf("%s %v: err %v, want ErrInvalid", c.name, c.args, err)
 		}
 	}
+}
+
+func TestPTXTarget(t *testing.T) {
+	for _, c := range []struct {
+		ptx  string
+		want int
+	}{
+		{"//\n.version 7.8\n.target sm_80\n.address_size 64\n", 80},
+		{"//\n.target sm_70\n", 70},
+		{"//\n.target sm_90a\n", 90},
+		{".target sm_80\n", 0}, // not at a line start after the header
+		{"//\n.target sm_\n", 0},
+		{"//\n.target sm_99999999999999999999\n", 0},
+		{"", 0},
+	} {
+		if got := PTXTarget([]byte(c.ptx)); got != c.want {
+			t.Errorf("PTXTarget(%q) = %d, want %d", c.ptx, got, c.want)
+		}
+	}
+	for _, target := range Targets() {
+		want := map[string]int{TargetSM80: 80, TargetSM70: 70}[target]
+		if got := PTXTarget(EmbeddedFor(target)); got != want {
+			t.Errorf("embedded %s: PTXTarget %d", target, got)
+		}
+	}
+}
+
+func FuzzPTXTarget(f *testing.F) {
+	f.Add([]byte("//\n.version 7.8\n.target sm_80\n"))
+	f.Add([]byte("\n.target sm_1000\n"))
+	f.Add([]byte("\n.target sm_"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n := PTXTarget(b)
+		want := 0
+		if _, rest, ok := strings.Cut(string(b), "\n.target sm_"); ok {
+			digits := rest[:len(rest)-len(strings.TrimLeft(rest, "0123456789"))]
+			if v, err := strconv.Atoi(digits); err == nil && v <= 1000 {
+				want = v
+			}
+		}
+		if n != want {
+			t.Fatalf("PTXTarget = %d, want %d", n, want)
+		}
+	})
 }

@@ -266,6 +266,31 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	if isNull(raw) {
 		return nil, nil
 	}
+	// The two whole-list forms first (one pass each); element by element
+	// only to say which element is wrong.
+	var strs []string
+	if json.Unmarshal(raw, &strs) == nil {
+		out := make([][2]string, len(strs))
+		for i, s := range strs {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok || strings.Contains(b, " ") {
+				return nil, fmt.Errorf("[%d] %q is not two tokens with a space between", i, s)
+			}
+			out[i] = [2]string{a, b}
+		}
+		return out, nil
+	}
+	var pairs [][]string
+	if json.Unmarshal(raw, &pairs) == nil {
+		out := make([][2]string, len(pairs))
+		for i, p := range pairs {
+			if len(p) != 2 {
+				return nil, fmt.Errorf("[%d] has %d tokens, want 2", i, len(p))
+			}
+			out[i] = [2]string{p[0], p[1]}
+		}
+		return out, nil
+	}
 	var list []json.RawMessage
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return nil, fmt.Errorf("not a list: %v", err)

@@ -110,7 +110,7 @@ func Open(opts Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
-	c := &Device{d: d, dev: dev, ctx: ctx, ctxMem: cm,
+	c := &Device{d: d, dev: dev, ctx: ctx, ctxMem: cm, getenv: getenv,
 		host:    map[uintptr]hostEntry{},
 		streams: map[device.Stream]struct{}{},
 		events:  map[device.Event]struct{}{},

@@ -198,6 +198,20 @@ func TestCacheSwapRoundTrip(t *testing.T) {
 		if err != nil || len(mfs) == 0 {
 			t.Fatalf("metrics: %d families, %v", len(mfs), err)
 		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if m.GetCounter() != nil {
+					got[mf.GetName()] = m.GetCounter().GetValue()
+				} else {
+					got[mf.GetName()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+		if got["memwall_kv_blocks"] != float64(small.Blocks) || got["memwall_kv_swap_out_bytes_total"] != float64(out) ||
+			got["memwall_kv_used_blocks"] != float64(len(want)) || got["memwall_kv_sequences"] != 1 {
+			t.Fatalf("metrics %v", got)
+		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}

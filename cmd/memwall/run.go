@@ -227,9 +227,12 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		return out, nil, fmt.Errorf("%s: max_position_embeddings: prompt of %d tokens does not fit the context of %d (one position must stay for a new token)",
 			m.Config.Source, len(ids), m.Config.Context)
 	}
+	maxTokens := min(len(ids)+g.sampling.MaxNew, m.Config.Context)
+	o := g.opts
+	o.MaxTokens = maxTokens
 	budget, err := residency.PlanBudget(d, g.vram)
 	if err != nil {
-		return out, nil, err
+		return out, nil, g.belowMinimum(e, d, o, err)
 	}
 	if budget.Warning != "" && !g.quiet {
 		fmt.Fprintf(e.stderr, "memwall run: warning: %s\n", budget.Warning)
@@ -251,9 +254,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		return out, nil, err
 	}
 	defer ks.Close()
-	maxTokens := min(len(ids)+g.sampling.MaxNew, m.Config.Context)
-	o := g.opts
-	o.Budget, o.MaxTokens = budget.PoolBytes, maxTokens
+	o.Budget = budget.PoolBytes
 	eng, err := engine.New(e.ctx, d, ks, dev, host, m, o)
 	if err != nil {
 		var be *engine.BudgetError
@@ -368,6 +369,27 @@ func openTokenizer(m *llama.Model) (textCodec, error) {
 		return nil, fmt.Errorf("%s: %d tokens, more than the model's vocab_size %d (%s)", from, t.VocabSize(), m.Config.Vocab, m.Config.Source)
 	}
 	return t, nil
+}
+
+// belowMinimum adds the engine's minimum to a budget error when the budget
+// does not even cover the device context: the minimum is then the
+// context's memory plus what the engine needs at the least.
+func (g *generation) belowMinimum(e *env, d device.Device, o engine.Options, err error) error {
+	if g.vram == 0 {
+		return err
+	}
+	ctxBytes, _ := residency.ContextBytes(d)
+	if g.vram > ctxBytes {
+		return err
+	}
+	o.Budget = 1
+	_, eerr := engine.Estimate(e.ctx, g.model, o, d.Info())
+	var be *engine.BudgetError
+	if !errors.As(eerr, &be) {
+		return err
+	}
+	return fmt.Errorf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s included): %w",
+		g.vram, humanBytes(g.vram), be.Minimum+ctxBytes, humanBytes(be.Minimum+ctxBytes), g.path, o.MaxTokens, humanBytes(ctxBytes), err)
 }
 
 // demoRun generates with the tiny synthetic model on d under a budget that

@@ -1,14 +1,22 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/kernels"
 )
 
 // tinyDir writes a preset as a safetensors directory (with config.json)
@@ -237,5 +245,46 @@ func TestRunText(t *testing.T) {
 	code, _, errOut = runVerbSim(t, "run", dir, "--prompt", "hi", "--device", "sim")
 	if code != 1 || !strings.Contains(errOut, "tokenizer.json") {
 		t.Errorf("bad tokenizer.json: exit %d, %s", code, errOut)
+	}
+}
+
+// ctxDevice is a simulated device that reports a CUDA-like context.
+type ctxDevice struct {
+	device.Device
+	ctx uint64
+}
+
+func (c ctxDevice) ContextBytes() (uint64, string, bool) { return c.ctx, "test", true }
+
+// TestRunBudgetBelowContext: a --vram below the context's own memory still
+// gets the minimum in the error, context included.
+func TestRunBudgetBelowContext(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	m, err := llama.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	o := sim.DefaultOptions()
+	o.Kernels = kernels.Sim()
+	d := ctxDevice{sim.New(o), 500 << 20}
+	defer d.Close()
+	var stdout, stderr bytes.Buffer
+	e := &env{ctx: context.Background(), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
+	for _, vram := range []uint64{1 << 20, 500 << 20} {
+		g := generation{model: m, path: dir, ids: []int{1, 2, 3}, vram: vram, sampling: engine.Sampling{MaxNew: 4}, quiet: true}
+		_, _, err = g.run(e, d, "sim")
+		if err == nil || !strings.Contains(err.Error(), "below the minimum") || !strings.Contains(err.Error(), "500.0 MiB included") {
+			t.Errorf("--vram %d: %v", vram, err)
+		}
+	}
+	// Context plus the stated minimum runs.
+	g := generation{model: m, path: dir, ids: []int{1, 2, 3}, vram: 1 << 20, sampling: engine.Sampling{MaxNew: 4}, quiet: true}
+	_, _, err = g.run(e, d, "sim")
+	minimum := regexp.MustCompile(`minimum (\d+) bytes`).FindStringSubmatch(err.Error())
+	n, _ := strconv.ParseUint(minimum[1], 10, 64)
+	g.vram = n
+	if out, _, err := g.run(e, d, "sim"); err != nil || out.PeakDeviceBytes > n {
+		t.Errorf("at the stated minimum %d: %v (peak %d)", n, err, out.PeakDeviceBytes)
 	}
 }

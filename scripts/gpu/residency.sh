@@ -59,7 +59,7 @@ step fit 40 bash -c "'$bindir/memwall' fit '$model' --vram $VRAM --json >'$dir/f
 # stream, with nvidia-smi sampling memory in the background.
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 100 >"$dir/smi.csv" 2>/dev/null &
 smi=$!
-nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader,nounits -lms 100 >"$dir/smi-apps.csv" 2>/dev/null &
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$dir/smi-apps.csv" 2>/dev/null &
 smi_apps=$!
 timeout --kill-after=5 90 "$bindir/memwall" stream "$model" --vram "$VRAM" --steps 5 --json >"$dir/stream-7b.json" 2>>"$log"
 stream_rc=$?
@@ -100,7 +100,7 @@ def peak(name, col):
         pass
     return best
 dev_peak = peak("smi.csv", 1) - base   # device-wide, over the idle baseline
-app_peak = peak("smi-apps.csv", 2)       # the process (max over processes)
+app_peak = peak("smi-apps.csv", 1)       # the process (max over processes)
 budget = st.get("budget_bytes", 0) / MiB
 rows = [
     ("budget (--vram %s)" % vram, "%.0f MiB" % budget),

@@ -102,8 +102,7 @@ func stripData(t *testing.T, model []byte) []byte {
 	// edit copies the fields of message b, replacing the value of each
 	// length-delimited field for which sub returns non-nil, and leaving out
 	// the fields drop names.
-	var edit func(b []byte, sub func(protowire.Number, []byte) []byte, drop map[protowire.Number]bool) []byte
-	edit = func(b []byte, sub func(protowire.Number, []byte) []byte, drop map[protowire.Number]bool) []byte {
+	edit := func(b []byte, sub func(protowire.Number, []byte) []byte, drop map[protowire.Number]bool) []byte {
 		var out []byte
 		for len(b) > 0 {
 			num, typ, n := protowire.ConsumeTag(b)

@@ -169,7 +169,11 @@ func run(args []string, e *env) int {
 			}
 		}()
 	}
-	return exitStatus(e, v.name, v.run(e, args[1:]))
+	name := v.name
+	if v.name == "bench" && len(args) > 1 && benchVerbs[args[1]] != nil {
+		name += " " + args[1] // messages and the help hint name the benchmark
+	}
+	return exitStatus(e, name, v.run(e, args[1:]))
 }
 
 // exitStatus prints err for verb and returns the exit status it means.

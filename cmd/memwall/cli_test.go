@@ -92,7 +92,7 @@ func TestHelpVerb(t *testing.T) {
 		t.Fatalf("help plan: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 	code, stdout, _ = runVerb(t, nil, "help", "bench")
-	if code != 0 || !strings.Contains(stdout, "alloc, transfer") {
+	if code != 0 || !strings.Contains(stdout, "benchmarks: alloc, ") || !strings.Contains(stdout, "transfer") {
 		t.Fatalf("help bench: exit %d, %q", code, stdout)
 	}
 	code, stdout, _ = runVerb(t, nil, "help", "bench", "transfer")

@@ -204,7 +204,7 @@ func (s *streamRun) setup(ctx context.Context) error {
 	s.baseFree = free
 	// Few blocks, most of them large: small ones among the large keep the
 	// pages mapped close to the plan's bytes.
-	if s.dev, err = pool.New(d, pool.Options{Name: "stream", MixSmall: true}); err != nil {
+	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off}); err != nil {
 		return fmt.Errorf("bench: stream: device pool: %w", err)
 	}
 	ro := s.o.Residency
@@ -213,7 +213,7 @@ func (s *streamRun) setup(ctx context.Context) error {
 		bounce = 64 << 20
 	}
 	hostLimit := s.p.StreamedBytes + uint64(max(ro.Bounces, 3))*bounce + 16<<20
-	if s.host, err = pool.NewHost(d, pool.Options{Name: "stream-host", NoCache: true, Limit: hostLimit, ChunkBytes: 2 << 20}); err != nil {
+	if s.host, err = pool.NewHost(d, pool.Options{Name: "stream-host", Cache: pool.CacheOff, Limit: hostLimit, ChunkBytes: 2 << 20}); err != nil {
 		return fmt.Errorf("bench: stream: pinned host pool: %w", err)
 	}
 	if s.compS, err = d.NewStream(); err != nil {

@@ -9,10 +9,10 @@ import "sync"
 // make no atomic read-modify-write; other goroutines reach it only while
 // the caches are stopped (Pool.stopCaches). Blocks freed on one processor
 // go to that processor's cache, wherever they were allocated. With
-// Options.SingleCache there is one cache, reached under its mutex instead.
+// Options.Cache = CacheShared there is one cache, reached under its mutex instead.
 type procCache struct {
 	g     cacheGuard
-	mu    sync.Mutex        // guards the single shared cache of Options.SingleCache
+	mu    sync.Mutex        // guards the single shared cache of Options.Cache = CacheShared
 	lists [numClasses]*meta // per size class, linked through meta.next
 	count [numClasses]int32
 	// misses counts, per class, refills since a block of the class was
@@ -86,7 +86,7 @@ func (p *Pool) pin() (*procCache, int) {
 	return nil, pid
 }
 
-// pinSingle is pin for Options.SingleCache: the one cache, under its lock.
+// pinSingle is pin for Options.Cache = CacheShared: the one cache, under its lock.
 func (p *Pool) pinSingle() *procCache {
 	c := &p.procs[0]
 	c.mu.Lock()

@@ -382,7 +382,7 @@ func TestCacheMaxCeiling(t *testing.T) {
 // does not use between the cache and the arena.
 func TestRefillBatches(t *testing.T) {
 	d := newSim(t, false, 4<<30)
-	p, err := pool.New(d, pool.Options{SingleCache: true})
+	p, err := pool.New(d, pool.Options{Cache: pool.CacheShared})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +451,7 @@ func TestRefillBatches(t *testing.T) {
 func TestDeferredFrees(t *testing.T) {
 	for _, o := range configs() {
 		t.Run(o.Name, func(t *testing.T) {
-			o.SingleCache = true // one cache: the test sees what it frees
+			o.Cache = pool.CacheShared // one cache: the test sees what it frees
 			o.TargetRatio = -1
 			d := newSim(t, false, 4<<30)
 			p, err := pool.New(d, o)

@@ -23,7 +23,7 @@ func TestDeviceRefusesMemory(t *testing.T) {
 			so.Backing = false
 			cfg := &fault.Config{}
 			d := fault.Wrap(sim.New(so), cfg)
-			o.NoCache = true
+			o.Cache = pool.CacheOff
 			p, err := pool.New(d, o)
 			if err != nil {
 				t.Fatal(err)

@@ -45,8 +45,11 @@ func runPoolOps(t *testing.T, data []byte) {
 		if cfg&2 != 0 {
 			o.Growth = pool.GrowChunks
 		}
-		o.NoCache = cfg&4 != 0
-		o.SingleCache = cfg&8 != 0
+		if cfg&4 != 0 {
+			o.Cache = pool.CacheOff
+		} else if cfg&8 != 0 {
+			o.Cache = pool.CacheShared
+		}
 		if cfg&16 != 0 {
 			o.TargetRatio = -1
 		}

@@ -24,3 +24,16 @@ func (p *Pool) stopCaches() {
 }
 
 func (p *Pool) resumeCaches() { p.revoked.Store(false) }
+
+// readCaches calls fn on every processor's cache without stopping it: fn
+// only reads words that their owner writes whole (see Pool.totals). The
+// shared cache of Options.Cache = CacheShared is read under its lock.
+func (p *Pool) readCaches(fn func(*procCache)) {
+	if p.single {
+		p.procs[0].mu.Lock()
+		defer p.procs[0].mu.Unlock()
+	}
+	for i := range p.procs {
+		fn(&p.procs[i])
+	}
+}

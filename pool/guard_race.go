@@ -33,3 +33,20 @@ func (p *Pool) resumeCaches() {
 	}
 	p.revoked.Store(false)
 }
+
+// readCaches calls fn on every processor's cache. Under the race detector
+// each cache's guard is held meanwhile (fast paths on that processor take
+// the central path for that moment), so that the detector sees the reads
+// ordered; without it the reads need no guard (guard_norace.go).
+func (p *Pool) readCaches(fn func(*procCache)) {
+	if p.single {
+		p.procs[0].mu.Lock()
+		defer p.procs[0].mu.Unlock()
+	}
+	for i := range p.procs {
+		g := &p.procs[i].g
+		g.mu.Lock()
+		fn(&p.procs[i])
+		g.mu.Unlock()
+	}
+}

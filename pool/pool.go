@@ -85,11 +85,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/memwall/memwall/alloc"
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/telemetry"
+	"github.com/memwall/memwall/telemetry/latency"
 )
 
 // Purpose labels what a block holds, for per-purpose accounting.
@@ -174,32 +172,52 @@ type Options struct {
 	Warmup uint64
 	// Alignment is the default block alignment (default 256; a power of two).
 	Alignment uint64
-	// CacheMax is the largest block served from the per-processor caches
-	// of small blocks (default 64 KiB, at most 1 MiB, the largest size
-	// class). Blocks up to it are rounded to a size class.
+	// Cache selects the caches in front of the arenas: CachePerProcessor
+	// (the default), CacheShared (one cache under a lock, so placement
+	// depends only on the order of calls: replays reproduce exactly;
+	// slower when goroutines allocate concurrently) or CacheOff (every
+	// request goes to the arenas).
+	Cache CacheMode
+	// CacheMax is the largest block served from the caches' small-block
+	// classes (default 64 KiB, at most 1 MiB, the largest size class).
+	// Blocks up to it are rounded to a size class.
 	CacheMax uint64
-	// NoCache disables the per-processor caches: small-block classes and
-	// parked large blocks alike.
-	NoCache bool
-	// SingleCache replaces the per-processor caches by one cache under a
-	// lock, so placement depends only on the order of calls and not on
-	// which processor ran them: replays reproduce exactly. Slower when
-	// goroutines allocate concurrently.
-	SingleCache bool
 	// SmallMax is the largest block a GrowVirtual pool places in a
 	// separate virtual range for small blocks (default 256 KiB), so that
-	// small and cached blocks pin no pages between large ones. MixSmall
-	// turns the separate range off (SmallMax becomes 0).
+	// small and cached blocks pin no pages between large ones; Off places
+	// small blocks among the large ones.
 	SmallMax uint64
-	MixSmall bool
 	// Logger receives debug logs of growth and trims; nil is silent.
 	Logger *slog.Logger
-	// Registerer, when set, gets the pool's Prometheus collector.
-	Registerer prometheus.Registerer
 	// OnEvent, when set, is called (under the pool's lock) for every
 	// allocation and free, e.g. to record a replayable event log.
 	OnEvent func(Event)
 }
+
+// CacheMode selects Options.Cache.
+type CacheMode uint8
+
+// Cache modes.
+const (
+	CachePerProcessor CacheMode = iota
+	CacheShared
+	CacheOff
+)
+
+func (c CacheMode) String() string {
+	switch c {
+	case CachePerProcessor:
+		return "per-processor"
+	case CacheShared:
+		return "shared"
+	case CacheOff:
+		return "off"
+	}
+	return fmt.Sprintf("cache(%d)", uint8(c))
+}
+
+// Off, as Options.SmallMax, turns the separate range of small blocks off.
+const Off = ^uint64(0)
 
 // DefaultTargetRatio is the default Options.TargetRatio.
 const DefaultTargetRatio = 1.02
@@ -252,11 +270,8 @@ func (o Options) withDefaults(in device.Info) Options {
 	if o.Alignment == 0 {
 		o.Alignment = 256
 	}
-	if o.CacheMax == 0 && !o.NoCache {
+	if o.CacheMax == 0 {
 		o.CacheMax = 64 << 10
-	}
-	if o.NoCache {
-		o.CacheMax = 0
 	}
 	o.CacheMax = min(o.CacheMax, maxClassBytes)
 	if o.TargetRatio == 0 {
@@ -265,8 +280,8 @@ func (o Options) withDefaults(in device.Info) Options {
 	if o.SmallMax == 0 {
 		o.SmallMax = 256 << 10
 	}
-	if o.MixSmall || o.Growth != GrowVirtual {
-		o.SmallMax = 0
+	if o.Growth != GrowVirtual {
+		o.SmallMax = Off
 	}
 	return o
 }
@@ -360,7 +375,7 @@ type Pool struct {
 	awaiting []awaitBatch
 	tenants  map[string]*Tenant
 
-	// procs are the per-processor caches (nil with NoCache); revoked
+	// procs are the per-processor caches (nil with CacheOff); revoked
 	// sends fast paths to the central path while another goroutine has
 	// the caches stopped, and for good once the pool is closed.
 	// direct is the main range of a virtual pool over a handle
@@ -369,15 +384,18 @@ type Pool struct {
 	direct *arena
 
 	procs  []procCache
-	single bool // Options.SingleCache
-	// plain: per-processor caches (not SingleCache) and no event hook,
+	single bool // Options.Cache is CacheShared
+	// cacheMax and smallMax are Options.CacheMax and SmallMax in effect:
+	// 0 when the caches or the small range are off.
+	cacheMax, smallMax uint64
+	// plain: per-processor caches (CachePerProcessor) and no event hook,
 	// so Alloc may take allocPlain.
 	plain   bool
 	revoked atomic.Bool
 	slowN   atomic.Uint32 // allocations that bypass the caches, for latency sampling
 
 	central counters // slow-path accounting, guarded by mu
-	lat     []telemetry.Histogram
+	lat     []latency.Histogram
 
 	// held is the bytes of blocks taken out of the arenas (live, cached,
 	// parked or pending); inflight the bytes of pages being created and
@@ -447,23 +465,21 @@ func (c *counters) used() uint64 {
 // a nanosecond on average.
 const latencySample = 256
 
-// totalsLocked sums the central and per-processor counters and the cached
-// and parked bytes. Called with p.mu held; with caches in use it stops them
-// (for a moment, see stopTheWorld) to read them.
-func (p *Pool) totalsLocked() (c counters, cached uint64) {
+// totals sums the central and per-processor counters and the cached
+// bytes. It stops no goroutine: each cache's counters are written by the
+// goroutine pinned to its processor only, and read here as whole words (a
+// racy read of a word observes a value some write stored, by the Go memory
+// model), so a sum may be a few operations stale while others run.
+// Called with p.mu held.
+func (p *Pool) totals() (c counters, cached uint64) {
 	c = p.central
 	if len(p.procs) == 0 {
 		return c, 0
 	}
-	if !p.closed { // a closed pool's caches stay stopped
-		p.stopCaches()
-		defer p.resumeCaches()
-	}
-	for i := range p.procs {
-		pc := &p.procs[i]
+	p.readCaches(func(pc *procCache) {
 		c.plus(&pc.c)
 		cached += pc.bytes + pc.largeBytes
-	}
+	})
 	return c, cached
 }
 
@@ -500,11 +516,17 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		tenants: map[string]*Tenant{},
 	}
 	nproc := runtime.GOMAXPROCS(0)
-	p.single = o.SingleCache
-	p.plain = !o.NoCache && !o.SingleCache && o.OnEvent == nil
+	p.single = o.Cache == CacheShared
+	p.plain = o.Cache == CachePerProcessor && o.OnEvent == nil
+	if o.Cache != CacheOff {
+		p.cacheMax = o.CacheMax
+	}
+	if o.SmallMax != Off {
+		p.smallMax = o.SmallMax
+	}
 	p.cond = sync.NewCond(&p.mu)
-	p.lat = make([]telemetry.Histogram, nproc)
-	if !o.NoCache {
+	p.lat = make([]latency.Histogram, nproc)
+	if o.Cache != CacheOff {
 		p.procs = make([]procCache, nproc)
 		if p.single {
 			p.procs = p.procs[:1]
@@ -522,7 +544,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		if a.lean && uint64(a.base)%o.Alignment == 0 {
 			p.direct = a
 		}
-		if o.SmallMax > 0 {
+		if p.smallMax > 0 {
 			small, err := p.newVirtualArenaSized(max(o.PageBytes, roundUp(o.ReserveBytes/8, o.PageBytes)))
 			if err != nil {
 				p.Close()
@@ -540,12 +562,6 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 			return nil, fmt.Errorf("pool %s: warm-up of %d bytes: %w", o.Name, o.Warmup, err)
 		}
 	}
-	if o.Registerer != nil {
-		if err := o.Registerer.Register(telemetry.NewPoolCollector(p)); err != nil {
-			p.Close()
-			return nil, fmt.Errorf("pool %s: register metrics: %w", o.Name, err)
-		}
-	}
 	return p, nil
 }
 
@@ -555,8 +571,8 @@ func (p *Pool) Options() Options { return p.opts }
 // AllocLatency returns a histogram of Alloc latencies, sampled (the first
 // allocation on each processor and one in 256 after it are timed) so that
 // reading the clock does not slow the fast path.
-func (p *Pool) AllocLatency() *telemetry.Histogram {
-	var h telemetry.Histogram
+func (p *Pool) AllocLatency() *latency.Histogram {
+	var h latency.Histogram
 	for i := range p.lat {
 		h.Merge(&p.lat[i])
 	}
@@ -604,7 +620,7 @@ func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
 	c.n++
 	var m *meta
 	var err error
-	if size <= p.opts.CacheMax {
+	if size <= p.cacheMax {
 		cls := classOf(size)
 		if m = c.pop(cls); m != nil {
 			m.assign(size, purpose, nil)
@@ -663,7 +679,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	cached := align <= p.opts.Alignment && o.Stream == 0 && p.procs != nil
 	cls := -1
 	charge := size
-	if cached && size <= p.opts.CacheMax {
+	if cached && size <= p.cacheMax {
 		cls = classOf(size)
 		charge = sizeClasses[cls]
 	}

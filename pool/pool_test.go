@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/memwall/memwall/alloc"
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
@@ -364,7 +362,7 @@ func TestLimit(t *testing.T) {
 // free total above the request.
 func TestFragmentationReported(t *testing.T) {
 	d := newSim(t, false, 1<<30)
-	p, err := pool.New(d, pool.Options{Growth: pool.GrowChunks, ChunkBytes: 32 << 20, Limit: 32 << 20, NoCache: true})
+	p, err := pool.New(d, pool.Options{Growth: pool.GrowChunks, ChunkBytes: 32 << 20, Limit: 32 << 20, Cache: pool.CacheOff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +391,7 @@ func TestFragmentationReported(t *testing.T) {
 func TestVirtualReturnsPages(t *testing.T) {
 	d := newSim(t, false, 4<<30)
 	free0, _, _ := d.MemInfo()
-	p, err := pool.New(d, pool.Options{Growth: pool.GrowVirtual, KeepFreeBytes: 8 << 20, NoCache: true})
+	p, err := pool.New(d, pool.Options{Growth: pool.GrowVirtual, KeepFreeBytes: 8 << 20, Cache: pool.CacheOff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +428,7 @@ func TestVirtualReturnsPages(t *testing.T) {
 // on s2 only after s1's work is done.
 func TestStreamOrderedFree(t *testing.T) {
 	d := newSim(t, true, 1<<30)
-	p, err := pool.New(d, pool.Options{NoCache: true})
+	p, err := pool.New(d, pool.Options{Cache: pool.CacheOff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,82 +562,6 @@ func TestConcurrent(t *testing.T) {
 	}
 }
 
-func TestMetrics(t *testing.T) {
-	d := newSim(t, false, 1<<30)
-	reg := prometheus.NewRegistry()
-	p, err := pool.New(d, pool.Options{Name: "acts", Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	tn, _ := p.Tenant("bert", 1<<30)
-	b1, _ := p.Alloc(3<<20, pool.AllocOptions{Purpose: pool.KV})
-	b2, _ := tn.Alloc(5<<20, pool.AllocOptions{Purpose: pool.Activations})
-	_, _ = tn.Alloc(2<<30, pool.AllocOptions{}) // over quota: one OOM
-	// Latency is sampled (one allocation in 32): make enough to see it.
-	var small []pool.Block
-	for i := 0; i < 400; i++ {
-		b, err := p.Alloc(4096, pool.AllocOptions{Purpose: pool.Scratch})
-		if err != nil {
-			t.Fatal(err)
-		}
-		small = append(small, b)
-	}
-	for _, b := range small {
-		_ = p.Free(b)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			key := mf.GetName()
-			for _, l := range m.GetLabel() {
-				if l.GetName() != "pool" {
-					key += "{" + l.GetName() + "=" + l.GetValue() + "}"
-				}
-			}
-			switch {
-			case m.GetGauge() != nil:
-				got[key] = m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				got[key] = m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				got[key] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	want := map[string]float64{
-		"memwall_pool_used_bytes":                              8 << 20,
-		"memwall_pool_purpose_used_bytes{purpose=kv}":          3 << 20,
-		"memwall_pool_purpose_used_bytes{purpose=activations}": 5 << 20,
-		"memwall_pool_tenant_used_bytes{tenant=bert}":          5 << 20,
-		"memwall_pool_tenant_quota_bytes{tenant=bert}":         1 << 30,
-		"memwall_pool_oom_total":                               1,
-		"memwall_pool_allocs_total":                            402,
-		"memwall_pool_frees_total":                             400,
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s = %v, want %v", k, got[k], v)
-		}
-	}
-	// The first allocation on each processor is timed, then one in 256.
-	if n := got["memwall_pool_alloc_latency_seconds"]; n < 1 || n > 402 || n != float64(p.AllocLatency().Count()) {
-		t.Errorf("latency histogram holds %v samples of 402 allocations (pool says %d)", n, p.AllocLatency().Count())
-	}
-	if got["memwall_pool_reserved_bytes"] < 8<<20 || got["memwall_pool_utilization_ratio"] <= 0 {
-		t.Errorf("reserved %v utilization %v", got["memwall_pool_reserved_bytes"], got["memwall_pool_utilization_ratio"])
-	}
-	if got[`memwall_pool_device_calls_total{call=map}`]+got[`memwall_pool_device_calls_total{call=alloc}`] == 0 {
-		t.Error("no device calls counted")
-	}
-	_ = p.Free(b1)
-	_ = tn.Free(b2)
-}
-
 func TestHostPool(t *testing.T) {
 	d := newSim(t, true, 1<<30)
 	hp, err := pool.NewHost(d, pool.Options{Name: "staging"})
@@ -688,7 +610,7 @@ func TestWarmup(t *testing.T) {
 		t.Run(o.Name, func(t *testing.T) {
 			d := newSim(t, false, 1<<30)
 			o.Warmup = 64 << 20
-			o.NoCache = true
+			o.Cache = pool.CacheOff
 			p, err := pool.New(d, o)
 			if err != nil {
 				t.Fatal(err)
@@ -766,7 +688,7 @@ func TestAlignment(t *testing.T) {
 func TestOddSizesLeaveNoPadding(t *testing.T) {
 	for _, o := range configs() {
 		t.Run(o.Name, func(t *testing.T) {
-			o.NoCache = true
+			o.Cache = pool.CacheOff
 			p, err := pool.New(newSim(t, false, 1<<30), o)
 			if err != nil {
 				t.Fatal(err)
@@ -826,7 +748,7 @@ func TestNoMoveBehindMove(t *testing.T) {
 	if g.Info().Granularity != page {
 		t.Skipf("needs %d-byte pages, device has %d", page, g.Info().Granularity)
 	}
-	p, err := pool.New(g, pool.Options{NoCache: true, PageBytes: page})
+	p, err := pool.New(g, pool.Options{Cache: pool.CacheOff, PageBytes: page})
 	if err != nil {
 		t.Fatal(err)
 	}

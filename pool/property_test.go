@@ -32,10 +32,12 @@ func propertyOps(t testing.TB) int {
 	switch {
 	case *longProperty:
 		return 1_000_000
+	case testing.Short() && raceOn:
+		return 300
 	case testing.Short():
 		return 1_500
 	}
-	return 6_000
+	return 3_000
 }
 
 // propConfig is one point of the configuration space the property test
@@ -72,12 +74,15 @@ func (c propConfig) String() string {
 }
 
 func (c propConfig) options() pool.Options {
-	o := pool.Options{Name: c.String(), Growth: c.growth, Strategy: c.strategy, TargetRatio: c.target, MixSmall: c.mixSmall}
+	o := pool.Options{Name: c.String(), Growth: c.growth, Strategy: c.strategy, TargetRatio: c.target}
+	if c.mixSmall {
+		o.SmallMax = pool.Off
+	}
 	switch c.cache {
 	case "single":
-		o.SingleCache = true
+		o.Cache = pool.CacheShared
 	case "none":
-		o.NoCache = true
+		o.Cache = pool.CacheOff
 	}
 	return o
 }
@@ -464,6 +469,9 @@ func TestPropertyBlocksBacked(t *testing.T) {
 	if os.Getenv("MEMWALL_TEST_DEVICE") == "cuda" {
 		t.Skip("TestPropertyBlocks runs on the GPU's memory")
 	}
+	if testing.Short() && raceOn {
+		t.Skip("the simulator's copies under the race detector: TestPropertyBlocks covers the pool")
+	}
 	ops := min(propertyOps(t), 400)
 	for i, c := range propConfigs() {
 		if i%7 != 0 {
@@ -489,7 +497,11 @@ func TestWrongBlockAfterGrowth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := pool.New(d, pool.Options{NoCache: !cache})
+		o := pool.Options{}
+		if !cache {
+			o.Cache = pool.CacheOff
+		}
+		p, err := pool.New(d, o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -114,7 +114,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		// A virtual pool keeps small blocks in a range of their own so they
 		// pin no pages among the large ones; they spill into the main range
 		// only when their own is full. Large blocks never go there.
-		if size <= p.opts.SmallMax {
+		if size <= p.smallMax {
 			arenas = []*arena{arenas[1], arenas[0]}
 		} else {
 			arenas = arenas[:1]
@@ -174,7 +174,7 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 // handles those. Called with p.mu held.
 func (p *Pool) placeDirect(size uint64) (*meta, error) {
 	a := p.direct
-	if a == nil || size <= p.opts.SmallMax {
+	if a == nil || size <= p.smallMax {
 		return nil, nil
 	}
 	b, h, err := a.ha.AllocHandle(size, p.opts.Alignment)
@@ -388,7 +388,7 @@ func (p *Pool) trimChunks() uint64 {
 
 func (p *Pool) oomError(size, align uint64, tried []string, limitHit bool, devErr error) *OOMError {
 	st := p.arenaStats()
-	c, _ := p.totalsLocked()
+	c, _ := p.totals()
 	used := c.used()
 	e := &OOMError{Pool: p.opts.Name, Requested: size, Align: align, Limit: p.opts.Limit,
 		Reserved: p.reserved.Load(), Used: used, Free: st.free, LargestFree: st.largest,

@@ -43,7 +43,7 @@ func TestStreamOrderedWithKernelRunning(t *testing.T) {
 		t.Skipf("kernels unavailable on this device: %v", err)
 	}
 	defer ks.Close()
-	p, err := pool.New(d, pool.Options{NoCache: true})
+	p, err := pool.New(d, pool.Options{Cache: pool.CacheOff})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/telemetry"
 )
 
 // Tenant is a named sub-pool with a quota: a model or a user session on a
@@ -76,11 +75,11 @@ func (t *Tenant) charge(n uint64) error {
 
 func (t *Tenant) uncharge(n uint64) { t.used.Add(^(n - 1)) }
 
-func (p *Pool) tenantStats() []telemetry.TenantStats {
+func (p *Pool) tenantStats() []TenantStats {
 	p.mu.Lock()
-	ts := make([]telemetry.TenantStats, 0, len(p.tenants))
+	ts := make([]TenantStats, 0, len(p.tenants))
 	for _, t := range p.tenants {
-		ts = append(ts, telemetry.TenantStats{Name: t.nm, UsedBytes: t.used.Load(), PeakBytes: t.peak.Load(), Quota: t.quota, OOMs: t.ooms.Load()})
+		ts = append(ts, TenantStats{Name: t.nm, UsedBytes: t.used.Load(), PeakBytes: t.peak.Load(), Quota: t.quota, OOMs: t.ooms.Load()})
 	}
 	p.mu.Unlock()
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })

@@ -1,81 +1,63 @@
+// Package telemetry exports memwall's measurements as Prometheus metrics:
+// collectors over pools and KV caches that the program registers with a
+// Registerer of its choice (the pools and caches themselves import no
+// metrics package).
+//
+//	p, _ := pool.New(dev, pool.Options{Name: "activations"})
+//	telemetry.RegisterPool(prometheus.DefaultRegisterer, p)
 package telemetry
 
 import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memwall/memwall/pool"
+	"github.com/memwall/memwall/telemetry/latency"
 )
 
-// PoolStats is a snapshot of one memory pool, the JSON stats memwall prints
-// and the source of the Prometheus metrics. Sizes are bytes.
-type PoolStats struct {
-	Name     string `json:"name"`
-	Backend  string `json:"backend"`
-	Strategy string `json:"strategy"`
-	Growth   string `json:"growth"`
+// PoolStats is a pool's snapshot (pool.Stats), the source of the metrics.
+type PoolStats = pool.Stats
 
-	// ReservedBytes is device memory the pool holds (allocated chunks or
-	// mapped pages); PeakReservedBytes its high-water mark.
-	ReservedBytes     uint64 `json:"reserved_bytes"`
-	PeakReservedBytes uint64 `json:"peak_reserved_bytes"`
-	LimitBytes        uint64 `json:"limit_bytes"`
-	// UsedBytes is bytes in live blocks as handed out (after rounding);
-	// RequestedBytes what callers asked for.
-	UsedBytes      uint64 `json:"used_bytes"`
-	RequestedBytes uint64 `json:"requested_bytes"`
-	PeakUsedBytes  uint64 `json:"peak_used_bytes"`
-	// CachedBytes are freed blocks kept in per-processor caches;
-	// PendingBytes blocks freed on a stream whose work may still run.
-	CachedBytes  uint64 `json:"cached_bytes"`
-	PendingBytes uint64 `json:"pending_bytes"`
-	LiveBlocks   int    `json:"live_blocks"`
-	// FreeBytes is free space inside reserved memory; LargestFreeBytes its
-	// largest contiguous range.
-	FreeBytes        uint64  `json:"free_bytes"`
-	LargestFreeBytes uint64  `json:"largest_free_bytes"`
-	Utilization      float64 `json:"utilization"`   // used / reserved
-	Fragmentation    float64 `json:"fragmentation"` // largest free / total free (1 = one range)
+// TenantStats is one tenant's accounting (pool.TenantStats).
+type TenantStats = pool.TenantStats
 
-	ByPurpose map[string]uint64 `json:"by_purpose"`
-	Tenants   []TenantStats     `json:"tenants,omitempty"`
+// Histogram is the pool's latency histogram (latency.Histogram).
+type Histogram = latency.Histogram
 
-	Allocs uint64 `json:"allocs"`
-	Frees  uint64 `json:"frees"`
-	OOMs   uint64 `json:"ooms"`
-	// Device calls the pool made: the fallback count of the seed's metrics.
-	DeviceAllocs uint64 `json:"device_allocs"`
-	DeviceFrees  uint64 `json:"device_frees"`
-	Maps         uint64 `json:"maps"`
-	Unmaps       uint64 `json:"unmaps"`
-
-	AllocP50 time.Duration `json:"alloc_p50_ns"`
-	AllocP99 time.Duration `json:"alloc_p99_ns"`
-}
-
-// DeviceCalls is the total number of driver allocations, frees, maps and
-// unmaps.
-func (s PoolStats) DeviceCalls() uint64 { return s.DeviceAllocs + s.DeviceFrees + s.Maps + s.Unmaps }
-
-// TenantStats is one tenant's accounting.
-type TenantStats struct {
-	Name      string `json:"name"`
-	UsedBytes uint64 `json:"used_bytes"`
-	PeakBytes uint64 `json:"peak_bytes"`
-	Quota     uint64 `json:"quota_bytes"` // 0 = none
-	OOMs      uint64 `json:"ooms"`
-}
-
-// PoolSource is what the collector reads: a snapshot and the latency
-// histogram. *pool.Pool implements it.
+// PoolSource is what the collector reads: a snapshot of counters and the
+// latency histogram. *pool.Pool implements it.
 type PoolSource interface {
-	Stats() PoolStats
-	AllocLatency() *Histogram
+	Stats() pool.Stats
+	AllocLatency() *latency.Histogram
+}
+
+// detailedSource is a PoolSource that can also walk its free ranges
+// (*pool.Pool's DetailedStats).
+type detailedSource interface {
+	DetailedStats() pool.Stats
+}
+
+// RegisterPool registers a collector over the given pools with reg: the
+// pools know nothing of Prometheus, the program that wants metrics
+// registers them. The collector reads Stats (counters only, no stop of the
+// world, no page walk) on every scrape.
+func RegisterPool(reg prometheus.Registerer, pools ...PoolSource) (*PoolCollector, error) {
+	c := NewPoolCollector(pools...)
+	if err := reg.Register(c); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // PoolCollector exports one or more pools as Prometheus metrics. Register it
 // with a prometheus.Registerer of the caller's choice.
 type PoolCollector struct {
 	pools []PoolSource
+	// Detailed makes every scrape also export the largest free range and
+	// the fragmentation ratio, which walk each pool's free ranges under
+	// its lock (DetailedStats); off by default.
+	Detailed bool
 
 	reserved, peakReserved, limit, used, byPurpose, tenantUsed, tenantQuota *prometheus.Desc
 	utilization, fragmentation, largestFree, cached, pending                *prometheus.Desc
@@ -136,6 +118,10 @@ func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, p := range c.pools {
 		s := p.Stats()
+		d, detailed := p.(detailedSource)
+		if detailed = detailed && c.Detailed; detailed {
+			s = d.DetailedStats()
+		}
 		n := s.Name
 		g(c.reserved, float64(s.ReservedBytes), n)
 		g(c.peakReserved, float64(s.PeakReservedBytes), n)
@@ -150,8 +136,10 @@ func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 			ctr(c.tenantOOMs, t.OOMs, n, t.Name)
 		}
 		g(c.utilization, s.Utilization, n)
-		g(c.fragmentation, s.Fragmentation, n)
-		g(c.largestFree, float64(s.LargestFreeBytes), n)
+		if detailed {
+			g(c.fragmentation, s.Fragmentation, n)
+			g(c.largestFree, float64(s.LargestFreeBytes), n)
+		}
 		g(c.cached, float64(s.CachedBytes), n)
 		g(c.pending, float64(s.PendingBytes), n)
 		ctr(c.deviceCalls, s.DeviceAllocs, n, "alloc")

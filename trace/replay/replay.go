@@ -153,8 +153,8 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 	if po.ReserveBytes == 0 {
 		po.ReserveBytes = o.ReserveBytes
 	}
-	po.Registerer, po.OnEvent, po.Logger = nil, nil, nil
-	po.SingleCache = true // one goroutine replays: placement must not depend on which processor ran it
+	po.OnEvent, po.Logger = nil, nil
+	po.Cache = pool.CacheShared // one goroutine replays: placement must not depend on which processor ran it
 	p, err := pool.New(d, po)
 	if err != nil {
 		res.Err = err

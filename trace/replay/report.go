@@ -43,7 +43,7 @@ func ConfigName(o pool.Options) string {
 	if o.TargetRatio > 0 {
 		fmt.Fprintf(&b, "-target%.2f", o.TargetRatio)
 	}
-	if o.SmallMax == 0 {
+	if o.SmallMax == pool.Off {
 		b.WriteString("-mixsmall")
 	}
 	return b.String()
@@ -72,12 +72,12 @@ func Configs() []Config {
 	for _, s := range []string{"tlsf", "buddy"} {
 		add(pool.Options{Strategy: s})
 	}
-	add(pool.Options{Strategy: "bestfit", TargetRatio: -1})                   // keep every page: the previous default
-	add(pool.Options{Strategy: "bestfit", TargetRatio: -1, MixSmall: true})   // ... with small blocks among large
-	add(pool.Options{Strategy: "bestfit", TargetRatio: 1.2})                  // a looser target
-	add(pool.Options{Strategy: "bestfit", PageBytes: 4 << 20})                // larger pages
-	add(pool.Options{Strategy: "bestfit", PageBytes: 8 << 20})                // ...
-	add(pool.Options{Strategy: "bestfit", TargetRatio: -1, KeepFreeBytes: 1}) // unmap every free page
+	add(pool.Options{Strategy: "bestfit", TargetRatio: -1})                     // keep every page: the previous default
+	add(pool.Options{Strategy: "bestfit", TargetRatio: -1, SmallMax: pool.Off}) // ... with small blocks among large
+	add(pool.Options{Strategy: "bestfit", TargetRatio: 1.2})                    // a looser target
+	add(pool.Options{Strategy: "bestfit", PageBytes: 4 << 20})                  // larger pages
+	add(pool.Options{Strategy: "bestfit", PageBytes: 8 << 20})                  // ...
+	add(pool.Options{Strategy: "bestfit", TargetRatio: -1, KeepFreeBytes: 1})   // unmap every free page
 	for _, s := range []string{"bestfit", "tlsf", "buddy"} {
 		add(pool.Options{Strategy: s, Growth: pool.GrowChunks})
 	}

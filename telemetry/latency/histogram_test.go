@@ -1,4 +1,4 @@
-package telemetry
+package latency
 
 import (
 	"math/rand/v2"

@@ -1,7 +1,11 @@
-// Package telemetry holds memwall's measurements: a lock-free latency
-// histogram the pool records into, snapshot types, and Prometheus collectors
-// that a caller registers (a nil Registerer means no metrics).
-package telemetry
+// Package latency is the lock-free latency histogram the pool records
+// into. It imports nothing beyond the standard library, so that package
+// pool can use it without the metrics packages telemetry brings in.
+//
+//	var h latency.Histogram
+//	h.Observe(time.Since(start))
+//	p99 := h.Quantile(0.99)
+package latency
 
 import (
 	"math"

@@ -126,15 +126,16 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // ---------------------------------------------------------------------------
 // GEMV: T <= kGemvMaxT tokens, the decode path: it must stream W at HBM
-// speed. Each warp owns kGemvRows consecutive rows of W (a block of 8 warps:
-// 8*kGemvRows rows); lane l reads 16-byte vectors l, l+32, ... of each row
-// with loads that bypass L1 (W is read once), eight of them in flight
-// before the first is used, and multiplies them with the same vector of
-// every token row of X (read through L1, where X stays hot), so X is
-// loaded once per kGemvRows rows.
+// speed. Each warp owns R consecutive rows of W (a block of 8 warps: 8R
+// rows; R = 1 for T <= 2, where more warps keep more bytes in flight, else
+// R = 2, so X is loaded once per two rows); lane l reads 16-byte vectors l,
+// l+32, ... of each row with loads that bypass L1 (W is read once), eight
+// of them in flight before the first is used, and multiplies them with the
+// same vector of every token row of X (read through L1, where X stays hot).
 
 const int kGemvMaxT = 8;
-const int kGemvRows = 2;
+
+__host__ __device__ constexpr int gemv_rows(uint32_t T) { return T <= 2 ? 1 : 2; }
 
 __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
     uint4 v;
@@ -144,13 +145,13 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
     return v;
 }
 
-template <class Tr>
-__device__ __forceinline__ void gemv_vec_step(const uint4 (&wv)[kGemvRows], const typename Tr::S* X,
+template <class Tr, int R>
+__device__ __forceinline__ void gemv_vec_step(const uint4 (&wv)[R], const typename Tr::S* X,
                                               uint64_t c, uint32_t K, uint32_t T,
-                                              float (&acc)[kGemvRows][kGemvMaxT]) {
-    float wf[kGemvRows][Tr::kVec];
+                                              float (&acc)[R][kGemvMaxT]) {
+    float wf[R][Tr::kVec];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) Tr::unpack(wv[r], wf[r]);
+    for (int r = 0; r < R; ++r) Tr::unpack(wv[r], wf[r]);
 #pragma unroll
     for (int t = 0; t < kGemvMaxT; ++t) {
         if (t < (int)T) {
@@ -158,65 +159,66 @@ __device__ __forceinline__ void gemv_vec_step(const uint4 (&wv)[kGemvRows], cons
             float xf[Tr::kVec];
             Tr::unpack(__ldg(xr + c), xf);
 #pragma unroll
-            for (int r = 0; r < kGemvRows; ++r)
+            for (int r = 0; r < R; ++r)
 #pragma unroll
                 for (int j = 0; j < Tr::kVec; ++j) acc[r][t] = fmaf(wf[r][j], xf[j], acc[r][t]);
         }
     }
 }
 
-template <class Tr>
+template <class Tr, int R>
 __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
                                      const typename Tr::S* __restrict__ X, float* __restrict__ Y,
                                      uint32_t M, uint32_t K, uint32_t T) {
     const uint32_t lane = threadIdx.x & 31u;
-    const uint64_t m0 = ((uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kGemvRows;
+    const uint64_t m0 = ((uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     if (m0 >= M) return;  // whole warp leaves together; no block barrier follows
     if (T > (uint32_t)kGemvMaxT) T = kGemvMaxT;  // the launcher never asks for more
     // Rows past M repeat the last row (valid memory) and are not written.
-    uint64_t rows[kGemvRows];
+    uint64_t rows[R];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) rows[r] = min(m0 + r, (uint64_t)M - 1);
+    for (int r = 0; r < R; ++r) rows[r] = min(m0 + r, (uint64_t)M - 1);
 
-    float acc[kGemvRows][kGemvMaxT];
+    float acc[R][kGemvMaxT];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < kGemvMaxT; ++t) acc[r][t] = 0.0f;
 
     if (K % Tr::kVec == 0 && aligned16(W) && aligned16(X)) {
         const uint64_t nvec = K / Tr::kVec;
-        const uint4* w4[kGemvRows];
+        const uint4* w4[R];
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) w4[r] = reinterpret_cast<const uint4*>(W + rows[r] * K);
+        for (int r = 0; r < R; ++r) w4[r] = reinterpret_cast<const uint4*>(W + rows[r] * K);
         uint64_t c = lane;
-        // Four vectors of each row (eight 16-byte loads) in flight per lane.
-        for (; c + 96 < nvec; c += 128) {
-            uint4 v[4][kGemvRows];
+        // U vectors of each row (eight 16-byte loads) in flight per lane.
+        constexpr int U = 8 / R;
+        for (; c + 32 * (U - 1) < nvec; c += 32 * U) {
+            uint4 v[U][R];
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < U; ++u)
 #pragma unroll
-                for (int r = 0; r < kGemvRows; ++r) v[u][r] = ld_stream16(w4[r] + c + 32 * u);
+                for (int r = 0; r < R; ++r) v[u][r] = ld_stream16(w4[r] + c + 32 * u);
 #pragma unroll
-            for (int u = 0; u < 4; ++u) gemv_vec_step<Tr>(v[u], X, c + 32 * u, K, T, acc);
+            for (int u = 0; u < U; ++u) gemv_vec_step<Tr, R>(v[u], X, c + 32 * u, K, T, acc);
         }
         for (; c < nvec; c += 32) {
-            uint4 v[kGemvRows];
+            uint4 v[R];
 #pragma unroll
-            for (int r = 0; r < kGemvRows; ++r) v[r] = ld_stream16(w4[r] + c);
-            gemv_vec_step<Tr>(v, X, c, K, T, acc);
+            for (int r = 0; r < R; ++r) v[r] = ld_stream16(w4[r] + c);
+            gemv_vec_step<Tr, R>(v, X, c, K, T, acc);
         }
     } else {
         for (uint32_t k = lane; k < K; k += 32) {
-            float wk[kGemvRows];
+            float wk[R];
 #pragma unroll
-            for (int r = 0; r < kGemvRows; ++r) wk[r] = Tr::load(W + rows[r] * K + k);
+            for (int r = 0; r < R; ++r) wk[r] = Tr::load(W + rows[r] * K + k);
 #pragma unroll
             for (int t = 0; t < kGemvMaxT; ++t) {
                 if (t < (int)T) {
                     const float xk = Tr::load(X + (uint64_t)t * K + k);
 #pragma unroll
-                    for (int r = 0; r < kGemvRows; ++r) acc[r][t] = fmaf(wk[r], xk, acc[r][t]);
+                    for (int r = 0; r < R; ++r) acc[r][t] = fmaf(wk[r], xk, acc[r][t]);
                 }
             }
         }
@@ -226,7 +228,7 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
     for (int t = 0; t < kGemvMaxT; ++t) {
         if (t < (int)T) {
 #pragma unroll
-            for (int r = 0; r < kGemvRows; ++r) {
+            for (int r = 0; r < R; ++r) {
                 const float v = warp_sum(acc[r][t]);
                 if (lane == 0 && m0 + r < M) Y[(uint64_t)t * M + m0 + r] = v;
             }
@@ -996,21 +998,33 @@ extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
     } while (now - start < nanoseconds);
 }
 
-// Y[t, m] = sum_k W[m, k] * X[t, k] for T <= 8: block of 256 threads, two
-// rows of W per warp, grid.x = ceil(M / 16).
+// Y[t, m] = sum_k W[m, k] * X[t, k] for T <= 8: block of 256 threads,
+// gemv_rows(T) rows of W per warp, grid.x = ceil(M / (8 * gemv_rows(T))).
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f32(
     const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv<F32>(W, X, Y, M, K, T);
+    if (gemv_rows(T) == 1) {
+        gemv<F32, 1>(W, X, Y, M, K, T);
+    } else {
+        gemv<F32, 2>(W, X, Y, M, K, T);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_bf16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv<BF16>(W, X, Y, M, K, T);
+    if (gemv_rows(T) == 1) {
+        gemv<BF16, 1>(W, X, Y, M, K, T);
+    } else {
+        gemv<BF16, 2>(W, X, Y, M, K, T);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv<F16>(W, X, Y, M, K, T);
+    if (gemv_rows(T) == 1) {
+        gemv<F16, 1>(W, X, Y, M, K, T);
+    } else {
+        gemv<F16, 2>(W, X, Y, M, K, T);
+    }
 }
 
 // Same product for any T: block of 256 threads; f32 uses 64x64 tiles

@@ -119,8 +119,7 @@ const GemvMaxTokens = 8
 
 // Launch-shape constants, mirrored from kernels.cu.
 const (
-	threadsPerBlock = 256                      // every kernel but spin
-	gemvRowsPerBlk  = threadsPerBlock / 32 * 2 // kGemvRows rows per warp
+	threadsPerBlock = 256 // every kernel but spin
 	gemmTileF32     = 64
 	gemmTile16      = 128
 	maxGridX        = 1<<31 - 1
@@ -504,7 +503,8 @@ type MatmulShape struct {
 }
 
 // ShapeFor returns the launch Matmul uses for Y[T×M] = X[T×K]·W[M×K]ᵀ in
-// dtype: T ≤ GemvMaxTokens runs memwall_gemv_<dtype>, two rows of W per warp;
+// dtype: T ≤ GemvMaxTokens runs memwall_gemv_<dtype>, 8 (T ≤ 2) or 16 rows
+// of W per block;
 // larger T runs memwall_gemm_<dtype> over 64×64 (f32) or 128×128 (bf16,
 // f16) output tiles. It fails with ErrDType, or ErrShape when M or T is 0
 // or the grid would exceed CUDA's limits.
@@ -517,7 +517,7 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 	}
 	if T <= GemvMaxTokens {
 		return MatmulShape{Kernel: GemvName(dtype), Block: blockDim(),
-			Grid: device.Dim3{X: ceilDiv(M, gemvRowsPerBlk), Y: 1, Z: 1}}, nil
+			Grid: device.Dim3{X: ceilDiv(M, gemvRowsPerBlock(T)), Y: 1, Z: 1}}, nil
 	}
 	tile := uint32(gemmTile16)
 	if dtype == F32 {
@@ -529,6 +529,15 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 			dtype, M, K, T, g.X, g.Y, maxGridX, maxGridY, ErrShape)
 	}
 	return MatmulShape{Kernel: GemmName(dtype), Block: blockDim(), Grid: g}, nil
+}
+
+// gemvRowsPerBlock is 8·gemv_rows(T) of kernels.cu: one row per warp for T
+// ≤ 2, two above.
+func gemvRowsPerBlock(T uint32) uint32 {
+	if T <= 2 {
+		return threadsPerBlock / 32
+	}
+	return 2 * threadsPerBlock / 32
 }
 
 func ceilDiv(a, b uint32) uint32 { return uint32((uint64(a) + uint64(b) - 1) / uint64(b)) }

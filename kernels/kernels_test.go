@@ -159,14 +159,14 @@ func TestShapeFor(t *testing.T) {
 		grid    device.Dim3
 		err     error
 	}{
-		{BF16, 4096, 4096, 1, "memwall_gemv_bf16", d(256, 1), nil},
+		{BF16, 4096, 4096, 1, "memwall_gemv_bf16", d(512, 1), nil},
 		{F16, 1003, 999, 8, "memwall_gemv_f16", d(63, 1), nil},
 		{F32, 1, 1, 1, "memwall_gemv_f32", d(1, 1), nil},
 		{BF16, 4096, 4096, 9, "memwall_gemm_bf16", d(32, 1), nil},
 		{F16, 1003, 64, 4096, "memwall_gemm_f16", d(8, 32), nil},
 		{F32, 1003, 64, 4096, "memwall_gemm_f32", d(16, 64), nil},
 		{F32, 65, 1, 65, "memwall_gemm_f32", d(2, 2), nil},
-		{BF16, 1<<32 - 1, 1, 1, "memwall_gemv_bf16", d(1<<28, 1), nil},
+		{BF16, 1<<32 - 1, 1, 1, "memwall_gemv_bf16", d(1<<29, 1), nil},
 		{BF16, 1, 1, 128 * 65535, "memwall_gemm_bf16", d(1, 65535), nil},
 		{BF16, 1, 1, 128*65535 + 1, "", device.Dim3{}, ErrShape},
 		{F32, 1, 1, 64*65535 + 1, "", device.Dim3{}, ErrShape},

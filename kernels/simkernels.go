@@ -295,7 +295,7 @@ func checkMatLaunch(name, dtype string, gemm bool, a matArgs, grid, block device
 	if !gemm && a.T > GemvMaxTokens {
 		return fmt.Errorf("kernels: %s: T=%d exceeds %d: %w", name, a.T, GemvMaxTokens, device.ErrInvalid)
 	}
-	rowsX, rowsY := uint64(gemvRowsPerBlk), uint64(GemvMaxTokens)
+	rowsX, rowsY := uint64(gemvRowsPerBlock(a.T)), uint64(GemvMaxTokens)
 	if gemm {
 		rowsX, rowsY = gemmTile16, gemmTile16
 		if dtype == F32 {

@@ -1,4 +1,5 @@
-# Differential oracle for the hand-written GPT-2 / Llama-3 split matchers:
+# Differential oracle for the hand-written GPT-2 and Llama-3 split matchers
+# (see README.md): python3 split-oracle.py scripts/gpu/tokenizer-check.py
 # Python's backtracking re with \p{L}, \p{N}, \s spelled out as classes over
 # the characters that occur in the strings.
 import importlib.util, json, re, sys, unicodedata, random

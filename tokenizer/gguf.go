@@ -134,7 +134,7 @@ func spmFromGGUF(meta map[string]any, tokens []string, types []int, vocab map[st
 	if !ok || len(scores) != len(tokens) {
 		return nil, &Error{File: ggufFile, Field: "tokenizer.ggml.scores", Reason: fmt.Sprintf("want %d float32 scores, one per token", len(tokens))}
 	}
-	m := &spm{vocab: vocab, scores: scores, unk: -1}
+	m := &spm{vocab: vocab, scores: slices.Clone(scores), unk: -1}
 	for i, s := range scores {
 		if math.IsNaN(float64(s)) {
 			return nil, &Error{File: ggufFile, Field: "tokenizer.ggml.scores", Reason: fmt.Sprintf("score %d is NaN", i)}

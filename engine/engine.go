@@ -39,6 +39,7 @@ import (
 	"math"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/kvcache"
@@ -71,6 +72,9 @@ type Options struct {
 	// LinkGBps is the host-to-device bandwidth the weight plan predicts
 	// with (default 25); it changes predictions, not placement.
 	LinkGBps float64
+	// WholeLayers streams and keeps resident whole blocks (one weight
+	// group per block) instead of one group per matrix.
+	WholeLayers bool
 	// Exact keeps every activation in float32 instead of rounding like
 	// transformers (see the package documentation).
 	Exact bool
@@ -155,13 +159,11 @@ type Engine struct {
 	closed    bool
 }
 
-// groupUse says what the forward pass does with a plan group: a block
-// (Layer ≥ 0), the embedding, the final norm and LM head, or nothing
-// (tensors the model does not use).
+// groupUse says which weights a plan group holds, by position in its
+// tensors, and how many of them the pass reads.
 type groupUse struct {
-	layer int
-	roles []llama.Role // by position in the group's tensors
-	layrs []int
+	roles  []roleKey
+	needed int
 }
 
 // Footprint is what the engine will take from the device for a model and
@@ -300,6 +302,47 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 // Footprint returns the plan New ran, with its predictions.
 func (e *Engine) Footprint() *Footprint { return e.foot }
 
+// splitBlocks cuts each block's group into one group per matrix, in the
+// order the ops read them (norm and Q, K, V, O, norm and gate, up, down;
+// tensors the pass does not read go with the last), so that staging slots
+// are the size of the largest matrix rather than of a block and residency
+// packs the budget more tightly.
+func splitBlocks(groups []plan.WeightGroup) ([]plan.WeightGroup, error) {
+	order := map[llama.Role]int{llama.RoleAttnNorm: 0, llama.RoleQ: 0, llama.RoleK: 1, llama.RoleV: 2, llama.RoleO: 3,
+		llama.RoleMLPNorm: 4, llama.RoleGate: 4, llama.RoleUp: 5, llama.RoleDown: 6}
+	names := [7]string{"q", "k", "v", "o", "gate", "up", "down"}
+	var out []plan.WeightGroup
+	for _, g := range groups {
+		if g.Layer < 0 {
+			out = append(out, g)
+			continue
+		}
+		var parts [7][]format.Tensor
+		for _, t := range g.Tensors {
+			_, role, ok := llama.RoleOf(t.Name)
+			i, known := order[role]
+			if !ok || !known {
+				i = 6
+			}
+			parts[i] = append(parts[i], t)
+		}
+		for i, ts := range parts {
+			if len(ts) == 0 {
+				continue
+			}
+			sub, err := plan.GroupWeights(ts)
+			if err != nil {
+				return nil, fmt.Errorf("engine: %w", err)
+			}
+			for _, sg := range sub {
+				sg.Name = g.Name + " " + names[i]
+				out = append(out, sg)
+			}
+		}
+	}
+	return out, nil
+}
+
 // attentionScratch is the device memory kernels.Set.Attention allocates
 // for split (flash-decoding) partials at the longest context, decode and
 // prefill chunks alike: at least 1 MiB once any launch splits.
@@ -331,6 +374,11 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) (*plan.WeightP
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	if !e.opt.WholeLayers {
+		if groups, err = splitBlocks(groups); err != nil {
+			return nil, err
+		}
+	}
 	wo := plan.WeightOptions{Slots: e.opt.Slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256}
 	minimum := func() uint64 {
 		wo.Budget = math.MaxUint64 / 4
@@ -356,43 +404,60 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) (*plan.WeightP
 	return p, nil
 }
 
-// mapGroups records each plan group's use and checks that the pass can
-// walk the groups in plan order: embedding, blocks in order, then the
-// final norm and head, which are acquired together.
+// roleKey names one weight of the pass: a role in a block (layer ≥ 0) or
+// outside the blocks (layer -1). RoleNone marks tensors the pass does not
+// read.
+type roleKey struct {
+	layer int
+	role  llama.Role
+}
+
+// rank is the position of the first op reading k: the weights must come
+// from the plan's groups in this order (the final norm and the LM head
+// share a rank: they are acquired together).
+func (e *Engine) rank(k roleKey) int {
+	switch {
+	case k.role == llama.RoleEmbedding:
+		return 0
+	case k.layer >= 0:
+		return 1 + k.layer*9 + int(k.role-llama.RoleAttnNorm)
+	}
+	return 1 + e.cfg.Layers*9
+}
+
+// mapGroups records which weights each plan group holds and checks that
+// walking the groups in plan order meets the weights in the order the ops
+// read them: the embedding, each block's norm, Q, K, V, O, norm, gate,
+// up, down, then the final norm and the LM head.
 func (e *Engine) mapGroups() error {
-	lastBlock := -1
-	for gi, g := range e.plan.Groups {
-		u := groupUse{layer: -2}
+	prev := -1
+	for _, g := range e.plan.Groups {
+		var u groupUse
+		lo, hi := math.MaxInt, -1
 		for _, t := range g.Tensors {
 			layer, role, ok := llama.RoleOf(t.Name)
 			if !ok {
-				role, layer = llama.RoleNone, -1
+				layer, role = -1, llama.RoleNone
 			}
-			u.roles = append(u.roles, role)
-			u.layrs = append(u.layrs, layer)
-			if role.PerLayer() {
-				if u.layer != -2 && u.layer != layer {
-					return fmt.Errorf("engine: weight group %s mixes blocks %d and %d", g.Name, u.layer, layer)
-				}
-				u.layer = layer
+			k := roleKey{layer, role}
+			u.roles = append(u.roles, k)
+			if role != llama.RoleNone {
+				u.needed++
+				lo, hi = min(lo, e.rank(k)), max(hi, e.rank(k))
 			}
 		}
-		if u.layer >= 0 {
-			if u.layer != lastBlock+1 {
-				return fmt.Errorf("engine: weight group %s is block %d after block %d", g.Name, u.layer, lastBlock)
+		if u.needed > 0 {
+			if lo < prev {
+				return fmt.Errorf("engine: weight group %s comes after weights the pass reads later", g.Name)
 			}
-			lastBlock = u.layer
+			prev = hi
 		}
 		e.groups = append(e.groups, u)
-		_ = gi
-	}
-	if lastBlock != e.cfg.Layers-1 {
-		return fmt.Errorf("engine: the weight plan has blocks up to %d, the config %d", lastBlock, e.cfg.Layers)
 	}
 	if e.cfg.TiedEmbeddings {
 		for gi, u := range e.groups {
-			for _, r := range u.roles {
-				if r == llama.RoleEmbedding && !e.plan.Groups[gi].Resident {
+			for _, k := range u.roles {
+				if k.role == llama.RoleEmbedding && !e.plan.Groups[gi].Resident {
 					return fmt.Errorf("engine: tied embeddings %s must stay resident: raise the budget", e.plan.Groups[gi].Name)
 				}
 			}

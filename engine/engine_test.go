@@ -189,7 +189,7 @@ func TestAgainstReference(t *testing.T) {
 	ctx := context.Background()
 	for _, preset := range []string{"tiny", "tiny-f16", "tiny-f32"} {
 		for _, f := range []string{synth.Safetensors, synth.GGUF} {
-			for _, budget := range []string{"resident", "streaming"} {
+			for _, budget := range []string{"resident", "streaming", "streaming-whole-layers"} {
 				t.Run(preset+"/"+f+"/"+budget, func(t *testing.T) {
 					m := open(t, modelPath(t, preset, f))
 					// An f32 model rounds nowhere on either side.
@@ -199,14 +199,18 @@ func TestAgainstReference(t *testing.T) {
 					}
 					r := newRig(t, testDevice(t))
 					b := uint64(256 << 20)
-					if budget == "streaming" {
-						b = smallBudget(t, r, m)
+					whole := budget == "streaming-whole-layers"
+					if budget != "resident" {
+						b = smallBudget(t, r, m, whole)
 					}
-					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16})
+					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16, WholeLayers: whole})
 					if err != nil {
 						t.Fatal(err)
 					}
-					if budget == "streaming" && len(e.Plan().Streamed()) == 0 {
+					if groups := len(e.Plan().Groups); whole != (groups == m.Config.Layers+3) {
+						t.Fatalf("%d weight groups for %d layers (whole layers %v)", groups, m.Config.Layers, whole)
+					}
+					if budget != "resident" && len(e.Plan().Streamed()) == 0 {
 						t.Fatalf("budget %d streams nothing", b)
 					}
 					p := prompt(21, m.Config.Vocab, 3)
@@ -247,9 +251,9 @@ func TestAgainstReference(t *testing.T) {
 // smallBudget returns a budget that streams some blocks: the engine's
 // minimum (two slots of a block and the stand-alone groups resident) plus
 // one block.
-func smallBudget(t testing.TB, r *rig, m *llama.Model) uint64 {
+func smallBudget(t testing.TB, r *rig, m *llama.Model, whole bool) uint64 {
 	t.Helper()
-	_, err := engine.New(context.Background(), r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: 1, MaxTokens: 96, PrefillChunk: 16})
+	_, err := engine.New(context.Background(), r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: 1, MaxTokens: 96, PrefillChunk: 16, WholeLayers: whole})
 	var be *engine.BudgetError
 	if !errors.As(err, &be) {
 		t.Fatalf("budget 1: %v", err)
@@ -290,7 +294,7 @@ func TestFaultFreesEverything(t *testing.T) {
 			cfg := &fault.Config{}
 			d := fault.Wrap(testDevice(t), cfg)
 			r := newRig(t, d)
-			budget := smallBudget(t, r, m)
+			budget := smallBudget(t, r, m, n%2 == 0)
 			var rules fault.Rules
 			switch kind {
 			case "physical":

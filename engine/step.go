@@ -159,31 +159,13 @@ func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (s
 			return stepOut{}, fmt.Errorf("engine: upload step inputs: %w", err)
 		}
 	}
-	var tail []int // groups after the last block, acquired together
-	for gi := range e.plan.Groups {
-		u := e.groups[gi]
-		if u.layer < 0 && gi > 0 && e.groups[gi-1].layer >= 0 || len(tail) > 0 {
-			tail = append(tail, gi)
-			continue
-		}
-		views, err := e.acquire(gi)
-		if err != nil {
-			return stepOut{}, err
-		}
-		if u.layer >= 0 {
-			err = e.block(u, views, T, start)
-		} else {
-			err = e.embedIfThere(u, views, T)
-		}
-		if err != nil {
-			return stepOut{}, err
-		}
-		if err := e.release(gi); err != nil {
-			return stepOut{}, err
-		}
-	}
+	c := &cursor{e: e}
 	var out stepOut
-	if err := e.finish(tail, T, wantLogits, &out); err != nil {
+	err := e.pass(c, T, start, wantLogits)
+	if err == nil {
+		err = c.drain()
+	}
+	if err != nil {
 		return stepOut{}, err
 	}
 	if err := e.d.StreamSynchronize(cs); err != nil {
@@ -197,6 +179,105 @@ func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (s
 		}
 	}
 	return out, nil
+}
+
+// pass queues the forward pass over T tokens at positions start.., and
+// the logits' download when wanted, in the op list's order.
+func (e *Engine) pass(c *cursor, T, start int, wantLogits bool) error {
+	if err := e.embed(c, T); err != nil {
+		return err
+	}
+	for l := range e.cfg.Layers {
+		if err := e.block(c, l, T, start); err != nil {
+			return err
+		}
+	}
+	if !wantLogits {
+		return nil
+	}
+	return e.head(c, T)
+}
+
+// cursor walks the plan's weight groups in order within one step: use
+// acquires groups until the one holding a weight, settle releases the
+// groups whose weights have all been read by ops already queued, drain
+// acquires and releases the rest so that every group is used once per
+// step (residency's ring runs in plan order, step after step).
+type cursor struct {
+	e    *Engine
+	next int
+	held []heldGroup
+}
+
+type heldGroup struct {
+	gi    int
+	views []residency.View
+	used  []bool
+	left  int
+}
+
+// use returns the device address and kernels dtype of weight k.
+func (c *cursor) use(layer int, role llama.Role) (device.Ptr, string, error) {
+	k := roleKey{layer, role}
+	for {
+		for hi := range c.held {
+			h := &c.held[hi]
+			for i, rk := range c.e.groups[h.gi].roles {
+				if rk == k && !h.used[i] {
+					h.used[i] = true
+					h.left--
+					return h.views[i].Ptr, plan.MatmulDType(h.views[i].Tensor.DType), nil
+				}
+			}
+		}
+		if c.next >= len(c.e.plan.Groups) {
+			return 0, "", fmt.Errorf("engine: no weight group after %d holds the %s of block %d", c.next, role, layer)
+		}
+		gi := c.next
+		c.next++
+		views, err := c.e.acquire(gi)
+		if err != nil {
+			return 0, "", err
+		}
+		u := c.e.groups[gi]
+		c.held = append(c.held, heldGroup{gi: gi, views: views, used: make([]bool, len(u.roles)), left: u.needed})
+	}
+}
+
+// settle releases the held groups none of whose weights are still to be
+// read (the ops that read them are queued: the release event follows them).
+func (c *cursor) settle() error {
+	kept := c.held[:0]
+	var err error
+	for _, h := range c.held {
+		if h.left > 0 || err != nil {
+			kept = append(kept, h)
+			continue
+		}
+		err = c.e.release(h.gi)
+	}
+	c.held = kept
+	return err
+}
+
+// drain releases every held group and passes through the groups not
+// reached (the final norm and head of a prefill chunk without logits).
+func (c *cursor) drain() error {
+	for _, h := range c.held {
+		if err := c.e.release(h.gi); err != nil {
+			return err
+		}
+	}
+	c.held = nil
+	for ; c.next < len(c.e.plan.Groups); c.next++ {
+		if _, err := c.e.acquire(c.next); err != nil {
+			return err
+		}
+		if err := c.e.release(c.next); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (e *Engine) acquire(gi int) ([]residency.View, error) {
@@ -222,26 +303,16 @@ func (e *Engine) release(gi int) error {
 	return nil
 }
 
-// find returns the view of role in a group's views, and its kernels dtype.
-func find(u groupUse, views []residency.View, role llama.Role) (device.Ptr, string, bool) {
-	for i, r := range u.roles {
-		if r == role {
-			return views[i].Ptr, plan.MatmulDType(views[i].Tensor.DType), true
-		}
-	}
-	return 0, "", false
-}
-
-func (e *Engine) embedIfThere(u groupUse, views []residency.View, T int) error {
-	p, dt, ok := find(u, views, llama.RoleEmbedding)
-	if !ok {
-		return nil
+func (e *Engine) embed(c *cursor, T int) error {
+	p, dt, err := c.use(-1, llama.RoleEmbedding)
+	if err != nil {
+		return err
 	}
 	e.embedding = p
 	if err := e.ks.Embed(p, dt, e.bufs[bIDs], e.bufs[bX], uint32(T), uint32(e.cfg.Hidden), e.compute); err != nil {
 		return fmt.Errorf("engine: embed: %w", err)
 	}
-	return nil
+	return c.settle()
 }
 
 // round keeps n float32 values at the model dtype's precision, like
@@ -256,24 +327,40 @@ func (e *Engine) round(b int, n int) error {
 	return nil
 }
 
-// block runs one transformer block over T tokens at positions start...
-func (e *Engine) block(u groupUse, views []residency.View, T, start int) error {
-	c, ks, cs, B := e.cfg, e.ks, e.compute, e.bufs
-	t, H, I := uint32(T), uint32(c.Hidden), uint32(c.Intermediate)
-	nq, nkv, hd := uint32(c.Heads), uint32(c.KVHeads), uint32(c.HeadDim)
-	w := func(r llama.Role) (device.Ptr, string) {
-		p, dt, _ := find(u, views, r)
-		return p, dt
-	}
-	layer := uint32(u.layer)
-	eps := float32(c.RMSNormEps)
+// block runs transformer block l over T tokens at positions start.., in
+// the op list's order (the activation arena's lifetimes assume it).
+func (e *Engine) block(c *cursor, l, T, start int) error {
+	cfg, ks, cs, B := e.cfg, e.ks, e.compute, e.bufs
+	t, H, I := uint32(T), uint32(cfg.Hidden), uint32(cfg.Intermediate)
+	nq, nkv, hd := uint32(cfg.Heads), uint32(cfg.KVHeads), uint32(cfg.HeadDim)
+	layer := uint32(l)
+	eps := float32(cfg.RMSNormEps)
 	fail := func(what string, err error) error {
 		return fmt.Errorf("engine: block %d: %s: %w", layer, what, err)
 	}
-	mm := func(what string, r llama.Role, x, y int, M, K uint32) error {
-		p, _ := w(r)
-		if err := ks.Matmul(e.dt, p, B[x], B[y], M, K, t, cs); err != nil {
+	norm := func(what string, r llama.Role, out int) error {
+		w, dt, err := c.use(l, r)
+		if err != nil {
+			return err
+		}
+		if err := ks.RMSNorm(B[bX], w, dt, B[out], e.dt, t, H, eps, cs); err != nil {
 			return fail(what, err)
+		}
+		return c.settle()
+	}
+	mm := func(what string, r llama.Role, x, y int, M, K uint32) error {
+		w, _, err := c.use(l, r)
+		if err != nil {
+			return err
+		}
+		if err := ks.Matmul(e.dt, w, B[x], B[y], M, K, t, cs); err != nil {
+			return fail(what, err)
+		}
+		if err := c.settle(); err != nil {
+			return err
+		}
+		if y == bQRaw || y == bKRaw {
+			return nil // rounded once in HF order
 		}
 		return e.round(y, T*int(M))
 	}
@@ -281,7 +368,7 @@ func (e *Engine) block(u groupUse, views []residency.View, T, start int) error {
 	// back in HF's by an exact permutation product (after V, as the op
 	// list says), so that both formats run the same arithmetic from there.
 	qOut, kOut := bQ, bK
-	if c.PermutedQK {
+	if cfg.PermutedQK {
 		qOut, kOut = bQRaw, bKRaw
 	}
 	unpermute := func(raw, y int, heads uint32) error {
@@ -290,9 +377,8 @@ func (e *Engine) block(u groupUse, views []residency.View, T, start int) error {
 		}
 		return e.round(y, T*int(heads*hd))
 	}
-	an, andt := w(llama.RoleAttnNorm)
-	if err := ks.RMSNorm(B[bX], an, andt, B[bH], e.dt, t, H, eps, cs); err != nil {
-		return fail("attention norm", err)
+	if err := norm("attention norm", llama.RoleAttnNorm, bH); err != nil {
+		return err
 	}
 	if err := mm("q", llama.RoleQ, bH, qOut, nq*hd, H); err != nil {
 		return err
@@ -303,7 +389,7 @@ func (e *Engine) block(u groupUse, views []residency.View, T, start int) error {
 	if err := mm("v", llama.RoleV, bH, bV, nkv*hd, H); err != nil {
 		return err
 	}
-	if c.PermutedQK {
+	if cfg.PermutedQK {
 		if err := unpermute(bQRaw, bQ, nq); err != nil {
 			return err
 		}
@@ -335,9 +421,8 @@ func (e *Engine) block(u groupUse, views []residency.View, T, start int) error {
 	if err := e.residual(bO, T); err != nil {
 		return fail("residual", err)
 	}
-	mn, mndt := w(llama.RoleMLPNorm)
-	if err := ks.RMSNorm(B[bX], mn, mndt, B[bH2], e.dt, t, H, eps, cs); err != nil {
-		return fail("mlp norm", err)
+	if err := norm("mlp norm", llama.RoleMLPNorm, bH2); err != nil {
+		return err
 	}
 	if err := mm("gate", llama.RoleGate, bH2, bG, I, H); err != nil {
 		return err
@@ -366,54 +451,37 @@ func (e *Engine) residual(b, T int) error {
 	return e.round(bX, n)
 }
 
-// finish acquires the groups after the blocks together, runs the final
-// norm and the LM head on the last token when logits are wanted, queues
-// their download, and releases the groups.
-func (e *Engine) finish(tail []int, T int, wantLogits bool, out *stepOut) error {
-	var normP, headP device.Ptr
-	var normDT string
-	haveNorm, haveHead := false, false
-	for _, gi := range tail {
-		views, err := e.acquire(gi)
-		if err != nil {
+// head runs the final norm and the LM head on the last token and queues
+// the logits' download into the host staging buffer.
+func (e *Engine) head(c *cursor, T int) error {
+	cfg, cs, B := e.cfg, e.compute, e.bufs
+	H := uint32(cfg.Hidden)
+	normP, normDT, err := c.use(-1, llama.RoleFinalNorm)
+	if err != nil {
+		return err
+	}
+	headP := e.embedding // tied: the embedding, resident (mapGroups checked)
+	if !cfg.TiedEmbeddings {
+		if headP, _, err = c.use(-1, llama.RoleLMHead); err != nil {
 			return err
 		}
-		u := e.groups[gi]
-		if p, dt, ok := find(u, views, llama.RoleFinalNorm); ok {
-			normP, normDT, haveNorm = p, dt, true
-		}
-		if p, _, ok := find(u, views, llama.RoleLMHead); ok {
-			headP, haveHead = p, true
-		}
 	}
-	if !haveHead && e.cfg.TiedEmbeddings && e.embedding != 0 {
-		headP, haveHead = e.embedding, true // resident: mapGroups checked
+	if err := e.ks.RMSNorm(B[bX], normP, normDT, B[bHF], e.dt, uint32(T), H, float32(cfg.RMSNormEps), cs); err != nil {
+		return fmt.Errorf("engine: final norm: %w", err)
 	}
-	if !haveNorm || !haveHead {
-		return fmt.Errorf("engine: the weight plan's last groups hold no final norm or LM head")
+	last := B[bHF].Add(uint64(T-1) * uint64(H) * e.elt)
+	if err := e.ks.Matmul(e.dt, headP, last, B[bLogits], uint32(cfg.Vocab), H, 1, cs); err != nil {
+		return fmt.Errorf("engine: lm head: %w", err)
 	}
-	if wantLogits {
-		c, cs, B := e.cfg, e.compute, e.bufs
-		H := uint32(c.Hidden)
-		if err := e.ks.RMSNorm(B[bX], normP, normDT, B[bHF], e.dt, uint32(T), H, float32(c.RMSNormEps), cs); err != nil {
-			return fmt.Errorf("engine: final norm: %w", err)
-		}
-		last := B[bHF].Add(uint64(T-1) * uint64(H) * e.elt)
-		if err := e.ks.Matmul(e.dt, headP, last, B[bLogits], uint32(c.Vocab), H, 1, cs); err != nil {
-			return fmt.Errorf("engine: lm head: %w", err)
-		}
-		if err := e.round(bLogits, c.Vocab); err != nil {
-			return err
-		}
-		st := e.staging.Bytes()
-		if err := e.d.CopyDtoH(st[len(st)-4*c.Vocab:], B[bLogits], cs); err != nil {
-			return fmt.Errorf("engine: download logits: %w", err)
-		}
+	if err := c.settle(); err != nil {
+		return err
 	}
-	for _, gi := range tail {
-		if err := e.release(gi); err != nil {
-			return err
-		}
+	if err := e.round(bLogits, cfg.Vocab); err != nil {
+		return err
+	}
+	st := e.staging.Bytes()
+	if err := e.d.CopyDtoH(st[len(st)-4*cfg.Vocab:], B[bLogits], cs); err != nil {
+		return fmt.Errorf("engine: download logits: %w", err)
 	}
 	return nil
 }

@@ -84,6 +84,8 @@ type Result struct {
 	// pool made during the replay (not counting closing the pool).
 	DeviceCalls                             uint64
 	DeviceAllocs, DeviceFrees, Maps, Unmaps uint64
+	// DriverTime is the time those calls cost on the H200 (H200Costs).
+	DriverTime time.Duration
 	// FragMin and FragMean summarize the fragmentation factor over the
 	// timeline (1 = all free reserved space is one range).
 	FragMin, FragMean float64
@@ -93,6 +95,34 @@ type Result struct {
 	// Err is why the replay stopped early: an *OpError, typically wrapping
 	// pool.ErrOutOfMemory under a Limit.
 	Err error
+}
+
+// Costs are the driver's time per call, for charging a replay's device
+// calls (the simulator counts calls; these say what they would cost).
+type Costs struct {
+	// Alloc and Free: cuMemAlloc and cuMemFree (a chunk), or cuMemCreate
+	// and cuMemRelease (a page's physical memory).
+	Alloc, Free time.Duration
+	// Map is mapping a page and setting its access (cuMemMap +
+	// cuMemSetAccess); Unmap unmapping one (cuMemUnmap).
+	Map, Unmap time.Duration
+	// SegmentMap is PyTorch's expandable segments growing by one 2 MiB
+	// page (segment_map events count pages' bytes, charged per page).
+	SegmentMap time.Duration
+}
+
+// H200Costs are the driver's costs measured on the NVIDIA H200
+// (BENCHMARKS.md): cuMemAlloc p50 34 µs, cuMemFree 30 µs; mapping a 2 MiB
+// page and setting its access about 55 µs; unmapping and remapping a
+// 32 MiB chunk 0.33 ms, which charges an unmap of a page 0.33 ms / 16
+// ≈ 21 µs (its remap is a Map of its own).
+var H200Costs = Costs{Alloc: 34 * time.Microsecond, Free: 30 * time.Microsecond,
+	Map: 55 * time.Microsecond, Unmap: 21 * time.Microsecond, SegmentMap: 55 * time.Microsecond}
+
+// Pool is the driver time of a pool's device calls.
+func (c Costs) Pool(st pool.Stats) time.Duration {
+	return time.Duration(st.DeviceAllocs)*c.Alloc + time.Duration(st.DeviceFrees)*c.Free +
+		time.Duration(st.Maps)*c.Map + time.Duration(st.Unmaps)*c.Unmap
 }
 
 // OpError is a replay step the pool refused.
@@ -173,7 +203,7 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 	var fragSum float64
 	res.FragMin = 1
 	sample := func(i int) {
-		st := p.Stats()
+		st := p.DetailedStats()
 		res.Timeline = append(res.Timeline, Sample{Op: i, Live: bLive, Reserved: bRes, Frag: st.Fragmentation})
 		fragSum += st.Fragmentation
 		res.FragMin = min(res.FragMin, st.Fragmentation)
@@ -216,6 +246,7 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 	res.PeakReserved = st.PeakReservedBytes
 	res.DeviceAllocs, res.DeviceFrees, res.Maps, res.Unmaps = st.DeviceAllocs, st.DeviceFrees, st.Maps, st.Unmaps
 	res.DeviceCalls = st.DeviceCalls()
+	res.DriverTime = H200Costs.Pool(st)
 	if res.PeakLive > 0 {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakLive)
 	}

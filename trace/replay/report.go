@@ -155,6 +155,10 @@ type Report struct {
 	PyTorchReserved     *uint64  `json:"pytorch_reserved_bytes"`
 	PyTorchDeviceAllocs *int64   `json:"pytorch_device_allocs"`
 	PyTorchRatio        *float64 `json:"pytorch_ratio"`
+	// PyTorchDriverPer1k is the driver time of PyTorch's cudaMalloc calls
+	// (and expandable segments' page maps) per 1,000 allocations, at
+	// H200Costs, in microseconds; nil when the trace does not say.
+	PyTorchDriverPer1k *float64 `json:"pytorch_driver_us_per_1k_allocs"`
 	// Default is the name of the pool's default configuration.
 	Default       string       `json:"default"`
 	GoalRatio     float64      `json:"goal_ratio"`
@@ -167,14 +171,17 @@ type Report struct {
 
 // ResultJSON is one configuration's line of a Report.
 type ResultJSON struct {
-	Config            string  `json:"config"`
-	Strategy          string  `json:"strategy"`
-	Growth            string  `json:"growth"`
-	PeakReserved      uint64  `json:"peak_reserved_bytes"`
-	Ratio             float64 `json:"reserved_ratio"`
-	Utilization       float64 `json:"utilization"`
-	DeviceCalls       uint64  `json:"device_calls"`
-	CallsPerAlloc     float64 `json:"device_calls_per_alloc"`
+	Config        string  `json:"config"`
+	Strategy      string  `json:"strategy"`
+	Growth        string  `json:"growth"`
+	PeakReserved  uint64  `json:"peak_reserved_bytes"`
+	Ratio         float64 `json:"reserved_ratio"`
+	Utilization   float64 `json:"utilization"`
+	DeviceCalls   uint64  `json:"device_calls"`
+	CallsPerAlloc float64 `json:"device_calls_per_alloc"`
+	// DriverPer1k is the driver time of the pool's device calls per 1,000
+	// allocations at H200Costs, in microseconds.
+	DriverPer1k       float64 `json:"driver_us_per_1k_allocs"`
 	MinCapacity       *uint64 `json:"min_capacity_bytes"`
 	FragMin           float64 `json:"fragmentation_min"`
 	FragMean          float64 `json:"fragmentation_mean"`
@@ -204,6 +211,10 @@ func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 	}
 	if v, ok := t.PyTorchDeviceAllocs(); ok {
 		rep.PyTorchDeviceAllocs = &v
+		if t.Allocs > 0 {
+			us := float64(v) * H200Costs.Alloc.Seconds() * 1e6 / float64(t.Allocs) * 1000
+			rep.PyTorchDriverPer1k = &us
+		}
 	}
 	ro := Options{Limit: o.Capacity, AddressMap: o.AddressMap, Samples: -1}
 	if o.Timeline {
@@ -219,6 +230,7 @@ func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 			DeviceCalls: r.DeviceCalls, FragMin: r.FragMin, FragMean: r.FragMean}
 		if t.Allocs > 0 {
 			line.CallsPerAlloc = float64(r.DeviceCalls) / float64(t.Allocs)
+			line.DriverPer1k = r.DriverTime.Seconds() * 1e6 / float64(t.Allocs) * 1000
 		}
 		if r.Elapsed > 0 {
 			line.EventsPerSecond = float64(r.Ops) / r.Elapsed.Seconds()

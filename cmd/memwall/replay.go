@@ -143,31 +143,35 @@ func printReplay(w io.Writer, rep *replay.Report, t *replay.Trace) {
 		if rep.PyTorchDeviceAllocs != nil {
 			fmt.Fprintf(w, " with %d cudaMalloc calls", *rep.PyTorchDeviceAllocs)
 		}
+		if rep.PyTorchDriverPer1k != nil {
+			fmt.Fprintf(w, " (%.0f µs in the driver per 1,000 allocs)", *rep.PyTorchDriverPer1k)
+		}
 		fmt.Fprintln(w)
 	default:
 		fmt.Fprintln(w, "PyTorch's reserved bytes: not in this trace")
 	}
 	fmt.Fprintf(w, "goal: peak reserved ≤ %.2f× peak live with device calls ≤ %.0f%% of allocs\n\n", rep.GoalRatio, 100*rep.GoalCallShare)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "configuration\tpeak reserved\t× live\tutil\tdevice calls\t% allocs\tmin capacity\tgoal\t")
+	fmt.Fprintln(tw, "configuration\tpeak reserved\t× live\tutil\tdevice calls\t% allocs\tdriver µs/1k\tmin capacity\tgoal\t")
 	for _, r := range rep.Results {
 		name := r.Config
 		if name == rep.Default {
 			name += " *"
 		}
 		if r.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\t\t\t%d\t\t\tfailed\t\n", name, humanBytes(r.PeakReserved), r.DeviceCalls)
+			fmt.Fprintf(tw, "%s\t%s\t\t\t%d\t\t\t\tfailed\t\n", name, humanBytes(r.PeakReserved), r.DeviceCalls)
 			continue
 		}
 		minCap := "-"
 		if r.MinCapacity != nil {
 			minCap = humanBytes(*r.MinCapacity)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.1f%%\t%d\t%.2f%%\t%s\t%s\t\n", name, humanBytes(r.PeakReserved), r.Ratio,
-			100*r.Utilization, r.DeviceCalls, 100*r.CallsPerAlloc, minCap, goalText(r))
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.1f%%\t%d\t%.2f%%\t%.0f\t%s\t%s\t\n", name, humanBytes(r.PeakReserved), r.Ratio,
+			100*r.Utilization, r.DeviceCalls, 100*r.CallsPerAlloc, r.DriverPer1k, minCap, goalText(r))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\n* the pool's default. goal: met, or how far off (memory ×, calls ×) the 1.05× / 1% bounds.")
+	fmt.Fprintln(w, "driver µs/1k: the device calls' time per 1,000 allocations at the H200's costs (cuMemAlloc 34 µs, cuMemFree 30 µs, page map 55 µs, unmap 21 µs).")
 	for _, r := range rep.Results {
 		if r.Error != "" {
 			fmt.Fprintf(w, "%s failed: %s\n", r.Config, tidyMessage("replay", r.Error))

@@ -179,6 +179,7 @@ type slot struct {
 	occupant int          // group, or -1
 	released device.Event // done event of the last released occupant, not yet waited on (0: none)
 	ready    device.Event // recorded after the latest copy into the slot
+	freedAt  uint64       // release count when the slot was last freed (0: never used)
 }
 
 // Residency is a weight plan on a device. See the package documentation.
@@ -206,9 +207,10 @@ type Residency struct {
 	bounceDone []device.Event
 	bounceNext int
 
-	stats  Stats
-	failed error // a copy failed: the ring's state is unknown
-	closed bool
+	stats    Stats
+	releases uint64 // Release calls of streamed groups, to order free slots
+	failed   error  // a copy failed: the ring's state is unknown
+	closed   bool
 }
 
 // Stats are a Residency's byte and copy counts.

@@ -102,7 +102,8 @@ func (r *Residency) Release(g int, done device.Event) error {
 		return fmt.Errorf("%w: release of group %d (%s), which is not acquired", ErrState, g, gr.plan.Name)
 	}
 	s := &r.slots[gr.slot]
-	s.occupant, s.released = -1, done
+	r.releases++
+	s.occupant, s.released, s.freedAt = -1, done, r.releases
 	gr.state, gr.slot = idle, -1
 	return r.fill()
 }
@@ -158,20 +159,28 @@ func (r *Residency) fill() error {
 	return nil
 }
 
-// takeSlot returns a slot for the streamed group at position pos: a free
-// one, else one holding a copied-ahead (issued, not acquired) group, which
-// is dropped: the one furthest ahead of pos in cyclic order. For a
-// prefetch (rank ≥ 0, pos's rank in the wanted list) only a group further
-// ahead than pos is dropped, so prefetching never evicts what it wants
-// sooner. It returns -1 when there is none.
+// takeSlot returns a slot for the streamed group at position pos: the
+// free one released longest ago (its release the most likely to have
+// completed, so the copy waits least), else one holding a copied-ahead
+// (issued, not acquired) group, which is dropped: the one furthest ahead
+// of pos in cyclic order. For a prefetch (rank ≥ 0, pos's rank in the
+// wanted list) only a group not wanted sooner than pos is dropped, so
+// prefetching never evicts what it wants first. It returns -1 when there
+// is none.
 func (r *Residency) takeSlot(pos, rank int) int {
+	free := -1
+	for i := range r.slots {
+		if s := &r.slots[i]; s.occupant < 0 && (free < 0 || s.freedAt < r.slots[free].freedAt) {
+			free = i
+		}
+	}
+	if free >= 0 {
+		return free
+	}
 	n := len(r.streamed)
 	best, bestDist := -1, -1
 	for i := range r.slots {
 		s := &r.slots[i]
-		if s.occupant < 0 {
-			return i
-		}
 		og := &r.groups[s.occupant]
 		if og.state != issued {
 			continue

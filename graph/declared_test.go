@@ -112,3 +112,41 @@ func TestDeclaredShapeFallback(t *testing.T) {
 		t.Fatalf("declared [4 4]: %v %v", err, g.Tensor("y"))
 	}
 }
+
+// FuzzDeclared: declarations of any shape (concrete, negative, symbolic,
+// bound or not, any rank) never panic the import; when it succeeds, every
+// tensor is sized and Declared counts at most the reshape's output.
+func FuzzDeclared(f *testing.F) {
+	f.Add(int64(2), int64(8), int64(4), int64(4), "", "", uint8(2))
+	f.Add(int64(2), int64(8), int64(-1), int64(16), "batch", "", uint8(2))
+	f.Add(int64(3), int64(5), int64(0), int64(7), "seq", "seq", uint8(3))
+	f.Fuzz(func(t *testing.T, b, s, y0, y1 int64, xParam, yParam string, rank uint8) {
+		x := dims(int(b&0xff)+1, int(s&0xff)+1)
+		if xParam != "" {
+			x[0] = onnx.Dim{Param: xParam}
+		}
+		var y []onnx.Dim
+		for i := range int(rank % 5) {
+			d := onnx.Dim{Value: y0 >> (8 * i) & 0xffff, HasValue: true}
+			if i == 1 {
+				d.Value = y1
+			}
+			if i == 0 && yParam != "" {
+				d = onnx.Dim{Param: yParam}
+			}
+			y = append(y, d)
+		}
+		g, err := FromONNX(declaredModel(x, y), map[string][]int64{"x": {b&0xff + 1, s&0xff + 1}})
+		if err != nil {
+			return
+		}
+		if g.Declared > 1 || g.Unknown != 0 {
+			t.Fatalf("Declared %d, Unknown %d", g.Declared, g.Unknown)
+		}
+		for _, tn := range g.Tensors {
+			if !tn.Known {
+				t.Fatalf("%s not sized", tn.Name)
+			}
+		}
+	})
+}

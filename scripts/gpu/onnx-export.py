@@ -61,7 +61,7 @@ def models():
 
     def bert():
         cfg = eager(tf.BertConfig(vocab_size=1024, hidden_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=256, max_position_embeddings=64))
+                                  intermediate_size=256, max_position_embeddings=512))
         return Field(tf.BertModel(cfg).eval(), "last_hidden_state", {"return_dict": True})
 
     def vit():
@@ -114,6 +114,10 @@ def models():
     out.append(("bert", bert, (ids,), None))
     out.append(("vit", vit, (torch.randn(1, 3, 32, 32),), None))
     out.append(("unet_block", lambda: UNetBlock().eval(), (torch.randn(1, 4, 32, 32),), None))
+    # The same weights on larger inputs: activations of tens of MiB, where
+    # the runtime's arena and memory patterns have something to do.
+    out.append(("bert_512", bert, (torch.randint(0, 1024, (1, 512)),), None))
+    out.append(("unet_block_256", lambda: UNetBlock().eval(), (torch.randn(1, 4, 256, 256),), None))
     out.append(("whisper_encoder", whisper, (torch.randn(1, 80, 100),), None))
     return out
 

@@ -664,10 +664,10 @@ func (s *streamRun) verifyNote() string {
 }
 
 // SteadyStep predicts the device time of one decode step once steps follow
-// each other, with the copy of each streamed group issued as soon as the
-// ring has a slot for it (prefetch groups ahead, prefetch+1 slots, the
-// ring wrapping into the next step) and the host waiting for each step's
-// products: the time of the last of passes simulated steps, from the
+// each other, with the copy of each streamed group issued prefetch groups
+// ahead into the ring's slot released longest ago (the plan's slots, at
+// least prefetch+1; the ring wrapping into the next step) and the host
+// waiting for each step's products: the time of the last of passes simulated steps, from the
 // plan's per-group copy and compute times. With prefetch 0 the plan's
 // slots less one is used.
 func SteadyStep(p *plan.WeightPlan, prefetch, passes int) time.Duration {
@@ -675,7 +675,7 @@ func SteadyStep(p *plan.WeightPlan, prefetch, passes int) time.Duration {
 		prefetch = max(p.Slots-1, 1)
 	}
 	passes = max(passes, 2)
-	slots := prefetch + 1
+	slots := max(p.Slots, prefetch+1) // residency fills every slot of the ring, the free one released longest ago first
 	streamed := p.Streamed()
 	if len(streamed) == 0 {
 		return p.ComputeTime

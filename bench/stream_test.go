@@ -11,12 +11,14 @@ import (
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
+	"github.com/memwall/memwall/device/fault"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
+	"github.com/memwall/memwall/pool"
 	"github.com/memwall/memwall/residency"
 )
 
@@ -260,8 +262,8 @@ func TestStreamBadInput(t *testing.T) {
 	}
 	small := simDevice(t, func(o *sim.Options) { o.TotalBytes = 4 << 20 })
 	ks2 := loadKernels(t, small)
-	if _, err := Stream(ctx, small, m, p, 1, StreamOptions{Kernels: ks2}); !errors.Is(err, device.ErrOutOfMemory) {
-		t.Errorf("Stream on a device smaller than the plan: %v, want ErrOutOfMemory", err)
+	if _, err := Stream(ctx, small, m, p, 1, StreamOptions{Kernels: ks2}); !errors.Is(err, device.ErrOutOfMemory) && !errors.Is(err, pool.ErrOutOfMemory) {
+		t.Errorf("Stream on a device smaller than the plan: %v, want an out-of-memory error", err)
 	}
 	if st := small.Stats(); st.AllocatedBytes != 0 {
 		t.Errorf("failed Stream left %d bytes allocated", st.AllocatedBytes)
@@ -409,5 +411,46 @@ func TestSteadyStepMatchesSim(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestStreamFaults: a failed event record, allocation or pinned allocation
+// at any point of a run ends it with the injected error, and every device
+// and pinned byte is given back.
+func TestStreamFaults(t *testing.T) {
+	m := tinyModel(t, synth.Safetensors)
+	failed := 0
+	for n := uint64(1); n <= 120; n += 7 {
+		for kind := range 3 {
+			t.Run(fmt.Sprintf("%d/%d", kind, n), func(t *testing.T) {
+				sd := simDevice(t, nil)
+				var cfg fault.Config
+				d := fault.Wrap(sd, &cfg)
+				ks := loadKernels(t, d)
+				wo := plan.WeightOptions{Tokens: 2}
+				p := planFor(t, m, halfBudget(t, m, wo), wo)
+				switch kind {
+				case 0:
+					cfg.Set(fault.Rules{EventRecord: fault.Nth(n)})
+				case 1:
+					cfg.Set(fault.Rules{CreatePhysical: fault.Nth(1 + n%5), Alloc: fault.Nth(1 + n%5)})
+				case 2:
+					cfg.Set(fault.Rules{HostAlloc: fault.Nth(1)})
+				}
+				_, err := Stream(context.Background(), d, m, p, 2, StreamOptions{Kernels: ks, Residency: residency.Options{Source: residency.Pinned}})
+				if err != nil {
+					if !errors.Is(err, fault.ErrInjected) {
+						t.Fatalf("error %v is not the injected one", err)
+					}
+					failed++
+				}
+				if st := sd.Stats(); st.AllocatedBytes != 0 || st.PinnedHostBytes != 0 {
+					t.Errorf("after %v: %d device bytes, %d pinned bytes still allocated", err, st.AllocatedBytes, st.PinnedHostBytes)
+				}
+			})
+		}
+	}
+	if failed == 0 {
+		t.Error("no injected fault ended a run")
 	}
 }

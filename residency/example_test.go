@@ -48,7 +48,7 @@ func Example() {
 	}
 	dev, _ := pool.New(d, pool.Options{Name: "weights"})
 	defer dev.Close()
-	host, _ := pool.NewHost(d, pool.Options{Name: "pinned", NoCache: true})
+	host, _ := pool.NewHost(d, pool.Options{Name: "pinned", Cache: pool.CacheOff})
 	defer host.Close()
 
 	r, err := residency.New(ctx, d, dev, host, m, p, residency.Options{})

@@ -144,7 +144,7 @@ func pools(t testing.TB, d device.Device) (dev, host *pool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, err = pool.NewHost(d, pool.Options{Name: "residency-test-host", NoCache: true, ChunkBytes: 2 << 20})
+	host, err = pool.NewHost(d, pool.Options{Name: "residency-test-host", Cache: pool.CacheOff, ChunkBytes: 2 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,21 @@
 // constant folding of the small integer tensors exporters compute shapes
 // with) so that every tensor is sized for given input dimensions.
 //
+// Where inference cannot size a tensor because a constant it depends on is
+// absent (the initializers of a model shipped without its external data
+// file) or an operator is not modeled, the shape the file declares for it
+// (value_info, graph outputs) is used; Graph.Declared counts those tensors,
+// and import fails only when neither exists.
+//
 // Nothing in this package modifies a Graph once it is built, so concurrent
 // readers are safe; callers that modify one own the consequences.
+//
+// # Quick start
+//
+//	g, err := graph.LoadONNX("model.onnx", map[string][]int64{"input_ids": {1, 128}}, graph.Options{})
+//	for _, t := range g.Tensors { /* t.Name, t.Shape, t.Bytes, t.Producer, t.Consumers */ }
+//
+// plan.Activations(g, ...) turns the graph into buffers to place.
 package graph
 
 import (

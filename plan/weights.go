@@ -400,10 +400,43 @@ func mib(n uint64) string {
 // H200 for memwall's own kernels.
 func H200Cost() MatmulCost { return Roofline(167e12, 3.3e12, 5*time.Microsecond) }
 
+// pickResident marks groups resident within room, in preference order:
+// stand-alone groups, then blocks in order, each taken when it still fits.
+func pickResident(p *WeightPlan, groups []WeightGroup, room uint64, charge func(uint64) uint64) {
+	idx := make([]int, len(groups))
+	for i := range idx {
+		idx[i] = i
+		p.Groups[i].Resident = false
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		return cmp.Compare(min(groups[a].Layer+1, 1), min(groups[b].Layer+1, 1))
+	})
+	for _, i := range idx {
+		c := charge(groups[i].Region)
+		if c <= room {
+			p.Groups[i].Resident = true
+			room -= c
+		}
+	}
+}
+
+// streamedRegion is the largest region of a group that streams (0: none).
+func streamedRegion(p *WeightPlan) uint64 {
+	var s uint64
+	for _, g := range p.Groups {
+		if !g.Resident {
+			s = max(s, g.Region)
+		}
+	}
+	return s
+}
+
 // PlanWeights decides which groups stay resident and which stream under
 // o.Budget, after reserving the staging ring (o.Slots × the largest group),
 // the activation arena (one Tokens × K input per dtype and a float32 Tokens
-// × M result, sized for the largest matrix) and the KV cache estimate.
+// × M result, sized for the largest matrix) and the KV cache estimate;
+// slots shrink to the largest streamed group when that is smaller and the
+// room it frees keeps no larger group from streaming.
 // Groups are kept resident in preference order: stand-alone groups
 // (embeddings, norms, head) first, then blocks from the first on, each
 // taken when it still fits; the rest stream, in forward order. When every
@@ -528,20 +561,19 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 			p.Slots--
 			p.StagingBytes = uint64(p.Slots) * charge(p.SlotBytes)
 		}
-		room := o.Budget - fixed - p.StagingBytes
-		// Preference: stand-alone groups, then blocks in order.
-		idx := make([]int, len(groups))
-		for i := range idx {
-			idx[i] = i
-		}
-		slices.SortStableFunc(idx, func(a, b int) int {
-			return cmp.Compare(min(groups[a].Layer+1, 1), min(groups[b].Layer+1, 1))
-		})
-		for _, i := range idx {
-			c := charge(groups[i].Region)
-			if c <= room {
-				p.Groups[i].Resident = true
-				room -= c
+		pickResident(p, groups, o.Budget-fixed-p.StagingBytes, charge)
+		// Slots need only hold the groups that stream: when those are all
+		// smaller than the largest group (a resident embedding or LM head),
+		// shrink the slots and plan again with the room that frees, unless
+		// that makes a larger group stream.
+		if s := streamedRegion(p); s < p.SlotBytes {
+			prev := slices.Clone(p.Groups)
+			staging := uint64(p.Slots) * charge(s)
+			pickResident(p, groups, o.Budget-fixed-staging, charge)
+			if streamedRegion(p) <= s {
+				p.SlotBytes, p.StagingBytes = s, staging
+			} else {
+				p.Groups = prev
 			}
 		}
 	}

@@ -19,6 +19,11 @@ func (p *Pool) ReservedBytes() uint64 { return p.reserved.Load() }
 func (p *Pool) Reservations() []Range {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.reservationsLocked()
+}
+
+// reservationsLocked is Reservations with p.mu held.
+func (p *Pool) reservationsLocked() []Range {
 	var rs []Range
 	for _, a := range p.arenas {
 		if !a.virtual {

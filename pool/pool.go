@@ -192,6 +192,10 @@ type Options struct {
 	// OnEvent, when set, is called (under the pool's lock) for every
 	// allocation and free, e.g. to record a replayable event log.
 	OnEvent func(Event)
+	// History keeps the last History allocations and frees for the
+	// snapshot an OOMError carries (0 = none). Like OnEvent, it sends
+	// every allocation and free through the pool's lock.
+	History int
 }
 
 // CacheMode selects Options.Cache.
@@ -388,6 +392,7 @@ type Pool struct {
 	// cacheMax and smallMax are Options.CacheMax and SmallMax in effect:
 	// 0 when the caches or the small range are off.
 	cacheMax, smallMax uint64
+	hist               *history // Options.History; guarded by mu
 	// plain: per-processor caches (CachePerProcessor) and no event hook,
 	// so Alloc may take allocPlain.
 	plain   bool
@@ -516,6 +521,17 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		tenants: map[string]*Tenant{},
 	}
 	nproc := runtime.GOMAXPROCS(0)
+	if o.History > 0 {
+		p.hist = &history{buf: make([]Event, o.History)}
+		user := o.OnEvent
+		o.OnEvent = func(ev Event) {
+			p.hist.add(ev)
+			if user != nil {
+				user(ev)
+			}
+		}
+		p.opts.OnEvent = o.OnEvent
+	}
 	p.single = o.Cache == CacheShared
 	p.plain = o.Cache == CachePerProcessor && o.OnEvent == nil
 	if o.Cache != CacheOff {

@@ -37,6 +37,9 @@ type OOMError struct {
 	Tried []string
 	// Err is the device's error, when the device refused memory.
 	Err error
+	// Snapshot is the pool's memory at the failure (WriteSnapshot writes
+	// it for memwall replay --html); nil for a tenant's quota.
+	Snapshot *Snapshot
 }
 
 func (e *OOMError) Error() string {
@@ -392,7 +395,7 @@ func (p *Pool) oomError(size, align uint64, tried []string, limitHit bool, devEr
 	used := c.used()
 	e := &OOMError{Pool: p.opts.Name, Requested: size, Align: align, Limit: p.opts.Limit,
 		Reserved: p.reserved.Load(), Used: used, Free: st.free, LargestFree: st.largest,
-		Fragmentation: st.frag(), Tried: tried}
+		Fragmentation: st.frag(), Tried: tried, Snapshot: p.snapshot(size)}
 	switch {
 	case devErr != nil && !limitHit:
 		e.Cause, e.Err = CauseDevice, devErr

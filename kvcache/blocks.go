@@ -61,6 +61,7 @@ type Move struct {
 const (
 	flagCached = 1 << iota // in the hash map under hash
 	flagFree               // in the free list
+	flagHit                // served a prefix hit since it was cached
 )
 
 // block is one device block's metadata. prev and next link the free list
@@ -114,8 +115,7 @@ type seq struct {
 type Manager struct {
 	cfg    ManagerConfig
 	blocks []block
-	head   int32 // free list front (taken first)
-	tail   int32
+	lists  [numLists]freeList
 	nfree  int
 	cfree  int // free blocks that are cached
 	seqs   seqTable
@@ -154,13 +154,16 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Window > 0 {
 		cfg.NoPrefixCache = true
 	}
-	m := &Manager{cfg: cfg, blocks: make([]block, cfg.Blocks), head: -1, tail: -1,
+	m := &Manager{cfg: cfg, blocks: make([]block, cfg.Blocks),
 		seqs: newSeqTable()}
 	if !cfg.NoPrefixCache {
 		m.cache = newHashTable(cfg.Blocks)
 	}
+	for l := range m.lists {
+		m.lists[l] = freeList{-1, -1}
+	}
 	for i := range m.blocks {
-		m.pushBack(int32(i))
+		m.pushBack(int32(i), listUncached)
 	}
 	m.host = make([]int32, cfg.HostBlocks)
 	for i := range m.host {
@@ -178,44 +181,65 @@ func (m *Manager) Config() ManagerConfig { return m.cfg }
 func (m *Manager) SetCopy(f func(src, dst int32) error) { m.copyFn = f }
 
 // --- the free list ---
+//
+// Three intrusive lists in eviction order, taken from in turn: blocks that
+// hold no cached prefix (newest first: the last freed is the warmest), then
+// cached blocks no other sequence has hit, then cached blocks that served a
+// prefix hit, each least recently freed first (a segmented LRU: a proven
+// shared prefix outlives the private blocks of later sequences).
 
-func (m *Manager) pushBack(b int32) {
+const (
+	listUncached = iota
+	listCold
+	listHot
+	numLists
+	listShift = 8 // flags bits holding a free block's list
+)
+
+type freeList struct{ head, tail int32 }
+
+func (m *Manager) listOf(b int32) int { return int(m.blocks[b].flags>>listShift) & 3 }
+
+func (m *Manager) pushBack(b int32, l int) {
 	k := &m.blocks[b]
-	k.prev, k.next = m.tail, -1
-	if m.tail >= 0 {
-		m.blocks[m.tail].next = b
+	fl := &m.lists[l]
+	k.prev, k.next = fl.tail, -1
+	if fl.tail >= 0 {
+		m.blocks[fl.tail].next = b
 	} else {
-		m.head = b
+		fl.head = b
 	}
-	m.tail = b
-	k.flags |= flagFree
+	fl.tail = b
+	k.flags = k.flags&^(3<<listShift) | flagFree | uint32(l)<<listShift
 	m.nfree++
 }
 
-func (m *Manager) pushFront(b int32) {
+func (m *Manager) pushFront(b int32, l int) {
 	k := &m.blocks[b]
-	k.prev, k.next = -1, m.head
-	if m.head >= 0 {
-		m.blocks[m.head].prev = b
+	fl := &m.lists[l]
+	k.prev, k.next = -1, fl.head
+	if fl.head >= 0 {
+		m.blocks[fl.head].prev = b
 	} else {
-		m.tail = b
+		fl.tail = b
 	}
-	m.head = b
-	k.flags |= flagFree
+	fl.head = b
+	k.flags = k.flags&^(3<<listShift) | flagFree | uint32(l)<<listShift
 	m.nfree++
 }
 
 func (m *Manager) unlink(b int32) {
 	k := &m.blocks[b]
+	fl := &m.lists[m.listOf(b)]
 	if k.prev >= 0 {
 		m.blocks[k.prev].next = k.next
 	} else {
-		m.head = k.next
+		fl.head = k.next
 	}
 	if k.next >= 0 {
 		m.blocks[k.next].prev = k.prev
 	} else {
-		m.tail = k.prev
+		fl.tail = k.prev
 	}
 	k.prev, k.next = -1, -1
 	k.flags &^= flagFree
@@ -225,7 +249,11 @@ func (m *Manager) unlink(b int32) {
 // take removes the front free block, evicting its cached prefix, and
 // returns it with one reference. The caller has checked nfree > 0.
 func (m *Manager) take() int32 {
-	b := m.head
+	l := 0
+	for m.lists[l].head < 0 {
+		l++
+	}
+	b := m.lists[l].head
 	m.unlink(b)
 	k := &m.blocks[b]
 	if k.flags&flagCached != 0 {
@@ -252,7 +280,8 @@ func (m *Manager) ref(b int32) {
 }
 
 // unref drops a reference; a block left without one goes to the free list:
-// at the back when it holds a cached prefix, at the front otherwise.
+// to the back of the cold or hot list when it holds a cached prefix, to the
+// front of the uncached one otherwise.
 func (m *Manager) unref(b int32) {
 	k := &m.blocks[b]
 	k.ref--
@@ -263,18 +292,22 @@ func (m *Manager) unref(b int32) {
 		panic("kvcache: block reference count below zero")
 	}
 	m.st.frees++
-	if k.flags&flagCached != 0 {
+	switch {
+	case k.flags&flagHit != 0:
 		m.cfree++
-		m.pushBack(b)
-	} else {
-		m.pushFront(b)
+		m.pushBack(b, listHot)
+	case k.flags&flagCached != 0:
+		m.cfree++
+		m.pushBack(b, listCold)
+	default:
+		m.pushFront(b, listUncached)
 	}
 }
 
 func (m *Manager) uncache(b int32) {
 	k := &m.blocks[b]
 	m.cache.del(k.hash)
-	k.flags &^= flagCached
+	k.flags &^= flagCached | flagHit
 	if m.cfg.OnEvent != nil {
 		m.cfg.OnEvent(Event{Kind: BlockRemoved, Hash: k.hash, Parent: k.parent, Block: b, Tokens: m.cfg.BlockTokens})
 	}
@@ -391,6 +424,7 @@ func (m *Manager) Add(id SeqID, prompt []int32, extraKey uint64) (cachedTokens i
 	for j := range hits {
 		b, _ := m.cache.get(s.hashes[j])
 		m.ref(b)
+		m.blocks[b].flags |= flagHit
 		s.table = append(s.table, b)
 	}
 	for range need - hits {
@@ -733,7 +767,7 @@ func (m *Manager) Swapped(id SeqID) bool {
 func (m *Manager) ClearPrefixCache() {
 	m.cache.each(func(_ uint64, b int32) {
 		k := &m.blocks[b]
-		k.flags &^= flagCached
+		k.flags &^= flagCached | flagHit
 		k.hash, k.parent = 0, 0
 	})
 	m.cache.clear()

@@ -47,6 +47,9 @@ func (m *Manager) Check() error {
 		if (k.flags&flagFree != 0) != (k.ref == 0) {
 			return fmt.Errorf("block %d: reference count %d but free flag %v", i, k.ref, k.flags&flagFree != 0)
 		}
+		if k.flags&flagHit != 0 && k.flags&flagCached == 0 {
+			return fmt.Errorf("block %d: marked hit but not cached", i)
+		}
 		if k.flags&flagCached != 0 {
 			cached++
 			if b, ok := m.cache.get(k.hash); !ok || b != int32(i) {
@@ -66,22 +69,28 @@ func (m *Manager) Check() error {
 	if cached != m.cache.len() {
 		return fmt.Errorf("%d cached blocks, %d hash map entries", cached, m.cache.len())
 	}
-	n, prev := 0, int32(-1)
-	for b := m.head; b >= 0; b = m.blocks[b].next {
-		if n++; n > N {
-			return fmt.Errorf("free list: a cycle")
+	n := 0
+	for l := range m.lists {
+		prev := int32(-1)
+		for b := m.lists[l].head; b >= 0; b = m.blocks[b].next {
+			if n++; n > N {
+				return fmt.Errorf("free list: a cycle")
+			}
+			k := &m.blocks[b]
+			if k.prev != prev {
+				return fmt.Errorf("free list %d: block %d's prev is %d, want %d", l, b, k.prev, prev)
+			}
+			if k.ref != 0 {
+				return fmt.Errorf("free list %d: block %d has %d references", l, b, k.ref)
+			}
+			if m.listOf(b) != l {
+				return fmt.Errorf("free list %d: block %d says it is in list %d", l, b, m.listOf(b))
+			}
+			prev = b
 		}
-		k := &m.blocks[b]
-		if k.prev != prev {
-			return fmt.Errorf("free list: block %d's prev is %d, want %d", b, k.prev, prev)
+		if prev != m.lists[l].tail {
+			return fmt.Errorf("free list %d: ends at %d, tail %d", l, prev, m.lists[l].tail)
 		}
-		if k.ref != 0 {
-			return fmt.Errorf("free list: block %d has %d references", b, k.ref)
-		}
-		prev = b
-	}
-	if prev != m.tail {
-		return fmt.Errorf("free list: ends at %d, tail %d", prev, m.tail)
 	}
 	if n != m.nfree {
 		return fmt.Errorf("free list: %d blocks, count %d", n, m.nfree)

@@ -234,7 +234,8 @@ func printKVSimulate(e *env, source string, r sched.Result) {
 	fmt.Fprintf(w, "%-16s %14s %14s\n", "mean K/V held", humanBytes(uint64(p.MeanHeldBytes)), humanBytes(uint64(c.MeanHeldBytes)))
 	fmt.Fprintf(w, "%-16s %14.2f %14.2f\n", "simulated s", p.SimSeconds, c.SimSeconds)
 	if r.ShareableBlocks > 0 {
-		fmt.Fprintf(w, "prefix_hit_rate  %s (%d of %d full shareable blocks served from the cache)\n", kvPct(r.PrefixHitRate), r.HitBlocks, r.ShareableBlocks)
+		fmt.Fprintf(w, "prefix_hit_rate  %s (%d of %d full shareable blocks served from the cache; %s of the %d an earlier request had)\n",
+			kvPct(r.PrefixHitRate), r.HitBlocks, r.ShareableBlocks, kvPct(r.ReusableHitRate), r.Paged.ReusableBlocks)
 	} else {
 		fmt.Fprintln(w, "prefix_hit_rate  - (no request shares a prefix)")
 	}

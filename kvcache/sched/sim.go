@@ -68,6 +68,12 @@ type PolicyResult struct {
 	PrefixHitRate   float64 `json:"prefix_hit_rate"`
 	ShareableBlocks uint64  `json:"shareable_blocks"`
 	HitBlocks       uint64  `json:"hit_blocks"`
+	// ReusableHitRate leaves out the compulsory misses: of each request's
+	// shareable blocks, only those an earlier admitted request with the
+	// same prefix_id also had (ReusableBlocks), and the hits among them.
+	ReusableHitRate float64 `json:"prefix_hit_rate_reusable"`
+	ReusableBlocks  uint64  `json:"reusable_blocks"`
+	ReusableHits    uint64  `json:"reusable_hit_blocks"`
 	Steps           int     `json:"steps"`
 	SimSeconds      float64 `json:"sim_seconds"`
 	OutputTokens    uint64  `json:"output_tokens"`
@@ -113,6 +119,7 @@ type Result struct {
 	PrefixHitRate   float64 `json:"prefix_hit_rate"`
 	ShareableBlocks uint64  `json:"shareable_blocks"`
 	HitBlocks       uint64  `json:"hit_blocks"`
+	ReusableHitRate float64 `json:"prefix_hit_rate_reusable"`
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -204,6 +211,7 @@ func Simulate(reqs []Request, o Options) (Result, error) {
 		return res, err
 	}
 	res.PrefixHitRate, res.ShareableBlocks, res.HitBlocks = res.Paged.PrefixHitRate, res.Paged.ShareableBlocks, res.Paged.HitBlocks
+	res.ReusableHitRate = res.Paged.ReusableHitRate
 	return res, nil
 }
 
@@ -239,6 +247,9 @@ type runner struct {
 	wm       int
 	share    uint64
 	hits     uint64
+	reusable uint64
+	reuseHit uint64
+	seen     map[string]int // most prefix tokens admitted so far, per prefix id
 	samples  []Sample
 	held     float64 // ∫ held dt
 	waste    float64 // ∫ waste dt
@@ -248,7 +259,7 @@ type runner struct {
 }
 
 func run(reqs []Request, o Options, res Result, paged bool) (PolicyResult, error) {
-	r := &runner{o: o, reqs: reqs, paged: paged, bpt: res.BytesPerToken, B: o.BlockTokens, prefixes: map[string]uint64{}}
+	r := &runner{o: o, reqs: reqs, paged: paged, bpt: res.BytesPerToken, B: o.BlockTokens, prefixes: map[string]uint64{}, seen: map[string]int{}}
 	r.res.Policy = "contiguous"
 	if paged {
 		r.res.Policy = "paged"
@@ -463,8 +474,13 @@ func (r *runner) admit(s *seqState) (bool, error) {
 		q := r.reqs[s.req]
 		if q.PrefixID != "" {
 			share := uint64(q.PrefixTokens / r.B)
+			hit := min(uint64((cached+r.B-1)/r.B), share)
+			reusable := uint64(min(q.PrefixTokens, r.seen[q.PrefixID]) / r.B)
 			r.share += share
-			r.hits += min(uint64((cached+r.B-1)/r.B), share)
+			r.hits += hit
+			r.reusable += reusable
+			r.reuseHit += min(hit, reusable)
+			r.seen[q.PrefixID] = max(r.seen[q.PrefixID], q.PrefixTokens)
 		}
 	}
 	return true, nil
@@ -586,6 +602,10 @@ func (r *runner) finish() {
 		r.res.TokensPerS = float64(r.res.OutputTokens) / r.res.SimSeconds
 	}
 	r.res.ShareableBlocks, r.res.HitBlocks = r.share, r.hits
+	r.res.ReusableBlocks, r.res.ReusableHits = r.reusable, r.reuseHit
+	if r.reusable > 0 {
+		r.res.ReusableHitRate = float64(r.reuseHit) / float64(r.reusable)
+	}
 	if r.share > 0 {
 		r.res.PrefixHitRate = float64(r.hits) / float64(r.share)
 	}

@@ -15,10 +15,13 @@ type addedToken struct {
 	special                    bool
 	singleWord, lstrip, rstrip bool
 	normalized                 bool // matched after the normalizers, not before
+	pattern                    string // what is matched: content, normalized when normalized
 }
 
 // matcher finds added tokens in text the way HF's added vocabulary does: the
-// leftmost match, the longest at that position, then on after its end.
+// leftmost match, the longest at that position, then on after its end. A
+// token matched after normalization is looked for as the normalizers write
+// its content (with Llama-2's, "<x>" is found only as "▁<x>").
 type matcher struct {
 	byFirst map[byte][]*addedToken // longest content first
 }
@@ -26,13 +29,13 @@ type matcher struct {
 func newMatcher(tokens []*addedToken) *matcher {
 	m := &matcher{byFirst: map[byte][]*addedToken{}}
 	for _, a := range tokens {
-		if a.content == "" {
+		if a.pattern == "" {
 			continue
 		}
-		m.byFirst[a.content[0]] = append(m.byFirst[a.content[0]], a)
+		m.byFirst[a.pattern[0]] = append(m.byFirst[a.pattern[0]], a)
 	}
 	for _, l := range m.byFirst {
-		sort.SliceStable(l, func(i, j int) bool { return len(l[i].content) > len(l[j].content) })
+		sort.SliceStable(l, func(i, j int) bool { return len(l[i].pattern) > len(l[j].pattern) })
 	}
 	return m
 }
@@ -61,7 +64,7 @@ func (m *matcher) split(s string) []piece {
 			i++
 			continue
 		}
-		start, stop := i, i+len(a.content)
+		start, stop := i, i+len(a.pattern)
 		i = stop // the next search starts after this match, taken or not
 		if a.singleWord && (start > 0 && isWordChar(lastRune(s[:start])) || stop < len(s) && isWordChar(firstRune(s[stop:]))) {
 			continue
@@ -87,7 +90,7 @@ func (m *matcher) split(s string) []piece {
 
 func (m *matcher) longestAt(s string, i int) *addedToken {
 	for _, a := range m.byFirst[s[i]] {
-		if strings.HasPrefix(s[i:], a.content) {
+		if strings.HasPrefix(s[i:], a.pattern) {
 			return a
 		}
 	}

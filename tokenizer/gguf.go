@@ -67,7 +67,7 @@ func FromGGUF(meta map[string]any) (*Tokenizer, error) {
 		}
 		switch types[i] {
 		case ggufControl, ggufUserDefined:
-			a := &addedToken{id: i, content: s, special: types[i] == ggufControl}
+			a := &addedToken{id: i, content: s, pattern: s, special: types[i] == ggufControl}
 			t.special[i] = a.special
 			t.added = append(t.added, *a)
 			added = append(added, a)

@@ -186,6 +186,9 @@ func build(name string, f *fileJSON) (*Tokenizer, error) {
 			return nil, err
 		}
 	}
+	if err := t.setAdded(name, f.AddedTokens, t.normalizers); err != nil {
+		return nil, err
+	}
 	if !isNull(f.PreTokenizer) {
 		if t.pre, err = buildPreTokenizers(name, "pre_tokenizer", f.PreTokenizer); err != nil {
 			return nil, err
@@ -315,8 +318,8 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	return out, nil
 }
 
-// setVocab fills the id tables from the model vocabulary and the added
-// tokens.
+// setVocab sizes the id tables for the model vocabulary and the added
+// tokens, and fills in the vocabulary.
 func (t *Tokenizer) setVocab(name string, vocab map[string]int, added []addedJSON) error {
 	size := 0
 	for _, id := range vocab {
@@ -340,6 +343,12 @@ func (t *Tokenizer) setVocab(name string, vocab map[string]int, added []addedJSO
 		}
 		t.pieces[id], t.has[id] = tok, true
 	}
+	return nil
+}
+
+// setAdded records the added tokens and builds their matchers; a normalized
+// token is matched as the normalizers write it.
+func (t *Tokenizer) setAdded(name string, added []addedJSON, normalizers []normalizer) error {
 	var raw, norm []*addedToken
 	for i, a := range added {
 		at := &addedToken{id: *a.ID, content: a.Content, special: a.Special, singleWord: a.SingleWord,
@@ -349,6 +358,12 @@ func (t *Tokenizer) setVocab(name string, vocab map[string]int, added []addedJSO
 		}
 		if !utf8.ValidString(a.Content) {
 			return &Error{File: name, Field: fmt.Sprintf("added_tokens[%d].content", i), Reason: "not UTF-8"}
+		}
+		at.pattern = at.content
+		if at.normalized {
+			for _, n := range normalizers {
+				at.pattern = n.normalize(at.pattern)
+			}
 		}
 		// An added token's text is what decoding gives for its id.
 		t.pieces[at.id], t.has[at.id] = at.content, true

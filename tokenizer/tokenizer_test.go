@@ -476,3 +476,18 @@ func TestStreamDecoder(t *testing.T) {
 		t.Errorf("stream pieces %q, want %q", got, want)
 	}
 }
+
+// A normalized added token is looked for as the normalizer writes it: with
+// Llama-2's, "<x>" only where a space (▁) comes before it.
+func TestNormalizedAddedToken(t *testing.T) {
+	s := llama2Spec([]string{"▁", "a", "b", "<", "x", ">"})
+	n := len(s.vocab)
+	s.added = append(s.added, map[string]any{"id": n, "content": "<x>", "special": false, "normalized": true})
+	tok := mustParse(t, s)
+	if got, want := tok.Encode("a <x>b", false), append(tok.idsOf("▁", "a"), n, tok.lookup("b")); !slices.Equal(got, want) {
+		t.Errorf("a <x>b: %v, want %v", got, want)
+	}
+	if got, want := tok.Encode("a<x>b", false), tok.idsOf("▁", "a", "<", "x", ">", "b"); !slices.Equal(got, want) {
+		t.Errorf("a<x>b: %v, want %v", got, want)
+	}
+}

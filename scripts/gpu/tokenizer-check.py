@@ -256,7 +256,9 @@ EDGE = ["", " ", "  ", "\n", "\n\n", "\t", " \t \n ", "\r\n", "a", "A", "0", "12
         "مرحبا", "שלום", "नमस्ते", "สวัสดี", "👍", "👍🏽", "👨\u200d👩\u200d👧\u200d👦", "🏳️\u200d🌈", "🇯🇵🇫🇷",
         "\u200b", "\u00a0", "a\u00a0b", "\u3000", "\u2028", "x\u0085y", "\u000b\u000c", "\ufeffBOM",
         "ꙮ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "▁", "▁▁", "a▁b", " ▁", "<0x41>", "<unk>", "\u00ad", "\u007f", "\x01\x02",
-        "Ġ", "Ċ", "ĠĠ", "\\n", "\\u0041"]
+        "Ġ", "Ċ", "ĠĠ", "\\n", "\\u0041",
+        # Llama-3's contractions are case-insensitive: does ſ fold to s there?
+        "'ſup", "'ſt", "x'ſabc", "'ſ'S", "'Sup", "I'LLama", "'REx", "'rEx", "'ﬅ", "'ß", "'ǉ", "'Kx", "'\u212ax"]
 
 
 def make_tests(specials):
@@ -376,13 +378,29 @@ def train(name, pipeline, targs, bos, flags, corpus):
     return d
 
 
+def added(d, tokens):
+    """Append added tokens with ids past the vocabulary (as Llama-3's are)."""
+    v = copy.deepcopy(d)
+    next_id = max(max(v["model"]["vocab"].values()), max(a["id"] for a in v["added_tokens"])) + 1
+    for i, (content, special, normalized, flags) in enumerate(tokens):
+        a = {"id": next_id + i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": normalized, "special": special}
+        a.update(flags)
+        v["added_tokens"].append(a)
+    return v
+
+
 def variants(name, d):
-    """Other pipelines over a trained vocabulary."""
+    """Other pipelines over a trained vocabulary: (name, file, extra strings to splice into tests)."""
     out = []
     if name == "gpt2":
         v = copy.deepcopy(d)
         v["pre_tokenizer"]["add_prefix_space"] = True
-        out.append(("gpt2-prefix", v))
+        out.append(("gpt2-prefix", v, []))
+        toks = [("<mask>", True, False, {"lstrip": True}), ("<|pad|>", True, False, {"rstrip": True}),
+                ("[SW]", True, False, {"single_word": True}), ("hello world", False, True, {}),
+                ("<|reserved_0|>", True, False, {})]
+        out.append(("gpt2-added", added(d, toks), [t[0] for t in toks]))
     if name == "llama2":
         v = copy.deepcopy(d)
         v["normalizer"] = None
@@ -390,7 +408,12 @@ def variants(name, d):
         v["decoder"] = {"type": "Sequence", "decoders": [
             {"type": "ByteFallback"},
             {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}]}
-        out.append(("llama2-metaspace", v))
+        out.append(("llama2-metaspace", v, []))
+        # A normalized added token is matched as the normalizer writes it
+        # ("<extra>" as "▁<extra>").
+        toks = [("<extra>", False, True, {}), ("<sys>", True, False, {"lstrip": True, "rstrip": True}),
+                ("hi there", False, True, {})]
+        out.append(("llama2-added", added(d, toks), [t[0] for t in toks]))
     return out
 
 
@@ -473,13 +496,13 @@ def main():
         except Exception as e:  # report and go on with the other kinds
             summary["errors"].append("%s: train: %r" % (name, e))
             continue
-        for vname, vd in [(name, d)] + variants(name, d):
+        for vname, vd, extra in [(name, d, [])] + variants(name, d):
             try:
                 from tokenizers import Tokenizer
                 os.makedirs(os.path.join(args.out, vname), exist_ok=True)
                 path = os.path.join(args.out, vname, "tokenizer.json")
                 Tokenizer.from_str(json.dumps(vd)).save(path)
-                summary["kinds"].append(check(vname, path, make_tests(specials), specials, lines))
+                summary["kinds"].append(check(vname, path, make_tests(specials + extra), specials + extra, lines))
             except Exception as e:
                 summary["errors"].append("%s: %r" % (vname, e))
     with gzip.GzipFile(os.path.join(args.out, "expected.jsonl.gz"), "wb", mtime=0) as f:

@@ -48,8 +48,10 @@
 //
 // PlanBudget turns a --vram figure, the process's whole device footprint
 // as nvidia-smi shows it, into what the pools may use: the CUDA context's
-// own memory (device.ContextMemory) is subtracted, and a budget above the
-// device's memory is refused.
+// own memory (device.ContextMemory) and what the process loaded since
+// (kernel modules, library handles: device.FreeAfterContext) are
+// subtracted, and a budget above the device's memory is refused. Without a
+// figure the budget is the free memory less Margin.
 package residency
 
 import (

@@ -730,6 +730,178 @@ __device__ __forceinline__ void attn_entry(const AttnArgs& a, AttnSmem& sh) {
 }
 
 // ---------------------------------------------------------------------------
+// Decode attention (few tokens, long contexts): the split layout of
+// memwall_attn_e* (grid (kvHeads, T, splits), block 256, same partials), but
+// lanes take positions: each warp scores 32 positions at once (lane l: one
+// position's K row, up to eight 16-byte loads in flight; q of every head of
+// the group, pre-scaled to log2 units, in shared memory), one online-softmax
+// update per 32 positions and head, then P.V with lane l owning elements
+// [l*E, l*E+E) and eight V rows in flight. Head dim 64 or 128, at most 8
+// query heads per kv head, rows 16-byte aligned.
+
+struct DecodeSmem {
+    float q[kAttnHeads][128];
+    float sm[kAttnWarps], sl[kAttnWarps];
+    float sacc[kAttnWarps][128];
+};
+
+template <class Tr, int D>
+__device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
+    typedef typename Tr::S S;
+    constexpr int E = D / 32;                           // output elements per lane
+    constexpr int VEC = Tr::kVec;                       // elements per 16-byte load
+    constexpr int NV = D / VEC;                         // 16-byte loads per K row
+    constexpr int KB = NV < 8 ? NV : 8;                 // K loads in flight
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t G = a.nHeads / a.kvHeads;
+    const uint32_t kvh = blockIdx.x;
+    const uint32_t h0 = kvh * G;
+    const int nh = (int)G;
+    const uint32_t t = blockIdx.y;
+    const uint64_t ctx = (uint64_t)a.start + t + 1;
+    const uint64_t p0 = (uint64_t)blockIdx.z * a.chunk;
+    const uint64_t p1 = min(ctx, p0 + a.chunk);
+    const uint64_t elt = sizeof(S);
+    const uint64_t rowBytes = (uint64_t)a.kvHeads * D * elt;
+    const uint64_t vOff = (uint64_t)a.blockTokens * rowBytes;
+    const uint64_t layerOff = (uint64_t)a.layer * 2 * vOff + (uint64_t)kvh * D * elt;
+    const float sc = a.scale * 1.4426950408889634f;
+
+    for (int i = threadIdx.x; i < kAttnHeads * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        sh.q[g][d] = g < nh ? a.q[((uint64_t)t * a.nHeads + h0 + g) * D + d] * sc : 0.0f;
+    }
+    __syncthreads();
+
+    float m[kAttnHeads], l[kAttnHeads], acc[kAttnHeads][E];
+#pragma unroll
+    for (int g = 0; g < kAttnHeads; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) acc[g][j] = 0.0f;
+    }
+    for (uint64_t base = p0 + (uint64_t)warp * 32; base < p1; base += kAttnWarps * 32) {
+        const uint64_t p = base + lane;
+        const bool valid = p < p1;
+        const int n = (int)min((uint64_t)32, p1 - base);  // valid positions of this group
+        const unsigned char* krow = a.cache;
+        if (valid) {
+            const uint64_t blk = (uint64_t)(uint32_t)a.table[p / a.blockTokens];
+            krow = a.cache + blk * a.blockBytes + layerOff + (p % a.blockTokens) * rowBytes;
+        }
+        float s[kAttnHeads];
+#pragma unroll
+        for (int g = 0; g < kAttnHeads; ++g) s[g] = 0.0f;
+        if (valid) {
+            const uint4* k4 = reinterpret_cast<const uint4*>(krow);
+#pragma unroll
+            for (int c0 = 0; c0 < NV; c0 += KB) {
+                uint4 kv[KB];
+#pragma unroll
+                for (int c = 0; c < KB; ++c) kv[c] = __ldg(k4 + c0 + c);
+#pragma unroll
+                for (int c = 0; c < KB; ++c) {
+                    float kf[VEC];
+                    Tr::unpack(kv[c], kf);
+#pragma unroll
+                    for (int g = 0; g < kAttnHeads; ++g) {
+                        if (g < nh) {
+                            const float* qg = &sh.q[g][(c0 + c) * VEC];
+#pragma unroll
+                            for (int j = 0; j < VEC; ++j) s[g] = fmaf(qg[j], kf[j], s[g]);
+                        }
+                    }
+                }
+            }
+        }
+        // Online softmax over the group's positions, per head (log2 units).
+#pragma unroll
+        for (int g = 0; g < kAttnHeads; ++g) {
+            if (g < nh) {
+                float mx = valid ? s[g] : -INFINITY;
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+                const float mn = fmaxf(m[g], mx);  // finite: lane 0's position is valid
+                const float corr = exp2f(m[g] - mn);
+                const float pg = valid ? exp2f(s[g] - mn) : 0.0f;
+                l[g] = l[g] * corr + warp_allsum(pg);
+                m[g] = mn;
+                s[g] = pg;
+#pragma unroll
+                for (int j = 0; j < E; ++j) acc[g][j] *= corr;
+            }
+        }
+        // P.V: eight V rows in flight; lane owns elements [lane*E, lane*E+E).
+        const unsigned long long vaddr = (unsigned long long)(krow + vOff);
+        for (int j0 = 0; j0 < n; j0 += 8) {
+            float vf[8][E];
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+                const unsigned long long va = __shfl_sync(0xFFFFFFFFu, vaddr, (j0 + jj) & 31);
+                if (j0 + jj < n) {
+                    attn_load_row<Tr, E>(reinterpret_cast<const unsigned char*>(va), lane, D, true, vf[jj]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < E; ++e) vf[jj][e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+                for (int g = 0; g < kAttnHeads; ++g) {
+                    if (g < nh) {
+                        const float pj = __shfl_sync(0xFFFFFFFFu, s[g], (j0 + jj) & 31);
+#pragma unroll
+                        for (int e = 0; e < E; ++e) acc[g][e] = fmaf(pj, vf[jj][e], acc[g][e]);
+                    }
+                }
+            }
+        }
+    }
+
+    // Merge the warps (log2 units); partials are written in natural-log units
+    // like memwall_attn_e*.
+    const uint32_t splits = gridDim.z;
+#pragma unroll
+    for (int g = 0; g < kAttnHeads; ++g) {
+        if (g >= nh) break;  // uniform over the block
+        if (lane == 0) {
+            sh.sm[warp] = m[g];
+            sh.sl[warp] = l[g];
+        }
+#pragma unroll
+        for (int j = 0; j < E; ++j) sh.sacc[warp][lane * E + j] = acc[g][j];
+        __syncthreads();
+        const uint32_t e = threadIdx.x;
+        if (e < D) {
+            float M = -INFINITY;
+            for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sh.sm[w]);
+            float L = 0.0f, A = 0.0f;
+            if (M != -INFINITY) {
+                for (int w = 0; w < kAttnWarps; ++w) {
+                    const float c = sh.sm[w] == -INFINITY ? 0.0f : exp2f(sh.sm[w] - M);
+                    L = fmaf(sh.sl[w], c, L);
+                    A = fmaf(sh.sacc[w][e], c, A);
+                }
+            }
+            const uint64_t h = h0 + g;
+            if (splits == 1) {
+                store_dt(a.out, ((uint64_t)t * a.nHeads + h) * D + e, a.odt, A / L);
+            } else {
+                float* pr = a.part + (((uint64_t)t * a.nHeads + h) * splits + blockIdx.z) * (D + 2);
+                pr[2 + e] = A;
+                if (e == 0) {
+                    pr[0] = M * 0.6931471805599453f;  // log2 units -> natural
+                    pr[1] = L;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Flash attention for prefill (compute_80: mma.sync on bf16/f16 tensor
 // cores). A block of 4 warps takes 64 query tokens of one query head; warp w
 // owns query rows 16w..16w+15. Q is rounded to the cache dtype and kept in
@@ -1283,4 +1455,34 @@ extern "C" __global__ void __launch_bounds__(128) memwall_attn_flash(
 #else
     __trap();
 #endif
+}
+
+// Decode attention, lanes over positions (see attn_decode): the grid, block
+// and arguments of memwall_attn_e*, for head dim 64 or 128 and at most 8
+// query heads per kv head, cache rows 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
+    const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
+    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
+    uint32_t odt) {
+    __shared__ DecodeSmem sh;
+    const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
+                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
+    if (headDim == 128) {
+        if (dt == kDtBF16) {
+            attn_decode<BF16, 128>(a, sh);
+        } else if (dt == kDtF16) {
+            attn_decode<F16, 128>(a, sh);
+        } else {
+            attn_decode<F32, 128>(a, sh);
+        }
+    } else {
+        if (dt == kDtBF16) {
+            attn_decode<BF16, 64>(a, sh);
+        } else if (dt == kDtF16) {
+            attn_decode<F16, 64>(a, sh);
+        } else {
+            attn_decode<F32, 64>(a, sh);
+        }
+    }
 }

@@ -21,6 +21,7 @@ const (
 	NameAttn        = "memwall_attn" // prefix of the split-attention entries (AttnName)
 	NameAttnCombine = "memwall_attn_combine"
 	NameAttnFlash   = "memwall_attn_flash"
+	NameAttnDecode  = "memwall_attn_decode"
 )
 
 // attnLanes are the elements per lane E of the split-attention entries:
@@ -43,12 +44,12 @@ func llamaNames() []string {
 	for _, e := range attnLanes {
 		n = append(n, AttnName(32*e))
 	}
-	return append(n, NameAttnCombine, NameAttnFlash)
+	return append(n, NameAttnCombine, NameAttnFlash, NameAttnDecode)
 }
 
 type llamaFuncs struct {
-	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, combine, flash device.Function
-	attn                                                                     [len(attnLanes)]device.Function
+	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, combine, flash, decode device.Function
+	attn                                                                             [len(attnLanes)]device.Function
 }
 
 func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
@@ -57,7 +58,7 @@ func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
 		name string
 	}{{&f.embed, NameEmbed}, {&f.rmsnorm, NameRMSNorm}, {&f.rope, NameRoPE}, {&f.silumul, NameSiluMul},
 		{&f.add, NameAdd}, {&f.cast, NameCast}, {&f.round, NameRound}, {&f.kvwrite, NameKVWrite},
-		{&f.combine, NameAttnCombine}, {&f.flash, NameAttnFlash}} {
+		{&f.combine, NameAttnCombine}, {&f.flash, NameAttnFlash}, {&f.decode, NameAttnDecode}} {
 		var err error
 		if *r.dst, err = get(r.name); err != nil {
 			return err
@@ -133,6 +134,7 @@ const (
 	flashRows    = 64
 	flashThreads = 128
 	flashMinT    = 16
+	decodeMaxT   = 8
 )
 
 // KVLayout describes the paged KV cache Attention and KVWrite address
@@ -499,6 +501,14 @@ func (s *Set) useFlash(T, nHeads uint32, L KVLayout, q, cache device.Ptr) bool {
 	return s.flash && T >= flashMinT && (L.HeadDim == 64 || L.HeadDim == 128) &&
 		(L.DType == BF16 || L.DType == F16) && cache%16 == 0 && q%16 == 0 && L.BlockBytes%16 == 0 &&
 		nHeads <= maxGridY
+}
+
+// useDecode reports whether Attention runs memwall_attn_decode (lanes over
+// positions) rather than memwall_attn_e*: at most decodeMaxT tokens, at most
+// 8 query heads per kv head, head dim 64 or 128, 16-byte aligned rows.
+func useDecode(T, nHeads uint32, L KVLayout, cache device.Ptr) bool {
+	return T <= decodeMaxT && nHeads/L.KVHeads <= attnHeads && (L.HeadDim == 64 || L.HeadDim == 128) &&
+		cache%16 == 0 && L.BlockBytes%16 == 0
 }
 
 // FlashAttention reports whether Attention runs prefill (T ≥ 16, head dim

@@ -26,7 +26,22 @@ func llamaGoKernels() []goKernel {
 	}
 	ks = append(ks, attnGoKernels()...)
 	return append(ks, goKernel{name: NameAttnCombine, run: runCombine, cost: costCombine},
-		goKernel{name: NameAttnFlash, run: runFlash, cost: costFlash})
+		goKernel{name: NameAttnFlash, run: runFlash, cost: costFlash},
+		goKernel{name: NameAttnDecode, run: runAttnDecode, cost: costAttn})
+}
+
+// runAttnDecode: memwall_attn_decode computes what memwall_attn_e4 does
+// (in log2 units, the same within float32 rounding) for its shapes.
+func runAttnDecode(mem memory, grid, block device.Dim3, args []any) error {
+	const k = NameAttnDecode
+	a, err := parseAttn(k, args)
+	if err != nil {
+		return err
+	}
+	if a.L.KVHeads == 0 || a.nHeads%a.L.KVHeads != 0 || a.nHeads/a.L.KVHeads > attnHeads || (a.L.HeadDim != 64 && a.L.HeadDim != 128) {
+		return fmt.Errorf("kernels: %s: %d heads, layout %+v: %w", k, a.nHeads, a.L, device.ErrInvalid)
+	}
+	return runAttnSplit(k, 4, mem, grid, block, args)
 }
 
 func attnGoKernels() []goKernel {

@@ -491,3 +491,38 @@ func TestNormalizedAddedToken(t *testing.T) {
 		t.Errorf("a<x>b: %v, want %v", got, want)
 	}
 }
+
+// TestConcurrent: one Tokenizer used from many goroutines gives the same ids
+// as from one (run with -race).
+func TestConcurrent(t *testing.T) {
+	toks := fuzzTokenizers(t)
+	r := rand.New(rand.NewPCG(7, 7))
+	texts := make([]string, 64)
+	for i := range texts {
+		texts[i] = randomText(r, 30)
+	}
+	for name, tok := range toks {
+		want := make([][]int, len(texts))
+		for i, s := range texts {
+			want[i] = tok.Encode(s, true)
+		}
+		done := make(chan string, 8)
+		for g := 0; g < 8; g++ {
+			go func() {
+				for i, s := range texts {
+					if got := tok.Encode(s, true); !slices.Equal(got, want[i]) {
+						done <- fmt.Sprintf("%s %q: %v, want %v", name, s, got, want[i])
+						return
+					}
+					tok.Decode(want[i], g%2 == 0)
+				}
+				done <- ""
+			}()
+		}
+		for g := 0; g < 8; g++ {
+			if msg := <-done; msg != "" {
+				t.Error(msg)
+			}
+		}
+	}
+}

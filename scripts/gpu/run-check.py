@@ -100,11 +100,14 @@ class Check:
         if vram:
             cmd += ["--vram", vram]
         sampler = None
-        if smi:
-            smi_path = os.path.join(self.out, name + ".smi.csv")
+        smi_path = os.path.join(self.out, name + ".smi.csv")
+        if smi and shutil.which("nvidia-smi"):
             self.results.setdefault(name, {})["smi_baseline_mib"] = smi_used()
-            sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100"],
-                                       stdout=open(smi_path, "w"), stderr=subprocess.DEVNULL)
+            try:
+                sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100"],
+                                           stdout=open(smi_path, "w"), stderr=subprocess.DEVNULL)
+            except OSError as e:
+                log("nvidia-smi sampling: %s" % e)
         rc, so, se, dt = sh(cmd, timeout, os.path.join(self.out, name + ".txt"))
         if sampler:
             time.sleep(0.2)
@@ -193,12 +196,14 @@ class Check:
             if rc != 0:
                 self.fail("compute-sanitizer %s rc=%d" % (tool, rc))
 
-    def big(self, preset, dirname):
+    def big(self, preset, dirname, vocab=32000, prefill=2048):
         d = self.model7b if (self.model7b and preset == "llama-7b") else os.path.join(self.models, dirname)
+        if d.endswith(".safetensors"):
+            d = os.path.dirname(d)
         st = os.path.join(d, "model.safetensors")
         if not self.gen(preset, st, timeout=300):
             return
-        ids = prompt_ids(448, 32000, 5)
+        ids = prompt_ids(448, vocab, 5)
         name = preset + "-8GiB"
         r, se = self.run(name, d, ids, 64, vram="8GiB", timeout=240, smi=True)
         if r is None:
@@ -211,11 +216,11 @@ class Check:
                 self.results[name]["fit_predicted_peak_bytes"] = json.loads(so).get("predicted_peak_bytes")
             except ValueError:
                 pass
-        if preset == "llama-7b":
-            p = prompt_ids(2048, 32000, 6)
-            r2, se = self.run(preset + "-prefill2048", d, p, 2, vram="8GiB", extra=["--prefill-chunk", "2048"], timeout=240)
+        if prefill:
+            p = prompt_ids(prefill, vocab, 6)
+            r2, se = self.run("%s-prefill%d" % (preset, prefill), d, p, 2, vram="8GiB", extra=["--prefill-chunk", "2048"], timeout=240)
             if r2 is None:
-                self.fail("prefill 2048: " + se.strip()[-300:])
+                self.fail("prefill %d: %s" % (prefill, se.strip()[-300:]))
 
     # -- transformers ---------------------------------------------------
     def hf(self):
@@ -309,8 +314,8 @@ class Check:
                 lines.append("%s: same tokens as safetensors: %s" % (k, self.results[k].get("same_tokens_as_safetensors")))
         for name, r in self.results.items():
             if isinstance(r, dict) and r.get("fit_predicted_peak_bytes"):
-                lines.append("%s: fit predicted %.0f MiB, memwall peak %.0f MiB, nvidia-smi %s MiB" % (
-                    name, r["fit_predicted_peak_bytes"] / 2**20, r["peak_device_bytes"] / 2**20,
+                lines.append("%s: fit predicted %.0f MiB, the engine's plan %.0f MiB, memwall peak %.0f MiB, nvidia-smi %s MiB" % (
+                    name, r["fit_predicted_peak_bytes"] / 2**20, r.get("predicted_peak_bytes", 0) / 2**20, r["peak_device_bytes"] / 2**20,
                     r.get("smi_peak_mib", 0) - (r.get("smi_baseline_mib") or 0) if r.get("smi_peak_mib") else "-"))
         for t in ("memcheck", "racecheck"):
             if "sanitizer-" + t in self.results:
@@ -338,6 +343,7 @@ def main():
     ap.add_argument("--model7b", default="")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers (to test the script without torch)")
+    ap.add_argument("--big-presets", default="", help="presets standing in for the 7B models (to test the script)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     c = Check(a)
@@ -347,8 +353,12 @@ def main():
     if a.device == "cuda":
         c.sanitizer("tiny")
     if a.mode == "full":
-        c.big("llama-7b", "llama-7b")
-        c.big("llama3-8b-shape", "llama3-8b-shape")
+        if a.big_presets:  # testing the script: small presets stand in for the 7B ones
+            for p in a.big_presets.split(","):
+                c.big(p, p + "-big", vocab=768, prefill=200)
+        else:
+            c.big("llama-7b", "llama-7b")
+            c.big("llama3-8b-shape", "llama3-8b-shape", prefill=0)
     c.hf()
     c.results["seconds"] = time.time() - t0
     with open(os.path.join(a.out, "results.json"), "w") as f:

@@ -14,7 +14,7 @@ type addedToken struct {
 	content                    string
 	special                    bool
 	singleWord, lstrip, rstrip bool
-	normalized                 bool // matched after the normalizers, not before
+	normalized                 bool   // matched after the normalizers, not before
 	pattern                    string // what is matched: content, normalized when normalized
 }
 

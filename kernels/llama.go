@@ -482,7 +482,11 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 			return fmt.Errorf("kernels: %s: %w", NameAttn, err)
 		}
 	}
-	if err := s.d.Launch(s.llama.attnFunc(L.HeadDim), p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
+	f := s.llama.attnFunc(L.HeadDim)
+	if useDecode(T, nHeads, L, cache) {
+		f = s.llama.decode
+	}
+	if err := s.d.Launch(f, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
 		L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, p.Chunk, part, out, oc); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameAttn, err)
 	}

@@ -25,6 +25,7 @@ prediction. Everything has a timeout; results go to OUT/results.json and a
 table is printed last.
 """
 import argparse
+import gc
 import json
 import os
 import random
@@ -237,15 +238,21 @@ class Check:
             key = (d, dtype)
             try:
                 if key not in loaded:
-                    for k in list(loaded):
-                        del loaded[k]
+                    m = None
+                    loaded.clear()
+                    gc.collect()
                     torch.cuda.empty_cache()
                     t0 = time.time()
                     dt = getattr(torch, dtype)
-                    try:
-                        m = LlamaForCausalLM.from_pretrained(d, dtype=dt)
-                    except TypeError:
-                        m = LlamaForCausalLM.from_pretrained(d, torch_dtype=dt)
+                    m = None
+                    for kw in ({"dtype": dt, "device_map": "cuda"}, {"dtype": dt}, {"torch_dtype": dt}):
+                        try:
+                            m = LlamaForCausalLM.from_pretrained(d, **kw)
+                            break
+                        except (TypeError, ImportError, ValueError) as e:
+                            log("from_pretrained(%s): %r; trying without it" % (", ".join(kw), e))
+                    if m is None:
+                        raise RuntimeError("transformers could not load " + d)
                     m = m.to("cuda").eval()
                     loaded[key] = m
                     log("transformers loaded %s (%s) in %.1fs" % (d, dtype, time.time() - t0))

@@ -295,6 +295,9 @@ func (r *Residency) init(ctx context.Context) error {
 			g.views[j].Tensor = t
 		}
 		if !g.resident {
+			if g.plan.Region > p.SlotBytes {
+				return fmt.Errorf("residency: streamed group %s needs %d bytes, the plan's slots hold %d", g.plan.Name, g.plan.Region, p.SlotBytes)
+			}
 			g.pos = len(r.streamed)
 			r.streamed = append(r.streamed, i)
 		}

@@ -6,7 +6,7 @@
 # of disk under $MODEL_DIR. Every step has its own timeout (300 s in all at
 # most, 150 s with $MODEL7B).
 #
-#   OUT=/some/dir [MODEL7B=/path/llama-7b.safetensors] scripts/gpu/residency.sh
+#   OUT=/some/dir [MODEL7B=/path/llama-7b.safetensors|/path/llama-7b-dir] scripts/gpu/residency.sh
 #
 # Needs gpubin/memwall and gpubin/residency.test (scripts/gpu-build.sh).
 # Writes under $OUT/residency/: stream-7b.json, fit-7b.json, smi.csv
@@ -46,11 +46,22 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 base_used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1)
 
 model=${MODEL7B:-}
+if [ -n "$model" ] && [ -d "$model" ]; then
+	# An HF model directory: its index when sharded, else its safetensors
+	# file, else a GGUF file in it.
+	d7=$model
+	model=""
+	for cand in "$d7/model.safetensors.index.json" "$d7/model.safetensors" "$d7"/*.safetensors "$d7"/*.gguf; do
+		[ -f "$cand" ] && { model=$cand; break; }
+	done
+	[ -n "$model" ] || { echo "residency: no model file in $d7 (want model.safetensors, an index or a .gguf)"; exit 1; }
+fi
 if [ -z "$model" ]; then
 	mkdir -p "$MODEL_DIR"
 	model=$MODEL_DIR/llama-7b.safetensors
 	[ -s "$model" ] || step gen-model 150 "$bindir/memwall" gen-model --preset llama-7b --out "$model"
 fi
+echo "model $model" | tee -a "$log"
 
 # fit: the prediction for the same budget (fit_peak + context is what
 # nvidia-smi should show).

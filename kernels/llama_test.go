@@ -689,3 +689,50 @@ func FuzzPTXTarget(f *testing.F) {
 		}
 	})
 }
+
+// Attention picks its kernel by shape, as documented on Attention and in the
+// README.
+func TestAttentionKernelChoice(t *testing.T) {
+	d := newFake("sim") // the simulator runs every kernel, flash included
+	s, err := Load(d, nil)
+	must(t, err)
+	p := device.Ptr(1 << 20)
+	layout := func(kvH, hd uint32, dt string) KVLayout {
+		elt, _ := ElemSize(dt)
+		return KVLayout{BlockTokens: 16, KVHeads: kvH, HeadDim: hd, Layers: 1, DType: dt, BlockBytes: uint64(2 * 16 * kvH * hd * uint32(elt))}
+	}
+	for _, c := range []struct {
+		T, nH  uint32
+		L      KVLayout
+		q      device.Ptr
+		flash  bool
+		kernel string
+	}{
+		{1, 8, layout(2, 128, BF16), p, true, NameAttnDecode},
+		{8, 8, layout(2, 64, F32), p, true, NameAttnDecode},
+		{1, 32, layout(2, 128, BF16), p, true, AttnName(128)}, // 16 query heads per kv head
+		{1, 4, layout(2, 96, BF16), p, true, AttnName(96)},
+		{1, 4, layout(2, 256, F16), p, true, AttnName(256)},
+		{40, 8, layout(2, 128, BF16), p, true, NameAttnFlash},
+		{40, 8, layout(2, 128, F32), p, true, AttnName(128)},
+		{40, 8, layout(2, 64, F16), p, false, AttnName(64)},
+		{16, 8, layout(2, 128, BF16), p + 4, true, AttnName(128)}, // q not 16-byte aligned
+		{9, 8, layout(2, 128, BF16), p, true, AttnName(128)},      // between decode and flash
+	} {
+		s.SetFlashAttention(c.flash)
+		d.launches = nil
+		must(t, s.Attention(c.q, p, p, 0, c.T, c.nH, c.L, 0, 0.1, p, F32, 1))
+		if len(d.launches) != 1 || d.launches[0].name != c.kernel {
+			t.Errorf("T=%d heads %d/%d dim %d %s flash=%v: launched %v, want %s", c.T, c.nH, c.L.KVHeads, c.L.HeadDim, c.L.DType, c.flash, d.launches, c.kernel)
+			continue
+		}
+		l := d.launches[0]
+		if c.kernel == NameAttnFlash {
+			if l.grid != (device.Dim3{X: ceilDiv(c.T, flashRows), Y: c.nH, Z: 1}) || l.block.X != flashThreads {
+				t.Errorf("flash launch %v", l)
+			}
+		} else if l.grid.Y != c.T || l.block != blockDim() {
+			t.Errorf("%s launch %v", c.kernel, l)
+		}
+	}
+}

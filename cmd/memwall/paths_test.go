@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/memwall/memwall/device/sim"
 )
 
 // TestPlanModelCapacity: a model plan above --capacity prints its report,
@@ -253,4 +255,29 @@ func FuzzSniff(f *testing.F) {
 			t.Fatalf("no phrase for %q", k)
 		}
 	})
+}
+
+// TestCheckBudget: a budget above the device's total is refused naming
+// both figures; above what is free it is accepted with a warning naming
+// both; within what is free, silently.
+func TestCheckBudget(t *testing.T) {
+	o := sim.DefaultOptions()
+	o.Backing = false
+	d := sim.New(o)
+	defer d.Close()
+	if _, err := d.Alloc(5 << 30); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	e := &env{stderr: &stderr}
+	if err := checkBudget(e, d, 9<<30); err == nil || !strings.Contains(err.Error(), "9.0 GiB") || !strings.Contains(err.Error(), "8.0 GiB") {
+		t.Errorf("above total: %v", err)
+	}
+	if err := checkBudget(e, d, 4<<30); err != nil || !strings.Contains(stderr.String(), "warning: --vram 4.0 GiB") || !strings.Contains(stderr.String(), "free on") {
+		t.Errorf("above free: %v, %q", err, stderr.String())
+	}
+	stderr.Reset()
+	if err := checkBudget(e, d, 2<<30); err != nil || stderr.Len() != 0 {
+		t.Errorf("within free: %v, %q", err, stderr.String())
+	}
 }

@@ -40,8 +40,8 @@ if [ -x "$bindir/device_cuda.test" ]; then
 fi
 # compute-sanitizer memcheck on a quick pass of the Llama kernels (both targets).
 if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 100 ]; then
-  (cd kernels && MEMWALL_TEST_QUICK=1 timeout --kill-after=5 25 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$bin" -test.run 'TestCUDALlamaKernels' -test.timeout 25s) >"$dir/memcheck.txt" 2>&1
+  (cd kernels && MEMWALL_TEST_QUICK=1 timeout --kill-after=5 40 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin" -test.run 'TestCUDALlamaKernels' -test.timeout 40s) >"$dir/memcheck.txt" 2>&1
   m=$?
   grep -q "ERROR SUMMARY: 0 errors" "$dir/memcheck.txt" && msum="0 errors" || msum="rc=$m $(grep -m1 'ERROR SUMMARY' "$dir/memcheck.txt")"
   [ $m -eq 124 ] && msum="timed out (no errors before)"

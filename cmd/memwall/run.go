@@ -141,7 +141,11 @@ func runRun(e *env, args []string) error {
 	if err != nil {
 		return usagef("--source: %v", err)
 	}
-	return runModel(e, &f, pos[0], ids, vram, sampling, source)
+	logits, err := checkOutput("--logits-out", f.logitsOut)
+	if err != nil {
+		return err
+	}
+	return runModel(e, &f, pos[0], ids, vram, sampling, source, logits)
 }
 
 // parseIDs reads "1,2,3".
@@ -159,7 +163,7 @@ func parseIDs(s string) ([]int, error) {
 }
 
 // runModel does the work of `memwall run` once the command line is valid.
-func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling engine.Sampling, source residency.Source) error {
+func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling engine.Sampling, source residency.Source, logits *outputFile) error {
 	m, err := llama.Open(path)
 	if err != nil {
 		return err
@@ -191,10 +195,8 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	if err != nil {
 		return err
 	}
-	if f.logitsOut != "" {
-		if err := writeLogits(f.logitsOut, res.FirstLogits); err != nil {
-			return err
-		}
+	if err := logits.write(float32Bytes(res.FirstLogits)); err != nil {
+		return err
 	}
 	if f.asJSON {
 		return writeJSON(e.stdout, out)
@@ -326,15 +328,13 @@ func printRun(e *env, o runJSON) {
 	fmt.Fprintf(w, "  KV cache %s, activation arena %s\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes))
 }
 
-func writeLogits(path string, l []float32) error {
+// float32Bytes is l as little-endian float32s.
+func float32Bytes(l []float32) []byte {
 	b := make([]byte, 4*len(l))
 	for i, v := range l {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return fmt.Errorf("--logits-out: %w", err)
-	}
-	return nil
+	return b
 }
 
 // textCodec is what run needs of a tokenizer.

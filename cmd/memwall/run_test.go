@@ -288,3 +288,16 @@ func TestRunBudgetBelowContext(t *testing.T) {
 		t.Errorf("at the stated minimum %d: %v (peak %d)", n, err, out.PeakDeviceBytes)
 	}
 }
+
+func TestRunLogitsOut(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	out := filepath.Join(t.TempDir(), "first.f32")
+	runJSONOut(t, "run", dir, "--prompt-ids", "1,2,3", "--max-new", "2", "--device", "sim", "--json", "--logits-out", out)
+	if st, err := os.Stat(out); err != nil || st.Size() != 4*1024 {
+		t.Errorf("logits file: %v, %v", st, err)
+	}
+	code, _, errOut := runVerbSim(t, "run", dir, "--prompt-ids", "1", "--device", "sim", "--logits-out", t.TempDir())
+	if code != 1 || !strings.Contains(errOut, "--logits-out") {
+		t.Errorf("a directory as --logits-out: exit %d, %s", code, errOut)
+	}
+}

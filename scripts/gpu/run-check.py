@@ -127,6 +127,7 @@ class Check:
             r["smi_peak_mib"] = max(samples) if samples else None
             r["smi_samples"] = len(samples)
         log("run %s: rc=%d %.1fs" % (name, rc, dt))
+        self.save()
         if rc != 0:
             return None, se
         try:
@@ -298,6 +299,18 @@ class Check:
             r["first_logits_cosine"], r["hf_greedy_same_prefix"]))
         if r["mismatches"]:
             self.fail("%s: %d mismatches (first at %s)" % (name, r["mismatches"], r["first_mismatch"]))
+        self.save()
+
+    def save(self):
+        """Writes what is known so far, so that a run killed by an outer
+        time limit still leaves its figures."""
+        try:
+            with open(os.path.join(self.out, "results.json"), "w") as f:
+                json.dump(self.results, f, indent=1, default=str)
+            with open(os.path.join(self.out, "table.txt"), "w") as f:
+                f.write(self.table() + "\n")
+        except Exception as e:  # noqa: BLE001
+            log("saving results: %r" % e)
 
     # -- report ---------------------------------------------------------
     def table(self):

@@ -8,7 +8,6 @@ import (
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
 	"github.com/memwall/memwall/device/sim"
-	"github.com/memwall/memwall/kernels"
 )
 
 // Backends accepted by Open.
@@ -35,6 +34,10 @@ type Options struct {
 	Getenv func(string) string
 	// Sim configures the simulated device; zero means sim.DefaultOptions().
 	Sim *sim.Options
+	// Kernels are registered on the simulated device when Sim names none
+	// (a program that launches memwall's kernels passes kernels.Sim():
+	// this package, the floor the kernels stand on, does not import them).
+	Kernels []sim.Kernel
 }
 
 // Open opens a device by backend name: "cuda" fails if the GPU cannot be
@@ -48,7 +51,7 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 			so = *o.Sim
 		}
 		if so.Kernels == nil {
-			so.Kernels = kernels.Sim()
+			so.Kernels = o.Kernels
 		}
 		return sim.New(so)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/auto"
+	"github.com/memwall/memwall/kernels"
 )
 
 func init() {
@@ -36,7 +37,7 @@ func (f *deviceFlag) open(e *env) (device.Device, auto.Choice, error) {
 	if err := f.check(); err != nil {
 		return nil, auto.Choice{}, err
 	}
-	return auto.Open(f.backend, auto.Options{Getenv: e.getenv})
+	return auto.Open(f.backend, auto.Options{Getenv: e.getenv, Kernels: kernels.Sim()})
 }
 
 // infoJSON is `memwall info --json`.

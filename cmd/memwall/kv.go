@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/kvcache"
 	"github.com/memwall/memwall/kvcache/sched"
 	"github.com/memwall/memwall/viz"
@@ -192,21 +195,64 @@ func kvModel(name string) (sched.Model, error) {
 	if _, err := os.Stat(name); err != nil {
 		return sched.Model{}, fmt.Errorf("--model %q: not a gen-model preset (tiny, tiny-f16, llama-7b, llama3-8b-shape) and not a file: %v", name, pathErr(err))
 	}
-	lm, err := llama.Open(name)
-	if err != nil {
-		return sched.Model{}, err
+	var c *llama.Config
+	var w *format.Model
+	if lm, err := llama.Open(name); err == nil {
+		defer lm.Close()
+		c, w = lm.Config, lm.Weights
+	} else {
+		// Only the shapes matter here: a model the engine cannot run (a
+		// quantized GGUF, say) still has a config.
+		var err2 error
+		if c, w, err2 = kvShapes(name); err2 != nil {
+			return sched.Model{}, err
+		}
+		defer w.Close()
 	}
-	defer lm.Close()
-	c := lm.Config
 	m := sched.Model{Name: name, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
-		ElemBytes: 2, WeightBytes: lm.Weights.DataBytes, Context: c.Context}
-	for _, t := range lm.Weights.Tensors {
+		ElemBytes: 2, WeightBytes: w.DataBytes, Context: c.Context}
+	for _, t := range w.Tensors {
 		m.Params += t.Elements()
 	}
 	if c.DType == "F32" {
 		m.ElemBytes = 4
 	}
 	return m, m.Validate()
+}
+
+// kvShapes reads a model's config without binding its tensors: a GGUF
+// file's metadata, or the config.json beside (or in) a safetensors model.
+func kvShapes(name string) (*llama.Config, *format.Model, error) {
+	st, err := os.Stat(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	dir, file := filepath.Dir(name), name
+	if st.IsDir() {
+		dir, file = name, filepath.Join(name, "model.safetensors")
+		if _, err := os.Stat(file); err != nil {
+			file = filepath.Join(name, "model.safetensors.index.json")
+		}
+	}
+	w, err := weights.Open(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	var c *llama.Config
+	if w.Format == "gguf" {
+		c, err = llama.ParseGGUF(file, w.Metadata)
+	} else {
+		var b []byte
+		cfgPath := filepath.Join(dir, "config.json")
+		if b, err = os.ReadFile(cfgPath); err == nil {
+			c, err = llama.ParseHF(cfgPath, b)
+		}
+	}
+	if err != nil {
+		w.Close()
+		return nil, nil, err
+	}
+	return c, w, nil
 }
 
 func kvPct(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" }

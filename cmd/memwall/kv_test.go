@@ -96,10 +96,36 @@ func TestKVSimulateErrors(t *testing.T) {
 }
 
 func TestKVSimulateModelFile(t *testing.T) {
+	for _, f := range []string{"safetensors", "gguf"} {
+		kvModelFile(t, tinyFile(t, f))
+	}
+}
+
+// A model whose tensors the engine would refuse (here: a config.json that
+// contradicts them) still gives its K/V shape from its config.
+func TestKVSimulateModelConfigOnly(t *testing.T) {
 	path := tinyFile(t, "safetensors")
+	cfgPath := filepath.Join(filepath.Dir(path), "config.json")
+	b, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Skipf("no config.json beside %s: %v", path, err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["intermediate_size"] = 999
+	b, _ = json.Marshal(cfg)
+	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kvModelFile(t, path)
+}
+
+func kvModelFile(t *testing.T, path string) {
 	code, out, errOut := runVerb(t, nil, "kv", "simulate", "--synthetic", "alpaca", "--n", "50", "--model", path, "--vram", "1GiB", "--json")
 	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
+		t.Fatalf("%s: exit %d: %s", path, code, errOut)
 	}
 	var m struct {
 		Model struct {

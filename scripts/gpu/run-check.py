@@ -141,8 +141,8 @@ class Check:
         return j, se
 
     def minimum_vram(self, name, model, ids, extra=()):
-        """The smallest --vram memwall accepts, from its error at 1 MiB."""
-        _, se = self.run(name + "-min", model, ids, 64, vram="1MiB", extra=extra, timeout=60)
+        """The smallest --vram memwall accepts, from its error at 1 byte."""
+        _, se = self.run(name + "-min", model, ids, 64, vram="1", extra=extra, timeout=60)
         m = re.search(r"below the minimum (\d+) bytes", se)
         return int(m.group(1)) if m else None
 
@@ -159,7 +159,7 @@ class Check:
         self.hf_jobs.append((preset + "-resident", d, dtype, ids, res))
         mn = self.minimum_vram(preset, d, ids, chunk)
         if mn is None:
-            self.fail(preset + ": no minimum in the error at --vram 1MiB")
+            self.fail(preset + ": no minimum in the error at --vram 1")
         else:
             for extra in (1 << 20, 0, 4 << 20):
                 s, _ = self.run(preset + "-streaming", d, ids, 64, vram=str(mn + extra), extra=chunk)
@@ -329,6 +329,12 @@ class Check:
                 "%.6f" % r["first_logits_cosine"] if "first_logits_cosine" in r else "-",
                 r["prefill_tokens_per_s"], r["decode_tokens_per_s"], r["peak_device_bytes"] / 2**20, smi,
                 r["budget_bytes"] / 2**20))
+        for k in ("tiny-streaming", "tiny-f16-streaming"):
+            if k in self.results and "tokens" in self.results[k]:
+                r = self.results[k]
+                lines.append("%s: %s of %s groups streamed, %.1f MiB per token; same tokens as resident: %s" % (
+                    k, r.get("streamed_groups"), r.get("groups"), r.get("streamed_bytes_per_token", 0) / 2**20,
+                    r.get("same_tokens_as_resident")))
         for k in ("tiny-gguf", "tiny-f16-gguf"):
             if k in self.results:
                 lines.append("%s: same tokens as safetensors: %s" % (k, self.results[k].get("same_tokens_as_safetensors")))

@@ -38,6 +38,8 @@ type Device struct {
 	dev  int32
 	ctx  uintptr
 	info device.Info
+	// wrapped: ctx is the caller's (Wrap), not a retained primary context.
+	wrapped bool
 	// ctxMem is the primary context's own device memory (context.go).
 	ctxMem contextMemory
 
@@ -246,8 +248,11 @@ func (c *Device) Info() device.Info { return c.info }
 // DriverPath is the libcuda that was loaded.
 func (c *Device) DriverPath() string { return c.d.path }
 
-// Close releases the primary context.
+// Close releases the primary context (nothing, for a wrapped context).
 func (c *Device) Close() error {
+	if c.wrapped {
+		return nil
+	}
 	return c.d.err("cuDevicePrimaryCtxRelease", c.d.raw(c.d.cuDevicePrimaryCtxRelease, uintptr(c.dev)))
 }
 

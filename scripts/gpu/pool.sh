@@ -7,7 +7,7 @@
 # (Replays need no GPU: they run on the simulator with the H200's driver
 # costs.) Run from the repository root after scripts/gpu-build.sh; logs
 # go to $OUT/pool/, a short table is printed last; each step is under
-# timeout.
+# timeout. Also cuda.Wrap's test (a pool on an adopted context and stream, ~2 s).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -31,6 +31,9 @@ if [ -x "$bin/pool.test" ]; then
   run "pool suite (cuda)" 150 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.short -test.v -test.timeout 140s >'$dir/suite.txt' 2>&1; rc=\$?; tail -n 5 '$dir/suite.txt'; exit \$rc"
 else
   status+=("$(printf '%-40s %-9s' "pool suite (cuda)" "MISSING")")
+fi
+if [ -x "$bin/device_cuda.test" ]; then
+  run "cuda.Wrap runs the pool (cuda)" 60 bash -c "cd device/cuda && '$bin/device_cuda.test' -test.run 'TestWrap' -test.v -test.timeout 50s >'$dir/wrap.txt' 2>&1"
 fi
 run "bench alloc (random mix, 1/4/16 goroutines)" 150 bash -c \
   "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual,virtual-keep --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"

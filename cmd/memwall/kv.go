@@ -139,7 +139,12 @@ func runKVSimulate(e *env, args []string) error {
 			return err
 		}
 	} else {
-		source = "synthetic " + *synthetic
+		source = "synthetic " + *synthetic + ": " + sched.SyntheticDescription(*synthetic)
+		if *rate > 0 {
+			source += fmt.Sprintf(", Poisson arrivals at %g/s", *rate)
+		} else {
+			source += ", all arriving at once"
+		}
 		if reqs, err = sched.Synthetic(sched.SyntheticOptions{Kind: *synthetic, Requests: *n, Seed: *seed, RatePerS: *rate, MaxLen: m.Context}); err != nil {
 			return err
 		}

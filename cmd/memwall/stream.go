@@ -100,6 +100,9 @@ func runStream(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if b.Warning != "" {
+		fmt.Fprintf(e.stderr, "memwall: warning: %s\n", b.Warning)
+	}
 	if len(pl.plan.Streamed()) > 0 && pl.plan.Slots != f.slots {
 		return fmt.Errorf("%s: --slots %d does not fit --vram %s: %d slots of %s with the activations and KV cache need more than the %s the pools may use; %d slots fit (pass --slots %d, or a larger --vram)",
 			path, f.slots, humanBytes(budget), f.slots, humanBytes(pl.plan.SlotBytes), humanBytes(b.PoolBytes), pl.plan.Slots, pl.plan.Slots)

@@ -250,14 +250,23 @@ func buildBPE(name string, mj *bpeJSON) (*bpe, error) {
 	for rank, p := range pairs {
 		a, ok1 := mj.Vocab[p[0]]
 		b, ok2 := mj.Vocab[p[1]]
-		id, ok3 := mj.Vocab[p[0]+p[1]]
+		// As HF builds it: with a continuing_subword_prefix ("##"), the
+		// right part loses it ("a" + "##b" is "ab").
+		right := p[1]
+		if m.prefix != "" {
+			if !strings.HasPrefix(right, m.prefix) {
+				return nil, errf(fmt.Sprintf("merges[%d]", rank), "%q does not begin with the continuing_subword_prefix %q", right, m.prefix)
+			}
+			right = right[len(m.prefix):]
+		}
+		id, ok3 := mj.Vocab[p[0]+right]
 		switch {
 		case !ok1:
 			return nil, errf(fmt.Sprintf("merges[%d]", rank), "%q is not in the vocabulary", p[0])
 		case !ok2:
 			return nil, errf(fmt.Sprintf("merges[%d]", rank), "%q is not in the vocabulary", p[1])
 		case !ok3:
-			return nil, errf(fmt.Sprintf("merges[%d]", rank), "the merge result %q is not in the vocabulary", p[0]+p[1])
+			return nil, errf(fmt.Sprintf("merges[%d]", rank), "the merge result %q is not in the vocabulary", p[0]+right)
 		}
 		m.merges[pairKey(a, b)] = merge{rank: int32(rank), id: int32(id)}
 	}

@@ -526,3 +526,23 @@ func TestConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// Subword affixes: continuing_subword_prefix marks every rune but the first,
+// end_of_word_suffix the last, and merges are spelled with them.
+func TestSubwordAffixes(t *testing.T) {
+	pre := spec{vocab: []string{"a", "##b", "##c", "ab", "abc"}, merges: [][2]string{{"a", "##b"}, {"ab", "##c"}},
+		model: map[string]any{"continuing_subword_prefix": "##"}}
+	if got, want := mustParse(t, pre).Encode("abc", false), []int{4}; !slices.Equal(got, want) {
+		t.Errorf("prefix: %v, want %v", got, want)
+	}
+	suf := spec{vocab: []string{"a", "b", "c</w>", "ab", "abc</w>"}, merges: [][2]string{{"a", "b"}, {"ab", "c</w>"}},
+		model: map[string]any{"end_of_word_suffix": "</w>"},
+		extra: map[string]any{"decoder": map[string]any{"type": "BPEDecoder", "suffix": "</w>"}}}
+	tok := mustParse(t, suf)
+	if got, want := tok.Encode("abc", false), []int{4}; !slices.Equal(got, want) {
+		t.Errorf("suffix: %v, want %v", got, want)
+	}
+	if got := tok.Decode([]int{4, 4}, false); got != "abc abc" {
+		t.Errorf("BPEDecoder: %q", got)
+	}
+}

@@ -206,3 +206,51 @@ func TestHFGGUF(t *testing.T) {
 		t.Logf("%-24s as GGUF: %d of %d strings give HF's ids", file, same[file], n[file])
 	}
 }
+
+// TestTransformersGGUF compares FromGGUF on the llama2 vocabulary written as
+// GGUF metadata with what transformers' GGUF tokenizer converter makes of the
+// same metadata (testdata/hf/transformers-gguf.jsonl.gz, when the check
+// script could import it). The converter builds BPE merges from the scores;
+// FromGGUF merges by score as llama.cpp does. The agreement is reported; a
+// low one fails.
+func TestTransformersGGUF(t *testing.T) {
+	f, err := os.Open("testdata/hf/transformers-gguf.jsonl.gz")
+	if os.IsNotExist(err) {
+		t.Skip("no testdata/hf/transformers-gguf.jsonl.gz (scripts/gpu/tokenizer.sh makes it where transformers imports)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Load("testdata/hf/llama2/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := FromGGUF(viaFile(t, ggufOf(tok, "llama")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, same := 0, 0
+	sc := bufio.NewScanner(z)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var l hfLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if got := g.Encode(*l.Text, false); slices.Equal(got, l.IDsPlain) {
+			same++
+		} else if n-same <= 5 {
+			t.Logf("%q: FromGGUF %q, transformers %q", *l.Text, g.tokensOf(got), g.tokensOf(l.IDsPlain))
+		}
+	}
+	t.Logf("llama2 vocabulary as GGUF: %d of %d strings give transformers' ids", same, n)
+	if n == 0 || same < n*9/10 {
+		t.Errorf("%d of %d agree", same, n)
+	}
+}

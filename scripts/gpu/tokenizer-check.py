@@ -25,6 +25,10 @@ Go does:
      "ids_plain": [...] (add_special_tokens=False), "decode": ..., "decode_skip": ...}
     and for id lists drawn at random (decode only):
     {"file": ..., "decode_ids": [...], "decode": ..., "decode_skip": ...}
+  OUT/transformers-gguf.jsonl.gz (optional, when transformers' GGUF converter
+    imports): {"file": "llama2/tokenizer.json", "text": s, "ids_plain": [...]} for
+    the llama2 vocabulary written as GGUF tokenizer.ggml.* metadata and read by
+    transformers' converter.
   OUT/summary.json: versions, vocabulary sizes, counts, seconds.
 
 The corpus and the test strings are generated here from fixed seeds (English
@@ -465,6 +469,35 @@ def check(name, path, tests, specials, out_lines):
             "decode_differs_from_text": roundtrip_fail}
 
 
+def transformers_gguf(d, tests):
+    """The llama2 vocabulary as a GGUF file's tokenizer.ggml.* would hold it
+    (tokens in id order, scores from merge ranks, token types: bytes 6, added
+    tokens 3), through transformers' GGUF tokenizer converter (which builds
+    merges from the scores); ids without special tokens. The Go test builds the
+    same metadata (ggufOf in tokenizer/gguf_test.go) and compares."""
+    from transformers.integrations.ggml import GGUFLlamaConverter
+
+    vocab = d["model"]["vocab"]
+    n = max(vocab.values()) + 1
+    tokens = [""] * n
+    for t, i in vocab.items():
+        tokens[i] = t
+    scores = [-1e6] * n
+    for rank, m in enumerate(d["model"]["merges"]):
+        a, b = m if isinstance(m, list) else m.split(" ")
+        scores[vocab[a + b]] = float(-rank)
+    types = [1] * n
+    for i, t in enumerate(tokens):
+        if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            types[i] = 6
+    for a in d["added_tokens"]:
+        types[a["id"]] = 3
+    tok = GGUFLlamaConverter({"tokens": tokens, "scores": scores, "token_type": types,
+                              "bos_token_id": vocab["<s>"], "eos_token_id": vocab["</s>"]}).converted()
+    return [{"file": "llama2/tokenizer.json", "text": s, "ids_plain": tok.encode(s, add_special_tokens=False).ids}
+            for s in tests]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -505,6 +538,17 @@ def main():
                 summary["kinds"].append(check(vname, path, make_tests(specials + extra), specials + extra, lines))
             except Exception as e:
                 summary["errors"].append("%s: %r" % (vname, e))
+        if name == "llama2":
+            # Optional: what transformers makes of the same vocabulary as GGUF.
+            t1 = time.time()
+            try:
+                tl = transformers_gguf(d, make_tests(specials))
+                with gzip.GzipFile(os.path.join(args.out, "transformers-gguf.jsonl.gz"), "wb", mtime=0) as f:
+                    for line in tl:
+                        f.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+                summary["transformers_gguf"] = "%d strings, %.1f s" % (len(tl), time.time() - t1)
+            except Exception as e:
+                summary["transformers_gguf"] = "skipped: %r" % (e,)
     with gzip.GzipFile(os.path.join(args.out, "expected.jsonl.gz"), "wb", mtime=0) as f:
         for line in lines:
             f.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
@@ -515,6 +559,7 @@ def main():
     print("%-18s %6s %8s %8s %s" % ("kind", "vocab", "strings", "ids", "decode!=text"))
     for k in summary["kinds"]:
         print("%-18s %6d %8d %8d %d" % (k["kind"], k["vocab"], k["strings"], k["ids"], k["decode_differs_from_text"]))
+    print("transformers GGUF converter:", summary.get("transformers_gguf"))
     for e in summary["errors"]:
         print("ERROR", e)
     return 1 if summary["errors"] else 0

@@ -367,241 +367,299 @@ func (k *kvBench) touch(ops, round int) (float64, error) {
 // kvSwap measures swap bandwidth for both layouts on o.Device and the pinned
 // link in the same run.
 func kvSwap(ctx context.Context, o KVOptions, rep *KVReport) error {
-	d := o.Device
-	cfg := kvcache.Config{Layers: o.Layers, KVHeads: o.KVHeads, HeadDim: o.HeadDim, ElemBytes: o.ElemBytes, BlockTokens: o.BlockTokens}
-	bb := cfg.BlockBytes()
-	nb := int(max(1, o.SwapBytes/bb))
-	cfg.Blocks = 2 * nb
-	total := uint64(nb) * bb
-	dev, err := pool.New(d, pool.Options{Name: "bench-kv"})
+	sb, err := newSwapBench(o)
 	if err != nil {
 		return err
 	}
-	defer dev.Close()
-	host, err := pool.NewHost(d, pool.Options{Name: "bench-kv-host"})
+	defer sb.close()
+	cache, err := sb.cacheLayout(ctx)
 	if err != nil {
 		return err
 	}
-	defer host.Close()
-	streams := make([]device.Stream, 3)
-	for i := range streams {
-		if streams[i], err = d.NewStream(); err != nil {
-			return err
-		}
-		defer d.DestroyStream(streams[i])
-	}
-	compute, out, in := streams[0], streams[1], streams[2]
-	c, err := kvcache.New(d, dev, host, cfg, kvcache.Options{Stream: compute, SwapOutStream: out, SwapInStream: in, HostBlocks: nb, NoPrefixCache: true})
-	if err != nil {
-		return fmt.Errorf("bench kv: a cache of %d blocks of %d bytes: %w", cfg.Blocks, bb, err)
-	}
-	defer c.Close()
-	e0, err := d.NewEvent(true)
+	per, err := sb.perLayer(ctx)
 	if err != nil {
 		return err
 	}
-	defer d.DestroyEvent(e0)
-	e1, err := d.NewEvent(true)
-	if err != nil {
-		return err
-	}
-	defer d.DestroyEvent(e1)
-	timed := func(s device.Stream, f func() error) (float64, error) {
-		if err := d.EventRecord(e0, s); err != nil {
-			return 0, err
-		}
-		if err := f(); err != nil {
-			return 0, err
-		}
-		if err := d.EventRecord(e1, s); err != nil {
-			return 0, err
-		}
-		if err := d.EventSynchronize(e1); err != nil {
-			return 0, err
-		}
-		el, err := d.EventElapsed(e0, e1)
-		if err != nil {
-			return 0, err
-		}
-		return float64(total) / el.Seconds() / 1e9, nil
-	}
-
-	// Two sequences whose blocks alternate, so that no two blocks of one
-	// are adjacent: a swap is one copy per block.
-	B := o.BlockTokens
-	for i := 0; i < nb; i++ {
-		for _, id := range []kvcache.SeqID{1, 2} {
-			var err error
-			if i == 0 {
-				_, err = c.Add(id, make([]int32, B), 0)
-			} else {
-				err = c.Append(id, make([]int32, B)...)
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}
-	pattern, err := d.HostAlloc(bb)
-	if err != nil {
-		return err
-	}
-	defer d.HostFree(pattern)
-	back := make([]byte, bb)
-	fill := func(seed uint64) error {
-		rng := rand.New(rand.NewPCG(seed, 5))
-		for j, b := range c.Table(1) {
-			for i := 0; i < len(pattern.Bytes); i += 8 {
-				v := rng.Uint64() ^ uint64(j)
-				for k := 0; k < 8 && i+k < len(pattern.Bytes); k++ {
-					pattern.Bytes[i+k] = byte(v >> (8 * k))
-				}
-			}
-			if err := d.CopyHtoD(c.BlockPtr(b), pattern.Bytes, compute); err != nil {
-				return err
-			}
-			if err := d.StreamSynchronize(compute); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	verify := func(seed uint64, what string) error {
-		rng := rand.New(rand.NewPCG(seed, 5))
-		want := make([]byte, bb)
-		for j, b := range c.Table(1) {
-			for i := 0; i < len(want); i += 8 {
-				v := rng.Uint64() ^ uint64(j)
-				for k := 0; k < 8 && i+k < len(want); k++ {
-					want[i+k] = byte(v >> (8 * k))
-				}
-			}
-			if err := d.CopyDtoH(back, c.BlockPtr(b), compute); err != nil {
-				return err
-			}
-			if err := d.StreamSynchronize(compute); err != nil {
-				return err
-			}
-			if !bytes.Equal(back, want) {
-				return fmt.Errorf("bench kv: %s: block %d of the sequence differs after a swap round trip", what, j)
-			}
-		}
-		return nil
-	}
-
-	cache := KVSwapResult{Layout: "all-layers-per-block", BlockBytes: bb, CopyBytes: bb, Copies: nb, Bytes: total, Verified: true}
-	var outs, ins []float64
-	for rep := 0; rep < o.Reps; rep++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		seed := uint64(rep + 1)
-		if err := fill(seed); err != nil {
-			return err
-		}
-		g, err := timed(out, func() error { _, err := c.SwapOut(1); return err })
-		if err != nil {
-			return fmt.Errorf("bench kv: swap out: %w", err)
-		}
-		outs = append(outs, g)
-		// Overwrite the released blocks: the swap-in must bring the bytes back.
-		if err := d.Memset8(c.Base(), 0xa5, uint64(cfg.Blocks)*bb, compute); err != nil {
-			return err
-		}
-		if err := d.StreamSynchronize(compute); err != nil {
-			return err
-		}
-		g, err = timed(in, func() error { _, err := c.SwapIn(1); return err })
-		if err != nil {
-			return fmt.Errorf("bench kv: swap in: %w", err)
-		}
-		ins = append(ins, g)
-		if err := verify(seed, "all-layers-per-block"); err != nil {
-			return err
-		}
-	}
-	cache.OutGBps, cache.InGBps = median(outs), median(ins)
-
-	// The per-layer layout: the same bytes as 2·Layers pieces per block,
-	// each its own copy, into the same host block.
-	stage, err := d.HostAlloc(total)
-	if err != nil {
-		return fmt.Errorf("bench kv: pinned host buffer of %d bytes: %w", total, err)
-	}
-	defer d.HostFree(stage)
-	piece := bb / uint64(2*o.Layers)
-	per := KVSwapResult{Layout: "per-layer", BlockBytes: bb, CopyBytes: piece, Copies: nb * 2 * o.Layers, Bytes: total, Verified: true}
-	outs, ins = outs[:0], ins[:0]
-	tab := append([]int32(nil), c.Table(1)...)
-	for rep := 0; rep < o.Reps; rep++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		seed := uint64(100 + rep)
-		if err := fill(seed); err != nil {
-			return err
-		}
-		copies := func(toHost bool) error {
-			for j, b := range tab {
-				for p := uint64(0); p < uint64(2*o.Layers); p++ {
-					h := stage.Bytes[uint64(j)*bb+p*piece:][:piece]
-					dp := c.BlockPtr(b).Add(p * piece)
-					var err error
-					if toHost {
-						err = d.CopyDtoH(h, dp, out)
-					} else {
-						err = d.CopyHtoD(dp, h, in)
-					}
-					if err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		}
-		g, err := timed(out, func() error { return copies(true) })
-		if err != nil {
-			return err
-		}
-		outs = append(outs, g)
-		if err := d.Memset8(c.Base(), 0x5a, uint64(cfg.Blocks)*bb, in); err != nil {
-			return err
-		}
-		if err := d.StreamSynchronize(in); err != nil {
-			return err
-		}
-		g, err = timed(in, func() error { return copies(false) })
-		if err != nil {
-			return err
-		}
-		ins = append(ins, g)
-		if err := verify(seed, "per-layer"); err != nil {
-			return err
-		}
-	}
-	per.OutGBps, per.InGBps = median(outs), median(ins)
 	rep.Swap = []KVSwapResult{cache, per}
-
-	// The link: one pinned copy of the same size each way.
-	base := c.Base()
-	var d2h, h2d []float64
-	for r := 0; r < o.Reps; r++ {
-		g, err := timed(out, func() error { return d.CopyDtoH(stage.Bytes, base, out) })
-		if err != nil {
-			return err
-		}
-		d2h = append(d2h, g)
-		g, err = timed(in, func() error { return d.CopyHtoD(base, stage.Bytes, in) })
-		if err != nil {
-			return err
-		}
-		h2d = append(h2d, g)
+	if rep.LinkD2HGBps, rep.LinkH2DGBps, err = sb.link(); err != nil {
+		return err
 	}
-	rep.LinkD2HGBps, rep.LinkH2DGBps = median(d2h), median(h2d)
 	if rep.LinkD2HGBps > 0 && rep.LinkH2DGBps > 0 {
 		rep.SwapOverLink = min(cache.OutGBps/rep.LinkD2HGBps, cache.InGBps/rep.LinkH2DGBps)
 	}
 	return nil
+}
+
+// swapBench is a cache of two sequences on a device whose blocks alternate,
+// so that no two blocks of one are adjacent: a swap is one copy per block.
+type swapBench struct {
+	o                KVOptions
+	d                device.Device
+	c                *kvcache.Cache
+	bb, total        uint64
+	nb, blocks       int
+	compute, out, in device.Stream
+	e0, e1           device.Event
+	pattern          *device.HostBuffer
+	stage            *device.HostBuffer
+	undo             []func()
+}
+
+func newSwapBench(o KVOptions) (sb *swapBench, err error) {
+	d := o.Device
+	sb = &swapBench{o: o, d: d}
+	defer func() {
+		if err != nil {
+			sb.close()
+		}
+	}()
+	cfg := kvcache.Config{Layers: o.Layers, KVHeads: o.KVHeads, HeadDim: o.HeadDim, ElemBytes: o.ElemBytes, BlockTokens: o.BlockTokens}
+	sb.bb = cfg.BlockBytes()
+	sb.nb = int(max(1, o.SwapBytes/sb.bb))
+	sb.blocks = 2 * sb.nb
+	cfg.Blocks = sb.blocks
+	sb.total = uint64(sb.nb) * sb.bb
+	dev, err := pool.New(d, pool.Options{Name: "bench-kv"})
+	if err != nil {
+		return sb, err
+	}
+	sb.undo = append(sb.undo, func() { dev.Close() })
+	host, err := pool.NewHost(d, pool.Options{Name: "bench-kv-host"})
+	if err != nil {
+		return sb, err
+	}
+	sb.undo = append(sb.undo, func() { host.Close() })
+	for _, s := range []*device.Stream{&sb.compute, &sb.out, &sb.in} {
+		if *s, err = d.NewStream(); err != nil {
+			return sb, err
+		}
+		st := *s
+		sb.undo = append(sb.undo, func() { d.DestroyStream(st) })
+	}
+	for _, e := range []*device.Event{&sb.e0, &sb.e1} {
+		if *e, err = d.NewEvent(true); err != nil {
+			return sb, err
+		}
+		ev := *e
+		sb.undo = append(sb.undo, func() { d.DestroyEvent(ev) })
+	}
+	if sb.c, err = kvcache.New(d, dev, host, cfg, kvcache.Options{Stream: sb.compute, SwapOutStream: sb.out, SwapInStream: sb.in,
+		HostBlocks: sb.nb, NoPrefixCache: true}); err != nil {
+		return sb, fmt.Errorf("bench kv: a cache of %d blocks of %d bytes: %w", cfg.Blocks, sb.bb, err)
+	}
+	sb.undo = append(sb.undo, func() { sb.c.Close() })
+	if sb.pattern, err = d.HostAlloc(sb.bb); err != nil {
+		return sb, err
+	}
+	sb.undo = append(sb.undo, func() { d.HostFree(sb.pattern) })
+	if sb.stage, err = d.HostAlloc(sb.total); err != nil {
+		return sb, fmt.Errorf("bench kv: pinned host buffer of %d bytes: %w", sb.total, err)
+	}
+	sb.undo = append(sb.undo, func() { d.HostFree(sb.stage) })
+	B := o.BlockTokens
+	for i := 0; i < sb.nb; i++ {
+		for _, id := range []kvcache.SeqID{1, 2} {
+			var err error
+			if i == 0 {
+				_, err = sb.c.Add(id, make([]int32, B), 0)
+			} else {
+				err = sb.c.Append(id, make([]int32, B)...)
+			}
+			if err != nil {
+				return sb, err
+			}
+		}
+	}
+	return sb, nil
+}
+
+func (sb *swapBench) close() {
+	for i := len(sb.undo) - 1; i >= 0; i-- {
+		sb.undo[i]()
+	}
+	sb.undo = nil
+}
+
+// timed runs f between two timing events on s and returns the swap's bytes
+// over the device time between them, GB/s.
+func (sb *swapBench) timed(s device.Stream, f func() error) (float64, error) {
+	d := sb.d
+	if err := d.EventRecord(sb.e0, s); err != nil {
+		return 0, err
+	}
+	if err := f(); err != nil {
+		return 0, err
+	}
+	if err := d.EventRecord(sb.e1, s); err != nil {
+		return 0, err
+	}
+	if err := d.EventSynchronize(sb.e1); err != nil {
+		return 0, err
+	}
+	el, err := d.EventElapsed(sb.e0, sb.e1)
+	if err != nil {
+		return 0, err
+	}
+	return float64(sb.total) / el.Seconds() / 1e9, nil
+}
+
+// blockPattern fills b with block j's bytes for seed.
+func blockPattern(b []byte, seed uint64, j int) {
+	rng := rand.New(rand.NewPCG(seed, uint64(j)))
+	for i := 0; i < len(b); i += 8 {
+		v := rng.Uint64()
+		for k := 0; k < 8 && i+k < len(b); k++ {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+}
+
+// fill writes seed's pattern into every block of sequence 1.
+func (sb *swapBench) fill(seed uint64) error {
+	for j, b := range sb.c.Table(1) {
+		blockPattern(sb.pattern.Bytes, seed, j)
+		if err := sb.d.CopyHtoD(sb.c.BlockPtr(b), sb.pattern.Bytes, sb.compute); err != nil {
+			return err
+		}
+		if err := sb.d.StreamSynchronize(sb.compute); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verify reads every block of sequence 1 back and compares it with seed's
+// pattern.
+func (sb *swapBench) verify(seed uint64, what string) error {
+	want, back := make([]byte, sb.bb), make([]byte, sb.bb)
+	for j, b := range sb.c.Table(1) {
+		blockPattern(want, seed, j)
+		if err := sb.d.CopyDtoH(back, sb.c.BlockPtr(b), sb.compute); err != nil {
+			return err
+		}
+		if err := sb.d.StreamSynchronize(sb.compute); err != nil {
+			return err
+		}
+		if !bytes.Equal(back, want) {
+			return fmt.Errorf("bench kv: %s: block %d of the sequence differs after a swap round trip", what, j)
+		}
+	}
+	return nil
+}
+
+// cacheLayout swaps sequence 1 out and in through the cache, one copy per
+// block, overwriting the released blocks in between.
+func (sb *swapBench) cacheLayout(ctx context.Context) (KVSwapResult, error) {
+	r := KVSwapResult{Layout: "all-layers-per-block", BlockBytes: sb.bb, CopyBytes: sb.bb, Copies: sb.nb, Bytes: sb.total, Verified: true}
+	var outs, ins []float64
+	for rep := 0; rep < sb.o.Reps; rep++ {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		seed := uint64(rep + 1)
+		if err := sb.fill(seed); err != nil {
+			return r, err
+		}
+		g, err := sb.timed(sb.out, func() error { _, err := sb.c.SwapOut(1); return err })
+		if err != nil {
+			return r, fmt.Errorf("bench kv: swap out: %w", err)
+		}
+		outs = append(outs, g)
+		// The swap-in must bring the bytes back over this.
+		if err := sb.d.Memset8(sb.c.Base(), 0xa5, uint64(sb.blocks)*sb.bb, sb.compute); err != nil {
+			return r, err
+		}
+		if err := sb.d.StreamSynchronize(sb.compute); err != nil {
+			return r, err
+		}
+		g, err = sb.timed(sb.in, func() error { _, err := sb.c.SwapIn(1); return err })
+		if err != nil {
+			return r, fmt.Errorf("bench kv: swap in: %w", err)
+		}
+		ins = append(ins, g)
+		if err := sb.verify(seed, r.Layout); err != nil {
+			return r, err
+		}
+	}
+	r.OutGBps, r.InGBps = median(outs), median(ins)
+	return r, nil
+}
+
+// perLayer moves the same bytes as 2·Layers pieces per block, each its own
+// copy, as per-layer cache tensors would.
+func (sb *swapBench) perLayer(ctx context.Context) (KVSwapResult, error) {
+	pieces := uint64(2 * sb.o.Layers)
+	piece := sb.bb / pieces
+	r := KVSwapResult{Layout: "per-layer", BlockBytes: sb.bb, CopyBytes: piece, Copies: sb.nb * int(pieces), Bytes: sb.total, Verified: true}
+	tab := append([]int32(nil), sb.c.Table(1)...)
+	copies := func(toHost bool) error {
+		for j, b := range tab {
+			for p := range pieces {
+				h := sb.stage.Bytes[uint64(j)*sb.bb+p*piece:][:piece]
+				dp := sb.c.BlockPtr(b).Add(p * piece)
+				var err error
+				if toHost {
+					err = sb.d.CopyDtoH(h, dp, sb.out)
+				} else {
+					err = sb.d.CopyHtoD(dp, h, sb.in)
+				}
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	var outs, ins []float64
+	for rep := 0; rep < sb.o.Reps; rep++ {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		seed := uint64(100 + rep)
+		if err := sb.fill(seed); err != nil {
+			return r, err
+		}
+		g, err := sb.timed(sb.out, func() error { return copies(true) })
+		if err != nil {
+			return r, err
+		}
+		outs = append(outs, g)
+		if err := sb.d.Memset8(sb.c.Base(), 0x5a, uint64(sb.blocks)*sb.bb, sb.in); err != nil {
+			return r, err
+		}
+		if err := sb.d.StreamSynchronize(sb.in); err != nil {
+			return r, err
+		}
+		g, err = sb.timed(sb.in, func() error { return copies(false) })
+		if err != nil {
+			return r, err
+		}
+		ins = append(ins, g)
+		if err := sb.verify(seed, r.Layout); err != nil {
+			return r, err
+		}
+	}
+	r.OutGBps, r.InGBps = median(outs), median(ins)
+	return r, nil
+}
+
+// link times one pinned copy of the swap's size each way.
+func (sb *swapBench) link() (d2hGBps, h2dGBps float64, err error) {
+	var d2h, h2d []float64
+	base := sb.c.Base()
+	for r := 0; r < sb.o.Reps; r++ {
+		g, err := sb.timed(sb.out, func() error { return sb.d.CopyDtoH(sb.stage.Bytes, base, sb.out) })
+		if err != nil {
+			return 0, 0, err
+		}
+		d2h = append(d2h, g)
+		g, err = sb.timed(sb.in, func() error { return sb.d.CopyHtoD(base, sb.stage.Bytes, sb.in) })
+		if err != nil {
+			return 0, 0, err
+		}
+		h2d = append(h2d, g)
+	}
+	return median(d2h), median(h2d), nil
 }
 
 // bestOf keeps the cheapest round of an operation: rounds of at least

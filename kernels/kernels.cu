@@ -127,15 +127,15 @@ __device__ __forceinline__ float warp_sum(float v) {
 // ---------------------------------------------------------------------------
 // GEMV: T <= kGemvMaxT tokens, the decode path: it must stream W at HBM
 // speed. Each warp owns R consecutive rows of W (a block of 8 warps: 8R
-// rows; R = 1 for T <= 2, where more warps keep more bytes in flight, else
-// R = 2, so X is loaded once per two rows); lane l reads 16-byte vectors l,
+// rows): memwall_gemv1_* (T = 1) has R = 1 and few registers, so more warps
+// keep more bytes in flight; memwall_gemv_* (T <= 8) has R = 2, so X is
+// loaded once per two rows. Lane l reads 16-byte vectors l,
 // l+32, ... of each row with loads that bypass L1 (W is read once), eight
 // of them in flight before the first is used, and multiplies them with the
 // same vector of every token row of X (read through L1, where X stays hot).
 
 const int kGemvMaxT = 8;
 
-__host__ __device__ constexpr int gemv_rows(uint32_t T) { return T <= 2 ? 1 : 2; }
 
 __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
     uint4 v;
@@ -145,15 +145,15 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
     return v;
 }
 
-template <class Tr, int R>
+template <class Tr, int R, int MAXT>
 __device__ __forceinline__ void gemv_vec_step(const uint4 (&wv)[R], const typename Tr::S* X,
                                               uint64_t c, uint32_t K, uint32_t T,
-                                              float (&acc)[R][kGemvMaxT]) {
+                                              float (&acc)[R][MAXT]) {
     float wf[R][Tr::kVec];
 #pragma unroll
     for (int r = 0; r < R; ++r) Tr::unpack(wv[r], wf[r]);
 #pragma unroll
-    for (int t = 0; t < kGemvMaxT; ++t) {
+    for (int t = 0; t < MAXT; ++t) {
         if (t < (int)T) {
             const uint4* xr = reinterpret_cast<const uint4*>(X + (uint64_t)t * K);
             float xf[Tr::kVec];
@@ -166,24 +166,24 @@ __device__ __forceinline__ void gemv_vec_step(const uint4 (&wv)[R], const typena
     }
 }
 
-template <class Tr, int R>
+template <class Tr, int R, int MAXT>
 __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
                                      const typename Tr::S* __restrict__ X, float* __restrict__ Y,
                                      uint32_t M, uint32_t K, uint32_t T) {
     const uint32_t lane = threadIdx.x & 31u;
     const uint64_t m0 = ((uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     if (m0 >= M) return;  // whole warp leaves together; no block barrier follows
-    if (T > (uint32_t)kGemvMaxT) T = kGemvMaxT;  // the launcher never asks for more
+    if (T > (uint32_t)MAXT) T = MAXT;  // the launcher never asks for more
     // Rows past M repeat the last row (valid memory) and are not written.
     uint64_t rows[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = min(m0 + r, (uint64_t)M - 1);
 
-    float acc[R][kGemvMaxT];
+    float acc[R][MAXT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int t = 0; t < kGemvMaxT; ++t) acc[r][t] = 0.0f;
+        for (int t = 0; t < MAXT; ++t) acc[r][t] = 0.0f;
 
     if (K % Tr::kVec == 0 && aligned16(W) && aligned16(X)) {
         const uint64_t nvec = K / Tr::kVec;
@@ -200,13 +200,13 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
 #pragma unroll
                 for (int r = 0; r < R; ++r) v[u][r] = ld_stream16(w4[r] + c + 32 * u);
 #pragma unroll
-            for (int u = 0; u < U; ++u) gemv_vec_step<Tr, R>(v[u], X, c + 32 * u, K, T, acc);
+            for (int u = 0; u < U; ++u) gemv_vec_step<Tr, R, MAXT>(v[u], X, c + 32 * u, K, T, acc);
         }
         for (; c < nvec; c += 32) {
             uint4 v[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) v[r] = ld_stream16(w4[r] + c);
-            gemv_vec_step<Tr, R>(v, X, c, K, T, acc);
+            gemv_vec_step<Tr, R, MAXT>(v, X, c, K, T, acc);
         }
     } else {
         for (uint32_t k = lane; k < K; k += 32) {
@@ -214,7 +214,7 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
 #pragma unroll
             for (int r = 0; r < R; ++r) wk[r] = Tr::load(W + rows[r] * K + k);
 #pragma unroll
-            for (int t = 0; t < kGemvMaxT; ++t) {
+            for (int t = 0; t < MAXT; ++t) {
                 if (t < (int)T) {
                     const float xk = Tr::load(X + (uint64_t)t * K + k);
 #pragma unroll
@@ -225,7 +225,7 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
     }
 
 #pragma unroll
-    for (int t = 0; t < kGemvMaxT; ++t) {
+    for (int t = 0; t < MAXT; ++t) {
         if (t < (int)T) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -1170,33 +1170,37 @@ extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
     } while (now - start < nanoseconds);
 }
 
-// Y[t, m] = sum_k W[m, k] * X[t, k] for T <= 8: block of 256 threads,
-// gemv_rows(T) rows of W per warp, grid.x = ceil(M / (8 * gemv_rows(T))).
+// Y[t, m] = sum_k W[m, k] * X[t, k] for T <= 8: block of 256 threads, two
+// rows of W per warp, grid.x = ceil(M / 16). memwall_gemv1_*: T = 1, one
+// row per warp, grid.x = ceil(M / 8).
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f32(
     const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    if (gemv_rows(T) == 1) {
-        gemv<F32, 1>(W, X, Y, M, K, T);
-    } else {
-        gemv<F32, 2>(W, X, Y, M, K, T);
-    }
+    gemv<F32, 2, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv<F32, 1, 1>(W, X, Y, M, K, T);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_bf16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    if (gemv_rows(T) == 1) {
-        gemv<BF16, 1>(W, X, Y, M, K, T);
-    } else {
-        gemv<BF16, 2>(W, X, Y, M, K, T);
-    }
+    gemv<BF16, 2, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv<BF16, 1, 1>(W, X, Y, M, K, T);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    if (gemv_rows(T) == 1) {
-        gemv<F16, 1>(W, X, Y, M, K, T);
-    } else {
-        gemv<F16, 2>(W, X, Y, M, K, T);
-    }
+    gemv<F16, 2, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv<F16, 1, 1>(W, X, Y, M, K, T);
 }
 
 // Same product for any T: block of 256 threads; f32 uses 64x64 tiles

@@ -101,6 +101,10 @@ const (
 // ("memwall_gemv_bf16", ...). The dtype is not validated.
 func GemvName(dtype string) string { return "memwall_gemv_" + dtype }
 
+// Gemv1Name returns the single-token GEMV kernel name for a dtype
+// ("memwall_gemv1_bf16"): Matmul's kernel for T = 1.
+func Gemv1Name(dtype string) string { return "memwall_gemv1_" + dtype }
+
 // GemmName: see GemvName.
 func GemmName(dtype string) string { return "memwall_gemm_" + dtype }
 
@@ -108,7 +112,7 @@ func GemmName(dtype string) string { return "memwall_gemm_" + dtype }
 func Names() []string {
 	n := []string{NameFill, NameCheck, NameSpin}
 	for _, dt := range DTypes() {
-		n = append(n, GemvName(dt), GemmName(dt))
+		n = append(n, GemvName(dt), GemmName(dt), Gemv1Name(dt))
 	}
 	return append(n, llamaNames()...)
 }
@@ -228,6 +232,7 @@ type Set struct {
 	check   device.Function
 	spin    device.Function
 	gemv    map[string]device.Function
+	gemv1   map[string]device.Function
 	gemm    map[string]device.Function
 	llama   llamaFuncs
 	blocks  uint32               // grid cap for the grid-stride kernels
@@ -318,7 +323,7 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		return nil, fmt.Errorf("kernels: load %s: %w", source, err)
 	}
 	s := &Set{d: d, mod: mod, source: source,
-		gemv: map[string]device.Function{}, gemm: map[string]device.Function{},
+		gemv: map[string]device.Function{}, gemv1: map[string]device.Function{}, gemm: map[string]device.Function{},
 		scratch: map[device.Stream]scratchBuf{}}
 	s.blocks, s.sms = 1024, 128
 	if info.Multiprocessors > 0 {
@@ -356,6 +361,9 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		return fail(err)
 	}
 	for _, dt := range DTypes() {
+		if s.gemv1[dt], err = resolve(Gemv1Name(dt)); err != nil {
+			return fail(err)
+		}
 		if s.gemv[dt], err = resolve(GemvName(dt)); err != nil {
 			return fail(err)
 		}
@@ -503,8 +511,8 @@ type MatmulShape struct {
 }
 
 // ShapeFor returns the launch Matmul uses for Y[T×M] = X[T×K]·W[M×K]ᵀ in
-// dtype: T ≤ GemvMaxTokens runs memwall_gemv_<dtype>, 8 (T ≤ 2) or 16 rows
-// of W per block;
+// dtype: T = 1 runs memwall_gemv1_<dtype> (8 rows of W per block), T ≤
+// GemvMaxTokens memwall_gemv_<dtype> (16 rows per block);
 // larger T runs memwall_gemm_<dtype> over 64×64 (f32) or 128×128 (bf16,
 // f16) output tiles. It fails with ErrDType, or ErrShape when M or T is 0
 // or the grid would exceed CUDA's limits.
@@ -516,7 +524,11 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 		return MatmulShape{}, fmt.Errorf("kernels: matmul %s M=%d K=%d T=%d: empty output: %w", dtype, M, K, T, ErrShape)
 	}
 	if T <= GemvMaxTokens {
-		return MatmulShape{Kernel: GemvName(dtype), Block: blockDim(),
+		name := GemvName(dtype)
+		if T == 1 {
+			name = Gemv1Name(dtype)
+		}
+		return MatmulShape{Kernel: name, Block: blockDim(),
 			Grid: device.Dim3{X: ceilDiv(M, gemvRowsPerBlock(T)), Y: 1, Z: 1}}, nil
 	}
 	tile := uint32(gemmTile16)
@@ -531,10 +543,10 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 	return MatmulShape{Kernel: GemmName(dtype), Block: blockDim(), Grid: g}, nil
 }
 
-// gemvRowsPerBlock is 8·gemv_rows(T) of kernels.cu: one row per warp for T
-// ≤ 2, two above.
+// gemvRowsPerBlock is the rows of W a GEMV block takes: one per warp for T
+// = 1 (memwall_gemv1_*), two above.
 func gemvRowsPerBlock(T uint32) uint32 {
-	if T <= 2 {
+	if T <= 1 {
 		return threadsPerBlock / 32
 	}
 	return 2 * threadsPerBlock / 32
@@ -580,6 +592,9 @@ func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device
 		// Not a product the library takes: memwall's own GEMM below.
 	}
 	f := s.gemv[dtype]
+	if T == 1 {
+		f = s.gemv1[dtype]
+	}
 	if T > GemvMaxTokens {
 		f = s.gemm[dtype]
 	}

@@ -159,14 +159,14 @@ func TestShapeFor(t *testing.T) {
 		grid    device.Dim3
 		err     error
 	}{
-		{BF16, 4096, 4096, 1, "memwall_gemv_bf16", d(512, 1), nil},
+		{BF16, 4096, 4096, 1, "memwall_gemv1_bf16", d(512, 1), nil},
 		{F16, 1003, 999, 8, "memwall_gemv_f16", d(63, 1), nil},
-		{F32, 1, 1, 1, "memwall_gemv_f32", d(1, 1), nil},
+		{F32, 1, 1, 1, "memwall_gemv1_f32", d(1, 1), nil},
 		{BF16, 4096, 4096, 9, "memwall_gemm_bf16", d(32, 1), nil},
 		{F16, 1003, 64, 4096, "memwall_gemm_f16", d(8, 32), nil},
 		{F32, 1003, 64, 4096, "memwall_gemm_f32", d(16, 64), nil},
 		{F32, 65, 1, 65, "memwall_gemm_f32", d(2, 2), nil},
-		{BF16, 1<<32 - 1, 1, 1, "memwall_gemv_bf16", d(1<<29, 1), nil},
+		{BF16, 1<<32 - 1, 1, 1, "memwall_gemv1_bf16", d(1<<29, 1), nil},
 		{BF16, 1, 1, 128 * 65535, "memwall_gemm_bf16", d(1, 65535), nil},
 		{BF16, 1, 1, 128*65535 + 1, "", device.Dim3{}, ErrShape},
 		{F32, 1, 1, 64*65535 + 1, "", device.Dim3{}, ErrShape},
@@ -472,9 +472,9 @@ func TestSetArgumentErrors(t *testing.T) {
 		{"check counter", func() error { return s.Check(p, 10, 0, p+4, st) }, device.ErrInvalid, NameCheck},
 		{"spin negative", func() error { return s.Spin(-time.Second, st) }, device.ErrInvalid, NameSpin},
 		{"dtype", func() error { return s.Matmul("fp8", p, p, p, 1, 1, 1, st) }, ErrDType, "fp8"},
-		{"W misaligned", func() error { return s.Matmul(F32, p+2, p, p, 1, 1, 1, st) }, device.ErrInvalid, GemvName(F32)},
+		{"W misaligned", func() error { return s.Matmul(F32, p+2, p, p, 1, 1, 1, st) }, device.ErrInvalid, Gemv1Name(F32)},
 		{"X misaligned", func() error { return s.Matmul(BF16, p, p+1, p, 1, 1, 9, st) }, device.ErrInvalid, GemmName(BF16)},
-		{"Y misaligned", func() error { return s.Matmul(F16, p, p, p+2, 1, 1, 1, st) }, device.ErrInvalid, GemvName(F16)},
+		{"Y misaligned", func() error { return s.Matmul(F16, p, p, p+2, 1, 1, 1, st) }, device.ErrInvalid, Gemv1Name(F16)},
 		{"grid too tall", func() error { return s.Matmul(F32, p, p, p, 1, 1, 1<<31, st) }, ErrShape, "grid"},
 	}
 	for _, tc := range tests {

@@ -42,8 +42,9 @@ func goKernels() []goKernel {
 	}
 	for _, dt := range DTypes() {
 		ks = append(ks,
-			goKernel{name: GemvName(dt), run: runMatmul(dt, false), cost: costMatmul(dt)},
-			goKernel{name: GemmName(dt), run: runMatmul(dt, true), cost: costMatmul(dt)})
+			goKernel{name: GemvName(dt), run: runMatmul(dt, matGemv), cost: costMatmul(dt)},
+			goKernel{name: GemmName(dt), run: runMatmul(dt, matGemm), cost: costMatmul(dt)},
+			goKernel{name: Gemv1Name(dt), run: runMatmul(dt, matGemv1), cost: costMatmul(dt)})
 	}
 	return append(ks, llamaGoKernels()...)
 }
@@ -243,18 +244,23 @@ func parseMatArgs(kernel string, args []any) (matArgs, error) {
 	return a, nil
 }
 
-func runMatmul(dtype string, gemm bool) func(mem memory, grid, block device.Dim3, args []any) error {
-	name := GemvName(dtype)
-	if gemm {
-		name = GemmName(dtype)
-	}
+// Matrix kernel kinds: memwall_gemv1_* (T = 1), memwall_gemv_* (T ≤ 8),
+// memwall_gemm_*.
+const (
+	matGemv1 = iota
+	matGemv
+	matGemm
+)
+
+func runMatmul(dtype string, kind int) func(mem memory, grid, block device.Dim3, args []any) error {
+	name := [...]string{Gemv1Name(dtype), GemvName(dtype), GemmName(dtype)}[kind]
 	elt, _ := ElemSize(dtype)
 	return func(mem memory, grid, block device.Dim3, args []any) error {
 		a, err := parseMatArgs(name, args)
 		if err != nil {
 			return err
 		}
-		if err := checkMatLaunch(name, dtype, gemm, a, grid, block); err != nil {
+		if err := checkMatLaunch(name, dtype, kind, a, grid, block); err != nil {
 			return err
 		}
 		M, K, T := uint64(a.M), uint64(a.K), uint64(a.T)
@@ -283,8 +289,9 @@ func runMatmul(dtype string, gemm bool) func(mem memory, grid, block device.Dim3
 
 // checkMatLaunch rejects launches the CUDA kernel would run only partly or
 // wrongly: a grid that does not cover the output, a block other than 256
-// threads, T > GemvMaxTokens on a GEMV kernel, misaligned pointers.
-func checkMatLaunch(name, dtype string, gemm bool, a matArgs, grid, block device.Dim3) error {
+// threads, T > 1 on memwall_gemv1_*, T > GemvMaxTokens on a GEMV kernel,
+// misaligned pointers.
+func checkMatLaunch(name, dtype string, kind int, a matArgs, grid, block device.Dim3) error {
 	elt, _ := ElemSize(dtype)
 	if a.W%device.Ptr(elt) != 0 || a.X%device.Ptr(elt) != 0 || a.Y%4 != 0 {
 		return fmt.Errorf("kernels: %s: misaligned pointer (W %#x, X %#x, Y %#x): %w", name, uint64(a.W), uint64(a.X), uint64(a.Y), device.ErrInvalid)
@@ -292,11 +299,17 @@ func checkMatLaunch(name, dtype string, gemm bool, a matArgs, grid, block device
 	if block != blockDim() {
 		return fmt.Errorf("kernels: %s: block %v, want %v: %w", name, block, blockDim(), device.ErrInvalid)
 	}
-	if !gemm && a.T > GemvMaxTokens {
-		return fmt.Errorf("kernels: %s: T=%d exceeds %d: %w", name, a.T, GemvMaxTokens, device.ErrInvalid)
+	maxT := map[int]uint32{matGemv1: 1, matGemv: GemvMaxTokens, matGemm: math.MaxUint32}[kind]
+	if a.T > maxT {
+		return fmt.Errorf("kernels: %s: T=%d exceeds %d: %w", name, a.T, maxT, device.ErrInvalid)
 	}
-	rowsX, rowsY := uint64(gemvRowsPerBlock(a.T)), uint64(GemvMaxTokens)
-	if gemm {
+	var rowsX, rowsY uint64
+	switch kind {
+	case matGemv1:
+		rowsX, rowsY = uint64(gemvRowsPerBlock(1)), 1
+	case matGemv:
+		rowsX, rowsY = uint64(gemvRowsPerBlock(GemvMaxTokens)), GemvMaxTokens
+	default:
 		rowsX, rowsY = gemmTile16, gemmTile16
 		if dtype == F32 {
 			rowsX, rowsY = gemmTileF32, gemmTileF32

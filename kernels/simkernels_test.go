@@ -131,8 +131,9 @@ func TestGoKernelArgumentErrors(t *testing.T) {
 		{NameCheck, g1, blockDim(), []any{p, uint64(4), uint32(1), device.Ptr(8)}},
 		{NameSpin, g1, g1, []any{int64(5)}},
 		{GemvName(F16), g1, blockDim(), []any{p, p, p, uint32(8), uint32(8), uint32(9)}},                    // T > 8 on gemv
-		{GemvName(F16), g1, blockDim(), []any{p, p, p, uint32(9), uint32(8), uint32(1)}},                    // grid covers 8 rows (T ≤ 2)
-		{GemvName(F16), g1, blockDim(), []any{p, p, p, uint32(17), uint32(8), uint32(3)}},                   // grid covers 16 rows (T > 2)
+		{Gemv1Name(F16), g1, blockDim(), []any{p, p, p, uint32(9), uint32(8), uint32(1)}},                   // grid covers 8 rows
+		{Gemv1Name(F16), g1, blockDim(), []any{p, p, p, uint32(8), uint32(8), uint32(2)}},                   // T > 1 on gemv1
+		{GemvName(F16), g1, blockDim(), []any{p, p, p, uint32(17), uint32(8), uint32(3)}},                   // grid covers 16 rows
 		{GemvName(F16), device.Dim3{X: 2, Y: 1, Z: 1}, g1, []any{p, p, p, uint32(9), uint32(8), uint32(1)}}, // block
 		{GemmName(BF16), gemmBF, blockDim(), []any{p, p, p, uint32(8), uint32(8), uint32(129)}},             // grid.Y
 		{GemmName(F32), gemmBF, blockDim(), []any{p, p + 2, p, uint32(8), uint32(8), uint32(9)}},            // misaligned X

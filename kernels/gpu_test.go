@@ -232,7 +232,13 @@ func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		must(t, d.Memset8(w, 0x3c, M*K*2, tm.st))
 		must(t, d.Memset8(x, 0x3c, T*K*2, tm.st))
 		per := tm.per(20, func() error { return s.Matmul(BF16, w, x, y, sh.M, sh.K, sh.T, tm.st) })
-		fmt.Printf("KPERF gemv_bf16 %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, float64(M*K*2+T*K*2+4*T*M)/per.Seconds()/1e9)
+		bytes := float64(M*K*2 + T*K*2 + 4*T*M)
+		fmt.Printf("KPERF gemv_bf16 %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, bytes/per.Seconds()/1e9)
+		if sh.T == 1 { // the same product on the two-rows-per-warp kernel, for comparison
+			g := device.Dim3{X: ceilDiv(sh.M, gemvRowsPerBlock(2)), Y: 1, Z: 1}
+			per := tm.per(20, func() error { return d.Launch(s.gemv[BF16], g, blockDim(), 0, tm.st, w, x, y, sh.M, sh.K, sh.T) })
+			fmt.Printf("KPERF gemv_bf16_2rows %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, bytes/per.Seconds()/1e9)
+		}
 		must(t, d.Free(w))
 		must(t, d.Free(x))
 		must(t, d.Free(y))

@@ -126,28 +126,9 @@ func runKVSimulate(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var reqs []sched.Request
-	source := *requests
-	if *requests != "" {
-		f, err := os.Open(*requests)
-		if err != nil {
-			return fmt.Errorf("--requests: %w", err)
-		}
-		reqs, err = sched.ReadRequests(f, *requests)
-		f.Close()
-		if err != nil {
-			return err
-		}
-	} else {
-		source = "synthetic " + *synthetic + ": " + sched.SyntheticDescription(*synthetic)
-		if *rate > 0 {
-			source += fmt.Sprintf(", Poisson arrivals at %g/s", *rate)
-		} else {
-			source += ", all arriving at once"
-		}
-		if reqs, err = sched.Synthetic(sched.SyntheticOptions{Kind: *synthetic, Requests: *n, Seed: *seed, RatePerS: *rate, MaxLen: m.Context}); err != nil {
-			return err
-		}
+	reqs, source, err := kvRequests(*requests, *synthetic, *n, *seed, *rate, m.Context)
+	if err != nil {
+		return err
 	}
 	o := sched.Options{Model: m, VRAMBytes: vb, BlockTokens: *blockTokens, TokenBudget: *tokenBudget, MaxSeqs: *maxSeqs,
 		Preempt: *preempt, HostBytes: hostBytes, NoPrefixCache: *noPrefix, Seed: *seed,
@@ -189,6 +170,28 @@ func runKVSimulate(e *env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// kvRequests reads the request file, or draws the synthetic mix; source
+// names which for the report.
+func kvRequests(file, synthetic string, n int, seed uint64, rate float64, context int) ([]sched.Request, string, error) {
+	if file != "" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, "", fmt.Errorf("--requests: %w", err)
+		}
+		defer f.Close()
+		reqs, err := sched.ReadRequests(f, file)
+		return reqs, file, err
+	}
+	source := "synthetic " + synthetic + ": " + sched.SyntheticDescription(synthetic)
+	if rate > 0 {
+		source += fmt.Sprintf(", Poisson arrivals at %g/s", rate)
+	} else {
+		source += ", all arriving at once"
+	}
+	reqs, err := sched.Synthetic(sched.SyntheticOptions{Kind: synthetic, Requests: n, Seed: seed, RatePerS: rate, MaxLen: context})
+	return reqs, source, err
 }
 
 // kvModel resolves --model: a gen-model preset, else a model file or
@@ -382,6 +385,11 @@ func runBenchKV(e *env, args []string) error {
 	if *asJSON {
 		return writeJSON(e.stdout, rep)
 	}
+	printBenchKV(e, rep)
+	return nil
+}
+
+func printBenchKV(e *env, rep bench.KVReport) {
 	w := e.stdout
 	fmt.Fprintf(w, "block manager, ns per operation (the cheapest of ~20 rounds):\n%10s %9s %9s %9s %9s %9s\n", "blocks", "alloc", "free", "fork", "touch", "evict")
 	for _, r := range rep.Ops {
@@ -403,5 +411,4 @@ func runBenchKV(e *env, args []string) error {
 			fmt.Fprintln(w, "(simulated device: times come from its model, not from hardware)")
 		}
 	}
-	return nil
 }

@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -234,4 +236,86 @@ func FuzzStream(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzPipeline builds tokenizer.json files from the fuzzer's bytes: which
+// normalizers, pre-tokenizers, decoders and post-processor, the added
+// tokens' flags, and merges over a small vocabulary; then encodes and
+// decodes. Nothing may panic and every id must be a token.
+func FuzzPipeline(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7}, "hello <x> world")
+	f.Add([]byte{9, 9, 9, 9, 9, 9, 9, 9, 9, 9}, "  ▁a\n\tb<s>")
+	f.Add([]byte{255, 128, 7, 3, 200, 1}, "'S 12345 é")
+	norms := []string{`{"type":"Prepend","prepend":"▁"}`, `{"type":"Replace","pattern":{"String":" "},"content":"▁"}`,
+		`{"type":"Strip","strip_left":true,"strip_right":false}`, `{"type":"Replace","pattern":{"String":"a"},"content":""}`}
+	pres := []string{`{"type":"ByteLevel","add_prefix_space":true}`, `{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}`,
+		`{"type":"Split","pattern":{"Regex":` + jsonString(llama3Pattern) + `},"behavior":"Isolated"}`,
+		`{"type":"Split","pattern":{"String":" "},"behavior":"Removed"}`, `{"type":"Split","pattern":{"String":"a"},"behavior":"MergedWithNext","invert":true}`,
+		`{"type":"Split","pattern":{"String":"b"},"behavior":"Contiguous"}`, `{"type":"Split","pattern":{"String":"▁"},"behavior":"MergedWithPrevious"}`,
+		`{"type":"Metaspace","replacement":"▁","prepend_scheme":"first","split":true}`, `{"type":"Digits","individual_digits":true}`}
+	decs := []string{`{"type":"ByteLevel"}`, `{"type":"Replace","pattern":{"String":"▁"},"content":" "}`, `{"type":"ByteFallback"}`,
+		`{"type":"Fuse"}`, `{"type":"Strip","content":" ","start":2,"stop":1}`, `{"type":"Metaspace","replacement":"▁","prepend_scheme":"always"}`,
+		`{"type":"BPEDecoder","suffix":"b"}`}
+	f.Fuzz(func(t *testing.T, b []byte, text string) {
+		next := func() int {
+			if len(b) == 0 {
+				return 0
+			}
+			c := int(b[0])
+			b = b[1:]
+			return c
+		}
+		pick := func(list []string) string {
+			var parts []string
+			for n := next() % 4; n > 0; n-- {
+				parts = append(parts, list[next()%len(list)])
+			}
+			return strings.Join(parts, ",")
+		}
+		vocab := []string{"<unk>", "<s>", "a", "b", " ", "▁", "ab", "▁a", "Ġ", "Ġa", "<0x61>", "<0xC3>", "<0xA9>", "1", "2", "12"}
+		for c := 0; c < 256 && next()%2 == 1; c++ {
+			vocab = append(vocab, alphabet.toStr[c])
+		}
+		var sb strings.Builder
+		sb.WriteString(`{"model":{"type":"BPE","vocab":{`)
+		for i, v := range vocab {
+			if i > 0 {
+				sb.WriteString(",")
+			}
+			fmt.Fprintf(&sb, "%s:%d", jsonString(v), i)
+		}
+		fmt.Fprintf(&sb, `},"merges":[["a","b"],["▁","a"],["Ġ","a"],["1","2"]],"byte_fallback":%v,"ignore_merges":%v,"unk_token":"<unk>","fuse_unk":%v},`,
+			next()%2 == 0, next()%2 == 0, next()%2 == 0)
+		fmt.Fprintf(&sb, `"added_tokens":[{"id":1,"content":"<s>","special":true,"normalized":%v,"lstrip":%v,"rstrip":%v,"single_word":%v},{"id":%d,"content":"<x>","special":false}],`,
+			next()%2 == 0, next()%2 == 0, next()%2 == 0, next()%2 == 0, len(vocab)+next()%3)
+		fmt.Fprintf(&sb, `"normalizer":{"type":"Sequence","normalizers":[%s]},`, pick(norms))
+		fmt.Fprintf(&sb, `"pre_tokenizer":{"type":"Sequence","pretokenizers":[%s]},`, pick(pres))
+		fmt.Fprintf(&sb, `"decoder":{"type":"Sequence","decoders":[%s]},`, pick(decs))
+		sb.WriteString(`"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}},{"SpecialToken":{"id":"<s>"}}],"special_tokens":{"<s>":{"ids":[1]}}}}`)
+		tok, err := Parse("pipeline.json", []byte(sb.String()))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, sb.String())
+		}
+		for _, add := range []bool{false, true} {
+			ids := tok.Encode(text, add)
+			for _, id := range ids {
+				if _, ok := tok.Token(id); !ok {
+					t.Fatalf("id %d is no token", id)
+				}
+			}
+			if !utf8.ValidString(tok.Decode(ids, !add)) {
+				t.Fatalf("decode is not UTF-8")
+			}
+			d := tok.NewDecoder()
+			for _, id := range ids {
+				d.Add(id)
+			}
+			d.Flush()
+		}
+	})
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -253,5 +254,52 @@ func TestCacheNewFailures(t *testing.T) {
 				t.Fatalf("after a failed New the pools hold %d bytes", u)
 			}
 		})
+	}
+}
+
+// Swaps stay ordered when every copy is slow (the compute stream's memset
+// must wait for the swap-out's delayed copies), and a dropped event fails
+// the swap with an error while Close still returns every byte.
+func TestCacheSwapFaults(t *testing.T) {
+	cfg := &fault.Config{}
+	o := sim.DefaultOptions()
+	o.Shuffle = true
+	d := fault.Wrap(sim.New(o), cfg)
+	dev, host := pools(t, d)
+	c, err := kvcache.New(d, dev, host, small, kvcache.Options{HostBlocks: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	if _, err := c.Add(1, make([]int32, 4*small.Blocks/2), 0); err != nil {
+		t.Fatal(err)
+	}
+	want := fill(t, d, c, 1, rng)
+	cfg.Set(fault.Rules{SlowCopies: fault.Always(), CopyDelay: 5 * time.Millisecond})
+	if _, err := c.SwapOut(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Memset8(c.Base(), 0x11, uint64(small.Blocks)*c.BlockBytes(), c.Stream()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SwapIn(1); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Set(fault.Rules{})
+	for j, b := range c.Table(1) {
+		if got := readBlock(t, d, c, b); !bytes.Equal(got, want[j]) {
+			t.Fatalf("block %d differs after a slow swap round trip", j)
+		}
+	}
+	cfg.Set(fault.Rules{StreamWaitEvent: fault.Always()})
+	if _, err := c.SwapOut(1); !errors.Is(err, fault.ErrInjected) {
+		t.Fatalf("swap out with dropped events: %v", err)
+	}
+	cfg.Set(fault.Rules{})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if u := dev.Stats().UsedBytes + host.Stats().UsedBytes; u != 0 {
+		t.Fatalf("after Close the pools hold %d bytes", u)
 	}
 }

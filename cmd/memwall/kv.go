@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/weights"
@@ -65,9 +66,10 @@ func runKVSimulate(e *env, args []string) error {
 	preempt := fs.String("preempt", "recompute", "preemption when blocks run out: recompute or swap")
 	host := fs.String("host", "", "swap space for --preempt swap (default: the KV budget)")
 	noPrefix := fs.Bool("no-prefix-cache", false, "turn the paged policy's prefix caching off")
-	hbm := fs.Float64("hbm-gbps", sched.H200().HBMGBps, "time model: device memory bandwidth, GB/s")
-	tflops := fs.Float64("tflops", sched.H200().FLOPS/1e12, "time model: compute rate, TFLOP/s")
-	link := fs.Float64("link-gbps", sched.H200().LinkGBps, "time model: host link for swaps, GB/s")
+	timeModel := fs.String("time-model", "h200", "device time model: h200 (4.8 TB/s, 989 TFLOP/s, 55 GB/s link) or sim (the simulated device's 448 GB/s, 20 TFLOP/s, 25 GB/s); the next three flags override it")
+	hbm := fs.Float64("hbm-gbps", 0, "time model: device memory bandwidth, GB/s")
+	tflops := fs.Float64("tflops", 0, "time model: compute rate, TFLOP/s")
+	link := fs.Float64("link-gbps", 0, "time model: host link for swaps, GB/s")
 	asJSON := fs.Bool("json", false, "print JSON")
 	html := fs.String("html", "", "write the KV usage and batch timelines of both policies to this HTML file")
 	events := fs.String("events", "", "write the paged policy's KV events (JSON lines) to this file")
@@ -102,7 +104,7 @@ func runKVSimulate(e *env, args []string) error {
 		return usagef("--max-seqs %d: want at least 1", *maxSeqs)
 	case *preempt != "recompute" && *preempt != "swap":
 		return usagef("--preempt %q: want recompute or swap", *preempt)
-	case !(*hbm > 0) || !(*tflops > 0) || !(*link > 0):
+	case *hbm < 0 || *tflops < 0 || *link < 0:
 		return usagef("--hbm-gbps, --tflops and --link-gbps must be positive")
 	case *n < 1 || *n > sched.MaxRequests:
 		return usagef("--n %d: want 1..%d", *n, sched.MaxRequests)
@@ -130,12 +132,12 @@ func runKVSimulate(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	o := sched.Options{Model: m, VRAMBytes: vb, BlockTokens: *blockTokens, TokenBudget: *tokenBudget, MaxSeqs: *maxSeqs,
-		Preempt: *preempt, HostBytes: hostBytes, NoPrefixCache: *noPrefix, Seed: *seed,
-		Hardware: sched.Hardware{Name: fmt.Sprintf("%g GB/s, %g TFLOP/s, link %g GB/s", *hbm, *tflops, *link), HBMGBps: *hbm, FLOPS: *tflops * 1e12, LinkGBps: *link}}
-	if *hbm == sched.H200().HBMGBps && *tflops == sched.H200().FLOPS/1e12 && *link == sched.H200().LinkGBps {
-		o.Hardware = sched.H200()
+	hw, err := kvHardware(*timeModel, *hbm, *tflops, *link)
+	if err != nil {
+		return err
 	}
+	o := sched.Options{Model: m, VRAMBytes: vb, BlockTokens: *blockTokens, TokenBudget: *tokenBudget, MaxSeqs: *maxSeqs,
+		Preempt: *preempt, HostBytes: hostBytes, NoPrefixCache: *noPrefix, Seed: *seed, Hardware: hw}
 	var evBuf bytes.Buffer
 	var evErr func() error
 	if eventsOut != nil {
@@ -170,6 +172,34 @@ func runKVSimulate(e *env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// kvHardware is the time model --time-model names, with the bandwidth and
+// rate flags that are set (non-zero) in place of its figures.
+func kvHardware(name string, hbm, tflops, link float64) (sched.Hardware, error) {
+	var hw sched.Hardware
+	switch name {
+	case "h200":
+		hw = sched.H200()
+	case "sim":
+		so := sim.DefaultOptions()
+		hw = sched.Hardware{Name: "simulated device (" + so.Name + ")", HBMGBps: so.DeviceGBps, FLOPS: so.PeakFLOPS, LinkGBps: so.PinnedHtoDGBps}
+	default:
+		return hw, usagef("--time-model %q: want h200 or sim", name)
+	}
+	if hbm > 0 || tflops > 0 || link > 0 {
+		if hbm > 0 {
+			hw.HBMGBps = hbm
+		}
+		if tflops > 0 {
+			hw.FLOPS = tflops * 1e12
+		}
+		if link > 0 {
+			hw.LinkGBps = link
+		}
+		hw.Name = fmt.Sprintf("%g GB/s, %g TFLOP/s, link %g GB/s", hw.HBMGBps, hw.FLOPS/1e12, hw.LinkGBps)
+	}
+	return hw, nil
 }
 
 // kvRequests reads the request file, or draws the synthetic mix; source

@@ -87,11 +87,36 @@ func TestKVSimulateErrors(t *testing.T) {
 		{[]string{"kv", "simulate", "--synthetic", "sharegpt", "--model", "llama-7b", "--vram", "8GiB"}, 1, "leaves nothing for K/V"},
 		{[]string{"kv", "simulate", "--synthetic", "sharegpt", "--model", "llama-7b", "--vram", "40GiB", "--html", t.TempDir()}, 1, "is a directory"},
 		{[]string{"bench", "kv", "--blocks", "10"}, 2, "--blocks"},
+		{[]string{"kv", "simulate", "--synthetic", "sharegpt", "--model", "llama-7b", "--vram", "40GiB", "--time-model", "tpu"}, 2, "--time-model"},
 	} {
 		code, _, errOut := runVerb(t, nil, tc.args...)
 		if code != tc.code || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%v: exit %d, %q; want %d and %q", tc.args, code, errOut, tc.code, tc.want)
 		}
+	}
+}
+
+// The simulated device's time model is slower than the H200's: fewer tokens
+// per second for the same schedule.
+func TestKVSimulateTimeModel(t *testing.T) {
+	tps := map[string]float64{}
+	for _, tm := range []string{"h200", "sim"} {
+		code, out, errOut := runVerb(t, nil, "kv", "simulate", "--synthetic", "alpaca", "--n", "100", "--model", "llama-7b", "--vram", "40GiB", "--time-model", tm, "--json")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		var r struct {
+			Paged struct {
+				TokensPerS float64 `json:"tokens_per_s"`
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		tps[tm] = r.Paged.TokensPerS
+	}
+	if !(tps["sim"] > 0 && tps["sim"] < tps["h200"]/5) {
+		t.Fatalf("tokens/s %v: the simulated device (448 GB/s) should be far slower than the H200 (4.8 TB/s)", tps)
 	}
 }
 

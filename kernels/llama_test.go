@@ -736,3 +736,23 @@ func TestAttentionKernelChoice(t *testing.T) {
 		}
 	}
 }
+
+// FuzzLlamaKernels draws every kernel's random cases from the fuzzed seed
+// and checks the simulator's twins against the float64 references.
+func FuzzLlamaKernels(f *testing.F) {
+	for _, s := range []uint64{1, 2, 42, 1 << 40} {
+		f.Add(s)
+	}
+	d := newSim(f)
+	s, err := Load(d, nil)
+	must(f, err)
+	r := newRig(f, d, s)
+	f.Fuzz(func(t *testing.T, seed uint64) {
+		r.t = t
+		for _, c := range llamaCases(seed, 1) {
+			if e := relErr(c.run(r), c.ref); !(e <= c.tol) {
+				t.Errorf("%s %s: relative error %.3g exceeds %.0e", c.kernel, c.name, e, c.tol)
+			}
+		}
+	})
+}

@@ -101,11 +101,13 @@ type seq struct {
 // block it touches. A Manager is not safe for concurrent use.
 //
 // The free list is intrusive and doubly linked, in eviction order: blocks
-// that hold no cached prefix are taken first (pushed at the front as they
-// are freed), then cached blocks in least-recently-used order (pushed at
-// the back). A sequence's blocks are freed tail first, so that its first
-// blocks, the likeliest to be shared, are evicted last. A prefix hit on a
-// free cached block takes it out of the list wherever it is.
+// that hold no cached prefix are taken first (the last freed first), then
+// cached blocks that never served a hit, then cached blocks that did, each
+// group in least-recently-freed order (a segmented LRU: a prefix proven
+// shared outlives the private blocks of later sequences). A sequence's
+// blocks are freed tail first, so that its first blocks, the likeliest to
+// be shared, are evicted last. A prefix hit on a free cached block takes it
+// out of the list wherever it is.
 //
 // Prefix caching: a full block's hash chains its parent's hash, its tokens
 // and the sequence's extra key (an adapter id, say). Only full blocks are
@@ -156,6 +158,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	}
 	m := &Manager{cfg: cfg, blocks: make([]block, cfg.Blocks),
 		seqs: newSeqTable()}
+	m.cache = newHashTable(0)
 	if !cfg.NoPrefixCache {
 		m.cache = newHashTable(cfg.Blocks)
 	}

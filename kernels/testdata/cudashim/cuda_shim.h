@@ -31,3 +31,29 @@ __device__ void __nanosleep(unsigned int);
 __device__ void __syncthreads();
 __device__ void __syncwarp(unsigned int = 0xFFFFFFFFu);
 __device__ size_t __cvta_generic_to_shared(const void*);
+
+// Used by the Llama-layer kernels.
+struct __attribute__((aligned(8))) uint2 {
+    unsigned int x, y;
+};
+struct __attribute__((aligned(16))) float4 {
+    float x, y, z, w;
+};
+#define INFINITY __builtin_huge_valf()
+__device__ unsigned int __float_as_uint(float);
+__device__ uint4 make_uint4(unsigned int, unsigned int, unsigned int, unsigned int);
+__device__ float4 make_float4(float, float, float, float);
+__device__ uint2 __ldg(const uint2*);
+__device__ unsigned int __ldg(const unsigned int*);
+__device__ float __shfl_xor_sync(unsigned int, float, int, int = 32);
+__device__ float __shfl_sync(unsigned int, float, int, int = 32);
+__device__ unsigned long long __shfl_sync(unsigned int, unsigned long long, int, int = 32);
+__device__ float fmaxf(float, float);
+__device__ float expf(float);
+__device__ float exp2f(float);
+__device__ float rsqrtf(float);
+__device__ void sincosf(float, float*, float*);
+__device__ void __trap();
+__device__ unsigned long long min(unsigned long long, unsigned long long);
+__device__ unsigned int min(unsigned int, unsigned int);
+__device__ unsigned long min(unsigned long, unsigned long);

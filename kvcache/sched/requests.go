@@ -18,7 +18,8 @@ type Request struct {
 	// ArrivalS is when the request arrives, in seconds from the start.
 	ArrivalS     float64 `json:"arrival_s"`
 	PromptTokens int     `json:"prompt_tokens"`
-	OutputTokens int     `json:"output_tokens"`
+	// OutputTokens may be 0: a prefill-only request (scoring, embedding).
+	OutputTokens int `json:"output_tokens"`
 	// Requests with the same PrefixID share their first PrefixTokens
 	// prompt tokens (a system prompt, a document): the blocks a prefix
 	// cache can serve.
@@ -117,7 +118,7 @@ func parseRequest(b []byte) (Request, string) {
 	if r.PromptTokens, reason = count("prompt_tokens", j.PromptTokens, 1, true); reason != "" {
 		return r, reason
 	}
-	if r.OutputTokens, reason = count("output_tokens", j.OutputTokens, 1, true); reason != "" {
+	if r.OutputTokens, reason = count("output_tokens", j.OutputTokens, 0, true); reason != "" {
 		return r, reason
 	}
 	if r.PrefixTokens, reason = count("prefix_tokens", j.PrefixTokens, 0, false); reason != "" {

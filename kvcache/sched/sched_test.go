@@ -50,6 +50,7 @@ func TestReadRequests(t *testing.T) {
 		{`{"arrival_s": 0, "prompt_tokens": 1.5, "output_tokens": 1}`, `field "prompt_tokens": 1.5, want an integer`},
 		{`{"arrival_s": 0, "prompt_tokens": 1}`, `missing field "output_tokens"`},
 		{`{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 99999999}`, `field "output_tokens": 99999999`},
+		{`{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": -1}`, `field "output_tokens": -1, want 0..`},
 		{`{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 1, "prefix_tokens": 2}`, `"prefix_tokens" without "prefix_id"`},
 		{`{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 1, "prefix_id": "a", "prefix_tokens": 5}`, `more than prompt_tokens 4`},
 		{`{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 1, "prefix_id": [1]}`, `field "prefix_id": [1], want a string or an integer`},
@@ -82,7 +83,7 @@ func FuzzReadRequests(f *testing.F) {
 			return
 		}
 		for i, r := range reqs {
-			if r.PromptTokens < 1 || r.OutputTokens < 1 || r.PrefixTokens > r.PromptTokens || r.ArrivalS < 0 ||
+			if r.PromptTokens < 1 || r.OutputTokens < 0 || r.PrefixTokens > r.PromptTokens || r.ArrivalS < 0 ||
 				(r.PrefixTokens > 0 && r.PrefixID == "") || (i > 0 && reqs[i-1].ArrivalS > r.ArrivalS) {
 				t.Fatalf("accepted a bad request %+v", r)
 			}
@@ -194,6 +195,21 @@ func TestSwapPreemption(t *testing.T) {
 		}
 		if p.SwappedBytes%res.BlockBytes != 0 {
 			t.Fatalf("swapped %d bytes, not whole blocks of %d", p.SwappedBytes, res.BlockBytes)
+		}
+	}
+}
+
+// Prefill-only requests (no output) finish after their prompt and produce
+// no token.
+func TestPrefillOnly(t *testing.T) {
+	reqs := []Request{{PromptTokens: 100, OutputTokens: 0}, {ArrivalS: 0.1, PromptTokens: 50, OutputTokens: 3}}
+	res, err := Simulate(reqs, Options{Model: llama7b(t), VRAMBytes: 40 << 30, check: checked})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []PolicyResult{res.Paged, res.Contiguous} {
+		if p.Finished != 2 || p.OutputTokens != 3 {
+			t.Errorf("%s: %d finished, %d tokens; want 2 and 3", p.Policy, p.Finished, p.OutputTokens)
 		}
 	}
 }

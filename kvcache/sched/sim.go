@@ -543,8 +543,10 @@ func (r *runner) afterStep(sched []chunk) {
 		if s.computed < len(s.tokens) {
 			continue
 		}
-		s.generated++
-		r.res.OutputTokens++
+		if r.reqs[s.req].OutputTokens > 0 {
+			s.generated++
+			r.res.OutputTokens++
+		}
 		if s.generated >= r.reqs[s.req].OutputTokens {
 			done[s] = true
 			r.res.Finished++

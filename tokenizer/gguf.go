@@ -23,8 +23,9 @@ const ggufFile = "gguf metadata"
 // Metadata): tokenizer.ggml.model "llama" (tokens, scores, token_type:
 // SentencePiece BPE merging by score, with <0xNN> byte fallback, as llama.cpp
 // encodes) or "gpt2" (tokens, merges: byte-level BPE, split as
-// tokenizer.ggml.pre names). Control and user-defined tokens written in the
-// text are matched as added tokens; BOS and EOS come from bos_token_id and
+// tokenizer.ggml.pre names). Control, unknown and user-defined tokens
+// written in the text are matched as added tokens (the first two special,
+// skipped by Decode(ids, true)); BOS and EOS come from bos_token_id and
 // eos_token_id, and add_bos_token / add_eos_token say whether
 // Encode(text, true) adds them (default: BOS for "llama" only). Errors are
 // *Error naming the key.
@@ -66,12 +67,12 @@ func FromGGUF(meta map[string]any) (*Tokenizer, error) {
 			vocab[s] = i
 		}
 		switch types[i] {
-		case ggufControl, ggufUserDefined:
-			a := &addedToken{id: i, content: s, pattern: s, special: types[i] == ggufControl}
+		case ggufControl, ggufUserDefined, ggufUnknown: // matched in text, as llama.cpp does
+			a := &addedToken{id: i, content: s, pattern: s, special: types[i] != ggufUserDefined}
 			t.special[i] = a.special
 			t.added = append(t.added, *a)
 			added = append(added, a)
-		case ggufUnknown, ggufUnused:
+		case ggufUnused:
 			t.special[i] = true
 		}
 	}

@@ -154,8 +154,8 @@ func TestHF(t *testing.T) {
 	}
 }
 
-// TestHFGGUF writes each HF-trained vocabulary as GGUF metadata and encodes
-// the same strings through FromGGUF. Byte-level vocabularies ("gpt2" with
+// TestHFGGUF writes each HF-trained vocabulary as GGUF metadata
+// (GGUFMetadata) and encodes the same strings through FromGGUF. Byte-level vocabularies ("gpt2" with
 // merges) must give HF's ids exactly. A "llama" vocabulary merges by score
 // as llama.cpp does; scores made from merge ranks agree with HF's BPE except
 // where a token can also be made from a pair that is no merge of the file,
@@ -175,12 +175,12 @@ func TestHFGGUF(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		meta := ggufOf(tok, c.model)
-		if c.pre != "" {
-			meta["tokenizer.ggml.pre"] = c.pre
+		meta, err := tok.GGUFMetadata()
+		if err != nil {
+			t.Fatal(err)
 		}
-		if c.file == "llama3/tokenizer.json" {
-			meta["tokenizer.ggml.add_bos_token"] = true
+		if meta["tokenizer.ggml.model"] != c.model || c.pre != "" && meta["tokenizer.ggml.pre"] != c.pre {
+			t.Errorf("%s: GGUF model %v pre %v, want %s %s", c.file, meta["tokenizer.ggml.model"], meta["tokenizer.ggml.pre"], c.model, c.pre)
 		}
 		g, err := FromGGUF(viaFile(t, meta))
 		if err != nil {

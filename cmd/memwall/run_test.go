@@ -301,3 +301,24 @@ func TestRunLogitsOut(t *testing.T) {
 		t.Errorf("a directory as --logits-out: exit %d, %s", code, errOut)
 	}
 }
+
+func FuzzParseIDs(f *testing.F) {
+	for _, s := range []string{"1,2,3", " 5 , 6", "", ",", "-1", "99999999999", "1,,2", "0x10"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ids, err := parseIDs(s)
+		if err != nil {
+			return
+		}
+		parts := strings.Split(s, ",")
+		if len(ids) != len(parts) {
+			t.Fatalf("%q: %d ids from %d parts", s, len(ids), len(parts))
+		}
+		for i, id := range ids {
+			if id < 0 || strconv.Itoa(id) != strings.TrimLeft(strings.TrimSpace(parts[i]), "+0") && id != 0 {
+				t.Fatalf("%q: id %d from %q", s, id, parts[i])
+			}
+		}
+	})
+}

@@ -21,6 +21,9 @@
 //		fmt.Print(d.Add(id)) // only whole characters
 //	}
 //
+// GGUFMetadata gives a vocabulary's tokenizer.ggml.* keys for a GGUF file,
+// and Synthetic a small Llama-2-style tokenizer.json for made-up models.
+//
 // A Tokenizer is immutable once built and safe for concurrent use; a
 // StreamDecoder is not.
 package tokenizer

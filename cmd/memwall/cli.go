@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -160,12 +161,12 @@ func run(args []string, e *env) int {
 	if path := e.getenv("MEMWALL_CPUPROFILE"); path != "" {
 		stop, err := startCPUProfile(path)
 		if err != nil {
-			fmt.Fprintf(e.stderr, "memwall: MEMWALL_CPUPROFILE: %v\n", err)
-			return 1
+			fmt.Fprintf(e.stderr, "memwall: %v\n", err) // names the variable and the path
+			return exitFail
 		}
 		defer func() {
 			if err := stop(); err != nil {
-				fmt.Fprintf(e.stderr, "memwall: MEMWALL_CPUPROFILE: %v\n", err)
+				fmt.Fprintf(e.stderr, "memwall: %v\n", err)
 			}
 		}()
 	}
@@ -246,21 +247,19 @@ func printHelp(w io.Writer) {
 
 // startCPUProfile writes a CPU profile of the rest of the run to path
 // (MEMWALL_CPUPROFILE; scripts/pgo.sh builds the compiler's profile from
-// such runs). The returned function stops it and closes the file.
+// such runs), by outputFile's rules: the path is checked now and written
+// when the returned function stops the profile.
 func startCPUProfile(path string) (stop func() error, err error) {
-	f, err := os.Create(path)
+	o, err := checkOutput("MEMWALL_CPUPROFILE", path)
 	if err != nil {
 		return nil, err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", path, err)
+	var buf bytes.Buffer
+	if err := pprof.StartCPUProfile(&buf); err != nil {
+		return nil, fmt.Errorf("MEMWALL_CPUPROFILE %s: %w", path, err)
 	}
 	return func() error {
 		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		return nil
+		return o.write(buf.Bytes())
 	}, nil
 }

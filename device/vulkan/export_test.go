@@ -1,0 +1,29 @@
+package vulkan
+
+import "unsafe"
+
+// StructSizes reports the sizes of the hand-laid-out structures by their C
+// names, for TestStructSizes.
+func StructSizes() map[string]uintptr {
+	return map[string]uintptr{
+		"VkApplicationInfo": unsafe.Sizeof(applicationInfo{}), "VkInstanceCreateInfo": unsafe.Sizeof(instanceCreateInfo{}),
+		"VkDeviceQueueCreateInfo": unsafe.Sizeof(deviceQueueCreateInfo{}), "VkDeviceCreateInfo": unsafe.Sizeof(deviceCreateInfo{}),
+		"VkPhysicalDeviceProperties": unsafe.Sizeof(physicalDeviceProperties{}), "VkPhysicalDeviceProperties2": unsafe.Sizeof(physicalDeviceProperties2{}),
+		"VkPhysicalDeviceVulkan11Properties": unsafe.Sizeof(physicalDeviceVulkan11Properties{}),
+		"VkPhysicalDeviceDriverProperties":   unsafe.Sizeof(physicalDeviceDriverProperties{}),
+		"VkPhysicalDeviceFeatures":           unsafe.Sizeof(physicalDeviceFeatures{}), "VkPhysicalDeviceFeatures2": unsafe.Sizeof(physicalDeviceFeatures2{}),
+		"VkPhysicalDeviceVulkan12Features": unsafe.Sizeof(physicalDeviceVulkan12Features{}),
+		"VkPhysicalDeviceMemoryProperties": unsafe.Sizeof(physicalDeviceMemoryProperties{}), "VkPhysicalDeviceMemoryProperties2": unsafe.Sizeof(physicalDeviceMemoryProperties2{}),
+		"VkPhysicalDeviceMemoryBudgetPropertiesEXT": unsafe.Sizeof(physicalDeviceMemoryBudget{}),
+		"VkQueueFamilyProperties":                   unsafe.Sizeof(queueFamilyProperties{}), "VkExtensionProperties": unsafe.Sizeof(extensionProperties{}),
+		"VkMemoryAllocateInfo": unsafe.Sizeof(memoryAllocateInfo{}), "VkBufferCreateInfo": unsafe.Sizeof(bufferCreateInfo{}),
+		"VkMemoryRequirements": unsafe.Sizeof(memoryRequirements{}), "VkSubmitInfo": unsafe.Sizeof(submitInfo{}),
+		"VkTimelineSemaphoreSubmitInfo": unsafe.Sizeof(timelineSemaphoreSubmitInfo{}), "VkSemaphoreWaitInfo": unsafe.Sizeof(semaphoreWaitInfo{}),
+		"VkBufferCopy": unsafe.Sizeof(bufferCopy{}), "VkComputePipelineCreateInfo": unsafe.Sizeof(computePipelineCreateInfo{}),
+		"VkPipelineShaderStageCreateInfo": unsafe.Sizeof(pipelineShaderStageCreateInfo{}), "VkSpecializationInfo": unsafe.Sizeof(specializationInfo{}),
+		"VkSpecializationMapEntry": unsafe.Sizeof(specializationMapEntry{}), "VkPipelineLayoutCreateInfo": unsafe.Sizeof(pipelineLayoutCreateInfo{}),
+		"VkImportMemoryHostPointerInfoEXT": unsafe.Sizeof(importMemoryHostPointerInfo{}), "VkMemoryBarrier": unsafe.Sizeof(memoryBarrier{}),
+		"VkSparseMemoryBind": unsafe.Sizeof(sparseMemoryBind{}), "VkBindSparseInfo": unsafe.Sizeof(bindSparseInfo{}),
+		"VkCommandBufferAllocateInfo": unsafe.Sizeof(commandBufferAllocateInfo{}), "VkQueryPoolCreateInfo": unsafe.Sizeof(queryPoolCreateInfo{}),
+	}
+}

@@ -1,0 +1,678 @@
+package vulkan
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/memwall/memwall/device"
+)
+
+// waitTimeout bounds every host wait on a semaphore: a GPU that has not
+// finished queued work in this long is reported, never waited on forever.
+const waitTimeout = 10 * time.Minute
+
+// Staging for copies from and to pageable host memory: each stream has up
+// to stagingSlots host-visible buffers of stagingBytes, used round robin so
+// that copying into one overlaps the DMA from the others.
+const (
+	stagingSlots = 4
+	stagingBytes = 4 << 20
+)
+
+type semWait struct{ sem, value uint64 }
+
+type cbUse struct {
+	cb     uintptr
+	family uint32
+	value  uint64
+}
+
+type stagingSlot struct {
+	a     *allocation
+	value uint64 // the stream value after which the slot is free
+}
+
+// stream is a timeline semaphore and the command buffers recorded for it.
+// Operation k of the stream is one submission that waits for value k-1 and
+// signals k.
+type stream struct {
+	id      device.Stream
+	mu      sync.Mutex // serializes the stream's operations
+	sem     uint64
+	last    atomic.Uint64 // the value the last submission signals
+	waits   []semWait     // StreamWaitEvent waits for the next submission
+	cq, tq  *queue
+	pools   map[uint32]uint64
+	free    map[uint32][]uintptr
+	flight  []cbUse
+	staging [stagingSlots]stagingSlot
+}
+
+// event is a captured (semaphore, value); a timing event also owns a
+// one-query timestamp pool written by its last record.
+type event struct {
+	id     device.Event
+	timing bool
+	mu     sync.Mutex
+	sem    uint64
+	value  uint64 // 0: never recorded, or recorded on an idle stream
+	qpool  uint64
+	stamps bool // the last record wrote a timestamp
+}
+
+func (d *Device) newID() uint64 {
+	id := d.nextID
+	d.nextID++
+	return id
+}
+
+// createTimeline makes a timeline semaphore, reusing one from a destroyed
+// stream when there is one: its counter only grows, so events captured on
+// the old stream stay complete.
+func (d *Device) createTimeline() (sem, value uint64, err error) {
+	d.mu.Lock()
+	if n := len(d.spareSems); n > 0 {
+		sem = d.spareSems[n-1]
+		d.spareSems = d.spareSems[:n-1]
+		d.mu.Unlock()
+		return sem, d.counter(sem), nil
+	}
+	d.mu.Unlock()
+	var pn pinned
+	defer pn.release()
+	ti := &semaphoreTypeCreateInfo{sType: stSemaphoreTypeCreateInfo, kind: semaphoreTimeline}
+	ci := &semaphoreCreateInfo{sType: stSemaphoreCreateInfo, pNext: ref(&pn, ti)}
+	if err := check("vkCreateSemaphore", call(d.vk.createSemaphore, d.dev, uintptr(unsafe.Pointer(ci)), 0, uintptr(unsafe.Pointer(&sem)))); err != nil {
+		return 0, 0, fmt.Errorf("vulkan: %w", err)
+	}
+	return sem, 0, nil
+}
+
+func (d *Device) counter(sem uint64) uint64 {
+	var v uint64
+	call(d.vk.getSemaphoreCounterValue, d.dev, uintptr(sem), uintptr(unsafe.Pointer(&v)))
+	return v
+}
+
+// waitValues blocks until every semaphore has reached its value.
+func (d *Device) waitValues(ws []semWait) error {
+	if len(ws) == 0 {
+		return nil
+	}
+	sems := make([]uint64, len(ws))
+	vals := make([]uint64, len(ws))
+	for i, w := range ws {
+		sems[i], vals[i] = w.sem, w.value
+	}
+	var pn pinned
+	defer pn.release()
+	wi := &semaphoreWaitInfo{sType: stSemaphoreWaitInfo, count: uint32(len(ws)), semaphores: refSlice(&pn, sems), values: refSlice(&pn, vals)}
+	r := call(d.vk.waitSemaphores, d.dev, uintptr(unsafe.Pointer(wi)), uintptr(waitTimeout.Nanoseconds()))
+	if r == vkTimeout {
+		return fmt.Errorf("vulkan: vkWaitSemaphores: queued work still running after %v: %w", waitTimeout, &Error{Func: "vkWaitSemaphores", Code: int32(r)})
+	}
+	if err := check("vkWaitSemaphores", r); err != nil {
+		return fmt.Errorf("vulkan: %w", err)
+	}
+	return nil
+}
+
+// NewStream creates a stream on the next queues in turn.
+func (d *Device) NewStream() (device.Stream, error) {
+	sem, base, err := d.createTimeline()
+	if err != nil {
+		return 0, err
+	}
+	s := &stream{sem: sem, pools: map[uint32]uint64{}, free: map[uint32][]uintptr{}}
+	s.last.Store(base)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		d.spareSems = append(d.spareSems, sem)
+		return 0, fmt.Errorf("vulkan: NewStream on a closed device: %w", device.ErrInvalid)
+	}
+	s.cq = d.compute.queues[d.queueRot%len(d.compute.queues)]
+	s.tq = d.transfer.queues[d.queueRot%len(d.transfer.queues)]
+	d.queueRot++
+	s.id = device.Stream(d.newID())
+	d.streams[s.id] = s
+	return s.id, nil
+}
+
+func (d *Device) stream(what string, id device.Stream) (*stream, error) {
+	d.mu.Lock()
+	s := d.streams[id]
+	d.mu.Unlock()
+	if s == nil {
+		return nil, fmt.Errorf("vulkan: %s: unknown stream %d: %w", what, uint64(id), device.ErrInvalid)
+	}
+	return s, nil
+}
+
+// DestroyStream lets the stream's queued work finish, then releases it.
+func (d *Device) DestroyStream(id device.Stream) error {
+	d.mu.Lock()
+	s := d.streams[id]
+	delete(d.streams, id)
+	d.mu.Unlock()
+	if s == nil {
+		return fmt.Errorf("vulkan: DestroyStream: unknown stream %d: %w", uint64(id), device.ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := d.waitValues([]semWait{{s.sem, s.last.Load()}})
+	d.releaseStream(s)
+	d.mu.Lock()
+	d.spareSems = append(d.spareSems, s.sem)
+	d.mu.Unlock()
+	return err
+}
+
+func (d *Device) releaseStream(s *stream) {
+	for _, p := range s.pools {
+		callVoid(d.vk.destroyCommandPool, d.dev, uintptr(p), 0)
+	}
+	s.pools, s.free, s.flight = nil, nil, nil
+	for i := range s.staging {
+		if a := s.staging[i].a; a != nil {
+			d.destroy(a)
+			s.staging[i].a = nil
+		}
+	}
+}
+
+// StreamSynchronize waits for everything submitted to the stream.
+func (d *Device) StreamSynchronize(id device.Stream) error {
+	s, err := d.stream("StreamSynchronize", id)
+	if err != nil {
+		return err
+	}
+	return d.waitValues([]semWait{{s.sem, s.last.Load()}})
+}
+
+// StreamQuery reports whether everything submitted to the stream is done.
+func (d *Device) StreamQuery(id device.Stream) (bool, error) {
+	s, err := d.stream("StreamQuery", id)
+	if err != nil {
+		return false, err
+	}
+	return d.counter(s.sem) >= s.last.Load(), nil
+}
+
+// Synchronize waits for the work queued so far on every stream.
+func (d *Device) Synchronize() error {
+	d.mu.Lock()
+	ws := make([]semWait, 0, len(d.streams))
+	for _, s := range d.streams {
+		if v := s.last.Load(); v > 0 {
+			ws = append(ws, semWait{s.sem, v})
+		}
+	}
+	d.mu.Unlock()
+	return d.waitValues(ws)
+}
+
+// NewEvent creates an event; a timing event gets a timestamp query pool.
+func (d *Device) NewEvent(timing bool) (device.Event, error) {
+	e := &event{timing: timing}
+	if timing {
+		if d.compute.timestampBits == 0 {
+			return 0, fmt.Errorf("vulkan: NewEvent(timing): the compute queue has no timestamps: %w", device.ErrUnsupported)
+		}
+		ci := &queryPoolCreateInfo{sType: stQueryPoolCreateInfo, queryType: queryTypeTimestamp, count: 1}
+		if err := check("vkCreateQueryPool", call(d.vk.createQueryPool, d.dev, uintptr(unsafe.Pointer(ci)), 0, uintptr(unsafe.Pointer(&e.qpool)))); err != nil {
+			return 0, fmt.Errorf("vulkan: %w", err)
+		}
+	}
+	d.mu.Lock()
+	e.id = device.Event(d.newID())
+	d.events[e.id] = e
+	d.mu.Unlock()
+	return e.id, nil
+}
+
+func (d *Device) event(what string, id device.Event) (*event, error) {
+	d.mu.Lock()
+	e := d.events[id]
+	d.mu.Unlock()
+	if e == nil {
+		return nil, fmt.Errorf("vulkan: %s: unknown event %d: %w", what, uint64(id), device.ErrInvalid)
+	}
+	return e, nil
+}
+
+// DestroyEvent releases an event; work it captured is unaffected.
+func (d *Device) DestroyEvent(id device.Event) error {
+	d.mu.Lock()
+	e := d.events[id]
+	delete(d.events, id)
+	d.mu.Unlock()
+	if e == nil {
+		return fmt.Errorf("vulkan: DestroyEvent: unknown event %d: %w", uint64(id), device.ErrInvalid)
+	}
+	if e.qpool != 0 {
+		// A timestamp write may still be queued: wait for it first.
+		e.mu.Lock()
+		err := d.waitValues(e.pending())
+		e.mu.Unlock()
+		callVoid(d.vk.destroyQueryPool, d.dev, uintptr(e.qpool), 0)
+		return err
+	}
+	return nil
+}
+
+func (e *event) pending() []semWait {
+	if e.value == 0 {
+		return nil
+	}
+	return []semWait{{e.sem, e.value}}
+}
+
+// EventRecord captures the work submitted to the stream so far; a timing
+// event writes a timestamp after it.
+func (d *Device) EventRecord(eid device.Event, sid device.Stream) error {
+	e, err := d.event("EventRecord", eid)
+	if err != nil {
+		return err
+	}
+	s, err := d.stream("EventRecord", sid)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.timing {
+		e.sem, e.value = s.sem, s.last.Load()
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := d.submit(s, s.cq, func(cb uintptr) {
+		callVoid(d.vk.cmdResetQueryPool, cb, uintptr(e.qpool), 0, 1)
+		callVoid(d.vk.cmdWriteTimestamp, cb, stageBottom, uintptr(e.qpool), 0)
+	})
+	if err != nil {
+		return fmt.Errorf("vulkan: EventRecord: %w", err)
+	}
+	e.sem, e.value, e.stamps = s.sem, v, true
+	return nil
+}
+
+// EventQuery reports whether the captured work has completed.
+func (d *Device) EventQuery(id device.Event) (bool, error) {
+	e, err := d.event("EventQuery", id)
+	if err != nil {
+		return false, err
+	}
+	e.mu.Lock()
+	sem, v := e.sem, e.value
+	e.mu.Unlock()
+	return v == 0 || d.counter(sem) >= v, nil
+}
+
+// EventSynchronize waits for the captured work.
+func (d *Device) EventSynchronize(id device.Event) error {
+	e, err := d.event("EventSynchronize", id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	ws := e.pending()
+	e.mu.Unlock()
+	return d.waitValues(ws)
+}
+
+// EventElapsed returns the time between the timestamps of two completed
+// timing events.
+func (d *Device) EventElapsed(start, end device.Event) (time.Duration, error) {
+	var ts [2]uint64
+	for i, id := range []device.Event{start, end} {
+		e, err := d.event("EventElapsed", id)
+		if err != nil {
+			return 0, err
+		}
+		if !e.timing {
+			return 0, fmt.Errorf("vulkan: EventElapsed: event %d was created without timing: %w", uint64(id), device.ErrInvalid)
+		}
+		e.mu.Lock()
+		stamped, sem, v := e.stamps, e.sem, e.value
+		e.mu.Unlock()
+		if !stamped {
+			return 0, fmt.Errorf("vulkan: EventElapsed: event %d never recorded: %w", uint64(id), device.ErrInvalid)
+		}
+		if d.counter(sem) < v {
+			return 0, fmt.Errorf("vulkan: EventElapsed: event %d not complete: %w", uint64(id), device.ErrNotReady)
+		}
+		r := call(d.vk.getQueryPoolResults, d.dev, uintptr(e.qpool), 0, 1, 8, uintptr(unsafe.Pointer(&ts[i])), 8, queryResult64)
+		if r == vkNotReady {
+			return 0, fmt.Errorf("vulkan: EventElapsed: timestamp of event %d not available: %w", uint64(id), device.ErrNotReady)
+		}
+		if err := check("vkGetQueryPoolResults", r); err != nil {
+			return 0, fmt.Errorf("vulkan: %w", err)
+		}
+	}
+	bits := d.compute.timestampBits
+	mask := ^uint64(0)
+	if bits < 64 {
+		mask = 1<<bits - 1
+	}
+	ticks := (ts[1] - ts[0]) & mask
+	return time.Duration(float64(ticks) * d.timestampNs), nil
+}
+
+// StreamWaitEvent makes the stream's next submission wait for the event's
+// captured work, on the GPU.
+func (d *Device) StreamWaitEvent(sid device.Stream, eid device.Event) error {
+	s, err := d.stream("StreamWaitEvent", sid)
+	if err != nil {
+		return err
+	}
+	e, err := d.event("StreamWaitEvent", eid)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	w := e.pending()
+	e.mu.Unlock()
+	if len(w) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	s.waits = append(s.waits, w...)
+	s.mu.Unlock()
+	return nil
+}
+
+// commandBuffer returns a command buffer of the family, reusing one whose
+// submission has completed. s.mu is held.
+func (d *Device) commandBuffer(s *stream, fam uint32) (uintptr, error) {
+	if len(s.flight) > 0 {
+		done := d.counter(s.sem)
+		keep := s.flight[:0]
+		for _, u := range s.flight {
+			if u.value <= done {
+				s.free[u.family] = append(s.free[u.family], u.cb)
+			} else {
+				keep = append(keep, u)
+			}
+		}
+		s.flight = keep
+	}
+	if f := s.free[fam]; len(f) > 0 {
+		cb := f[len(f)-1]
+		s.free[fam] = f[:len(f)-1]
+		return cb, nil
+	}
+	pool, ok := s.pools[fam]
+	if !ok {
+		ci := &commandPoolCreateInfo{sType: stCommandPoolCreateInfo, flags: poolResetCommandBuf, family: fam}
+		if err := check("vkCreateCommandPool", call(d.vk.createCommandPool, d.dev, uintptr(unsafe.Pointer(ci)), 0, uintptr(unsafe.Pointer(&pool)))); err != nil {
+			return 0, err
+		}
+		s.pools[fam] = pool
+	}
+	ai := &commandBufferAllocateInfo{sType: stCommandBufferAllocateInfo, pool: pool, count: 1}
+	var cb uintptr
+	if err := check("vkAllocateCommandBuffers", call(d.vk.allocateCommandBuffers, d.dev, uintptr(unsafe.Pointer(ai)), uintptr(unsafe.Pointer(&cb)))); err != nil {
+		return 0, err
+	}
+	return cb, nil
+}
+
+// submit records one command buffer with rec and submits it to q, waiting
+// for the stream's previous value and pending event waits, signalling the
+// next value, which it returns. s.mu is held.
+func (d *Device) submit(s *stream, q *queue, rec func(cb uintptr)) (uint64, error) {
+	cb, err := d.commandBuffer(s, q.family)
+	if err != nil {
+		return 0, err
+	}
+	bi := &commandBufferBeginInfo{sType: stCommandBufferBeginInfo, flags: oneTimeSubmit}
+	if err := check("vkBeginCommandBuffer", call(d.vk.beginCommandBuffer, cb, uintptr(unsafe.Pointer(bi)))); err != nil {
+		return 0, err
+	}
+	rec(cb)
+	if err := check("vkEndCommandBuffer", call(d.vk.endCommandBuffer, cb)); err != nil {
+		return 0, err
+	}
+	prev := s.last.Load()
+	value := prev + 1
+	var sems, vals []uint64
+	var stages []uint32
+	if prev > 0 {
+		sems, vals, stages = append(sems, s.sem), append(vals, prev), append(stages, stageAllCommands)
+	}
+	for _, w := range s.waits {
+		sems, vals, stages = append(sems, w.sem), append(vals, w.value), append(stages, stageAllCommands)
+	}
+	sig, sigVal := []uint64{s.sem}, []uint64{value}
+	cbs := []uintptr{cb}
+	var pn pinned
+	defer pn.release()
+	ts := &timelineSemaphoreSubmitInfo{sType: stTimelineSemaphoreSubmitInfo,
+		waitCount: uint32(len(vals)), waitValues: refSlice(&pn, vals), signalCount: 1, signalValues: refSlice(&pn, sigVal)}
+	si := &submitInfo{sType: stSubmitInfo, pNext: ref(&pn, ts),
+		waitCount: uint32(len(sems)), waitSemaphores: refSlice(&pn, sems), waitStages: refSlice(&pn, stages),
+		cmdCount: 1, cmds: refSlice(&pn, cbs), signalCount: 1, signalSemaphores: refSlice(&pn, sig)}
+	q.mu.Lock()
+	r := call(d.vk.queueSubmit, q.h, 1, uintptr(unsafe.Pointer(si)), 0)
+	q.mu.Unlock()
+	if err := check("vkQueueSubmit", r); err != nil {
+		s.free[q.family] = append(s.free[q.family], cb)
+		return 0, err
+	}
+	s.waits = s.waits[:0]
+	s.last.Store(value)
+	s.flight = append(s.flight, cbUse{cb, q.family, value})
+	return value, nil
+}
+
+// op runs one stream operation with the stream locked.
+func (d *Device) op(what string, id device.Stream, fn func(s *stream) error) error {
+	s, err := d.stream(what, id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := fn(s); err != nil {
+		return fmt.Errorf("vulkan: %s: %w", what, err)
+	}
+	return nil
+}
+
+func (d *Device) copyCmd(src, dst uint64, so, do, n uint64) func(cb uintptr) {
+	region := &bufferCopy{srcOffset: so, dstOffset: do, size: n}
+	return func(cb uintptr) {
+		callVoid(d.vk.cmdCopyBuffer, cb, uintptr(src), uintptr(dst), 1, uintptr(unsafe.Pointer(region)))
+	}
+}
+
+// slot returns staging slot i of the stream, free for reuse. s.mu is held.
+func (d *Device) slot(s *stream, i int) (*stagingSlot, error) {
+	sl := &s.staging[i]
+	if sl.a == nil {
+		a, err := d.newAllocation(stagingBytes, kindInternal, 0.5, nil)
+		if err != nil {
+			return nil, err
+		}
+		sl.a = a
+	}
+	if d.counter(s.sem) < sl.value {
+		if err := d.waitValues([]semWait{{s.sem, sl.value}}); err != nil {
+			return nil, err
+		}
+	}
+	return sl, nil
+}
+
+// CopyHtoD copies src to dst: directly from HostAlloc or HostRegister
+// memory, otherwise through staging buffers filled before the call returns
+// (so src may be reused at once, as with CUDA's pageable copies).
+func (d *Device) CopyHtoD(dst device.Ptr, src []byte, sid device.Stream) error {
+	n := uint64(len(src))
+	return d.op("CopyHtoD", sid, func(s *stream) error {
+		if n == 0 {
+			return nil
+		}
+		to, err := d.resolve("CopyHtoD", dst, n)
+		if err != nil {
+			return err
+		}
+		if from, ok := d.hostSpan(src); ok {
+			_, err := d.submit(s, s.tq, d.copyCmd(from.buf, to.buf, from.off, to.off, n))
+			return err
+		}
+		for off, k := uint64(0), 0; off < n; off, k = off+stagingBytes, k+1 {
+			m := min(stagingBytes, n-off)
+			sl, err := d.slot(s, k%stagingSlots)
+			if err != nil {
+				return err
+			}
+			copy(unsafe.Slice((*byte)(sl.a.host), m), src[off:off+m])
+			v, err := d.submit(s, s.tq, d.copyCmd(sl.a.buf, to.buf, 0, to.off+off, m))
+			if err != nil {
+				return err
+			}
+			sl.value = v
+		}
+		return nil
+	})
+}
+
+// CopyDtoH copies src to dst: asynchronously into HostAlloc or
+// HostRegister memory; into pageable memory through staging, returning
+// once the bytes are in dst (as CUDA does for pageable destinations).
+func (d *Device) CopyDtoH(dst []byte, src device.Ptr, sid device.Stream) error {
+	n := uint64(len(dst))
+	return d.op("CopyDtoH", sid, func(s *stream) error {
+		if n == 0 {
+			return nil
+		}
+		from, err := d.resolve("CopyDtoH", src, n)
+		if err != nil {
+			return err
+		}
+		if to, ok := d.hostSpan(dst); ok {
+			_, err := d.submit(s, s.tq, d.copyCmd(from.buf, to.buf, from.off, to.off, n))
+			return err
+		}
+		type piece struct {
+			sl     *stagingSlot
+			off, m uint64
+		}
+		var queued []piece
+		drain := func(p piece) error {
+			if err := d.waitValues([]semWait{{s.sem, p.sl.value}}); err != nil {
+				return err
+			}
+			copy(dst[p.off:p.off+p.m], unsafe.Slice((*byte)(p.sl.a.host), p.m))
+			return nil
+		}
+		for off, k := uint64(0), 0; off < n; off, k = off+stagingBytes, k+1 {
+			if len(queued) == stagingSlots {
+				if err := drain(queued[0]); err != nil {
+					return err
+				}
+				queued = queued[1:]
+			}
+			m := min(stagingBytes, n-off)
+			sl, err := d.slot(s, k%stagingSlots)
+			if err != nil {
+				return err
+			}
+			v, err := d.submit(s, s.tq, d.copyCmd(from.buf, sl.a.buf, from.off+off, 0, m))
+			if err != nil {
+				return err
+			}
+			sl.value = v
+			queued = append(queued, piece{sl, off, m})
+		}
+		for _, p := range queued {
+			if err := drain(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// CopyDtoD copies n bytes between device (or host-mapped) ranges.
+func (d *Device) CopyDtoD(dst, src device.Ptr, n uint64, sid device.Stream) error {
+	return d.op("CopyDtoD", sid, func(s *stream) error {
+		if n == 0 {
+			return nil
+		}
+		from, err := d.resolve("CopyDtoD source", src, n)
+		if err != nil {
+			return err
+		}
+		to, err := d.resolve("CopyDtoD destination", dst, n)
+		if err != nil {
+			return err
+		}
+		_, err = d.submit(s, s.tq, d.copyCmd(from.buf, to.buf, from.off, to.off, n))
+		return err
+	})
+}
+
+// Memset8 sets n bytes at dst to v: vkCmdFillBuffer over the 4-byte
+// aligned middle, copies from a byte table for the unaligned ends.
+func (d *Device) Memset8(dst device.Ptr, v byte, n uint64, sid device.Stream) error {
+	return d.op("Memset8", sid, func(s *stream) error {
+		if n == 0 {
+			return nil
+		}
+		to, err := d.resolve("Memset8", dst, n)
+		if err != nil {
+			return err
+		}
+		head := min((4-to.off%4)%4, n)
+		mid := (n - head) &^ 3
+		tail := n - head - mid
+		tab := d.byteTable.buf
+		word := uint32(v) * 0x01010101
+		var regions []*bufferCopy
+		if head > 0 {
+			regions = append(regions, &bufferCopy{srcOffset: 4 * uint64(v), dstOffset: to.off, size: head})
+		}
+		if tail > 0 {
+			regions = append(regions, &bufferCopy{srcOffset: 4 * uint64(v), dstOffset: to.off + head + mid, size: tail})
+		}
+		_, err = d.submit(s, s.tq, func(cb uintptr) {
+			for _, r := range regions {
+				callVoid(d.vk.cmdCopyBuffer, cb, uintptr(tab), uintptr(to.buf), 1, uintptr(unsafe.Pointer(r)))
+			}
+			if mid > 0 {
+				callVoid(d.vk.cmdFillBuffer, cb, uintptr(to.buf), uintptr(to.off+head), uintptr(mid), uintptr(word))
+			}
+		})
+		return err
+	})
+}
+
+// Memset32 sets count 32-bit words at dst, which must be 4-byte aligned.
+func (d *Device) Memset32(dst device.Ptr, v uint32, count uint64, sid device.Stream) error {
+	return d.op("Memset32", sid, func(s *stream) error {
+		if count == 0 {
+			return nil
+		}
+		if dst%4 != 0 {
+			return fmt.Errorf("address %#x is not 4-byte aligned: %w", uint64(dst), device.ErrInvalid)
+		}
+		to, err := d.resolve("Memset32", dst, 4*count)
+		if err != nil {
+			return err
+		}
+		if to.off%4 != 0 {
+			return fmt.Errorf("address %#x is not 4-byte aligned in its buffer: %w", uint64(dst), device.ErrInvalid)
+		}
+		_, err = d.submit(s, s.tq, func(cb uintptr) {
+			callVoid(d.vk.cmdFillBuffer, cb, uintptr(to.buf), uintptr(to.off), uintptr(4*count), uintptr(v))
+		})
+		return err
+	})
+}

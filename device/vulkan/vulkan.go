@@ -1,0 +1,392 @@
+// Package vulkan implements device.Device over Vulkan, bound at run time
+// through purego: no cgo, so CGO_ENABLED=0 builds still run on any machine
+// with a Vulkan loader and driver (NVIDIA, AMD, Intel, Mesa's lavapipe on a
+// CPU, MoltenVK).
+//
+// Quick start:
+//
+//	d, err := vulkan.Open(vulkan.Options{})   // MEMWALL_VULKAN_DEVICE picks the GPU
+//	if err != nil { ... }                      // wraps ErrNoLoader without Vulkan
+//	defer d.Close()
+//	p, _ := d.Alloc(1 << 20)                   // a VkDeviceMemory with a buffer bound
+//	s, _ := d.NewStream()                      // a timeline semaphore over queues
+//	_ = d.CopyHtoD(p, data, s)                 // vkCmdCopyBuffer, staged or from HostAlloc memory
+//	_ = d.StreamSynchronize(s)                 // vkWaitSemaphores
+//
+// # Addresses
+//
+// Vulkan has no device pointers in its memory API, so every allocation
+// (device memory from Alloc, host memory from HostAlloc and HostRegister,
+// virtual reservations) gets a synthetic device.Ptr range in an address
+// space this package assigns, never reused while the device is open. A Ptr
+// anywhere inside a range resolves to (VkBuffer, offset), so p.Add(n) works
+// for copies, memsets and kernel arguments within an allocation. Kernels
+// receive real addresses: a Ptr argument of Launch is translated to the
+// buffer's VK_KHR_buffer_device_address plus the offset.
+//
+// # Streams and events
+//
+// A stream is a timeline semaphore. Every operation is one submission that
+// waits for the stream's previous value (and for the events the stream was
+// told to wait on) and signals the next, so work on a stream runs in order
+// with full memory dependencies between operations, whichever queue runs
+// it: copies and memsets go to a transfer-only queue family when the device
+// has one, kernels and timestamps to a compute queue. An event captures
+// (semaphore, value) of the stream it was recorded on; a timing event also
+// writes a timestamp query. StreamWaitEvent adds a semaphore wait to the
+// stream's next submission: the GPU waits for the GPU, the host is never in
+// the loop.
+//
+// # Kernels
+//
+// LoadModule takes SPIR-V (one module, or several concatenated), Function
+// names an entry point. A kernel's arguments are its push constants, laid
+// out in order with natural alignment (std430): a Ptr becomes a 64-bit
+// buffer device address, the other scalars keep their size. The block shape
+// is bound through specialization constants 0, 1 and 2 (local_size_x_id
+// and friends), so one SPIR-V kernel serves every block size.
+package vulkan
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/memwall/memwall/device"
+)
+
+// Options configure Open.
+type Options struct {
+	// Device selects the physical device: a decimal index into the
+	// enumeration order, or a case-insensitive substring of the device name.
+	// Empty means MEMWALL_VULKAN_DEVICE, and when that is empty too the
+	// first discrete GPU, else integrated, else virtual, else a CPU device.
+	Device string
+	// Getenv reads MEMWALL_LIBVULKAN and MEMWALL_VULKAN_DEVICE; nil means
+	// the process environment.
+	Getenv func(string) string
+	// MaxQueues caps the queues taken from each family (default 4).
+	MaxQueues int
+}
+
+// queue is one VkQueue; vkQueueSubmit on it is externally synchronized.
+type queue struct {
+	mu     sync.Mutex
+	h      uintptr
+	family uint32
+}
+
+// family is a queue family memwall uses.
+type family struct {
+	index         uint32
+	flags         uint32
+	timestampBits uint32
+	queues        []*queue
+}
+
+// Device is one Vulkan physical device opened as a logical device. All
+// methods are safe for concurrent use.
+type Device struct {
+	vk     *api
+	picked *physicalInfo
+	inst   uintptr
+	phys   uintptr
+	dev    uintptr
+	info   device.Info
+
+	compute, transfer *family
+	families          []uint32 // distinct family indices, for concurrent sharing
+
+	memProps      physicalDeviceMemoryProperties
+	deviceType    uint32 // memory type index for Alloc
+	hostType      uint32 // memory type index for HostAlloc and staging
+	deviceHeap    uint32
+	maxAlloc      uint64
+	hostAlign     uint64
+	timestampNs   float64
+	pushBytes     uint32
+	maxGroupSize  [3]uint32
+	maxInvocation uint32
+
+	hasBudget, hasPriority, hasHostImport, hasBDA bool
+	driverName, driverInfo                        string
+
+	// memset byte table: bytes 4v..4v+3 equal v, for the unaligned ends of
+	// Memset8.
+	byteTable *allocation
+
+	mu        sync.Mutex
+	space     addressSpace
+	hostIdx   hostIndex
+	used      uint64 // bytes of device-local memory this handle allocated
+	streams   map[device.Stream]*stream
+	events    map[device.Event]*event
+	modules   map[device.Module]*module
+	funcs     map[device.Function]*function
+	spareSems []uint64 // timeline semaphores of destroyed streams, for reuse
+	nextID    uint64
+	closed    bool
+	queueRot  int
+}
+
+// Open loads the Vulkan loader, creates an instance and a logical device on
+// the chosen physical device. It fails with an error wrapping ErrNoLoader
+// when no loader can be loaded, and device.ErrUnsupported when no device
+// offers Vulkan 1.2 with timeline semaphores.
+func Open(o Options) (*Device, error) {
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.Device == "" {
+		o.Device = o.Getenv("MEMWALL_VULKAN_DEVICE")
+	}
+	if o.MaxQueues <= 0 {
+		o.MaxQueues = 4
+	}
+	vk, err := loadAPI(LibraryCandidates(o.Getenv))
+	if err != nil {
+		return nil, fmt.Errorf("vulkan: %w", err)
+	}
+	d := &Device{
+		vk:      vk,
+		streams: map[device.Stream]*stream{},
+		events:  map[device.Event]*event{},
+		modules: map[device.Module]*module{},
+		funcs:   map[device.Function]*function{},
+		nextID:  1,
+	}
+	d.space.next = spaceBase
+	if err := d.createInstance(); err != nil {
+		return nil, err
+	}
+	if err := d.choosePhysical(o.Device); err != nil {
+		d.destroyInstance()
+		return nil, err
+	}
+	if err := d.createDevice(o.MaxQueues); err != nil {
+		d.destroyInstance()
+		return nil, err
+	}
+	if err := d.initMemory(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// LoaderPath is the path the Vulkan loader was opened from.
+func (d *Device) LoaderPath() string { return d.vk.path }
+
+const apiVersion12 = 1<<22 | 2<<12
+
+func versionString(v uint32) string {
+	return fmt.Sprintf("%d.%d.%d", v>>22&0x7F, v>>12&0x3FF, v&0xFFF)
+}
+
+func (d *Device) createInstance() error {
+	ver := uint32(1 << 22) // 1.0 when vkEnumerateInstanceVersion is absent
+	if d.vk.enumerateInstanceVersion != 0 {
+		if err := check("vkEnumerateInstanceVersion", call(d.vk.enumerateInstanceVersion, uintptr(unsafe.Pointer(&ver)))); err != nil {
+			return fmt.Errorf("vulkan: %w", err)
+		}
+	}
+	if ver < apiVersion12 {
+		return fmt.Errorf("vulkan: loader %s offers Vulkan %s, memwall needs 1.2 (timeline semaphores): %w",
+			d.vk.path, versionString(ver), device.ErrUnsupported)
+	}
+	var pn pinned
+	defer pn.release()
+	app := &applicationInfo{sType: stApplicationInfo, appName: pn.cstr("memwall"), engineName: pn.cstr("memwall"),
+		apiVersion: min(ver&^0xFFF, 1<<22|3<<12)}
+	ci := &instanceCreateInfo{sType: stInstanceCreateInfo, appInfo: ref(&pn, app)}
+	if err := check("vkCreateInstance", call(d.vk.createInstance, uintptr(unsafe.Pointer(ci)), 0, uintptr(unsafe.Pointer(&d.inst)))); err != nil {
+		return fmt.Errorf("vulkan: %w", err)
+	}
+	if req, _ := resolve(d.vk.getInstanceProcAddr, d.inst, d.vk.instanceTable()); len(req) > 0 {
+		d.destroyInstance()
+		return fmt.Errorf("vulkan: instance lacks %s: %w", strings.Join(req, ", "), device.ErrUnsupported)
+	}
+	return nil
+}
+
+func (d *Device) destroyInstance() {
+	if d.inst != 0 && d.vk.destroyInstance != 0 {
+		callVoid(d.vk.destroyInstance, d.inst, 0)
+	}
+	d.inst = 0
+}
+
+// physicalInfo is what choosePhysical learns about one device.
+type physicalInfo struct {
+	h      uintptr
+	props  physicalDeviceProperties
+	v11    physicalDeviceVulkan11Properties
+	drv    physicalDeviceDriverProperties
+	hostP  physicalDeviceExternalMemoryHostProperties
+	pci    physicalDevicePCIBusInfo
+	exts   map[string]bool
+	feat   physicalDeviceFeatures2
+	f12    physicalDeviceVulkan12Features
+	prio   physicalDeviceMemoryPriorityFeatures
+	queues []queueFamilyProperties
+}
+
+func (d *Device) physicalDevices() ([]uintptr, error) {
+	var n uint32
+	if err := check("vkEnumeratePhysicalDevices", call(d.vk.enumeratePhysicalDevices, d.inst, uintptr(unsafe.Pointer(&n)), 0)); err != nil {
+		return nil, fmt.Errorf("vulkan: %w", err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("vulkan: the loader %s found no Vulkan device (no driver installed? VK_DRIVER_FILES names the ICD): %w",
+			d.vk.path, device.ErrUnsupported)
+	}
+	hs := make([]uintptr, n)
+	if err := check("vkEnumeratePhysicalDevices", call(d.vk.enumeratePhysicalDevices, d.inst, uintptr(unsafe.Pointer(&n)), uintptr(unsafe.Pointer(&hs[0])))); err != nil {
+		return nil, fmt.Errorf("vulkan: %w", err)
+	}
+	return hs[:n], nil
+}
+
+func (d *Device) query(h uintptr) (*physicalInfo, error) {
+	p := &physicalInfo{h: h, exts: map[string]bool{}}
+	var n uint32
+	if err := check("vkEnumerateDeviceExtensionProperties", call(d.vk.enumerateDeviceExtensionProperties, h, 0, uintptr(unsafe.Pointer(&n)), 0)); err != nil {
+		return nil, fmt.Errorf("vulkan: %w", err)
+	}
+	if n > 0 {
+		exts := make([]extensionProperties, n)
+		if err := check("vkEnumerateDeviceExtensionProperties", call(d.vk.enumerateDeviceExtensionProperties, h, 0,
+			uintptr(unsafe.Pointer(&n)), uintptr(unsafe.Pointer(&exts[0])))); err != nil {
+			return nil, fmt.Errorf("vulkan: %w", err)
+		}
+		for _, e := range exts[:n] {
+			p.exts[cString(e.name[:])] = true
+		}
+	}
+	var pn pinned
+	defer pn.release()
+	p.v11.sType = stPhysicalDeviceVulkan11Properties
+	p.drv.sType = stPhysicalDeviceDriverProperties
+	p.v11.pNext = ref(&pn, &p.drv)
+	tail := &p.drv.pNext
+	if p.exts["VK_EXT_external_memory_host"] {
+		p.hostP.sType = stPhysicalDeviceExternalMemoryHost
+		*tail = ref(&pn, &p.hostP)
+		tail = &p.hostP.pNext
+	}
+	if p.exts["VK_EXT_pci_bus_info"] {
+		p.pci.sType = stPhysicalDevicePCIBusInfo
+		*tail = ref(&pn, &p.pci)
+	}
+	// Vulkan 1.1/1.2 property structs are only valid on a 1.2 device: ask
+	// for the plain properties first.
+	p2 := &physicalDeviceProperties2{sType: stPhysicalDeviceProperties2}
+	callVoid(d.vk.getPhysicalDeviceProperties2, h, uintptr(unsafe.Pointer(p2)))
+	p.props = p2.props
+	if p.props.apiVersion >= apiVersion12 {
+		p2.pNext = ref(&pn, &p.v11)
+		callVoid(d.vk.getPhysicalDeviceProperties2, h, uintptr(unsafe.Pointer(p2)))
+		p.props = p2.props
+		p.feat.sType = stPhysicalDeviceFeatures2
+		p.f12.sType = stPhysicalDeviceVulkan12Features
+		p.feat.pNext = ref(&pn, &p.f12)
+		if p.exts["VK_EXT_memory_priority"] {
+			p.prio.sType = stPhysicalDeviceMemoryPriorityFeats
+			p.f12.pNext = ref(&pn, &p.prio)
+		}
+		callVoid(d.vk.getPhysicalDeviceFeatures2, h, uintptr(unsafe.Pointer(&p.feat)))
+	}
+	p.v11.pNext, p.drv.pNext, p.hostP.pNext, p.pci.pNext, p.feat.pNext, p.f12.pNext = 0, 0, 0, 0, 0, 0
+	callVoid(d.vk.getPhysicalDeviceQueueFamilyProperties, h, uintptr(unsafe.Pointer(&n)), 0)
+	p.queues = make([]queueFamilyProperties, n)
+	if n > 0 {
+		callVoid(d.vk.getPhysicalDeviceQueueFamilyProperties, h, uintptr(unsafe.Pointer(&n)), uintptr(unsafe.Pointer(&p.queues[0])))
+	}
+	return p, nil
+}
+
+func (p *physicalInfo) name() string { return cString(p.props.deviceName[:]) }
+
+// limit reads a 32-bit field of VkPhysicalDeviceLimits by byte offset.
+func (p *physicalInfo) limit32(off uintptr) uint32 {
+	return *(*uint32)(unsafe.Add(unsafe.Pointer(&p.props.limits), off))
+}
+
+// usable says why a device cannot be used, or "".
+func (p *physicalInfo) usable() string {
+	if p.props.apiVersion < apiVersion12 {
+		return fmt.Sprintf("Vulkan %s (memwall needs 1.2)", versionString(p.props.apiVersion))
+	}
+	if p.f12.b[f12TimelineSemaphore] == 0 {
+		return "no timeline semaphores"
+	}
+	return ""
+}
+
+var typeRank = map[uint32]int{deviceTypeDiscrete: 0, deviceTypeIntegrated: 1, deviceTypeVirtual: 2, deviceTypeCPU: 3}
+
+func rank(t uint32) int {
+	if r, ok := typeRank[t]; ok {
+		return r
+	}
+	return 4
+}
+
+func (d *Device) choosePhysical(sel string) error {
+	hs, err := d.physicalDevices()
+	if err != nil {
+		return err
+	}
+	var all []*physicalInfo
+	var names []string
+	for i, h := range hs {
+		p, err := d.query(h)
+		if err != nil {
+			return err
+		}
+		all = append(all, p)
+		names = append(names, fmt.Sprintf("%d %q", i, p.name()))
+	}
+	var pick *physicalInfo
+	ordinal := -1
+	switch idx, err := strconv.Atoi(sel); {
+	case sel == "":
+		for i, p := range all {
+			if p.usable() == "" && (pick == nil || rank(p.props.deviceType) < rank(pick.props.deviceType)) {
+				pick, ordinal = p, i
+			}
+		}
+		if pick == nil {
+			var why []string
+			for i, p := range all {
+				why = append(why, fmt.Sprintf("%d %q: %s", i, p.name(), p.usable()))
+			}
+			return fmt.Errorf("vulkan: no usable device: %s: %w", strings.Join(why, "; "), device.ErrUnsupported)
+		}
+	case err == nil:
+		if idx < 0 || idx >= len(all) {
+			return fmt.Errorf("vulkan: MEMWALL_VULKAN_DEVICE=%s: no device %d (devices: %s): %w", sel, idx, strings.Join(names, ", "), device.ErrInvalid)
+		}
+		pick, ordinal = all[idx], idx
+	default:
+		for i, p := range all {
+			if strings.Contains(strings.ToLower(p.name()), strings.ToLower(sel)) {
+				pick, ordinal = p, i
+				break
+			}
+		}
+		if pick == nil {
+			return fmt.Errorf("vulkan: MEMWALL_VULKAN_DEVICE=%q names no device (devices: %s): %w", sel, strings.Join(names, ", "), device.ErrInvalid)
+		}
+	}
+	if why := pick.usable(); why != "" {
+		return fmt.Errorf("vulkan: device %d %q: %s: %w", ordinal, pick.name(), why, device.ErrUnsupported)
+	}
+	d.phys = pick.h
+	d.info.Ordinal = ordinal
+	d.picked = pick
+	return nil
+}

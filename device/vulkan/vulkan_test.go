@@ -1,0 +1,111 @@
+package vulkan_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/devicetest"
+	"github.com/memwall/memwall/device/fault"
+	"github.com/memwall/memwall/device/vulkan"
+	"github.com/memwall/memwall/kernels/spirv"
+)
+
+// open returns the Vulkan device MEMWALL_VULKAN_DEVICE selects (the best
+// one by default), or skips when this machine has no Vulkan loader or
+// driver. Mesa's lavapipe (mesa-vulkan-drivers) is enough.
+func open(t testing.TB) *vulkan.Device {
+	t.Helper()
+	d, err := vulkan.Open(vulkan.Options{})
+	if err != nil {
+		if errors.Is(err, vulkan.ErrNoLoader) || errors.Is(err, device.ErrUnsupported) {
+			t.Skipf("no usable Vulkan device here (install libvulkan1 and mesa-vulkan-drivers): %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return d
+}
+
+func loadKernels(d device.Device) (device.Module, error) { return d.LoadModule(spirv.Module()) }
+
+func TestConformance(t *testing.T) {
+	devicetest.Run(t, func(t *testing.T) device.Device { return open(t) }, devicetest.Options{LoadKernels: loadKernels})
+}
+
+// TestConformanceThroughFault runs the suite through the fault wrapper with
+// no rules: the wrapper is transparent on Vulkan too.
+func TestConformanceThroughFault(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the plain conformance run covers the backend")
+	}
+	devicetest.Run(t, func(t *testing.T) device.Device { return fault.Wrap(open(t), &fault.Config{}) },
+		devicetest.Options{LoadKernels: loadKernels, LargeBytes: 4 << 20})
+}
+
+func TestInfo(t *testing.T) {
+	d := open(t)
+	in := d.Info()
+	if in.Backend != "vulkan" || in.Name == "" || in.TotalBytes == 0 || in.ComputeMajor != 1 || in.ComputeMinor < 2 {
+		t.Fatalf("info %+v", in)
+	}
+	t.Logf("%s (%s): %d MiB, Vulkan %d.%d, %d copy queues, loader %s, disabled %q",
+		in.Name, in.DriverVersion, in.TotalBytes>>20, in.ComputeMajor, in.ComputeMinor, in.CopyEngines, d.LoaderPath(), in.Disabled)
+}
+
+// TestStructSizes holds the hand-written layouts to the sizes in
+// vulkan_core.h (x86-64 and arm64 Linux).
+func TestStructSizes(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("layouts are checked on 64-bit platforms")
+	}
+	for name, got := range vulkan.StructSizes() {
+		if want, ok := cSizes[name]; !ok {
+			t.Errorf("%s: no C size recorded", name)
+		} else if got != want {
+			t.Errorf("sizeof(%s) = %d, C has %d", name, got, want)
+		}
+	}
+}
+
+var cSizes = map[string]uintptr{
+	"VkApplicationInfo": 48, "VkInstanceCreateInfo": 64, "VkDeviceQueueCreateInfo": 40, "VkDeviceCreateInfo": 72,
+	"VkPhysicalDeviceProperties": 824, "VkPhysicalDeviceProperties2": 840, "VkPhysicalDeviceVulkan11Properties": 112,
+	"VkPhysicalDeviceDriverProperties": 536, "VkPhysicalDeviceFeatures": 220, "VkPhysicalDeviceFeatures2": 240,
+	"VkPhysicalDeviceVulkan12Features": 208, "VkPhysicalDeviceMemoryProperties": 520, "VkPhysicalDeviceMemoryProperties2": 536,
+	"VkPhysicalDeviceMemoryBudgetPropertiesEXT": 272, "VkQueueFamilyProperties": 24, "VkExtensionProperties": 260,
+	"VkMemoryAllocateInfo": 32, "VkBufferCreateInfo": 56, "VkMemoryRequirements": 24, "VkSubmitInfo": 72,
+	"VkTimelineSemaphoreSubmitInfo": 48, "VkSemaphoreWaitInfo": 40, "VkBufferCopy": 24, "VkComputePipelineCreateInfo": 96,
+	"VkPipelineShaderStageCreateInfo": 48, "VkSpecializationInfo": 32, "VkSpecializationMapEntry": 16,
+	"VkPipelineLayoutCreateInfo": 48, "VkImportMemoryHostPointerInfoEXT": 32, "VkMemoryBarrier": 24,
+	"VkSparseMemoryBind": 40, "VkBindSparseInfo": 96, "VkCommandBufferAllocateInfo": 32, "VkQueryPoolCreateInfo": 32,
+}
+
+// TestBadLibrary needs no Vulkan: MEMWALL_LIBVULKAN naming a file that is
+// not a loader fails with a message naming the file, never panics.
+func TestBadLibrary(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "libvulkan.so.1")
+	if err := os.WriteFile(bad, []byte("not a shared object"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{bad, filepath.Join(dir, "missing.so")} {
+		_, err := vulkan.Open(vulkan.Options{Getenv: func(k string) string {
+			if k == "MEMWALL_LIBVULKAN" {
+				return path
+			}
+			return ""
+		}})
+		if !errors.Is(err, vulkan.ErrNoLoader) || !strings.Contains(err.Error(), path) {
+			t.Errorf("MEMWALL_LIBVULKAN=%s: %v, want ErrNoLoader naming the path", path, err)
+		}
+	}
+}

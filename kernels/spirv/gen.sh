@@ -1,0 +1,16 @@
+#!/bin/sh
+# Compiles the GLSL compute kernels to SPIR-V with glslang and writes
+# kernels.spv (the modules back to back; device/vulkan's LoadModule splits
+# them) and sources.sha256 (the hash of the sources it was built from, which
+# TestSourceHash holds). Run from this directory: go generate ./kernels/spirv
+set -eu
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for k in fill:memwall_fill_u32 check:memwall_check_u32 spin:memwall_spin; do
+	src=${k%%:*}.comp
+	entry=${k##*:}
+	glslangValidator --target-env vulkan1.2 -e "$entry" --source-entrypoint main -o "$tmp/$entry.spv" "$src" >/dev/null
+	spirv-val --target-env vulkan1.2 "$tmp/$entry.spv"
+done
+cat "$tmp/memwall_fill_u32.spv" "$tmp/memwall_check_u32.spv" "$tmp/memwall_spin.spv" >kernels.spv
+cat pattern.glsl fill.comp check.comp spin.comp | sha256sum | cut -d' ' -f1 >sources.sha256

@@ -72,6 +72,10 @@ type Options struct {
 	// LinkGBps is the host-to-device bandwidth the weight plan predicts
 	// with (default 25); it changes predictions, not placement.
 	LinkGBps float64
+	// ReserveBytes is kept out of the plan for device memory the process
+	// takes outside the pools and the attention scratch (a GEMM library's
+	// workspace, modules loaded later); default 0.
+	ReserveBytes uint64
 	// WholeLayers streams and keeps resident whole blocks (one weight
 	// group per block) instead of one group per matrix.
 	WholeLayers bool
@@ -235,7 +239,7 @@ func (e *Engine) estimate(ctx context.Context, info device.Info) (*Footprint, er
 	// kernel's own scratch, which the kernels allocate outside the pool.
 	gran := max(info.Granularity, 64<<10)
 	small := uint64(64<<10) + 4*uint64(cfg.HeadDim*cfg.HeadDim)
-	reserve := f.KVBytes + f.ArenaBytes + 2*gran + f.ScratchBytes
+	reserve := f.KVBytes + f.ArenaBytes + 2*gran + f.ScratchBytes + o.ReserveBytes
 	if f.Plan, err = e.planWeights(reserve, f.KVBytes, f.ArenaBytes); err != nil {
 		return nil, err
 	}

@@ -205,6 +205,11 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	return nil
 }
 
+// gpuReserve is what memwall run keeps out of the engine's plan on a GPU
+// for device memory it does not account: a GEMM library's workspace and
+// handles created on first use.
+const gpuReserve = 32 << 20
+
 // generation is one prompt run through a model on an open device.
 type generation struct {
 	model    *llama.Model
@@ -232,6 +237,15 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	maxTokens := min(len(ids)+g.sampling.MaxNew, m.Config.Context)
 	o := g.opts
 	o.MaxTokens = maxTokens
+	if backend != "sim" {
+		o.ReserveBytes = gpuReserve
+	}
+	// The kernels load first, so that the budget counts their module.
+	ks, err := kernels.Load(d, e.getenv)
+	if err != nil {
+		return out, nil, err
+	}
+	defer ks.Close()
 	budget, err := residency.PlanBudget(d, g.vram)
 	if err != nil {
 		return out, nil, g.belowMinimum(e, d, o, err)
@@ -251,11 +265,6 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		return out, nil, err
 	}
 	defer host.Close()
-	ks, err := kernels.Load(d, e.getenv)
-	if err != nil {
-		return out, nil, err
-	}
-	defer ks.Close()
 	o.Budget = budget.PoolBytes
 	eng, err := engine.New(e.ctx, d, ks, dev, host, m, o)
 	if err != nil {
@@ -269,7 +278,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	}
 	defer eng.Close()
 	out = runJSON{Model: g.path, Device: backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
-		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource,
+		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource, LoadedBytes: budget.LoadedBytes,
 		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), Warning: budget.Warning}
 	var dec *tokenizer.StreamDecoder
 	if g.tok != nil {
@@ -308,8 +317,8 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
 	out.ScratchBytes = eng.ScratchBytes()
-	out.PredictedPeakBytes = eng.Footprint().DeviceBytes + out.ContextBytes
-	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes + out.ScratchBytes
+	out.PredictedPeakBytes = eng.Footprint().DeviceBytes + out.ContextBytes + out.LoadedBytes
+	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes + out.LoadedBytes + out.ScratchBytes
 	rs := eng.Residency().Stats()
 	out.ResidentBytes, out.ResidentGroups, out.Groups = rs.ResidentBytes, rs.ResidentGroups, rs.Groups
 	out.StreamedGroups = rs.Groups - rs.ResidentGroups
@@ -321,8 +330,9 @@ func printRun(e *env, o runJSON) {
 	w := e.stdout
 	fmt.Fprintf(w, "\n\n%d prompt tokens, %d generated (stop: %s) on %s\n", len(o.PromptIDs), len(o.Tokens), o.Stop, o.Device)
 	fmt.Fprintf(w, "  prefill %.1f tokens/s, decode %.2f tokens/s (products: %s)\n", o.PrefillTokensPerS, o.DecodeTokensPerS, o.Gemm)
-	fmt.Fprintf(w, "  peak device memory %s of the %s budget (pools %s + context %s + attention scratch %s)\n",
-		humanBytes(o.PeakDeviceBytes), humanBytes(o.BudgetBytes), humanBytes(o.PoolPeakBytes), humanBytes(o.ContextBytes), humanBytes(o.ScratchBytes))
+	fmt.Fprintf(w, "  peak device memory %s of the %s budget (pools %s + context %s + modules %s + attention scratch %s)\n",
+		humanBytes(o.PeakDeviceBytes), humanBytes(o.BudgetBytes), humanBytes(o.PoolPeakBytes), humanBytes(o.ContextBytes),
+		humanBytes(o.LoadedBytes), humanBytes(o.ScratchBytes))
 	fmt.Fprintf(w, "  resident: %d of %d weight groups (%s); streamed %s per token (%s)\n",
 		o.ResidentGroups, o.Groups, humanBytes(o.ResidentBytes), humanBytes(o.StreamedBytesPerToken), o.Source)
 	fmt.Fprintf(w, "  KV cache %s, activation arena %s\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes))

@@ -696,18 +696,23 @@ func (m *Manager) SwapOut(id SeqID) ([]Move, error) {
 	s, _ := m.seqs.get(id)
 	s.host = make([]int32, len(s.table))
 	moves := make([]Move, 0, n)
-	for j := len(s.table) - 1; j >= 0; j-- {
+	// Host blocks in table order (so that blocks adjacent on the device
+	// and in the table move in one copy), then the releases tail first.
+	for j, b := range s.table {
 		s.host[j] = NoBlock
-		b := s.table[j]
 		if b == NoBlock || m.blocks[b].ref != 1 {
 			continue
 		}
 		h := m.host[len(m.host)-1]
 		m.host = m.host[:len(m.host)-1]
 		s.host[j] = h
-		s.table[j] = NoBlock
 		moves = append(moves, Move{Block: b, Host: h})
-		m.unref(b)
+	}
+	for j := len(s.table) - 1; j >= 0; j-- {
+		if s.host[j] != NoBlock {
+			m.unref(s.table[j])
+			s.table[j] = NoBlock
+		}
 	}
 	m.st.swapOut += uint64(len(moves))
 	return moves, nil

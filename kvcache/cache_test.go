@@ -257,6 +257,36 @@ func TestCacheNewFailures(t *testing.T) {
 	}
 }
 
+// A sequence whose blocks are adjacent on the device moves in one copy each
+// way.
+func TestCacheSwapCoalesces(t *testing.T) {
+	cfg := &fault.Config{}
+	d := fault.Wrap(sim.New(sim.DefaultOptions()), cfg)
+	dev, host := pools(t, d)
+	c, err := kvcache.New(d, dev, host, small, kvcache.Options{HostBlocks: 8, NoPrefixCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Add(1, make([]int32, 4*6), 0); err != nil {
+		t.Fatal(err)
+	}
+	before := cfg.Counts()
+	if _, err := c.SwapOut(1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SwapIn(1); err != nil {
+		t.Fatal(err)
+	}
+	after := cfg.Counts()
+	if n := after.CopyDtoH - before.CopyDtoH; n != 1 {
+		t.Errorf("6 adjacent blocks swapped out in %d copies, want 1", n)
+	}
+	if n := after.CopyHtoD - before.CopyHtoD; n != 1 {
+		t.Errorf("6 blocks swapped back in %d copies, want 1 (table %v)", n, c.Table(1))
+	}
+}
+
 // Swaps stay ordered when every copy is slow (the compute stream's memset
 // must wait for the swap-out's delayed copies), and a dropped event fails
 // the swap with an error while Close still returns every byte.

@@ -58,6 +58,7 @@ type runJSON struct {
 	PredictedPeakBytes    uint64 `json:"predicted_peak_bytes"`
 	ContextBytes          uint64 `json:"context_bytes"`
 	ScratchBytes          uint64 `json:"kernel_scratch_bytes"`
+	LoadedBytes           uint64 `json:"loaded_bytes"` // kernel modules and library handles, measured before the pools
 	ContextSource         string `json:"context_source"`
 	BudgetBytes           uint64 `json:"budget_bytes"`
 	BudgetDefault         bool   `json:"budget_default"`

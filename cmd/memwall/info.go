@@ -20,16 +20,16 @@ type deviceFlag struct{ backend string }
 func (f *deviceFlag) add(fs interface {
 	StringVar(*string, string, string, string)
 }) {
-	fs.StringVar(&f.backend, "device", "auto", "device backend: auto, cuda or sim")
+	fs.StringVar(&f.backend, "device", "auto", "device backend: auto, cuda, sim or vulkan")
 }
 
 // check refuses a backend auto.Open does not know, as a usage error.
 func (f *deviceFlag) check() error {
 	switch f.backend {
-	case "auto", "cuda", "sim":
+	case "auto", "cuda", "sim", "vulkan":
 		return nil
 	}
-	return usagef("--device %q: want auto, cuda or sim", f.backend)
+	return usagef("--device %q: want auto, cuda or sim (or vulkan)", f.backend)
 }
 
 // open opens the device --device names; an unknown name is a usage error.
@@ -83,7 +83,7 @@ func runInfo(e *env, args []string) error {
 	}
 	out := infoJSON{Info: in, FreeBytes: free, Choice: ch, Strategy: strategyFor(in)}
 	if *asJSON {
-		return writeJSON(e.stdout, out)
+		return writeJSON(e.stdout, withVulkan(d, out))
 	}
 	w := e.stdout
 	fmt.Fprintf(w, "device       %s (%s, ordinal %d)\n", in.Name, in.Backend, in.Ordinal)
@@ -119,5 +119,5 @@ func runInfo(e *env, args []string) error {
 	if len(in.Disabled) > 0 {
 		fmt.Fprintf(w, "disabled     %s\n", strings.Join(in.Disabled, "\n             "))
 	}
-	return nil
+	return printVulkan(w, d)
 }

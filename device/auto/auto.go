@@ -8,6 +8,7 @@ import (
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
 	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/device/vulkan"
 )
 
 // Backends accepted by Open.
@@ -15,6 +16,9 @@ const (
 	Auto = "auto"
 	CUDA = "cuda"
 	Sim  = "sim"
+	// Vulkan opens device/vulkan (MEMWALL_VULKAN_DEVICE picks the GPU by
+	// index or name); auto never picks it.
+	Vulkan = "vulkan"
 )
 
 // Choice records which backend was opened and why.
@@ -63,6 +67,13 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 		}
 		ch.Backend, ch.Reason = CUDA, "requested; driver "+d.DriverPath()
 		return d, ch, nil
+	case Vulkan:
+		d, err := vulkan.Open(vulkan.Options{Getenv: o.Getenv})
+		if err != nil {
+			return nil, ch, fmt.Errorf("--device vulkan: %w", err)
+		}
+		ch.Backend, ch.Reason = Vulkan, "requested; loader "+d.LoaderPath()+", "+d.Info().DriverVersion
+		return d, ch, nil
 	case Sim:
 		ch.Backend, ch.Reason = Sim, "requested"
 		return openSim(), ch, nil
@@ -75,6 +86,6 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 		ch.Backend, ch.Reason = Sim, "no usable CUDA GPU, using the simulated device: "+err.Error()
 		return openSim(), ch, nil
 	default:
-		return nil, ch, fmt.Errorf("unknown device backend %q (want auto, cuda or sim)", backend)
+		return nil, ch, fmt.Errorf("unknown device backend %q (want auto, cuda, sim or vulkan)", backend)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,7 +58,11 @@ func TestCUDALlamaKernels(t *testing.T) {
 	for i, c := range cases {
 		twins[i] = c.run(simRig)
 	}
-	for _, target := range Targets() {
+	targets := Targets()
+	if v := os.Getenv("MEMWALL_TEST_TARGETS"); v != "" { // e.g. "sm80": one JIT under compute-sanitizer
+		targets = strings.Split(v, ",")
+	}
+	for _, target := range targets {
 		s := loadTarget(t, d, target)
 		r := newRig(t, d, s)
 		type agg struct {

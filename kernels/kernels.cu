@@ -1462,8 +1462,9 @@ extern "C" __global__ void __launch_bounds__(128) memwall_attn_flash(
 }
 
 // Decode attention, lanes over positions (see attn_decode): the grid, block
-// and arguments of memwall_attn_e*, for head dim 64 or 128 and at most 8
-// query heads per kv head, cache rows 16-byte aligned.
+// and arguments of memwall_attn_e*, for head dim 64 or 128, a bf16 or f16
+// cache (f32 caches take memwall_attn_e*), at most 8 query heads per kv
+// head, cache rows 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
     const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
@@ -1475,18 +1476,14 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
     if (headDim == 128) {
         if (dt == kDtBF16) {
             attn_decode<BF16, 128>(a, sh);
-        } else if (dt == kDtF16) {
-            attn_decode<F16, 128>(a, sh);
         } else {
-            attn_decode<F32, 128>(a, sh);
+            attn_decode<F16, 128>(a, sh);
         }
     } else {
         if (dt == kDtBF16) {
             attn_decode<BF16, 64>(a, sh);
-        } else if (dt == kDtF16) {
-            attn_decode<F16, 64>(a, sh);
         } else {
-            attn_decode<F32, 64>(a, sh);
+            attn_decode<F16, 64>(a, sh);
         }
     }
 }

@@ -509,10 +509,11 @@ func (s *Set) useFlash(T, nHeads uint32, L KVLayout, q, cache device.Ptr) bool {
 
 // useDecode reports whether Attention runs memwall_attn_decode (lanes over
 // positions) rather than memwall_attn_e*: at most decodeMaxT tokens, at most
-// 8 query heads per kv head, head dim 64 or 128, 16-byte aligned rows.
+// 8 query heads per kv head, head dim 64 or 128, a bf16 or f16 cache with
+// 16-byte aligned rows.
 func useDecode(T, nHeads uint32, L KVLayout, cache device.Ptr) bool {
 	return T <= decodeMaxT && nHeads/L.KVHeads <= attnHeads && (L.HeadDim == 64 || L.HeadDim == 128) &&
-		cache%16 == 0 && L.BlockBytes%16 == 0
+		(L.DType == BF16 || L.DType == F16) && cache%16 == 0 && L.BlockBytes%16 == 0
 }
 
 // FlashAttention reports whether Attention runs prefill (T ≥ 16, head dim

@@ -709,7 +709,8 @@ func TestAttentionKernelChoice(t *testing.T) {
 		kernel string
 	}{
 		{1, 8, layout(2, 128, BF16), p, true, NameAttnDecode},
-		{8, 8, layout(2, 64, F32), p, true, NameAttnDecode},
+		{8, 8, layout(2, 64, F16), p, true, NameAttnDecode},
+		{1, 8, layout(2, 64, F32), p, true, AttnName(64)},     // f32 caches take the split kernel
 		{1, 32, layout(2, 128, BF16), p, true, AttnName(128)}, // 16 query heads per kv head
 		{1, 4, layout(2, 96, BF16), p, true, AttnName(96)},
 		{1, 4, layout(2, 256, F16), p, true, AttnName(256)},

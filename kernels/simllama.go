@@ -38,7 +38,8 @@ func runAttnDecode(mem memory, grid, block device.Dim3, args []any) error {
 	if err != nil {
 		return err
 	}
-	if a.L.KVHeads == 0 || a.nHeads%a.L.KVHeads != 0 || a.nHeads/a.L.KVHeads > attnHeads || (a.L.HeadDim != 64 && a.L.HeadDim != 128) {
+	if a.L.KVHeads == 0 || a.nHeads%a.L.KVHeads != 0 || a.nHeads/a.L.KVHeads > attnHeads || (a.L.HeadDim != 64 && a.L.HeadDim != 128) ||
+		a.L.DType == F32 {
 		return fmt.Errorf("kernels: %s: %d heads, layout %+v: %w", k, a.nHeads, a.L, device.ErrInvalid)
 	}
 	return runAttnSplit(k, 4, mem, grid, block, args)

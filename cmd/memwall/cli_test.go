@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -104,20 +103,6 @@ func TestHelpVerb(t *testing.T) {
 		if code != 0 || stdout == "" || stderr != "" {
 			t.Errorf("help %s: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
 		}
-	}
-}
-
-// TestSIGTERMCancels: SIGTERM cancels newEnv's context as SIGINT does (so
-// the verbs' cleanup runs) instead of killing the process.
-func TestSIGTERMCancels(t *testing.T) {
-	e := newEnv()
-	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
-		t.Skip("cannot signal:", err)
-	}
-	select {
-	case <-e.ctx.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("SIGTERM did not cancel the context")
 	}
 }
 

@@ -53,7 +53,11 @@ func checkOutput(flag, path string) (*outputFile, error) {
 		return nil, fmt.Errorf("%s %s: %v", flag, path, pathErr(err))
 	case st.IsDir():
 		return nil, fmt.Errorf("%s %s: is a directory; give a file name", flag, path)
-	case st.Mode()&(fs.ModeCharDevice|fs.ModeNamedPipe) != 0:
+	case st.Mode()&fs.ModeNamedPipe != 0:
+		// Not opened now: opening a pipe for writing waits for its reader.
+		o.through = true
+		return o, nil
+	case st.Mode()&fs.ModeCharDevice != 0:
 		// Opened for writing now, so a read-only device fails here.
 		f, err := os.OpenFile(o.target, os.O_WRONLY, 0)
 		if err != nil {

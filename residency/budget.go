@@ -55,6 +55,9 @@ func ContextBytes(d device.Device) (uint64, string) {
 		if ok {
 			return b, how
 		}
+		if how == "" {
+			how = "unknown: the device did not measure its context"
+		}
 		return 0, how
 	}
 	if d.Info().Backend == "sim" {

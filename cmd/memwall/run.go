@@ -249,7 +249,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	defer ks.Close()
 	budget, err := residency.PlanBudget(d, g.vram)
 	if err != nil {
-		return out, nil, g.belowMinimum(e, d, o, err)
+		return out, nil, g.belowMinimum(e, d, o, budget, err)
 	}
 	if budget.Warning != "" && !g.quiet {
 		fmt.Fprintf(e.stderr, "memwall run: warning: %s\n", budget.Warning)
@@ -271,9 +271,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	if err != nil {
 		var be *engine.BudgetError
 		if errors.As(err, &be) {
-			return out, nil, fmt.Errorf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s included): %w",
-				budget.VRAMBytes, humanBytes(budget.VRAMBytes), be.Minimum+budget.ContextBytes, humanBytes(be.Minimum+budget.ContextBytes),
-				g.path, maxTokens, humanBytes(budget.ContextBytes), err)
+			return out, nil, g.minimum(budget, be, maxTokens, err)
 		}
 		return out, nil, err
 	}
@@ -382,25 +380,40 @@ func openTokenizer(m *llama.Model) (textCodec, error) {
 	return t, nil
 }
 
-// belowMinimum adds the engine's minimum to a budget error when the budget
-// does not even cover the device context: the minimum is then the
-// context's memory plus what the engine needs at the least.
-func (g *generation) belowMinimum(e *env, d device.Device, o engine.Options, err error) error {
-	if g.vram == 0 {
-		return err
-	}
-	ctxBytes, _ := residency.ContextBytes(d)
-	if g.vram > ctxBytes {
+// minimumError is a budget below what the run needs; Minimum is the whole
+// footprint's minimum, the context and loaded modules included.
+type minimumError struct {
+	vram, minimum uint64
+	msg           string
+	err           error
+}
+
+func (m *minimumError) Error() string { return m.msg }
+func (m *minimumError) Unwrap() error { return m.err }
+
+func (g *generation) minimum(b residency.Budget, be *engine.BudgetError, maxTokens int, err error) error {
+	overhead := b.ContextBytes + b.LoadedBytes
+	n := be.Minimum + overhead
+	return &minimumError{vram: g.vram, minimum: n, err: err,
+		msg: fmt.Sprintf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s and loaded modules' %s included): %v",
+			b.VRAMBytes, humanBytes(b.VRAMBytes), n, humanBytes(n), g.path, maxTokens, humanBytes(b.ContextBytes), humanBytes(b.LoadedBytes), err)}
+}
+
+// belowMinimum turns a budget PlanBudget refuses (one that does not even
+// cover the context and loaded modules) into the minimum error when the
+// engine's own minimum says more is needed.
+func (g *generation) belowMinimum(e *env, d device.Device, o engine.Options, b residency.Budget, err error) error {
+	if g.vram == 0 || g.vram >= b.TotalBytes && b.TotalBytes > 0 {
 		return err
 	}
 	o.Budget = 1
 	_, eerr := engine.Estimate(e.ctx, g.model, o, d.Info())
 	var be *engine.BudgetError
-	if !errors.As(eerr, &be) {
+	if !errors.As(eerr, &be) || g.vram >= be.Minimum+b.ContextBytes+b.LoadedBytes {
 		return err
 	}
-	return fmt.Errorf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s included): %w",
-		g.vram, humanBytes(g.vram), be.Minimum+ctxBytes, humanBytes(be.Minimum+ctxBytes), g.path, o.MaxTokens, humanBytes(ctxBytes), err)
+	b.VRAMBytes = g.vram
+	return g.minimum(b, be, o.MaxTokens, err)
 }
 
 // demoRun generates with the tiny synthetic model on d under a budget that
@@ -426,17 +439,16 @@ func demoRun(e *env, d device.Device) error {
 	}
 	g := generation{model: m, path: "tiny (synthetic, " + humanBytes(m.Weights.DataBytes) + ")", ids: ids,
 		sampling: engine.Sampling{MaxNew: 24, IgnoreEOS: true}, opts: engine.Options{PrefillChunk: 16}, quiet: true}
-	// The smallest budget the engine takes, from its error at 1 byte above
-	// the context, plus one block: the other blocks stream.
-	ctxBytes, _ := residency.ContextBytes(d)
-	g.vram = ctxBytes + 1
+	// The smallest budget the run takes, from its error at 1 byte, plus
+	// one block: the other blocks stream.
+	g.vram = 1
 	_, _, err = g.run(e, d, d.Info().Backend)
-	var be *engine.BudgetError
-	if !errors.As(err, &be) {
+	var me *minimumError
+	if !errors.As(err, &me) {
 		return fmt.Errorf("probing the minimum budget: %v", err)
 	}
 	b := m.Tensors.Blocks[0]
-	g.vram = ctxBytes + be.Minimum + b.Q.Bytes + b.K.Bytes + b.V.Bytes + b.O.Bytes + b.Gate.Bytes + b.Up.Bytes + b.Down.Bytes
+	g.vram = me.minimum + b.Q.Bytes + b.K.Bytes + b.V.Bytes + b.O.Bytes + b.Gate.Bytes + b.Up.Bytes + b.Down.Bytes
 	g.quiet = false
 	fmt.Fprintf(e.stdout, "  %d-layer Llama (GQA %d/%d heads), prompt of %d ids, --vram %s:\n  ", cfg.Layers, cfg.Heads, cfg.KVHeads, len(ids), humanBytes(g.vram))
 	out, _, err := g.run(e, d, d.Info().Backend)

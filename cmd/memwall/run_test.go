@@ -274,7 +274,7 @@ func TestRunBudgetBelowContext(t *testing.T) {
 	for _, vram := range []uint64{1 << 20, 500 << 20} {
 		g := generation{model: m, path: dir, ids: []int{1, 2, 3}, vram: vram, sampling: engine.Sampling{MaxNew: 4}, quiet: true}
 		_, _, err = g.run(e, d, "sim")
-		if err == nil || !strings.Contains(err.Error(), "below the minimum") || !strings.Contains(err.Error(), "500.0 MiB included") {
+		if err == nil || !strings.Contains(err.Error(), "below the minimum") || !strings.Contains(err.Error(), "context's own 500.0 MiB") {
 			t.Errorf("--vram %d: %v", vram, err)
 		}
 	}

@@ -321,68 +321,20 @@ func (r *runner) loop() error {
 			r.clock = r.reqs[r.next].ArrivalS
 			continue
 		}
-		sched = sched[:0]
 		budget := r.o.TokenBudget
-		preempted := false
-		for i := 0; i < len(r.running) && budget > 0; i++ {
-			s := r.running[i]
-			if s.pending && r.paged {
-				gone := false
-				for r.m.FreeBlocks() < mustNeed(r.m.AppendNeeds(s.id, 1)) {
-					v := r.running[len(r.running)-1]
-					r.running = r.running[:len(r.running)-1]
-					if err := r.preempt(v); err != nil {
-						return err
-					}
-					preempted = true
-					if v == s {
-						gone = true
-						break
-					}
-				}
-				if gone {
-					break
-				}
-				if err := r.m.Append(s.id, s.tokens[len(s.tokens)-1]); err != nil {
-					return fmt.Errorf("sched: append: %w", err)
-				}
-			}
-			s.pending = false
-			n := min(len(s.tokens)-s.computed, budget)
-			budget -= n
-			sched = append(sched, chunk{s, s.computed, n})
+		var preempted bool
+		var err error
+		if sched, budget, preempted, err = r.scheduleRunning(sched[:0], budget); err != nil {
+			return err
 		}
 		if r.paged && !preempted {
-			for len(r.swapped) > 0 && len(r.running) < r.o.MaxSeqs {
-				s := r.swapped[0]
-				need, _ := r.m.SwapInNeeds(s.id)
-				if need+r.wm > r.m.FreeBlocks() {
-					break
-				}
-				moves, err := r.m.SwapIn(s.id)
-				if err != nil {
-					return fmt.Errorf("sched: swap in: %w", err)
-				}
-				r.swapCost(len(moves))
-				r.swapped = r.swapped[1:]
-				r.running = append(r.running, s)
+			if err := r.swapIn(); err != nil {
+				return err
 			}
 		}
 		if len(r.swapped) == 0 && !preempted {
-			for len(r.waiting) > 0 && budget > 0 && len(r.running) < r.capacity() {
-				s := r.waiting[0]
-				ok, err := r.admit(s)
-				if err != nil {
-					return err
-				}
-				if !ok {
-					break
-				}
-				r.waiting = r.waiting[1:]
-				r.running = append(r.running, s)
-				n := min(len(s.tokens)-s.computed, budget)
-				budget -= n
-				sched = append(sched, chunk{s, s.computed, n})
+			if sched, err = r.admitWaiting(sched, budget); err != nil {
+				return err
 			}
 		}
 		if len(sched) == 0 {
@@ -404,6 +356,76 @@ func (r *runner) loop() error {
 	}
 	r.res.SimSeconds = r.clock - first
 	return nil
+}
+
+// scheduleRunning gives the running sequences their next chunk, in
+// admission order, while the token budget lasts: a decoding sequence first
+// gets room for its pending token, preempting the latest admitted sequences
+// (perhaps itself) when blocks run out.
+func (r *runner) scheduleRunning(sched []chunk, budget int) ([]chunk, int, bool, error) {
+	preempted := false
+	for i := 0; i < len(r.running) && budget > 0; i++ {
+		s := r.running[i]
+		if s.pending && r.paged {
+			for r.m.FreeBlocks() < mustNeed(r.m.AppendNeeds(s.id, 1)) {
+				v := r.running[len(r.running)-1]
+				r.running = r.running[:len(r.running)-1]
+				if err := r.preempt(v); err != nil {
+					return sched, budget, true, err
+				}
+				preempted = true
+				if v == s {
+					return sched, budget, true, nil
+				}
+			}
+			if err := r.m.Append(s.id, s.tokens[len(s.tokens)-1]); err != nil {
+				return sched, budget, preempted, fmt.Errorf("sched: append: %w", err)
+			}
+		}
+		s.pending = false
+		n := min(len(s.tokens)-s.computed, budget)
+		budget -= n
+		sched = append(sched, chunk{s, s.computed, n})
+	}
+	return sched, budget, preempted, nil
+}
+
+// swapIn brings swapped sequences back, oldest first, while their blocks
+// fit above the watermark; they run from the next step.
+func (r *runner) swapIn() error {
+	for len(r.swapped) > 0 && len(r.running) < r.o.MaxSeqs {
+		s := r.swapped[0]
+		need, _ := r.m.SwapInNeeds(s.id)
+		if need+r.wm > r.m.FreeBlocks() {
+			return nil
+		}
+		moves, err := r.m.SwapIn(s.id)
+		if err != nil {
+			return fmt.Errorf("sched: swap in: %w", err)
+		}
+		r.swapCost(len(moves))
+		r.swapped = r.swapped[1:]
+		r.running = append(r.running, s)
+	}
+	return nil
+}
+
+// admitWaiting admits waiting requests first come, first served, while
+// they fit (blocks, sequences, token budget), each with its first chunk.
+func (r *runner) admitWaiting(sched []chunk, budget int) ([]chunk, error) {
+	for len(r.waiting) > 0 && budget > 0 && len(r.running) < r.capacity() {
+		s := r.waiting[0]
+		ok, err := r.admit(s)
+		if err != nil || !ok {
+			return sched, err
+		}
+		r.waiting = r.waiting[1:]
+		r.running = append(r.running, s)
+		n := min(len(s.tokens)-s.computed, budget)
+		budget -= n
+		sched = append(sched, chunk{s, s.computed, n})
+	}
+	return sched, nil
 }
 
 func mustNeed(n int, err error) int {

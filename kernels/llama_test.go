@@ -757,3 +757,28 @@ func FuzzLlamaKernels(f *testing.F) {
 		}
 	})
 }
+
+// The simulator's cost of attention follows the work: decode bytes are the
+// K and V rows read, prefill FLOPs the causal pairs.
+func TestLlamaCosts(t *testing.T) {
+	p := device.Ptr(1 << 20)
+	attnArgs := func(start, T uint32) []any {
+		return []any{p, p, p, start, T, uint32(32), uint32(8), uint32(128), uint32(16), uint32(0), codeBF16,
+			uint64(2 * 16 * 8 * 128 * 2), float32(0.1), uint32(1 << 20), p, p, codeF32}
+	}
+	dec, ok := kernelByName(t, NameAttnDecode).cost(device.Dim3{X: 8, Y: 1, Z: 1}, blockDim(), attnArgs(32767, 1))
+	kv := 32768.0 * 2 * 8 * 128 * 2
+	if !ok || dec.bytes < kv || dec.bytes > 1.1*kv {
+		t.Errorf("32k decode cost %+v, want about %g bytes", dec, kv)
+	}
+	pre, ok := kernelByName(t, NameAttnFlash).cost(device.Dim3{X: 32, Y: 32, Z: 1}, device.Dim3{X: 128, Y: 1, Z: 1}, attnArgs(0, 2048))
+	flops := 4 * 2048.0 * 2049 / 2 * 128 * 32
+	if !ok || pre.flops != flops || pre.bytes <= 0 {
+		t.Errorf("prefill cost %+v, want %g FLOPs", pre, flops)
+	}
+	for _, k := range llamaGoKernels() {
+		if _, ok := k.cost(device.Dim3{X: 1, Y: 1, Z: 1}, blockDim(), []any{p}); ok {
+			t.Errorf("%s cost accepted a bad argument list", k.name)
+		}
+	}
+}

@@ -216,7 +216,9 @@ func (c *Cache) copyBlock(src, dst int32) error {
 }
 
 // Manager returns the block manager (for its Stats, Check and the *Needs
-// queries a scheduler asks before acting).
+// queries a scheduler asks before acting). Calls on it bypass the cache's
+// lock: make them from the goroutine that drives the cache, and change
+// sequences only through the cache (its swaps and copies move the bytes).
 func (c *Cache) Manager() *Manager { return c.m }
 
 // Add creates sequence id with blocks for prompt, sharing its longest cached

@@ -28,7 +28,11 @@ func loadTarget(t testing.TB, d device.Device, target string) *Set {
 	if err != nil {
 		t.Fatalf("load %s: %v", target, err)
 	}
-	t.Logf("loaded %s in %v", s.Source(), time.Since(t0).Round(time.Millisecond))
+	t.Logf("loaded %s in %v (flash attention %v)", s.Source(), time.Since(t0).Round(time.Millisecond), s.FlashAttention())
+	for _, why := range s.Disabled() {
+		t.Errorf("%s: %s", target, why)
+		fmt.Printf("KCHECK disabled %s %s\n", target, strings.ReplaceAll(why, " ", "_"))
+	}
 	t.Cleanup(func() { s.Close() })
 	return s
 }

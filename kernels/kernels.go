@@ -225,21 +225,23 @@ func isIdent(c byte) bool {
 // Set is the loaded kernel module with every kernel resolved. It is safe
 // for concurrent use as far as the device is. Close unloads the module.
 type Set struct {
-	d       device.Device
-	mod     device.Module
-	source  string
-	fill    device.Function
-	check   device.Function
-	spin    device.Function
-	gemv    map[string]device.Function
-	gemv1   map[string]device.Function
-	gemm    map[string]device.Function
-	llama   llamaFuncs
-	blocks  uint32               // grid cap for the grid-stride kernels
-	sms     uint32               // multiprocessors (a guess when the device does not say)
-	gemmLib device.MatmulLibrary // nil: memwall's own GEMM for every T
-	flash   bool                 // Attention uses memwall_attn_flash for prefill
-	flashOK bool                 // the module and device can run it
+	d         device.Device
+	mod       device.Module
+	source    string
+	fill      device.Function
+	check     device.Function
+	spin      device.Function
+	gemv      map[string]device.Function
+	gemv1     map[string]device.Function
+	gemm      map[string]device.Function
+	llama     llamaFuncs
+	blocks    uint32               // grid cap for the grid-stride kernels
+	sms       uint32               // multiprocessors (a guess when the device does not say)
+	gemmLib   device.MatmulLibrary // nil: memwall's own GEMM for every T
+	flash     bool                 // Attention uses memwall_attn_flash for prefill
+	flashOK   bool                 // the module and device can run it
+	decodeOff bool                 // Attention never uses memwall_attn_decode
+	disabled  []string             // fast kernels the self-test turned off, and why
 
 	scratchMu sync.Mutex
 	scratch   map[device.Stream]scratchBuf // attention split partials, per stream
@@ -373,6 +375,11 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	}
 	if err := s.llama.resolve(resolve); err != nil {
 		return fail(err)
+	}
+	if info.Backend != "sim" && info.ComputeMajor > 0 {
+		if err := s.selfTest(); err != nil {
+			return fail(fmt.Errorf("kernels: %s: attention self-test: %w", source, err))
+		}
 	}
 	return s, nil
 }

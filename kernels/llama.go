@@ -483,7 +483,7 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 		}
 	}
 	f := s.llama.attnFunc(L.HeadDim)
-	if useDecode(T, nHeads, L, cache) {
+	if !s.decodeOff && useDecode(T, nHeads, L, cache) {
 		f = s.llama.decode
 	}
 	if err := s.d.Launch(f, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/sim"
 )
 
 // rig runs kernels of one Set on one device and moves data in and out.
@@ -780,5 +781,58 @@ func TestLlamaCosts(t *testing.T) {
 		if _, ok := k.cost(device.Dim3{X: 1, Y: 1, Z: 1}, blockDim(), []any{p}); ok {
 			t.Errorf("%s cost accepted a bad argument list", k.name)
 		}
+	}
+}
+
+// Load's self-test keeps agreeing fast kernels and turns off one that
+// disagrees with the split kernel.
+func TestSelfTest(t *testing.T) {
+	for _, broken := range []string{"", NameAttnFlash, NameAttnDecode} {
+		o := sim.DefaultOptions()
+		o.Kernels = Sim()
+		for i := range o.Kernels {
+			if o.Kernels[i].Name == broken {
+				run := o.Kernels[i].Run
+				o.Kernels[i].Run = func(m *sim.Mem, grid, block device.Dim3, args []any) error {
+					if err := run(m, grid, block, args); err != nil {
+						return err
+					}
+					out, _ := args[15].(device.Ptr) // a wrong answer: the first output doubled
+					if grid.Z > 1 {                 // split: the first partial's first acc
+						out, _ = args[14].(device.Ptr)
+						out += 8
+					}
+					b, err := m.Bytes(out, 4)
+					if err == nil {
+						putF(b, 0, 2*getF(b, 0)+1)
+					}
+					return err
+				}
+			}
+		}
+		d := sim.New(o)
+		s, err := Load(d, nil)
+		must(t, err)
+		must(t, s.selfTest())
+		got := s.Disabled()
+		switch broken {
+		case "":
+			if len(got) != 0 || !s.FlashAttention() || s.decodeOff {
+				t.Errorf("working kernels: disabled %v, flash %v, decode off %v", got, s.FlashAttention(), s.decodeOff)
+			}
+		case NameAttnFlash:
+			if len(got) != 1 || !strings.Contains(got[0], "flash") || s.FlashAttention() || s.decodeOff {
+				t.Errorf("broken flash: disabled %v, flash %v", got, s.FlashAttention())
+			}
+			if s.SetFlashAttention(true); s.FlashAttention() {
+				t.Error("SetFlashAttention(true) brought back a kernel that failed the self-test")
+			}
+		case NameAttnDecode:
+			if len(got) != 1 || !strings.Contains(got[0], "decode") || !s.decodeOff || !s.FlashAttention() {
+				t.Errorf("broken decode: disabled %v, decode off %v", got, s.decodeOff)
+			}
+		}
+		must(t, s.Close())
+		d.Close()
 	}
 }

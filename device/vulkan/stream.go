@@ -2,6 +2,7 @@ package vulkan
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -439,17 +440,56 @@ func (d *Device) submit(s *stream, q *queue, rec func(cb uintptr)) (uint64, erro
 		return 0, err
 	}
 	prev := s.last.Load()
-	value := prev + 1
-	var sems, vals []uint64
-	var stages []uint32
+	ps := &pendingSubmit{s: s, q: q, cb: cb, value: prev + 1}
 	if prev > 0 {
-		sems, vals, stages = append(sems, s.sem), append(vals, prev), append(stages, stageAllCommands)
+		ps.waits = append(ps.waits, semWait{s.sem, prev})
 	}
-	for _, w := range s.waits {
-		sems, vals, stages = append(sems, w.sem), append(vals, w.value), append(stages, stageAllCommands)
+	ps.waits = append(ps.waits, s.waits...)
+	if d.deferring.Load() {
+		d.deferMu.Lock()
+		if d.deferring.Load() {
+			d.deferred = append(d.deferred, ps)
+			d.deferMu.Unlock()
+			s.commit(ps)
+			return ps.value, nil
+		}
+		d.deferMu.Unlock()
 	}
-	sig, sigVal := []uint64{s.sem}, []uint64{value}
-	cbs := []uintptr{cb}
+	if err := d.queueSubmit(ps); err != nil {
+		s.free[q.family] = append(s.free[q.family], cb)
+		return 0, err
+	}
+	s.commit(ps)
+	return ps.value, nil
+}
+
+// pendingSubmit is one submission: a command buffer that waits for the
+// semaphore values and then signals value on its stream's semaphore.
+type pendingSubmit struct {
+	s     *stream
+	q     *queue
+	cb    uintptr
+	waits []semWait
+	value uint64
+}
+
+// commit records a submission as the stream's last. s.mu is held.
+func (s *stream) commit(ps *pendingSubmit) {
+	s.waits = s.waits[:0]
+	s.last.Store(ps.value)
+	s.flight = append(s.flight, cbUse{ps.cb, ps.q.family, ps.value})
+}
+
+// queueSubmit hands a submission to its queue.
+func (d *Device) queueSubmit(ps *pendingSubmit) error {
+	sems := make([]uint64, len(ps.waits))
+	vals := make([]uint64, len(ps.waits))
+	stages := make([]uint32, len(ps.waits))
+	for i, w := range ps.waits {
+		sems[i], vals[i], stages[i] = w.sem, w.value, stageAllCommands
+	}
+	sig, sigVal := []uint64{ps.s.sem}, []uint64{ps.value}
+	cbs := []uintptr{ps.cb}
 	var pn pinned
 	defer pn.release()
 	ts := &timelineSemaphoreSubmitInfo{sType: stTimelineSemaphoreSubmitInfo,
@@ -457,17 +497,81 @@ func (d *Device) submit(s *stream, q *queue, rec func(cb uintptr)) (uint64, erro
 	si := &submitInfo{sType: stSubmitInfo, pNext: ref(&pn, ts),
 		waitCount: uint32(len(sems)), waitSemaphores: refSlice(&pn, sems), waitStages: refSlice(&pn, stages),
 		cmdCount: 1, cmds: refSlice(&pn, cbs), signalCount: 1, signalSemaphores: refSlice(&pn, sig)}
-	q.mu.Lock()
-	r := call(d.vk.queueSubmit, q.h, 1, uintptr(unsafe.Pointer(si)), 0)
-	q.mu.Unlock()
-	if err := check("vkQueueSubmit", r); err != nil {
-		s.free[q.family] = append(s.free[q.family], cb)
-		return 0, err
+	ps.q.mu.Lock()
+	r := call(d.vk.queueSubmit, ps.q.h, 1, uintptr(unsafe.Pointer(si)), 0)
+	ps.q.mu.Unlock()
+	return check("vkQueueSubmit", r)
+}
+
+// Defer starts holding every submission back on the host instead of
+// handing it to a queue, until FlushShuffled. It exists to test ordering:
+// what a program gets right only by the accident of submission order
+// breaks when the deferred work is flushed in another order. While
+// deferring, nothing may wait on the host for queued work (synchronize,
+// query until true, copy into pageable memory): it would never complete.
+func (d *Device) Defer() {
+	d.deferMu.Lock()
+	d.deferring.Store(true)
+	d.deferMu.Unlock()
+}
+
+// FlushShuffled stops deferring and submits the deferred work in a random
+// order (seeded) that keeps each stream's order and every event wait: of
+// the submissions whose waits are all submitted, one is picked at random,
+// repeatedly. Queues run submissions in the order they get them, so the
+// GPU executes this order, which a missing event wait turns into a data
+// race that shows.
+func (d *Device) FlushShuffled(seed uint64) error {
+	d.deferMu.Lock()
+	d.deferring.Store(false)
+	list := d.deferred
+	d.deferred = nil
+	d.deferMu.Unlock()
+	heads := map[*stream][]*pendingSubmit{}
+	var order []*stream            // streams in first-submission order, for determinism
+	pending := map[uint64]uint64{} // semaphore → lowest deferred value
+	for _, ps := range list {
+		if _, ok := heads[ps.s]; !ok {
+			order = append(order, ps.s)
+			pending[ps.s.sem] = ps.value
+		}
+		heads[ps.s] = append(heads[ps.s], ps)
 	}
-	s.waits = s.waits[:0]
-	s.last.Store(value)
-	s.flight = append(s.flight, cbUse{cb, q.family, value})
-	return value, nil
+	r := rand.New(rand.NewPCG(seed, seed^0x9E3779B97F4A7C15))
+	for left := len(list); left > 0; left-- {
+		var ready []*stream
+		for _, s := range order {
+			q := heads[s]
+			if len(q) == 0 {
+				continue
+			}
+			ok := true
+			for _, w := range q[0].waits {
+				if low, deferred := pending[w.sem]; deferred && w.value >= low {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				ready = append(ready, s)
+			}
+		}
+		if len(ready) == 0 {
+			return fmt.Errorf("vulkan: FlushShuffled: %d deferred submissions wait on each other: %w", left, device.ErrInvalid)
+		}
+		s := ready[r.IntN(len(ready))]
+		ps := heads[s][0]
+		heads[s] = heads[s][1:]
+		if len(heads[s]) > 0 {
+			pending[s.sem] = heads[s][0].value
+		} else {
+			delete(pending, s.sem)
+		}
+		if err := d.queueSubmit(ps); err != nil {
+			return fmt.Errorf("vulkan: FlushShuffled: %w", err)
+		}
+	}
+	return nil
 }
 
 // op runs one stream operation with the stream locked.

@@ -53,6 +53,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/memwall/memwall/device"
@@ -127,6 +128,10 @@ type Device struct {
 	modules   map[device.Module]*module
 	funcs     map[device.Function]*function
 	spareSems []uint64 // timeline semaphores of destroyed streams, for reuse
+
+	deferring atomic.Bool // Defer: submissions wait in deferred
+	deferMu   sync.Mutex
+	deferred  []*pendingSubmit
 	nextID    uint64
 	closed    bool
 	queueRot  int

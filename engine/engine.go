@@ -383,7 +383,9 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) (*plan.WeightP
 			return nil, err
 		}
 	}
-	wo := plan.WeightOptions{Slots: e.opt.Slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256}
+	// Resident blocks spread over the depth, so that the copies of the
+	// streamed ones overlap the resident ones' products (prefill).
+	wo := plan.WeightOptions{Slots: e.opt.Slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256, Spread: true}
 	minimum := func() uint64 {
 		wo.Budget = math.MaxUint64 / 4
 		p, err := plan.PlanWeights(groups, wo)

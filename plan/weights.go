@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -302,6 +303,12 @@ type WeightOptions struct {
 	// Granule is the device allocation granularity every allocation is
 	// rounded to in the accounting (default 512 bytes; 2 MiB on CUDA).
 	Granule uint64
+	// Spread keeps resident blocks spread evenly over the depth (in the
+	// bit-reversed order of their numbers: 0, L/2, L/4, 3L/4, ...) instead
+	// of the first blocks, so that streamed blocks alternate with resident
+	// ones and their copies overlap the resident blocks' compute (a
+	// prefill's products take long enough for that to matter).
+	Spread bool
 }
 
 // Purposes of a plan's allocations.
@@ -401,15 +408,27 @@ func mib(n uint64) string {
 func H200Cost() MatmulCost { return Roofline(167e12, 3.3e12, 5*time.Microsecond) }
 
 // pickResident marks groups resident within room, in preference order:
-// stand-alone groups, then blocks in order, each taken when it still fits.
-func pickResident(p *WeightPlan, groups []WeightGroup, room uint64, charge func(uint64) uint64) {
+// stand-alone groups, then blocks in order (or spread: see
+// WeightOptions.Spread), each taken when it still fits.
+func pickResident(p *WeightPlan, groups []WeightGroup, room uint64, charge func(uint64) uint64, spread bool) {
 	idx := make([]int, len(groups))
+	layers := 0
 	for i := range idx {
 		idx[i] = i
 		p.Groups[i].Resident = false
+		layers = max(layers, groups[i].Layer+1)
+	}
+	rank := func(g WeightGroup) int {
+		switch {
+		case g.Layer < 0:
+			return -1
+		case spread:
+			return spreadRank(g.Layer, layers)
+		}
+		return 0 // stable sort: blocks in order
 	}
 	slices.SortStableFunc(idx, func(a, b int) int {
-		return cmp.Compare(min(groups[a].Layer+1, 1), min(groups[b].Layer+1, 1))
+		return cmp.Compare(rank(groups[a]), rank(groups[b]))
 	})
 	for _, i := range idx {
 		c := charge(groups[i].Region)
@@ -418,6 +437,14 @@ func pickResident(p *WeightPlan, groups []WeightGroup, room uint64, charge func(
 			room -= c
 		}
 	}
+}
+
+// spreadRank orders block l of n by the bit reversal of l over the next
+// power of two: 0, n/2, n/4, 3n/4, ... (a van der Corput sequence), so that
+// any prefix of the order is spread evenly over the blocks.
+func spreadRank(l, n int) int {
+	w := bits.Len(uint(max(n-1, 1)))
+	return int(bits.Reverse(uint(l)) >> (bits.UintSize - w))
 }
 
 // streamedRegion is the largest region of a group that streams (0: none).
@@ -561,7 +588,7 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 			p.Slots--
 			p.StagingBytes = uint64(p.Slots) * charge(p.SlotBytes)
 		}
-		pickResident(p, groups, o.Budget-fixed-p.StagingBytes, charge)
+		pickResident(p, groups, o.Budget-fixed-p.StagingBytes, charge, o.Spread)
 		// Slots need only hold the groups that stream: when those are all
 		// smaller than the largest group (a resident embedding or LM head),
 		// shrink the slots and plan again with the room that frees, unless
@@ -569,7 +596,7 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 		if s := streamedRegion(p); s < p.SlotBytes {
 			prev := slices.Clone(p.Groups)
 			staging := uint64(p.Slots) * charge(s)
-			pickResident(p, groups, o.Budget-fixed-staging, charge)
+			pickResident(p, groups, o.Budget-fixed-staging, charge, o.Spread)
 			if streamedRegion(p) <= s {
 				p.SlotBytes, p.StagingBytes = s, staging
 			} else {

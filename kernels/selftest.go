@@ -14,7 +14,8 @@ import (
 // shapes) and turns off any that disagree, recording why in s.disabled: a
 // wrong fast kernel falls back to the general one instead of corrupting a
 // model's output. It runs at Load on a real GPU only (compute capability
-// known) and costs a few milliseconds.
+// known) and costs a few milliseconds; when it cannot run (an error), Load
+// keeps to the general kernels and records the error.
 func (s *Set) selfTest() error {
 	const (
 		kvH, G, hd, bt = 2, 4, 128, 16

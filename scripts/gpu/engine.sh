@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Engine check on the GPU machine (issue 15, `memwall run`), from the repo root.
-# Expected run time: quick mode (the default) about 45 s — two tiny models
+# Expected run time: quick mode (the default) about 70 s — two tiny models
 # (bf16 GQA, f16 GQA) in safetensors and GGUF, resident and streaming, against
-# transformers, plus short compute-sanitizer memcheck and racecheck runs.
+# transformers, short compute-sanitizer memcheck and racecheck runs, and the
+# engine package's tests on the GPU against its Go reference (gpubin/engine.test).
 # EXTRA=full adds the Llama-7B-shaped bf16 model and the 7B-class model with 8
 # KV heads and Llama-3 rope scaling at --vram 8GiB (decode at 512 tokens of
 # context, a 2048-token prefill, nvidia-smi's memory.used sampled, memwall fit's
@@ -28,7 +29,7 @@ fi
 models=${MODELS:-/dev/shm/memwall-engine}
 mode=quick
 [ "${EXTRA:-}" = full ] && mode=full
-limit=100
+limit=170
 [ "$mode" = full ] && limit=560
 timeout --kill-after=10 "$limit" "$py" scripts/gpu/run-check.py --bin "$bin" --out "$dir" --models "$models" \
   --mode "$mode" ${MODEL7B:+--model7b "$MODEL7B"}

@@ -182,6 +182,21 @@ class Check:
             if not same:
                 self.fail("%s: gguf tokens differ from safetensors at %s" % (preset, first))
 
+    def engine_tests(self):
+        """The engine package's tests on the GPU (MEMWALL_TEST_DEVICE=cuda):
+        tokens and logits against the Go float32 reference of the HF forward,
+        GGUF vs safetensors bit for bit, faults freeing every byte."""
+        t = os.path.join(os.path.dirname(self.bin), "engine.test")
+        if not os.path.exists(t):
+            self.results["engine-tests"] = {"rc": None, "summary": "engine.test not built"}
+            return
+        env = dict(os.environ, MEMWALL_TEST_DEVICE="cuda")
+        rc, so, se, dt = sh([t, "-test.run", "TestAgainstReference|TestFormatsAgree|TestSampledSteps|TestLimits", "-test.v",
+                             "-test.timeout", "90s"], 100, os.path.join(self.out, "engine-tests.txt"), env=env)
+        fails = re.findall(r"--- FAIL: (\S+)", so + se)
+        self.results["engine-tests"] = {"rc": rc, "seconds": dt, "failed": fails}
+        log("engine tests on the GPU: rc=%d %.1fs, failed: %s" % (rc, dt, " ".join(fails) or "none"))
+
     def sanitizer(self, preset):
         d = os.path.join(self.models, preset)
         if shutil.which("compute-sanitizer") is None:
@@ -347,6 +362,10 @@ class Check:
             if "sanitizer-" + t in self.results:
                 s = self.results["sanitizer-" + t]
                 lines.append("compute-sanitizer %s: rc=%s %s" % (t, s["rc"], s["summary"]))
+        if "engine-tests" in self.results:
+            r = self.results["engine-tests"]
+            lines.append("engine package tests on the GPU (vs the Go reference): rc=%s failed: %s" % (
+                r.get("rc"), " ".join(r.get("failed") or []) or "none"))
         lines.append("margin for near-ties: %.2f logits; result: %s" % (MARGIN, "FAIL" if self.failed else "ok"))
         return "\n".join(lines)
 
@@ -378,6 +397,7 @@ def main():
     c.tiny("tiny-f16", "float16")
     if a.device == "cuda":
         c.sanitizer("tiny")
+        c.engine_tests()
     if a.mode == "full":
         if a.big_presets:  # testing the script: small presets stand in for the 7B ones
             for p in a.big_presets.split(","):

@@ -141,6 +141,17 @@ type DriverAnchor interface {
 	DriverAllocTimes(w device.AllocWorkload, async bool) (alloc, free []time.Duration, err error)
 }
 
+// AnchorNamer is implemented by anchors that are not CUDA's (device/vulkan):
+// AnchorName names the allocator timed with async false or true, "" for
+// none.
+type AnchorNamer interface {
+	AnchorName(async bool) string
+}
+
+// DriverVulkan is the anchor's Allocator name on Vulkan, which has no
+// stream-ordered allocator: ratios are taken against it there.
+const DriverVulkan = "vkAllocateMemory"
+
 // DriverAsync is the Allocator name of the anchor ratios are taken
 // against: cuMemAllocAsync on the pool's own request stream.
 const DriverAsync = "cuMemAllocAsync"
@@ -228,6 +239,11 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 			name := "cuMemAlloc"
 			if async {
 				name = DriverAsync
+			}
+			if nm, named := d.(AnchorNamer); named {
+				if name = nm.AnchorName(async); name == "" {
+					continue // the backend has no such allocator
+				}
 			}
 			if !ok {
 				for range o.Goroutines {

@@ -89,7 +89,7 @@ func printBenchAlloc(e *env, rep bench.AllocReport) {
 	fmt.Fprintf(w, "%-32s %-18s %3s %5s %9s %9s %9s %12s %10s %s\n", "allocator", "mix", "gor", "live", "p50", "p50 one", "p99 one", "pairs/s", "vs async", "")
 	anchor := map[string]float64{}
 	for _, r := range rep.Results {
-		if r.Allocator == bench.DriverAsync && r.Goroutines == 1 {
+		if (r.Allocator == bench.DriverAsync || r.Allocator == bench.DriverVulkan) && r.Goroutines == 1 {
 			anchor[r.Mix] = r.BatchP50ns
 		}
 	}

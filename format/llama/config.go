@@ -76,6 +76,10 @@ type Config struct {
 	RopeTheta    float64 `json:"rope_theta"`
 	// RopeScaling is nil for plain RoPE.
 	RopeScaling *RopeScaling `json:"rope_scaling,omitempty"`
+	// RopeFreqFactors, when set, divide the inverse frequencies one by one:
+	// llama.cpp's converter writes Llama-3 scaling into a GGUF file as the
+	// rope_freqs.weight tensor of HeadDim/2 factors instead of metadata.
+	RopeFreqFactors []float32 `json:"rope_freq_factors,omitempty"`
 	// TiedEmbeddings: the LM head is the embedding matrix (no lm_head tensor).
 	TiedEmbeddings bool  `json:"tied_embeddings"`
 	BOS            int   `json:"bos"` // -1 when none
@@ -205,7 +209,8 @@ func (c *Config) IsEOS(id int) bool {
 // 1/theta^(2i/HeadDim), with Llama-3 scaling applied when configured (as
 // transformers' _compute_llama3_parameters: wavelengths above
 // original/low_freq_factor divided by factor, below original/high_freq_factor
-// kept, smoothly interpolated between). Computed in float64, rounded once.
+// kept, smoothly interpolated between), or divided by RopeFreqFactors.
+// Computed in float64, rounded once.
 func (c *Config) InvFreq() []float32 {
 	half := c.HeadDim / 2
 	out := make([]float32, half)
@@ -223,6 +228,9 @@ func (c *Config) InvFreq() []float32 {
 				smooth := (orig/wave - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
 				f = (1-smooth)*f/s.Factor + smooth*f
 			}
+		}
+		if i < len(c.RopeFreqFactors) && c.RopeFreqFactors[i] > 0 {
+			f /= float64(c.RopeFreqFactors[i])
 		}
 		out[i] = float32(f)
 	}

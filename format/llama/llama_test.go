@@ -88,6 +88,17 @@ func TestRopeScalingPreset(t *testing.T) {
 			t.Fatalf("inv_freq[%d] = %v outside [%v/8, %v]", i, f[i], p[i], p[i])
 		}
 	}
+	// llama.cpp's rope_freqs factors (plain / scaled) give the same
+	// frequencies.
+	plain.RopeFreqFactors = make([]float32, len(f))
+	for i := range f {
+		plain.RopeFreqFactors[i] = float32(float64(p[i]) / float64(f[i]))
+	}
+	for i, v := range plain.InvFreq() {
+		if math.Abs(float64(v-f[i])) > 1e-6*float64(f[i]) {
+			t.Fatalf("with factors inv_freq[%d] = %v, want %v", i, v, f[i])
+		}
+	}
 }
 
 func TestHFErrors(t *testing.T) {

@@ -1,9 +1,11 @@
 package llama
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -95,6 +97,10 @@ func Open(path string) (*Model, error) {
 			w.Close()
 			return nil, err
 		}
+		if err := ropeFreqs(cfg, w); err != nil {
+			w.Close()
+			return nil, err
+		}
 	}
 	ts, err := Bind(cfg, w)
 	if err != nil {
@@ -108,6 +114,33 @@ func Open(path string) (*Model, error) {
 		}
 	}
 	return m, nil
+}
+
+// ropeFreqs reads a GGUF file's rope_freqs.weight (HeadDim/2 float32
+// factors, llama.cpp's form of Llama-3 rope scaling) into the config, unless
+// the metadata already gives the scaling.
+func ropeFreqs(cfg *Config, w *format.Model) error {
+	t, ok := w.Tensor("rope_freqs.weight")
+	if !ok || cfg.RopeScaling != nil {
+		return nil
+	}
+	half := cfg.HeadDim / 2
+	if t.DType != "F32" || t.Elements() != uint64(half) {
+		return &Error{File: w.Path, Tensor: t.Name, Field: "shape", Reason: fmt.Sprintf("%s %v, want F32 [%d] (head_dim/2)", t.DType, t.Shape, half)}
+	}
+	b := w.Data(t)
+	if len(b) != 4*half {
+		return &Error{File: w.Path, Tensor: t.Name, Reason: fmt.Sprintf("%d bytes, want %d", len(b), 4*half)}
+	}
+	cfg.RopeFreqFactors = make([]float32, half)
+	for i := range half {
+		v := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		if !(v > 0) || math.IsInf(float64(v), 0) {
+			return &Error{File: w.Path, Tensor: t.Name, Reason: fmt.Sprintf("factor %d is %v, want a positive number", i, v)}
+		}
+		cfg.RopeFreqFactors[i] = v
+	}
+	return nil
 }
 
 func hasGGUFMagic(path string) (bool, error) {

@@ -10,7 +10,7 @@ rm -rf "$bin"
 mkdir -p "$bin"
 export CGO_ENABLED=0
 go build -ldflags="-s -w" -o "$bin/memwall" ./cmd/memwall
-for pkg in device/cuda pool kernels plan/bind bench residency kvcache engine ${GPU_PKGS:-}; do
+for pkg in device/cuda device/vulkan pool kernels plan/bind bench residency kvcache engine ${GPU_PKGS:-}; do
   [ -d "$pkg" ] || continue
   go test -c -ldflags="-s -w" -o "$bin/$(echo "$pkg" | tr / _).test" "./$pkg" || echo "skipped $pkg: does not build"
 done

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The Vulkan backend on the H200 through NVIDIA's Vulkan driver, headless
+# (issue 17). Expected time: about 60-90 s, every step under timeout:
+#   setup: the Debian Vulkan loader unpacked from .gl/*.deb (the machine has
+#          NVIDIA's ICD but no loader), VK_DRIVER_FILES if no driver is found  ~3 s
+#   memwall info --device vulkan (text and --json)                            ~2 s
+#   device/vulkan's tests: the device conformance suite (64 MiB copies), the
+#          pool data test, plan/bind lifetimes of real graphs with shuffled
+#          submission orders, the dropped-barrier test, weight streaming      ~20 s
+#   memwall bench transfer --device vulkan next to --device cuda (256 MiB)   ~15 s
+#   memwall bench alloc --device vulkan: the pool vs vkAllocateMemory         ~30 s
+# Run from the repository root after scripts/gpu-build.sh; logs go to
+# $OUT/vulkan/, a short table is printed last (Vulkan H2D pinned as a
+# fraction of CUDA's: the goal is >= 0.90).
+for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig;
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+dir=$OUT/vulkan
+mkdir -p "$dir"
+bin=$PWD/${BIN:-gpubin}
+log=$dir/log.txt
+: >"$log"
+status=()
+run() { # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" >>"$log"
+  local t0 t1 r
+  t0=$(date +%s.%N)
+  if timeout -k 5 "$limit" "$@" >>"$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+  t1=$(date +%s.%N)
+  status+=("$(printf '%-44s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
+}
+
+# A driver? The loader finds ICDs in the standard places; NVIDIA's
+# container toolkit may put its manifest elsewhere.
+if ! timeout 20 "$bin/memwall" info --device vulkan >"$dir/info.txt" 2>&1; then
+  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json; do
+    if [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd; break; fi
+  done
+  export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+  echo "no Vulkan driver found by default; VK_DRIVER_FILES=$VK_DRIVER_FILES" >>"$log"
+fi
+{ ldconfig -p | grep -i vulkan; ls -la /usr/local/nvidia/share/vulkan/icd.d /etc/vulkan/icd.d /usr/share/vulkan/icd.d 2>&1; } >"$dir/setup.txt" 2>&1
+
+run "memwall info --device vulkan" 20 bash -c "'$bin/memwall' info --device vulkan >'$dir/info.txt' 2>&1 && '$bin/memwall' info --device vulkan --json >'$dir/info.json'"
+if [ -x "$bin/device_vulkan.test" ]; then
+  run "device/vulkan tests (conformance, pool, bind, streaming)" 120 bash -c \
+    "cd device/vulkan && '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
+else
+  status+=("$(printf '%-44s %-9s' "device/vulkan tests" "MISSING")")
+fi
+run "bench transfer --device vulkan" 60 bash -c "'$bin/memwall' bench transfer --device vulkan --size 256MiB --reps 10 --json >'$dir/transfer-vulkan.json' 2>'$dir/transfer-vulkan.err'"
+run "bench transfer --device cuda" 60 bash -c "'$bin/memwall' bench transfer --device cuda --size 256MiB --reps 10 --json >'$dir/transfer-cuda.json' 2>'$dir/transfer-cuda.err'"
+run "bench alloc --device vulkan (pool vs vkAllocateMemory)" 90 bash -c \
+  "'$bin/memwall' bench alloc --device vulkan --mixes random,4KiB --policies chunks --goroutines 1,4 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
+
+echo "memwall info --device vulkan:"
+head -n 30 "$dir/info.txt" 2>/dev/null
+echo
+echo "device/vulkan test results:"
+grep -E '^(--- |ok|FAIL|panic)|    --- FAIL' "$dir/tests.txt" 2>/dev/null | head -n 30
+grep -E 'corrupted|live blocks|tensors checked|MiB, Vulkan' "$dir/tests.txt" 2>/dev/null | head -n 8
+echo
+echo "bench alloc --device vulkan:"
+head -n 24 "$dir/alloc.txt" 2>/dev/null
+echo
+echo "bench transfer (256 MiB, median GB/s):"
+python3 - "$dir/transfer-vulkan.json" "$dir/transfer-cuda.json" <<'EOF' || true
+import json, sys
+def load(p):
+    try:
+        return {r["name"]: r["GBps"] for r in json.load(open(p))["results"]}
+    except Exception as e:
+        print(f"  {p}: {e}")
+        return {}
+vk, cu = load(sys.argv[1]), load(sys.argv[2])
+for name in sorted(set(vk) | set(cu)):
+    v, c = vk.get(name), cu.get(name)
+    ratio = f"{v / c:.2f}" if v and c else "-"
+    print(f"  {name:14s} vulkan {v or 0:7.2f}  cuda {c or 0:7.2f}  vulkan/cuda {ratio}")
+v, c = vk.get("h2d_pinned"), cu.get("h2d_pinned")
+if v and c:
+    print(f"  H2D pinned: Vulkan is {v / c:.2f} of CUDA ({'meets' if v >= 0.9 * c else 'misses'} the 0.90 goal)")
+EOF
+echo
+printf '%s\n' "${status[@]}"

@@ -340,29 +340,28 @@ func wrapOOM(err error, size uint64) error {
 	return fmt.Errorf("vulkan: allocating %d bytes: %w", size, err)
 }
 
-// MemInfo returns the free and total bytes of the device-local heap. With
-// VK_EXT_memory_budget free is the heap's budget less its usage (other
-// processes included) and never more than the heap size less what this
-// handle allocated; without it, only the latter.
+// MemInfo returns the free and total bytes of the device-local heap: the
+// heap size less what this process uses of it, which is
+// VK_EXT_memory_budget's heap usage where the driver offers it (the
+// process's whole footprint there, driver-internal allocations included)
+// and never less than what this handle allocated. The budget the driver
+// advises, which accounts for other processes, is in Details: memwall does
+// not subtract it here, since drivers compute it as a share of what is
+// left and it would move by less than an allocation.
 func (d *Device) MemInfo() (free, total uint64, err error) {
 	total = d.info.TotalBytes
 	d.mu.Lock()
 	used := d.used
 	d.mu.Unlock()
-	free = total - min(used, total)
 	if d.hasBudget {
 		var pn pinned
 		defer pn.release()
 		b := &physicalDeviceMemoryBudget{sType: stPhysicalDeviceMemoryBudget}
 		mp := &physicalDeviceMemoryProperties2{sType: stPhysicalDeviceMemoryProperties2, pNext: ref(&pn, b)}
 		callVoid(d.vk.getPhysicalDeviceMemoryProperties2, d.phys, uintptr(unsafe.Pointer(mp)))
-		h := d.deviceHeap
-		if b.budget[h] > 0 {
-			bf := b.budget[h] - min(b.usage[h], b.budget[h])
-			free = min(free, bf)
-		}
+		used = max(used, b.usage[d.deviceHeap])
 	}
-	return free, total, nil
+	return total - min(used, total), total, nil
 }
 
 // Alloc returns size bytes of device-local memory at priority 0.5 (see

@@ -160,7 +160,7 @@ func (d *Device) fillInfo(missing []string) {
 	dis := func(what, why string) { in.Disabled = append(in.Disabled, what+": "+why) }
 	dis("virtual memory", "sparse binding of a growable range is not implemented; pools grow in chunks")
 	if !d.hasBudget {
-		dis("memory budget", "VK_EXT_memory_budget absent: free memory is the heap size less this handle's allocations")
+		dis("memory budget", "VK_EXT_memory_budget absent: free memory is the heap size less this handle's allocations, other processes unseen")
 	}
 	if !d.hasPriority {
 		dis("memory priority", "VK_EXT_memory_priority absent or its feature off")

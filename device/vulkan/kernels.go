@@ -310,39 +310,6 @@ func (d *Device) Launch(fid device.Function, grid, block device.Dim3, sharedByte
 	})
 }
 
-// Virtual memory: sparse binding of a growable range is not implemented;
-// every method fails with ErrUnsupported and pools grow in chunks.
-
-// Reserve fails with ErrUnsupported.
-func (d *Device) Reserve(size uint64) (device.Ptr, error) {
-	return 0, fmt.Errorf("vulkan: Reserve(%d): %w", size, device.ErrUnsupported)
-}
-
-// Unreserve fails with ErrUnsupported.
-func (d *Device) Unreserve(p device.Ptr, size uint64) error {
-	return fmt.Errorf("vulkan: Unreserve: %w", device.ErrUnsupported)
-}
-
-// CreatePhysical fails with ErrUnsupported.
-func (d *Device) CreatePhysical(size uint64) (device.PhysMem, error) {
-	return 0, fmt.Errorf("vulkan: CreatePhysical(%d): %w", size, device.ErrUnsupported)
-}
-
-// ReleasePhysical fails with ErrUnsupported.
-func (d *Device) ReleasePhysical(h device.PhysMem) error {
-	return fmt.Errorf("vulkan: ReleasePhysical: %w", device.ErrUnsupported)
-}
-
-// Map fails with ErrUnsupported.
-func (d *Device) Map(va device.Ptr, size uint64, h device.PhysMem) error {
-	return fmt.Errorf("vulkan: Map: %w", device.ErrUnsupported)
-}
-
-// Unmap fails with ErrUnsupported.
-func (d *Device) Unmap(va device.Ptr, size uint64) error {
-	return fmt.Errorf("vulkan: Unmap: %w", device.ErrUnsupported)
-}
-
 // destroyAll releases every object the device still holds (Close, after
 // the device went idle).
 func (d *Device) destroyAll() {
@@ -366,8 +333,23 @@ func (d *Device) destroyAll() {
 	for _, sem := range d.spareSems {
 		callVoid(d.vk.destroySemaphore, d.dev, uintptr(sem), 0)
 	}
+	chunks := map[*physChunk]bool{}
+	for _, c := range d.chunks {
+		chunks[c] = true
+	}
 	for _, a := range d.space.list {
+		if a.res != nil {
+			for _, c := range a.res.maps {
+				chunks[c] = true
+			}
+		}
 		d.destroy(a)
+	}
+	for c := range chunks {
+		callVoid(d.vk.freeMemory, d.dev, uintptr(c.mem), 0)
+	}
+	if d.sparse != nil {
+		callVoid(d.vk.destroySemaphore, d.dev, uintptr(d.sparse.sem), 0)
 	}
 	if d.byteTable != nil {
 		d.destroy(d.byteTable)

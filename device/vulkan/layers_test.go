@@ -61,9 +61,17 @@ func (k kernelSet) Check(p device.Ptr, words uint64, seed uint32, counter device
 func TestPoolData(t *testing.T) {
 	d := open(t)
 	ks := loadSet(t, d)
+	var configs []pool.Options
 	for _, strat := range []string{"bestfit", "tlsf"} {
+		configs = append(configs, pool.Options{Name: strat + "-chunks", Growth: pool.GrowChunks, Strategy: strat, ChunkBytes: 8 << 20})
+		if d.Info().VirtualMemory { // sparse binding (MEMWALL_VULKAN_SPARSE=1)
+			configs = append(configs, pool.Options{Name: strat + "-virtual", Growth: pool.GrowVirtual, Strategy: strat, ReserveBytes: 1 << 30})
+		}
+	}
+	for _, o := range configs {
+		strat := o.Name
 		t.Run(strat, func(t *testing.T) {
-			p, err := pool.New(d, pool.Options{Name: "vulkan-" + strat, Growth: pool.GrowChunks, Strategy: strat, ChunkBytes: 8 << 20})
+			p, err := pool.New(d, o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -183,7 +191,7 @@ func planModel(t *testing.T, name string) ([]plan.Buffer, plan.Layout) {
 // words the check kernel found corrupted.
 func runPlan(t *testing.T, d *vulkan.Device, ks kernelSet, bufs []plan.Buffer, lay plan.Layout, reuse bool, shuffle uint64) uint64 {
 	t.Helper()
-	p, err := pool.New(d, pool.Options{Name: "activations", Growth: pool.GrowChunks})
+	p, err := pool.New(d, pool.Options{Name: "activations"}) // virtual where sparse binding is on
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ const (
 	kindHost                        // HostAlloc: mapped host-visible memory
 	kindRegistered                  // HostRegister: imported host memory
 	kindInternal                    // the device's own buffers (the memset byte table)
+	kindReserve                     // Reserve: a sparse buffer
 )
 
 // allocation is one VkDeviceMemory with one VkBuffer bound over all of it,
@@ -40,7 +41,8 @@ type allocation struct {
 
 	host unsafe.Pointer // host address of Ptr base (host kinds), else nil
 	hb   *device.HostBuffer
-	keep []byte // registered memory, kept reachable while imported
+	keep []byte       // registered memory, kept reachable while imported
+	res  *reservation // kindReserve
 }
 
 func (a *allocation) end() device.Ptr { return a.base + device.Ptr(a.size) }
@@ -56,6 +58,12 @@ func (s *addressSpace) insert(a *allocation) {
 	span := (a.size + spaceAlign - 1) &^ (spaceAlign - 1)
 	s.next += span + spaceAlign
 	s.list = append(s.list, a) // bases only grow: appending keeps the order
+}
+
+// insertAligned is insert with the base aligned to align (a power of two).
+func (s *addressSpace) insertAligned(a *allocation, align uint64) {
+	s.next = (s.next + align - 1) &^ (align - 1)
+	s.insert(a)
 }
 
 func (s *addressSpace) remove(a *allocation) {

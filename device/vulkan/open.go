@@ -37,7 +37,7 @@ func pickFamilies(qs []queueFamilyProperties) (compute, transfer int) {
 	return compute, transfer
 }
 
-func (d *Device) createDevice(maxQueues int) error {
+func (d *Device) createDevice(maxQueues int, sparse bool) error {
 	p := d.picked
 	ci, ti := pickFamilies(p.queues)
 	if ci < 0 {
@@ -78,6 +78,10 @@ func (d *Device) createDevice(maxQueues int) error {
 	}
 	var feats physicalDeviceFeatures
 	feats[featShaderInt64] = p.feat.features[featShaderInt64]
+	if sparse {
+		feats[featSparseBinding] = p.feat.features[featSparseBinding]
+		feats[featSparseResidencyBuffer] = p.feat.features[featSparseResidencyBuffer]
+	}
 	f12 := &physicalDeviceVulkan12Features{sType: stPhysicalDeviceVulkan12Features}
 	f12.b[f12TimelineSemaphore] = 1
 	f12.b[f12BufferDeviceAddress] = p.f12.b[f12BufferDeviceAddress]
@@ -158,7 +162,6 @@ func (d *Device) fillInfo(missing []string) {
 		d.maxGroupSize[i] = p.limit32(limMaxComputeWorkGroupSize + 4*uintptr(i))
 	}
 	dis := func(what, why string) { in.Disabled = append(in.Disabled, what+": "+why) }
-	dis("virtual memory", "sparse binding of a growable range is not implemented; pools grow in chunks")
 	if !d.hasBudget {
 		dis("memory budget", "VK_EXT_memory_budget absent: free memory is the heap size less this handle's allocations, other processes unseen")
 	}

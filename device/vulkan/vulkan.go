@@ -71,6 +71,9 @@ type Options struct {
 	Getenv func(string) string
 	// MaxQueues caps the queues taken from each family (default 4).
 	MaxQueues int
+	// Sparse turns on virtual memory over sparse binding where the device
+	// has it (MEMWALL_VULKAN_SPARSE=1 does too).
+	Sparse bool
 }
 
 // queue is one VkQueue; vkQueueSubmit on it is externally synchronized.
@@ -129,6 +132,9 @@ type Device struct {
 	funcs     map[device.Function]*function
 	spareSems []uint64 // timeline semaphores of destroyed streams, for reuse
 
+	sparse *sparseState // nil: no virtual memory
+	chunks map[device.PhysMem]*physChunk
+
 	deferring atomic.Bool // Defer: submissions wait in deferred
 	deferMu   sync.Mutex
 	deferred  []*pendingSubmit
@@ -161,6 +167,7 @@ func Open(o Options) (*Device, error) {
 		events:  map[device.Event]*event{},
 		modules: map[device.Module]*module{},
 		funcs:   map[device.Function]*function{},
+		chunks:  map[device.PhysMem]*physChunk{},
 		nextID:  1,
 	}
 	d.space.next = spaceBase
@@ -171,13 +178,17 @@ func Open(o Options) (*Device, error) {
 		d.destroyInstance()
 		return nil, err
 	}
-	if err := d.createDevice(o.MaxQueues); err != nil {
+	wantSparse := o.Sparse || o.Getenv("MEMWALL_VULKAN_SPARSE") == "1"
+	if err := d.createDevice(o.MaxQueues, wantSparse); err != nil {
 		d.destroyInstance()
 		return nil, err
 	}
 	if err := d.initMemory(); err != nil {
 		d.Close()
 		return nil, err
+	}
+	if why := d.initSparse(wantSparse); why != "" {
+		d.info.Disabled = append([]string{"virtual memory: " + why}, d.info.Disabled...)
 	}
 	return d, nil
 }

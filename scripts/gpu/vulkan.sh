@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The Vulkan backend on the H200 through NVIDIA's Vulkan driver, headless
-# (issue 17). Expected time: about 60-90 s, every step under timeout:
+# (issue 17). Expected time: about 70-100 s, every step under timeout:
 #   setup: the Debian Vulkan loader unpacked from .gl/*.deb (the machine has
 #          NVIDIA's ICD but no loader), VK_DRIVER_FILES if no driver is found  ~3 s
 #   memwall info --device vulkan (text and --json)                            ~2 s
 #   device/vulkan's tests: the device conformance suite (64 MiB copies), the
 #          pool data test, plan/bind lifetimes of real graphs with shuffled
 #          submission orders, the dropped-barrier test, weight streaming      ~20 s
+#   the same with MEMWALL_VULKAN_SPARSE=1: virtual memory over sparse binding ~10 s
 #   memwall bench transfer --device vulkan next to --device cuda (256 MiB)   ~15 s
 #   memwall bench alloc --device vulkan: the pool vs vkAllocateMemory         ~30 s
 # Run from the repository root after scripts/gpu-build.sh; logs go to
@@ -50,6 +51,13 @@ if [ -x "$bin/device_vulkan.test" ]; then
 else
   status+=("$(printf '%-44s %-9s' "device/vulkan tests" "MISSING")")
 fi
+# Opt-in virtual memory over sparse binding: the suite again (its
+# VirtualMemory subtest runs then), the pool data test on GrowVirtual too,
+# and plan/bind over a pool that grows virtually.
+if [ -x "$bin/device_vulkan.test" ]; then
+  run "device/vulkan sparse VM (MEMWALL_VULKAN_SPARSE=1)" 60 bash -c \
+    "cd device/vulkan && MEMWALL_VULKAN_SPARSE=1 '$bin/device_vulkan.test' -test.v -test.timeout 50s -test.run 'TestConformance\$|TestInfo|TestPoolData|TestBindLifetimes' >'$dir/sparse.txt' 2>&1; rc=\$?; tail -n 3 '$dir/sparse.txt'; exit \$rc"
+fi
 run "bench transfer --device vulkan" 60 bash -c "'$bin/memwall' bench transfer --device vulkan --size 256MiB --reps 10 --json >'$dir/transfer-vulkan.json' 2>'$dir/transfer-vulkan.err'"
 run "bench transfer --device cuda" 60 bash -c "'$bin/memwall' bench transfer --device cuda --size 256MiB --reps 10 --json >'$dir/transfer-cuda.json' 2>'$dir/transfer-cuda.err'"
 run "bench alloc --device vulkan (pool vs vkAllocateMemory)" 90 bash -c \
@@ -61,6 +69,8 @@ echo
 echo "device/vulkan test results:"
 grep -E '^(--- |ok|FAIL|panic)|    --- FAIL' "$dir/tests.txt" 2>/dev/null | head -n 30
 grep -E 'corrupted|live blocks|tensors checked|MiB, Vulkan' "$dir/tests.txt" 2>/dev/null | head -n 8
+echo "sparse VM run:"
+grep -E '^(--- |ok|FAIL|panic)|    --- (FAIL|SKIP)|VirtualMemory|disabled' "$dir/sparse.txt" 2>/dev/null | head -n 12
 echo
 echo "bench alloc --device vulkan:"
 head -n 24 "$dir/alloc.txt" 2>/dev/null

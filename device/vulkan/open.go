@@ -64,10 +64,12 @@ func (d *Device) createDevice(maxQueues int, sparse bool) error {
 	d.hasPriority = p.exts["VK_EXT_memory_priority"] && p.prio.memoryPriority != 0
 	d.hasHostImport = p.exts["VK_EXT_external_memory_host"]
 	d.hasBDA = p.f12.b[f12BufferDeviceAddress] != 0
+	d.hasClock = p.exts["VK_KHR_shader_clock"] && p.clock.deviceClock != 0
 	for _, e := range []struct {
 		on   bool
 		name string
-	}{{d.hasBudget, "VK_EXT_memory_budget"}, {d.hasPriority, "VK_EXT_memory_priority"}, {d.hasHostImport, "VK_EXT_external_memory_host"}} {
+	}{{d.hasBudget, "VK_EXT_memory_budget"}, {d.hasPriority, "VK_EXT_memory_priority"}, {d.hasHostImport, "VK_EXT_external_memory_host"},
+		{d.hasClock, "VK_KHR_shader_clock"}} {
 		if e.on {
 			exts = append(exts, e.name)
 		}
@@ -85,8 +87,14 @@ func (d *Device) createDevice(maxQueues int, sparse bool) error {
 	f12 := &physicalDeviceVulkan12Features{sType: stPhysicalDeviceVulkan12Features}
 	f12.b[f12TimelineSemaphore] = 1
 	f12.b[f12BufferDeviceAddress] = p.f12.b[f12BufferDeviceAddress]
+	ftail := &f12.pNext
 	if d.hasPriority {
-		f12.pNext = ref(&pn, &physicalDeviceMemoryPriorityFeatures{sType: stPhysicalDeviceMemoryPriorityFeats, memoryPriority: 1})
+		pf := &physicalDeviceMemoryPriorityFeatures{sType: stPhysicalDeviceMemoryPriorityFeats, memoryPriority: 1}
+		*ftail = ref(&pn, pf)
+		ftail = &pf.pNext
+	}
+	if d.hasClock {
+		*ftail = ref(&pn, &physicalDeviceShaderClockFeatures{sType: stPhysicalDeviceShaderClockFeatures, deviceClock: 1})
 	}
 	info := &deviceCreateInfo{
 		sType: stDeviceCreateInfo, pNext: ref(&pn, f12),
@@ -173,6 +181,9 @@ func (d *Device) fillInfo(missing []string) {
 	}
 	if !d.hasBDA {
 		dis("kernels", "no buffer device addresses (bufferDeviceAddress feature off)")
+	}
+	if !d.hasClock {
+		dis("memwall_spin", "VK_KHR_shader_clock's device clock absent")
 	}
 	if d.compute.timestampBits == 0 {
 		dis("timing events", "the compute queue family has no timestamps")

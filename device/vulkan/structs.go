@@ -46,6 +46,7 @@ const (
 	stPhysicalDevicePCIBusInfo          = 1000212000
 	stPhysicalDeviceMemoryBudget        = 1000237000
 	stPhysicalDeviceMemoryPriorityFeats = 1000238000
+	stPhysicalDeviceShaderClockFeatures = 1000181000
 	stMemoryPriorityAllocateInfo        = 1000238001
 	stBufferDeviceAddressInfo           = 1000244001
 )
@@ -260,6 +261,13 @@ type physicalDeviceMemoryPriorityFeatures struct {
 	sType          uint32
 	pNext          uintptr
 	memoryPriority uint32
+}
+
+type physicalDeviceShaderClockFeatures struct {
+	sType         uint32
+	pNext         uintptr
+	subgroupClock uint32
+	deviceClock   uint32
 }
 
 type memoryType struct {

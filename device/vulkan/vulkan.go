@@ -116,6 +116,7 @@ type Device struct {
 	maxInvocation uint32
 
 	hasBudget, hasPriority, hasHostImport, hasBDA bool
+	hasClock                                      bool // VK_KHR_shader_clock's device clock (memwall_spin)
 	driverName, driverInfo                        string
 
 	// memset byte table: bytes 4v..4v+3 equal v, for the unaligned ends of
@@ -247,6 +248,7 @@ type physicalInfo struct {
 	feat   physicalDeviceFeatures2
 	f12    physicalDeviceVulkan12Features
 	prio   physicalDeviceMemoryPriorityFeatures
+	clock  physicalDeviceShaderClockFeatures
 	queues []queueFamilyProperties
 }
 
@@ -309,13 +311,20 @@ func (d *Device) query(h uintptr) (*physicalInfo, error) {
 		p.feat.sType = stPhysicalDeviceFeatures2
 		p.f12.sType = stPhysicalDeviceVulkan12Features
 		p.feat.pNext = ref(&pn, &p.f12)
+		ftail := &p.f12.pNext
 		if p.exts["VK_EXT_memory_priority"] {
 			p.prio.sType = stPhysicalDeviceMemoryPriorityFeats
-			p.f12.pNext = ref(&pn, &p.prio)
+			*ftail = ref(&pn, &p.prio)
+			ftail = &p.prio.pNext
+		}
+		if p.exts["VK_KHR_shader_clock"] {
+			p.clock.sType = stPhysicalDeviceShaderClockFeatures
+			*ftail = ref(&pn, &p.clock)
 		}
 		callVoid(d.vk.getPhysicalDeviceFeatures2, h, uintptr(unsafe.Pointer(&p.feat)))
 	}
 	p.v11.pNext, p.drv.pNext, p.hostP.pNext, p.pci.pNext, p.feat.pNext, p.f12.pNext = 0, 0, 0, 0, 0, 0
+	p.prio.pNext, p.clock.pNext = 0, 0
 	callVoid(d.vk.getPhysicalDeviceQueueFamilyProperties, h, uintptr(unsafe.Pointer(&n)), 0)
 	p.queues = make([]queueFamilyProperties, n)
 	if n > 0 {

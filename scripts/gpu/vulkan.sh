@@ -47,7 +47,7 @@ fi
 run "memwall info --device vulkan" 20 bash -c "'$bin/memwall' info --device vulkan >'$dir/info.txt' 2>&1 && '$bin/memwall' info --device vulkan --json >'$dir/info.json'"
 if [ -x "$bin/device_vulkan.test" ]; then
   run "device/vulkan tests (conformance, pool, bind, streaming)" 120 bash -c \
-    "cd device/vulkan && '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
+    "cd device/vulkan && '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights|TestSpin|TestRandomOps' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
 else
   status+=("$(printf '%-44s %-9s' "device/vulkan tests" "MISSING")")
 fi
@@ -68,7 +68,7 @@ head -n 30 "$dir/info.txt" 2>/dev/null
 echo
 echo "device/vulkan test results:"
 grep -E '^(--- |ok|FAIL|panic)|    --- FAIL' "$dir/tests.txt" 2>/dev/null | head -n 30
-grep -E 'corrupted|live blocks|tensors checked|MiB, Vulkan' "$dir/tests.txt" 2>/dev/null | head -n 8
+grep -E 'corrupted|live blocks|tensors checked|MiB, Vulkan|spin of' "$dir/tests.txt" 2>/dev/null | head -n 8
 echo "sparse VM run:"
 grep -E '^(--- |ok|FAIL|panic)|    --- (FAIL|SKIP)|VirtualMemory|disabled' "$dir/sparse.txt" 2>/dev/null | head -n 12
 echo

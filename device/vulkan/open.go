@@ -145,7 +145,10 @@ func (d *Device) fillInfo(missing []string) {
 	in.Name = p.name()
 	in.ComputeMajor = int(p.props.apiVersion >> 22 & 0x7F)
 	in.ComputeMinor = int(p.props.apiVersion >> 12 & 0x3FF)
-	in.Multiprocessors = 1
+	in.Multiprocessors = 1 // unknown: Vulkan has no core query
+	if p.sm.smCount > 0 {
+		in.Multiprocessors = int(p.sm.smCount) // VK_NV_shader_sm_builtins
+	}
 	u := p.v11.deviceUUID
 	in.UUID = fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 	d.driverName, d.driverInfo = cString(p.drv.driverName[:]), cString(p.drv.driverInfo[:])

@@ -47,6 +47,7 @@ const (
 	stPhysicalDeviceMemoryBudget        = 1000237000
 	stPhysicalDeviceMemoryPriorityFeats = 1000238000
 	stPhysicalDeviceShaderClockFeatures = 1000181000
+	stPhysicalDeviceShaderSMBuiltinsNV  = 1000154001
 	stMemoryPriorityAllocateInfo        = 1000238001
 	stBufferDeviceAddressInfo           = 1000244001
 )
@@ -214,6 +215,13 @@ type physicalDeviceExternalMemoryHostProperties struct {
 	sType                uint32
 	pNext                uintptr
 	minImportedAlignment uint64
+}
+
+type physicalDeviceShaderSMBuiltinsNV struct {
+	sType      uint32
+	pNext      uintptr
+	smCount    uint32
+	warpsPerSM uint32
 }
 
 type physicalDevicePCIBusInfo struct {

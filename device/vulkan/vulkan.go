@@ -244,6 +244,7 @@ type physicalInfo struct {
 	drv    physicalDeviceDriverProperties
 	hostP  physicalDeviceExternalMemoryHostProperties
 	pci    physicalDevicePCIBusInfo
+	sm     physicalDeviceShaderSMBuiltinsNV
 	exts   map[string]bool
 	feat   physicalDeviceFeatures2
 	f12    physicalDeviceVulkan12Features
@@ -298,6 +299,11 @@ func (d *Device) query(h uintptr) (*physicalInfo, error) {
 	if p.exts["VK_EXT_pci_bus_info"] {
 		p.pci.sType = stPhysicalDevicePCIBusInfo
 		*tail = ref(&pn, &p.pci)
+		tail = &p.pci.pNext
+	}
+	if p.exts["VK_NV_shader_sm_builtins"] {
+		p.sm.sType = stPhysicalDeviceShaderSMBuiltinsNV
+		*tail = ref(&pn, &p.sm)
 	}
 	// Vulkan 1.1/1.2 property structs are only valid on a 1.2 device: ask
 	// for the plain properties first.
@@ -324,7 +330,7 @@ func (d *Device) query(h uintptr) (*physicalInfo, error) {
 		callVoid(d.vk.getPhysicalDeviceFeatures2, h, uintptr(unsafe.Pointer(&p.feat)))
 	}
 	p.v11.pNext, p.drv.pNext, p.hostP.pNext, p.pci.pNext, p.feat.pNext, p.f12.pNext = 0, 0, 0, 0, 0, 0
-	p.prio.pNext, p.clock.pNext = 0, 0
+	p.prio.pNext, p.clock.pNext, p.sm.pNext = 0, 0, 0
 	callVoid(d.vk.getPhysicalDeviceQueueFamilyProperties, h, uintptr(unsafe.Pointer(&n)), 0)
 	p.queues = make([]queueFamilyProperties, n)
 	if n > 0 {

@@ -43,6 +43,8 @@ if ! timeout 20 "$bin/memwall" info --device vulkan >"$dir/info.txt" 2>&1; then
   echo "no Vulkan driver found by default; VK_DRIVER_FILES=$VK_DRIVER_FILES" >>"$log"
 fi
 { ldconfig -p | grep -i vulkan; ls -la /usr/local/nvidia/share/vulkan/icd.d /etc/vulkan/icd.d /usr/share/vulkan/icd.d 2>&1; } >"$dir/setup.txt" 2>&1
+# The loader's own account of the drivers it tried (read when info fails).
+VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan >"$dir/loader-debug.txt" 2>&1
 
 run "memwall info --device vulkan" 20 bash -c "'$bin/memwall' info --device vulkan >'$dir/info.txt' 2>&1 && '$bin/memwall' info --device vulkan --json >'$dir/info.json'"
 if [ -x "$bin/device_vulkan.test" ]; then
@@ -65,6 +67,10 @@ run "bench alloc --device vulkan (pool vs vkAllocateMemory)" 90 bash -c \
 
 echo "memwall info --device vulkan:"
 head -n 30 "$dir/info.txt" 2>/dev/null
+if ! grep -q '^vulkan ' "$dir/info.txt" 2>/dev/null; then
+  echo "(no Vulkan device: the loader's log, $dir/loader-debug.txt, ends with)"
+  grep -iE 'error|warn|driver|icd' "$dir/loader-debug.txt" | tail -n 15
+fi
 echo
 echo "device/vulkan test results:"
 grep -E '^(--- |ok|FAIL|panic)|    --- FAIL' "$dir/tests.txt" 2>/dev/null | head -n 30

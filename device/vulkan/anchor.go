@@ -2,9 +2,7 @@ package vulkan
 
 import (
 	"fmt"
-	"runtime"
 	"time"
-	"unsafe"
 
 	"github.com/ebitengine/purego"
 
@@ -69,7 +67,7 @@ func (d *Device) driverTimes(w device.AllocWorkload, async, split bool, batch in
 	}
 	mem := new(uint64)
 	allocFn, freeFn := d.vk.allocateMemory, d.vk.freeMemory
-	aip, memp := uintptr(unsafe.Pointer(ai)), uintptr(unsafe.Pointer(mem))
+	aip, memp := ref(&pn, ai), ref(&pn, mem) // pinned: the loop below calls other functions between uses
 	allocOne := func(size uint64) (uint64, error) {
 		ai.size = (size + 255) &^ 255
 		r, _, _ := purego.SyscallN(allocFn, d.dev, aip, 0, memp)
@@ -86,8 +84,6 @@ func (d *Device) driverTimes(w device.AllocWorkload, async, split bool, batch in
 		for _, m := range live {
 			freeOne(m)
 		}
-		runtime.KeepAlive(ai)
-		runtime.KeepAlive(mem)
 	}()
 	for _, size := range w.Initial {
 		m, err := allocOne(size)

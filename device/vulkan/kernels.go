@@ -89,10 +89,11 @@ func (d *Device) LoadModule(spirv []byte) (device.Module, error) {
 		for j := range words {
 			words[j] = binary.LittleEndian.Uint32(code[4*j:])
 		}
-		ci := &shaderModuleCreateInfo{sType: stShaderModuleCreateInfo, codeSize: uintptr(len(code)), code: uintptr(unsafe.Pointer(&words[0]))}
+		var pn pinned
+		ci := &shaderModuleCreateInfo{sType: stShaderModuleCreateInfo, codeSize: uintptr(len(code)), code: refSlice(&pn, words)}
 		var sm uint64
 		r := call(d.vk.createShaderModule, d.dev, uintptr(unsafe.Pointer(ci)), 0, uintptr(unsafe.Pointer(&sm)))
-		_ = words[0]
+		pn.release()
 		if err := check("vkCreateShaderModule", r); err != nil {
 			d.unloadShaders(m)
 			return 0, fmt.Errorf("vulkan: LoadModule: module %d: %w", i, err)

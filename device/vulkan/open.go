@@ -74,6 +74,9 @@ func (d *Device) createDevice(maxQueues int, sparse bool) error {
 			exts = append(exts, e.name)
 		}
 	}
+	if p.exts["VK_KHR_portability_subset"] { // must be enabled where offered
+		exts = append(exts, "VK_KHR_portability_subset")
+	}
 	extPtrs := make([]uintptr, len(exts))
 	for i, e := range exts {
 		extPtrs[i] = pn.cstr(e)

@@ -104,6 +104,8 @@ const (
 	deviceTypeDiscrete   = 2
 	deviceTypeVirtual    = 3
 	deviceTypeCPU        = 4
+
+	instanceEnumeratePortability = 0x1
 )
 
 type applicationInfo struct {

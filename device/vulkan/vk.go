@@ -23,7 +23,7 @@ type api struct {
 	getInstanceProcAddr, getDeviceProcAddr uintptr
 
 	// Global.
-	enumerateInstanceVersion, createInstance uintptr
+	enumerateInstanceVersion, enumerateInstanceExtensionProperties, createInstance uintptr
 
 	// Instance level.
 	destroyInstance, enumeratePhysicalDevices, getPhysicalDeviceProperties2 uintptr
@@ -57,6 +57,7 @@ type entry struct {
 func (a *api) globalTable() []entry {
 	return []entry{
 		{&a.enumerateInstanceVersion, []string{"vkEnumerateInstanceVersion"}, false},
+		{&a.enumerateInstanceExtensionProperties, []string{"vkEnumerateInstanceExtensionProperties"}, false},
 		{&a.createInstance, []string{"vkCreateInstance"}, true},
 	}
 }

@@ -219,6 +219,12 @@ func (d *Device) createInstance() error {
 	app := &applicationInfo{sType: stApplicationInfo, appName: pn.cstr("memwall"), engineName: pn.cstr("memwall"),
 		apiVersion: min(ver&^0xFFF, 1<<22|3<<12)}
 	ci := &instanceCreateInfo{sType: stInstanceCreateInfo, appInfo: ref(&pn, app)}
+	// Portability drivers (MoltenVK on Apple GPUs) are enumerated only when
+	// the instance asks for them.
+	if d.instanceExtensions()["VK_KHR_portability_enumeration"] {
+		names := []uintptr{pn.cstr("VK_KHR_portability_enumeration")}
+		ci.flags, ci.extensionCount, ci.extensions = instanceEnumeratePortability, 1, refSlice(&pn, names)
+	}
 	if err := check("vkCreateInstance", call(d.vk.createInstance, uintptr(unsafe.Pointer(ci)), 0, uintptr(unsafe.Pointer(&d.inst)))); err != nil {
 		return fmt.Errorf("vulkan: %w", err)
 	}
@@ -227,6 +233,26 @@ func (d *Device) createInstance() error {
 		return fmt.Errorf("vulkan: instance lacks %s: %w", strings.Join(req, ", "), device.ErrUnsupported)
 	}
 	return nil
+}
+
+// instanceExtensions lists the loader's instance extensions.
+func (d *Device) instanceExtensions() map[string]bool {
+	out := map[string]bool{}
+	if d.vk.enumerateInstanceExtensionProperties == 0 {
+		return out
+	}
+	var n uint32
+	if call(d.vk.enumerateInstanceExtensionProperties, 0, uintptr(unsafe.Pointer(&n)), 0) != vkSuccess || n == 0 {
+		return out
+	}
+	exts := make([]extensionProperties, n)
+	if r := call(d.vk.enumerateInstanceExtensionProperties, 0, uintptr(unsafe.Pointer(&n)), uintptr(unsafe.Pointer(&exts[0]))); r < 0 {
+		return out
+	}
+	for _, e := range exts[:n] {
+		out[cString(e.name[:])] = true
+	}
+	return out
 }
 
 func (d *Device) destroyInstance() {

@@ -112,3 +112,28 @@ func TestBadLibrary(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceSelection: MEMWALL_VULKAN_DEVICE (or Options.Device) picks a
+// device by index or by a part of its name; one that names no device
+// fails with ErrInvalid listing the devices.
+func TestDeviceSelection(t *testing.T) {
+	name := open(t).Info().Name
+	for _, sel := range []string{"0", strings.ToUpper(name[:min(4, len(name))])} {
+		d, err := vulkan.Open(vulkan.Options{Getenv: func(k string) string {
+			if k == "MEMWALL_VULKAN_DEVICE" {
+				return sel
+			}
+			return ""
+		}})
+		if err != nil {
+			t.Fatalf("MEMWALL_VULKAN_DEVICE=%s: %v", sel, err)
+		}
+		d.Close()
+	}
+	for _, sel := range []string{"99", "no such gpu", "-1"} {
+		_, err := vulkan.Open(vulkan.Options{Device: sel})
+		if !errors.Is(err, device.ErrInvalid) || !strings.Contains(err.Error(), name) {
+			t.Errorf("Device %q: %v, want ErrInvalid listing %q", sel, err, name)
+		}
+	}
+}

@@ -44,7 +44,28 @@
 // out in order with natural alignment (std430): a Ptr becomes a 64-bit
 // buffer device address, the other scalars keep their size. The block shape
 // is bound through specialization constants 0, 1 and 2 (local_size_x_id
-// and friends), so one SPIR-V kernel serves every block size.
+// and friends), so one SPIR-V kernel serves every block size. Dynamic
+// shared memory is not offered. Package kernels/spirv holds memwall's.
+//
+// # Memory
+//
+// Alloc takes device-local memory, at VK_EXT_memory_priority 0.5
+// (AllocPriority for weights at 1.0); HostAlloc host-visible coherent
+// memory, mapped, which copies use in place; HostRegister imports existing
+// host memory with VK_EXT_external_memory_host. Copies from and to
+// ordinary Go memory go through per-stream staging buffers; a copy into
+// pageable memory returns once the bytes are there, as CUDA's does.
+// Virtual memory (Reserve, Map) is sparse residency binding, opt-in with
+// Options.Sparse or MEMWALL_VULKAN_SPARSE=1; without it pools grow in
+// chunks. Info.Disabled says which optional feature is off and why.
+//
+// # Ordering tests
+//
+// Defer and FlushShuffled hold every submission on the host and then hand
+// them to the queues in a random order that keeps exactly the stream order
+// and the event waits: a program whose correctness rests on a missing
+// event wait corrupts data then, where submission order would have hidden
+// it. plan/bind's reuse waits are tested that way here.
 package vulkan
 
 import (

@@ -517,6 +517,20 @@ __device__ __forceinline__ float warp_allsum(float v) {
     return v;
 }
 
+// Maximum over a block of up to 1024 threads; every thread gets it.
+__device__ __forceinline__ float block_max(float v, float* scratch32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    __syncthreads();  // scratch32 may still be read from a previous call
+    if (lane == 0) scratch32[warp] = v;
+    __syncthreads();
+    const int nw = (blockDim.x + 31) >> 5;
+    float t = -INFINITY;
+    for (int w = 0; w < nw; ++w) t = fmaxf(t, scratch32[w]);
+    return t;
+}
+
 // Sum over a block of up to 1024 threads; every thread gets the total.
 __device__ __forceinline__ float block_sum(float v, float* scratch32) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1408,21 +1422,30 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
     uint32_t splits) {
     __shared__ float c[1024];
     __shared__ float red[32];
+    const uint64_t stride = headDim + 2;
     for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const float* pr = part + row * splits * (headDim + 2);
-        float M = -INFINITY;
-        for (uint32_t s = 0; s < splits; ++s) M = fmaxf(M, pr[(uint64_t)s * (headDim + 2)]);
+        const float* pr = part + row * splits * stride;
+        // Every split's m at once (one load per thread), then the block max.
+        float mloc = -INFINITY;
+        for (uint32_t s = threadIdx.x; s < splits; s += blockDim.x) {
+            const float ms = pr[s * stride];
+            c[s] = ms;
+            mloc = fmaxf(mloc, ms);
+        }
+        const float M = block_max(mloc, red);  // its barriers also publish c
         float Lp = 0.0f;
         for (uint32_t s = threadIdx.x; s < splits; s += blockDim.x) {
-            const float ms = pr[(uint64_t)s * (headDim + 2)];
+            const float ms = c[s];
             const float cs = ms == -INFINITY ? 0.0f : expf(ms - M);
             c[s] = cs;
-            Lp = fmaf(pr[(uint64_t)s * (headDim + 2) + 1], cs, Lp);
+            Lp = fmaf(pr[s * stride + 1], cs, Lp);
         }
         const float L = block_sum(Lp, red);  // its barriers also publish c
         for (uint32_t e = threadIdx.x; e < headDim; e += blockDim.x) {
+            const float* pe = pr + 2 + e;
             float A = 0.0f;
-            for (uint32_t s = 0; s < splits; ++s) A = fmaf(pr[(uint64_t)s * (headDim + 2) + 2 + e], c[s], A);
+#pragma unroll 8
+            for (uint32_t s = 0; s < splits; ++s) A = fmaf(pe[s * stride], c[s], A);
             store_dt(out, row * headDim + e, odt, A / L);
         }
         __syncthreads();  // c is rewritten for the next row

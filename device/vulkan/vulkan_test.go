@@ -1,7 +1,9 @@
 package vulkan_test
 
 import (
+	"bytes"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -134,6 +136,95 @@ func TestDeviceSelection(t *testing.T) {
 		_, err := vulkan.Open(vulkan.Options{Device: sel})
 		if !errors.Is(err, device.ErrInvalid) || !strings.Contains(err.Error(), name) {
 			t.Errorf("Device %q: %v, want ErrInvalid listing %q", sel, err, name)
+		}
+	}
+}
+
+// TestHostRegisterUnaligned registers slices that start and end inside
+// pages (the import is rounded out to the driver's alignment): copies
+// from and to them, and through their DevicePtr, touch exactly their bytes.
+func TestHostRegisterUnaligned(t *testing.T) {
+	d := open(t)
+	if !d.Details().ExternalMemoryHost {
+		t.Skip("no VK_EXT_external_memory_host")
+	}
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(s)
+	backing := make([]byte, 3<<20)
+	for _, c := range []struct{ off, n int }{{100, 5000}, {4096, 4096}, {7, 1<<20 + 3}, {4095, 1}} {
+		b := backing[c.off : c.off+c.n]
+		for i := range b {
+			b[i] = byte(i*7 + c.off)
+		}
+		flags := device.RegisterFlags(0)
+		if c.off%2 == 0 {
+			flags = device.RegisterDeviceMap
+		}
+		hb, err := d.HostRegister(b, flags)
+		if err != nil {
+			t.Fatalf("HostRegister(+%d, %d): %v", c.off, c.n, err)
+		}
+		p, err := d.Alloc(uint64(c.n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.CopyHtoD(p, b, s); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, c.n)
+		if err := d.CopyDtoH(got, p, s); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, b) {
+			t.Fatalf("+%d, %d bytes: the copy from registered memory differs", c.off, c.n)
+		}
+		before, after := backing[c.off-1], byte(0)
+		if c.off+c.n < len(backing) {
+			after = backing[c.off+c.n]
+		}
+		if err := d.Memset8(p, 0xEE, uint64(c.n), s); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.CopyDtoH(b, p, s); err != nil { // into the registered memory itself
+			t.Fatal(err)
+		}
+		if err := d.StreamSynchronize(s); err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Count(b, []byte{0xEE}) != c.n || backing[c.off-1] != before || (c.off+c.n < len(backing) && backing[c.off+c.n] != after) {
+			t.Fatalf("+%d, %d bytes: the copy into registered memory missed its bytes or touched a neighbour", c.off, c.n)
+		}
+		if flags&device.RegisterDeviceMap != 0 && hb.DevicePtr == 0 {
+			t.Errorf("+%d: RegisterDeviceMap gave no DevicePtr", c.off)
+		}
+		if err := d.HostFree(hb); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Free(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAllocPriority: priorities outside [0, 1] are refused, those inside
+// allocate usable memory whether or not the driver has memory priority.
+func TestAllocPriority(t *testing.T) {
+	d := open(t)
+	for _, pr := range []float32{-0.1, 1.5, float32(math.NaN())} {
+		if _, err := d.AllocPriority(4096, pr); !errors.Is(err, device.ErrInvalid) {
+			t.Errorf("AllocPriority(4096, %v) = %v, want ErrInvalid", pr, err)
+		}
+	}
+	for _, pr := range []float32{0, 0.5, 1} {
+		p, err := d.AllocPriority(1<<20, pr)
+		if err != nil {
+			t.Fatalf("AllocPriority(1 MiB, %v): %v", pr, err)
+		}
+		if err := d.Free(p); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -49,7 +49,7 @@ VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan
 run "memwall info --device vulkan" 20 bash -c "'$bin/memwall' info --device vulkan >'$dir/info.txt' 2>&1 && '$bin/memwall' info --device vulkan --json >'$dir/info.json'"
 if [ -x "$bin/device_vulkan.test" ]; then
   run "device/vulkan tests (conformance, pool, bind, streaming)" 120 bash -c \
-    "cd device/vulkan && '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights|TestSpin|TestRandomOps' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
+    "cd device/vulkan && '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights|TestSpin|TestRandomOps|TestHostRegisterUnaligned|TestAllocPriority|TestDeviceSelection' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
 else
   status+=("$(printf '%-44s %-9s' "device/vulkan tests" "MISSING")")
 fi

@@ -242,6 +242,16 @@ func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		must(t, d.Memset8(x, 0x3c, T*K*2, tm.st))
 		per := tm.per(20, func() error { return s.Matmul(BF16, w, x, y, sh.M, sh.K, sh.T, tm.st) })
 		bytes := float64(M*K*2 + T*K*2 + 4*T*M)
+		if sh.M == 4096 && sh.K == 4096 { // the host's cost per launch, queued without waiting
+			must(t, d.StreamSynchronize(tm.st))
+			h0 := time.Now()
+			for range 200 {
+				must(t, s.Matmul(BF16, w, x, y, sh.M, sh.K, sh.T, tm.st))
+			}
+			host := time.Since(h0) / 200
+			must(t, d.StreamSynchronize(tm.st))
+			fmt.Printf("KPERF launch_host %s Matmul,M=4096,K=4096,T=1 %.1f us/launch (GPU %.1f us)\n", target, host.Seconds()*1e6, per.Seconds()*1e6)
+		}
 		fmt.Printf("KPERF gemv_bf16 %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, bytes/per.Seconds()/1e9)
 		if sh.T == 1 { // the same product on the two-rows-per-warp kernel, for comparison
 			g := device.Dim3{X: ceilDiv(sh.M, gemvRowsPerBlock(2)), Y: 1, Z: 1}
@@ -257,6 +267,18 @@ func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 func gemmSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {
 	lib := s.gemmLib
 	defer func() { s.gemmLib = lib }()
+	if lib != nil {
+		// What the library holds once a 7B prefill's shapes have run: the
+		// stream's workspace plus lazily loaded kernels.
+		free0, _, err := d.MemInfo()
+		must(t, err)
+		t0 := time.Now()
+		must(t, s.WarmUpMatmul(BF16, [][3]uint32{{4096, 4096, 2048}, {11008, 4096, 2048}, {4096, 11008, 2048}}, tm.st))
+		free1, _, err := d.MemInfo()
+		must(t, err)
+		fmt.Printf("KPERF cublaslt_warmup %s 7B-shapes,T=2048 %.1f MiB held (workspace %d MiB; %v)\n", target,
+			(float64(free0)-float64(free1))/(1<<20), s.GemmWorkspaceBytes()>>20, time.Since(t0).Round(time.Millisecond))
+	}
 	for _, sh := range []struct{ M, K uint32 }{{4096, 4096}, {11008, 4096}, {4096, 11008}} {
 		const T = 2048
 		M, K := uint64(sh.M), uint64(sh.K)

@@ -571,3 +571,63 @@ func (s *Set) freeScratch() error {
 	}
 	return err
 }
+
+// GemmWorkspaceBytes is the device memory the matrix library holds per
+// stream that ran a prefill product (cuBLASLt's workspace: 32 MiB, kept for
+// the device's life, outside any pool), or 0 with memwall's GEMM.
+func (s *Set) GemmWorkspaceBytes() uint64 {
+	if w, ok := s.gemmLib.(interface{ GemmWorkspaceBytes() uint64 }); ok {
+		return w.GemmWorkspaceBytes()
+	}
+	return 0
+}
+
+// WarmUpMatmul runs one product of each shape ({M, K, T}, in dtype) through
+// Matmul on st, on temporary buffers, and waits for it: what a first
+// prefill would otherwise load lazily — the matrix library's plan for each
+// shape, the stream's workspace (GemmWorkspaceBytes) and the library's
+// kernel modules (CUDA loads them on first use) — is then resident, so
+// memory measured afterwards includes it. The temporary buffers, freed
+// before it returns, take the largest shape's (M·K + T·K)·elt + 4·T·M
+// bytes. The library itself is loaded at Load.
+func (s *Set) WarmUpMatmul(dtype string, shapes [][3]uint32, st device.Stream) error {
+	elt, err := ElemSize(dtype)
+	if err != nil {
+		return fmt.Errorf("kernels: warm up: %w", err)
+	}
+	var w, x, y uint64
+	for _, sh := range shapes {
+		M, K, T := uint64(sh[0]), uint64(sh[1]), uint64(sh[2])
+		w, x, y = max(w, M*K*uint64(elt)), max(x, T*K*uint64(elt)), max(y, 4*T*M)
+	}
+	if len(shapes) == 0 {
+		return nil
+	}
+	var bufs []device.Ptr
+	defer func() {
+		for _, p := range bufs {
+			s.d.Free(p)
+		}
+	}()
+	ptrs := make([]device.Ptr, 3)
+	for i, n := range []uint64{w, x, y} {
+		p, err := s.d.Alloc(max(n, 256))
+		if err != nil {
+			return fmt.Errorf("kernels: warm up: %w", err)
+		}
+		bufs = append(bufs, p)
+		ptrs[i] = p
+		if err := s.d.Memset8(p, 0, max(n, 256), st); err != nil {
+			return fmt.Errorf("kernels: warm up: %w", err)
+		}
+	}
+	for _, sh := range shapes {
+		if err := s.Matmul(dtype, ptrs[0], ptrs[1], ptrs[2], sh[0], sh[1], sh[2], st); err != nil {
+			return fmt.Errorf("kernels: warm up: %w", err)
+		}
+	}
+	if err := s.d.StreamSynchronize(st); err != nil {
+		return fmt.Errorf("kernels: warm up: %w", err)
+	}
+	return nil
+}

@@ -836,3 +836,23 @@ func TestSelfTest(t *testing.T) {
 		d.Close()
 	}
 }
+
+func TestWarmUpMatmul(t *testing.T) {
+	d := newSim(t)
+	s, err := Load(d, nil)
+	must(t, err)
+	defer s.Close()
+	st, err := d.NewStream()
+	must(t, err)
+	free0, _, _ := d.MemInfo()
+	must(t, s.WarmUpMatmul(BF16, [][3]uint32{{64, 32, 16}, {128, 64, 9}, {16, 16, 1}}, st))
+	if free1, _, _ := d.MemInfo(); free1 != free0 {
+		t.Errorf("warm up left %d bytes allocated", int64(free0)-int64(free1))
+	}
+	if err := s.WarmUpMatmul("f8", [][3]uint32{{1, 1, 1}}, st); !errors.Is(err, ErrDType) {
+		t.Errorf("bad dtype: %v", err)
+	}
+	if s.GemmWorkspaceBytes() != 0 || s.GemmLibrary() != "memwall" {
+		t.Errorf("the simulator has no matrix library: %d bytes, %s", s.GemmWorkspaceBytes(), s.GemmLibrary())
+	}
+}

@@ -395,3 +395,13 @@ func (c *Device) ltFreePlan(b *blasLt, p *ltPlan) {
 	}
 	_ = errors.Join(errs...) // nothing to report them to; the descriptors are host memory
 }
+
+// GemmWorkspaceBytes is the device memory Gemm holds per stream it ran on:
+// cuBLASLt's workspace, allocated on the stream's first Gemm and kept for
+// the Device's life (outside any pool). Zero when the library is missing.
+func (c *Device) GemmWorkspaceBytes() uint64 {
+	if c.GemmName() == "" {
+		return 0
+	}
+	return ltWorkspaceBytes
+}

@@ -73,6 +73,9 @@ func TestCublasLtGemm(t *testing.T) {
 	}
 	path, ver, _ := d.BlasLt()
 	t.Logf("cuBLASLt %d from %s", ver, path)
+	if w := d.GemmWorkspaceBytes(); w != 32<<20 {
+		t.Errorf("GemmWorkspaceBytes = %d, want 32 MiB", w)
+	}
 	st, err := d.NewStream()
 	if err != nil {
 		t.Fatal(err)

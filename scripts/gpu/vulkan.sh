@@ -49,7 +49,7 @@ VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan
 run "memwall info --device vulkan" 20 bash -c "'$bin/memwall' info --device vulkan >'$dir/info.txt' 2>&1 && '$bin/memwall' info --device vulkan --json >'$dir/info.json'"
 if [ -x "$bin/device_vulkan.test" ]; then
   run "device/vulkan tests (conformance, pool, bind, streaming)" 120 bash -c \
-    "cd device/vulkan && '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights|TestSpin|TestRandomOps|TestHostRegisterUnaligned|TestAllocPriority|TestDeviceSelection' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
+    "cd device/vulkan && MEMWALL_TEST_DEVICE=vulkan '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights|TestSpin|TestRandomOps|TestHostRegisterUnaligned|TestAllocPriority|TestDeviceSelection' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
 else
   status+=("$(printf '%-44s %-9s' "device/vulkan tests" "MISSING")")
 fi
@@ -58,7 +58,7 @@ fi
 # and plan/bind over a pool that grows virtually.
 if [ -x "$bin/device_vulkan.test" ]; then
   run "device/vulkan sparse VM (MEMWALL_VULKAN_SPARSE=1)" 60 bash -c \
-    "cd device/vulkan && MEMWALL_VULKAN_SPARSE=1 '$bin/device_vulkan.test' -test.v -test.timeout 50s -test.run 'TestConformance\$|TestInfo|TestPoolData|TestBindLifetimes' >'$dir/sparse.txt' 2>&1; rc=\$?; tail -n 3 '$dir/sparse.txt'; exit \$rc"
+    "cd device/vulkan && MEMWALL_TEST_DEVICE=vulkan MEMWALL_VULKAN_SPARSE=1 '$bin/device_vulkan.test' -test.v -test.timeout 50s -test.run 'TestConformance\$|TestInfo|TestPoolData|TestBindLifetimes' >'$dir/sparse.txt' 2>&1; rc=\$?; tail -n 3 '$dir/sparse.txt'; exit \$rc"
 fi
 run "bench transfer --device vulkan" 60 bash -c "'$bin/memwall' bench transfer --device vulkan --size 256MiB --reps 10 --json >'$dir/transfer-vulkan.json' 2>'$dir/transfer-vulkan.err'"
 run "bench transfer --device cuda" 60 bash -c "'$bin/memwall' bench transfer --device cuda --size 256MiB --reps 10 --json >'$dir/transfer-cuda.json' 2>'$dir/transfer-cuda.err'"

@@ -17,6 +17,19 @@
 // when a fork appends, and swaps sequences to the pinned host pool and back
 // on their own streams, ordered by events.
 //
+// # Measured
+//
+// On an NVIDIA H200 host (memwall bench kv, BENCHMARKS.md): alloc, free,
+// fork (8 blocks) and a prefix hit cost 28–58 ns from 10^3 to 10^6 blocks,
+// within 1.14× of each other across sizes; evicting the least recently used
+// cached block of a full cache costs 106 ns at 10^3 and 249 ns at 10^6
+// blocks, where its metadata is cold memory. Swapping 1 GiB of 2 MiB blocks
+// runs at 52.2 GB/s to the host and 50.9 GB/s back, 0.92 of one pinned copy
+// of the same size, where a per-layer layout (32 KiB copies) reaches 10–12.
+// In simulation (memwall kv simulate, Llama-7B shape in 40 GiB) a
+// ShareGPT-like mix wastes 1.8% of the paged cache against 90% of
+// contiguous reservations and batches 8.7× as many sequences.
+//
 // KV events (a block stored in or removed from the prefix cache, the cache
 // cleared) go to Options.OnEvent; EventWriter turns them into JSON lines.
 // telemetry.NewKVCollector exports the gauges.

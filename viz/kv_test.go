@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -73,5 +75,34 @@ func TestKVHTMLInvalid(t *testing.T) {
 	}
 	if err := KVHTML(&bytes.Buffer{}, KVPicture{Series: []KVSeries{{Name: "empty"}}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestKVHTMLGolden(t *testing.T) {
+	pic := KVPicture{
+		Title:       "kv simulate: golden",
+		Notes:       []string{"two policies"},
+		BudgetBytes: 4 << 30,
+		Series: []KVSeries{
+			{Name: "paged", T: []float64{0, 0.5, 1, 2}, Held: []uint64{0, 3 << 30, 4 << 30, 1 << 30}, Batch: []float64{1, 60, 120, 8}},
+			{Name: "contiguous", T: []float64{0, 1, 3}, Held: []uint64{2 << 30, 4 << 30, 4 << 30}, Batch: []float64{2, 4, 4}},
+		},
+	}
+	var buf bytes.Buffer
+	if err := KVHTML(&buf, pic); err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "kv_small.golden")
+	if *update {
+		if err := os.WriteFile(golden, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./viz -update to create it)", err)
+	}
+	if !bytes.Equal(buf.Bytes(), want) {
+		t.Errorf("page differs from %s (run go test ./viz -update after checking the change)", golden)
 	}
 }

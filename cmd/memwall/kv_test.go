@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -188,5 +189,29 @@ func TestBenchKVSim(t *testing.T) {
 	code, out, errOut = runVerb(t, nil, "bench", "kv", "--no-swap", "--blocks", "1000", "--ops", "2000")
 	if code != 0 || !strings.Contains(out, "largest over smallest") {
 		t.Fatalf("exit %d: %s %s", code, out, errOut)
+	}
+}
+
+var updateKV = flag.Bool("update-kv", false, "rewrite testdata/kv_simulate.golden")
+
+// The human report of a small deterministic simulation, held to a golden
+// file (go test ./cmd/memwall -run TestKVSimulateGolden -update-kv).
+func TestKVSimulateGolden(t *testing.T) {
+	code, out, errOut := runVerb(t, nil, "kv", "simulate", "--synthetic", "shared-prefix", "--n", "120", "--model", "llama-7b", "--vram", "24GiB", "--preempt", "swap")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	golden := filepath.Join("testdata", "kv_simulate.golden")
+	if *updateKV {
+		if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update-kv to create it)", err)
+	}
+	if out != string(want) {
+		t.Errorf("report differs from %s (rerun with -update-kv after checking):\n%s", golden, out)
 	}
 }

@@ -155,7 +155,9 @@ func kvModelFile(t *testing.T, path string) {
 	}
 	var m struct {
 		Model struct {
-			Layers, KVHeads, HeadDim int
+			Layers  int `json:"layers"`
+			KVHeads int `json:"kv_heads"`
+			HeadDim int `json:"head_dim"`
 		}
 		BytesPerToken uint64 `json:"kv_bytes_per_token"`
 	}

@@ -9,11 +9,14 @@ import (
 // Model is what the simulation needs of a model: its K/V shape, its weights
 // (read once per step) and its parameters (2 FLOPs each per token).
 type Model struct {
-	Name                            string `json:"name"`
-	Layers, Heads, KVHeads, HeadDim int
-	ElemBytes                       int    `json:"elem_bytes"`
-	Params                          uint64 `json:"params"`
-	WeightBytes                     uint64 `json:"weight_bytes"`
+	Name        string `json:"name"`
+	Layers      int    `json:"layers"`
+	Heads       int    `json:"heads"`
+	KVHeads     int    `json:"kv_heads"`
+	HeadDim     int    `json:"head_dim"`
+	ElemBytes   int    `json:"elem_bytes"`
+	Params      uint64 `json:"params"`
+	WeightBytes uint64 `json:"weight_bytes"`
 	// Context is the longest sequence (the contiguous policy reserves it).
 	Context int `json:"context"`
 }

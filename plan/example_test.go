@@ -45,8 +45,8 @@ func ExampleNewORTSettings() {
 	fmt.Println("arena_extend_strategy", s.CUDAProviderOptions["arena_extend_strategy"])
 	fmt.Println("CPU arena initial chunk", s.ArenaCfg.InitialChunkSizeBytes>>20, "MiB")
 	// Output:
-	// workspace 71 MiB
-	// gpu_mem_limit 211812352
+	// workspace 124 MiB
+	// gpu_mem_limit 266338304
 	// arena_extend_strategy kSameAsRequested
-	// CPU arena initial chunk 202 MiB
+	// CPU arena initial chunk 254 MiB
 }

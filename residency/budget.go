@@ -12,6 +12,14 @@ import (
 // allocations (kernel modules loaded lazily, library workspaces) find room.
 const Margin = 512 << 20
 
+// LazyReserve is what PlanBudget keeps back, on a device that measured its
+// context, for device memory the driver and libraries take on first use
+// after the budget was planned: cuBLASLt loads its kernels and may take a
+// workspace on the first product (62 MiB above what was counted, seen on
+// the H200 with the 7B model at --vram 8GiB). Warm such libraries up before
+// PlanBudget so LoadedBytes counts them; this reserve covers the rest.
+const LazyReserve = 64 << 20
+
 // Budget is a device-memory budget split into what the CUDA context takes
 // by itself and what memwall's pools may use.
 type Budget struct {
@@ -32,9 +40,12 @@ type Budget struct {
 	// kernels and before allocating pools: a pool's bytes held then would
 	// be counted here too.
 	LoadedBytes uint64 `json:"loaded_bytes"`
-	// PoolBytes = VRAMBytes - ContextBytes - LoadedBytes: what the weight
-	// plan, the activation arena and the KV cache together may take from
-	// the pools (plan.WeightOptions.Budget).
+	// ReserveBytes is LazyReserve on a device that measured its context
+	// (a GPU), 0 on the simulator.
+	ReserveBytes uint64 `json:"reserve_bytes"`
+	// PoolBytes = VRAMBytes - ContextBytes - LoadedBytes - ReserveBytes:
+	// what the weight plan, the activation arena and the KV cache together
+	// may take from the pools (plan.WeightOptions.Budget).
 	PoolBytes uint64 `json:"pool_bytes"`
 	// FreeBytes and TotalBytes are the device's memory when PlanBudget ran
 	// (the context already exists then, so FreeBytes excludes it).
@@ -89,24 +100,27 @@ func PlanBudget(d device.Device, vram uint64) (Budget, error) {
 			b.LoadedBytes = after - free
 		}
 	}
-	overhead := b.ContextBytes + b.LoadedBytes
+	if b.ContextBytes > 0 {
+		b.ReserveBytes = LazyReserve
+	}
+	overhead := b.ContextBytes + b.LoadedBytes + b.ReserveBytes
 	if vram == 0 {
 		b.Default = true
 		b.MarginBytes = min(Margin, free/10)
-		b.VRAMBytes = free + overhead - b.MarginBytes
+		b.VRAMBytes = min(free+overhead-b.MarginBytes, total)
 	}
 	if b.VRAMBytes > total {
 		return b, fmt.Errorf("residency: budget %d bytes (%s) exceeds the device's total memory %d bytes (%s, %s)",
 			b.VRAMBytes, gib(b.VRAMBytes), total, gib(total), in.Name)
 	}
 	if b.VRAMBytes <= overhead {
-		return b, fmt.Errorf("residency: budget %d bytes (%s) leaves nothing after the device context's own %d bytes (%s; %s) and %d bytes loaded since",
-			b.VRAMBytes, gib(b.VRAMBytes), b.ContextBytes, gib(b.ContextBytes), b.ContextSource, b.LoadedBytes)
+		return b, fmt.Errorf("residency: budget %d bytes (%s) leaves nothing after the device context's own %d bytes (%s; %s), %d bytes loaded since and a reserve of %d for lazy loads",
+			b.VRAMBytes, gib(b.VRAMBytes), b.ContextBytes, gib(b.ContextBytes), b.ContextSource, b.LoadedBytes, b.ReserveBytes)
 	}
 	b.PoolBytes = b.VRAMBytes - overhead
 	if b.PoolBytes > free {
-		b.Warning = fmt.Sprintf("budget %s less the context's %s (and %s loaded since) is %s, more than the %s the device has free now (%s)",
-			gib(b.VRAMBytes), gib(b.ContextBytes), gib(b.LoadedBytes), gib(b.PoolBytes), gib(free), in.Name)
+		b.Warning = fmt.Sprintf("budget %s less the context's %s (and %s loaded since, %s reserved) is %s, more than the %s the device has free now (%s)",
+			gib(b.VRAMBytes), gib(b.ContextBytes), gib(b.LoadedBytes), gib(b.ReserveBytes), gib(b.PoolBytes), gib(free), in.Name)
 	}
 	return b, nil
 }
@@ -116,4 +130,29 @@ func gib(n uint64) string {
 		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
 	}
 	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// Footprint returns the device memory the process holds now, as
+// nvidia-smi counts it: the context's own memory plus what the device had
+// free just after the context less what it has free now (pools, modules,
+// libraries; other processes' allocations since would count too). ok is
+// false when the device did not measure its context (the simulator).
+func Footprint(d device.Device) (uint64, bool) {
+	ctx, _ := ContextBytes(d)
+	fa, ok := d.(device.FreeAfterContext)
+	if !ok || ctx == 0 {
+		return 0, false
+	}
+	after, ok := fa.FreeAfterContext()
+	if !ok {
+		return 0, false
+	}
+	free, _, err := d.MemInfo()
+	if err != nil {
+		return 0, false
+	}
+	if free > after {
+		return ctx, true
+	}
+	return ctx + after - free, true
 }

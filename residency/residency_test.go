@@ -639,7 +639,14 @@ func TestPlanBudget(t *testing.T) {
 	o.TotalBytes = 8 << 30
 	sd := sim.New(o)
 	defer sd.Close()
-	free, _, _ := sd.MemInfo()
+	free, total, _ := sd.MemInfo()
+	// A device with 7 GiB free: the default leaves the margin free.
+	busy7 := sim.New(o)
+	defer busy7.Close()
+	if _, err := busy7.Alloc(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	free7, _, _ := busy7.MemInfo()
 	for _, tc := range []struct {
 		name      string
 		d         device.Device
@@ -649,13 +656,14 @@ func TestPlanBudget(t *testing.T) {
 		warn      bool
 	}{
 		{name: "sim", d: sd, vram: 4 << 30, pool: 4 << 30},
-		{name: "context", d: budgetDevice{sd, 500 << 20, true}, vram: 4 << 30, pool: 4<<30 - 500<<20, ctx: 500 << 20},
+		{name: "context", d: budgetDevice{sd, 500 << 20, true}, vram: 4 << 30, pool: 4<<30 - 500<<20 - LazyReserve, ctx: 500 << 20},
 		{name: "context unknown", d: budgetDevice{sd, 500 << 20, false}, vram: 4 << 30, pool: 4 << 30},
 		{name: "above total", d: sd, vram: 100 << 30, wantErr: "exceeds the device's total memory"},
 		{name: "below context", d: budgetDevice{sd, 500 << 20, true}, vram: 400 << 20, wantErr: "leaves nothing after the device context"},
-		{name: "default", d: budgetDevice{sd, 500 << 20, true}, pool: free - Margin, ctx: 500 << 20},
-		{name: "above free", d: budgetDevice{sd, 1 << 30, true}, vram: 8 << 30, pool: 7 << 30, ctx: 1 << 30},
-		{name: "loaded since", d: loadedDevice{budgetDevice{sd, 500 << 20, true}, free + 20<<20}, vram: 4 << 30, pool: 4<<30 - 520<<20, ctx: 500 << 20},
+		{name: "default", d: budgetDevice{sd, 500 << 20, true}, pool: total - 500<<20 - LazyReserve, ctx: 500 << 20},
+		{name: "default, room", d: loadedDevice{budgetDevice{busy7, 500 << 20, true}, 0}, pool: free7 - Margin, ctx: 500 << 20},
+		{name: "above free", d: budgetDevice{sd, 1 << 30, true}, vram: 8 << 30, pool: 7<<30 - LazyReserve, ctx: 1 << 30},
+		{name: "loaded since", d: loadedDevice{budgetDevice{sd, 500 << 20, true}, free + 20<<20}, vram: 4 << 30, pool: 4<<30 - 520<<20 - LazyReserve, ctx: 500 << 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := PlanBudget(tc.d, tc.vram)
@@ -668,7 +676,7 @@ func TestPlanBudget(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b.PoolBytes != tc.pool || b.ContextBytes != tc.ctx || b.PoolBytes+b.ContextBytes+b.LoadedBytes != b.VRAMBytes {
+			if b.PoolBytes != tc.pool || b.ContextBytes != tc.ctx || b.PoolBytes+b.ContextBytes+b.LoadedBytes+b.ReserveBytes != b.VRAMBytes {
 				t.Errorf("budget %+v, want pool %d, context %d", b, tc.pool, tc.ctx)
 			}
 			if b.Default != (tc.vram == 0) || b.ContextSource == "" {
@@ -706,8 +714,21 @@ func TestContextBytesGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.PoolBytes != 8<<30-n-b.LoadedBytes || b.ContextBytes != n || b.LoadedBytes > 256<<20 {
+	if b.PoolBytes != 8<<30-n-b.LoadedBytes-LazyReserve || b.ContextBytes != n || b.LoadedBytes > 256<<20 {
 		t.Errorf("budget %+v", b)
+	}
+	fp, ok := Footprint(d)
+	if !ok || fp < n || fp > n+b.LoadedBytes+64<<20 {
+		t.Errorf("footprint %d (%v) with a context of %d and %d loaded", fp, ok, n, b.LoadedBytes)
+	}
+	blk, err := d.Alloc(256 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp2, _ := Footprint(d)
+	d.Free(blk)
+	if fp2 < fp+256<<20 || fp2 > fp+256<<20+8<<20 {
+		t.Errorf("footprint %d after a 256 MiB allocation, %d before", fp2, fp)
 	}
 	t.Logf("8 GiB budget: %+v", b)
 }

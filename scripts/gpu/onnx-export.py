@@ -4,7 +4,7 @@ and measures ONNX Runtime on them with its default settings and with the
 settings `memwall plan MODEL --ort` prints (issue 16).
 
   python3 onnx-export.py export --out DIR       # DIR/ship/*.onnx, DIR/work/...
-  python3 onnx-export.py ort MODEL --mode default|memwall|memwall-tight [--settings PLAN.json]
+  python3 onnx-export.py ort MODEL --mode default|memwall|memwall-need [--settings PLAN.json]
 
 `export` builds each model from a config written here (random weights, no
 download), exports it with torch.onnx.export(..., dynamo=True,
@@ -260,7 +260,7 @@ def main():
     e.add_argument("--only", default="", help="comma-separated model names")
     o = sub.add_parser("ort")
     o.add_argument("model")
-    o.add_argument("--mode", choices=["default", "memwall", "memwall-tight"], required=True)
+    o.add_argument("--mode", choices=["default", "memwall", "memwall-need"], required=True)
     o.add_argument("--settings", help="memwall plan --ort --json output (for --mode memwall)")
     o.add_argument("--repeat", type=int, default=5)
     a = p.parse_args()

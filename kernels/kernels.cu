@@ -466,6 +466,56 @@ __device__ __forceinline__ void gemm_wmma(const uint16_t* __restrict__ W,
 
 #endif  // MEMWALL_SM80
 
+#if MEMWALL_SM80
+// Single-token GEMV with the weight rows streamed through shared memory by
+// cp.async (compute_80): each lane keeps kGemv1Stages 16-byte vectors of its
+// warp's row in flight without holding registers for them, so a warp has
+// the whole pipeline's bytes outstanding while it multiplies the vector that
+// landed. Lane l owns slot l of every stage (it reads only what it copied,
+// so no barrier is needed); grid and result as gemv<Tr, 1, 1>.
+const int kGemv1Stages = 8;
+
+template <class Tr>
+__device__ __forceinline__ void gemv1_async(const typename Tr::S* __restrict__ W,
+                                            const typename Tr::S* __restrict__ X,
+                                            float* __restrict__ Y, uint32_t M, uint32_t K) {
+    __shared__ __align__(16) uint4 ring[8][kGemv1Stages][32];  // [warp][stage][lane]: 32 KiB
+    if (K % Tr::kVec != 0 || !aligned16(W) || !aligned16(X) || blockDim.x != 256) {
+        gemv<Tr, 1, 1>(W, X, Y, M, K, 1);
+        return;
+    }
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const uint64_t m = (uint64_t)blockIdx.x * 8 + warp;
+    if (m >= M) return;
+    const uint64_t nvec = K / Tr::kVec;
+    const uint4* w4 = reinterpret_cast<const uint4*>(W + m * K);
+    const uint4* x4 = reinterpret_cast<const uint4*>(X);
+#pragma unroll
+    for (int st = 0; st < kGemv1Stages; ++st) {
+        const uint64_t c = lane + 32u * st;
+        if (c < nvec) cp_async16(&ring[warp][st][lane], w4 + c, 16);
+        cp_async_commit();  // one group per stage, empty or not
+    }
+    float acc = 0.0f;
+    for (uint64_t i = 0, c = lane; c < nvec; ++i, c += 32) {
+        cp_async_wait<kGemv1Stages - 1>();  // the group of vector c has landed
+        const int st = (int)(i % kGemv1Stages);
+        float wf[Tr::kVec], xf[Tr::kVec];
+        Tr::unpack(ring[warp][st][lane], wf);
+        Tr::unpack(__ldg(x4 + c), xf);
+#pragma unroll
+        for (int j = 0; j < Tr::kVec; ++j) acc = fmaf(wf[j], xf[j], acc);
+        // The slot's value is used above, so its next copy cannot overtake the read.
+        const uint64_t cn = c + 32u * kGemv1Stages;
+        if (cn < nvec) cp_async16(&ring[warp][st][lane], w4 + cn, 16);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    acc = warp_sum(acc);
+    if (lane == 0) Y[m] = acc;
+}
+#endif  // MEMWALL_SM80
+
 // ---------------------------------------------------------------------------
 // Llama-layer kernels: helpers. Activations are float32; "dt" arguments are
 // dtype codes (kDtF32, kDtBF16, kDtF16) of weights, caches and outputs.
@@ -1194,7 +1244,11 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f32(
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_f32(
     const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemv1_async<F32>(W, X, Y, M, K);
+#else
     gemv<F32, 1, 1>(W, X, Y, M, K, T);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_bf16(
@@ -1204,7 +1258,11 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemv_bf16(
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_bf16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemv1_async<BF16>(W, X, Y, M, K);
+#else
     gemv<BF16, 1, 1>(W, X, Y, M, K, T);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f16(
@@ -1214,7 +1272,11 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f16(
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemv1_async<F16>(W, X, Y, M, K);
+#else
     gemv<F16, 1, 1>(W, X, Y, M, K, T);
+#endif
 }
 
 // Same product for any T: block of 256 threads; f32 uses 64x64 tiles

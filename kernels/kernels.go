@@ -241,6 +241,7 @@ type Set struct {
 	flash     bool                 // Attention uses memwall_attn_flash for prefill
 	flashOK   bool                 // the module and device can run it
 	decodeOff bool                 // Attention never uses memwall_attn_decode
+	gemv1Off  bool                 // Matmul runs T = 1 on memwall_gemv_* too
 	disabled  []string             // fast kernels the self-test turned off, and why
 
 	scratchMu sync.Mutex
@@ -603,6 +604,9 @@ func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device
 	f := s.gemv[dtype]
 	if T == 1 {
 		f = s.gemv1[dtype]
+		if s.gemv1Off {
+			f, sh.Grid = s.gemv[dtype], device.Dim3{X: ceilDiv(M, gemvRowsPerBlock(2)), Y: 1, Z: 1}
+		}
 	}
 	if T > GemvMaxTokens {
 		f = s.gemm[dtype]

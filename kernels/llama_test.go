@@ -787,7 +787,7 @@ func TestLlamaCosts(t *testing.T) {
 // Load's self-test keeps agreeing fast kernels and turns off one that
 // disagrees with the split kernel.
 func TestSelfTest(t *testing.T) {
-	for _, broken := range []string{"", NameAttnFlash, NameAttnDecode} {
+	for _, broken := range []string{"", NameAttnFlash, NameAttnDecode, Gemv1Name(BF16)} {
 		o := sim.DefaultOptions()
 		o.Kernels = Sim()
 		for i := range o.Kernels {
@@ -797,8 +797,10 @@ func TestSelfTest(t *testing.T) {
 					if err := run(m, grid, block, args); err != nil {
 						return err
 					}
-					out, _ := args[15].(device.Ptr) // a wrong answer: the first output doubled
-					if grid.Z > 1 {                 // split: the first partial's first acc
+					out, _ := args[len(args)-2].(device.Ptr) // a wrong answer: the first output doubled
+					if broken == Gemv1Name(BF16) {
+						out, _ = args[2].(device.Ptr)
+					} else if grid.Z > 1 { // split: the first partial's first acc
 						out, _ = args[14].(device.Ptr)
 						out += 8
 					}
@@ -817,7 +819,7 @@ func TestSelfTest(t *testing.T) {
 		got := s.Disabled()
 		switch broken {
 		case "":
-			if len(got) != 0 || !s.FlashAttention() || s.decodeOff {
+			if len(got) != 0 || !s.FlashAttention() || s.decodeOff || s.gemv1Off {
 				t.Errorf("working kernels: disabled %v, flash %v, decode off %v", got, s.FlashAttention(), s.decodeOff)
 			}
 		case NameAttnFlash:
@@ -830,6 +832,10 @@ func TestSelfTest(t *testing.T) {
 		case NameAttnDecode:
 			if len(got) != 1 || !strings.Contains(got[0], "decode") || !s.decodeOff || !s.FlashAttention() {
 				t.Errorf("broken decode: disabled %v, decode off %v", got, s.decodeOff)
+			}
+		case Gemv1Name(BF16):
+			if len(got) != 1 || !strings.Contains(got[0], "GEMV") || !s.gemv1Off || s.decodeOff {
+				t.Errorf("broken gemv1: disabled %v, gemv1 off %v", got, s.gemv1Off)
 			}
 		}
 		must(t, s.Close())

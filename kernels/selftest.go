@@ -11,7 +11,8 @@ import (
 
 // selfTest runs the flash-prefill and decode attention kernels once each on
 // a small case against the split kernel (which they replace for their
-// shapes) and turns off any that disagree, recording why in s.disabled: a
+// shapes), and the single-token GEMV against the two-row one, and turns off
+// any that disagree, recording why in s.disabled: a
 // wrong fast kernel falls back to the general one instead of corrupting a
 // model's output. It runs at Load on a real GPU only (compute capability
 // known) and costs a few milliseconds; when it cannot run (an error), Load
@@ -137,6 +138,65 @@ func (s *Set) selfTest() error {
 	}
 	if !ok {
 		decodeOff = true
+	}
+	return s.selfTestGemv1(st, up)
+}
+
+// selfTestGemv1 compares memwall_gemv1_bf16 with memwall_gemv_bf16 on a
+// 300×4096 product and, when they disagree, has Matmul run T = 1 on the
+// latter.
+func (s *Set) selfTestGemv1(st device.Stream, up func([]byte) (device.Ptr, error)) error {
+	const M, K = 300, 4096
+	rng := rand.New(rand.NewPCG(0x67656d76, 1))
+	w := make([]float32, M*K)
+	for i := range w {
+		w[i] = float32(rng.NormFloat64())
+	}
+	x := make([]float32, K)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	wb, _ := Encode(BF16, w)
+	xb, _ := Encode(BF16, x)
+	pw, err := up(wb)
+	if err != nil {
+		return err
+	}
+	px, err := up(xb)
+	if err != nil {
+		return err
+	}
+	py, err := up(make([]byte, 8*M))
+	if err != nil {
+		return err
+	}
+	off := s.gemv1Off
+	defer func() { s.gemv1Off = off }()
+	var ys [2][]float32
+	for i, noGemv1 := range []bool{false, true} {
+		s.gemv1Off = noGemv1
+		if err := s.Matmul(BF16, pw, px, py.Add(uint64(4*M*i)), M, K, 1, st); err != nil {
+			return err
+		}
+	}
+	b := make([]byte, 8*M)
+	if err := s.d.CopyDtoH(b, py, st); err != nil {
+		return err
+	}
+	if err := s.d.StreamSynchronize(st); err != nil {
+		return err
+	}
+	all, _ := Decode(F32, b)
+	ys[0], ys[1] = all[:M], all[M:]
+	var num, den float64
+	for i, r := range ys[1] {
+		d := float64(ys[0][i]) - float64(r)
+		num += d * d
+		den += float64(r) * float64(r)
+	}
+	if e := math.Sqrt(num / den); !(e <= 1e-5) {
+		s.disabled = append(s.disabled, fmt.Sprintf("single-token GEMV: self-test relative error %.3g against the two-row kernel", e))
+		off = true
 	}
 	return nil
 }

@@ -45,8 +45,8 @@ func ExampleNewORTSettings() {
 	fmt.Println("arena_extend_strategy", s.CUDAProviderOptions["arena_extend_strategy"])
 	fmt.Println("CPU arena initial chunk", s.ArenaCfg.InitialChunkSizeBytes>>20, "MiB")
 	// Output:
-	// workspace 124 MiB
-	// gpu_mem_limit 266338304
+	// workspace 154 MiB
+	// gpu_mem_limit 297795584
 	// arena_extend_strategy kSameAsRequested
-	// CPU arena initial chunk 254 MiB
+	// CPU arena initial chunk 284 MiB
 }

@@ -8,8 +8,9 @@ import (
 )
 
 // DefaultORTWorkspace is the margin NewORTSettings adds when none is given:
-// 64 MiB plus twice the arena, so that the limit leaves ONNX Runtime three
-// times memwall's arena. It covers what memwall's plan does not see of an
+// 64 MiB plus three times the arena, so that the limit leaves ONNX Runtime
+// four times memwall's arena, half as much again as the most it was seen to
+// need. It covers what memwall's plan does not see of an
 // ORT session: ORT plans its activations itself, on the graph it has
 // transformed (blocked-layout reorders, fused and decomposed operators,
 // their own scratch buffers), and on the CPU provider that took up to 2.6
@@ -17,7 +18,7 @@ import (
 // (BERT at 512 tokens, a UNet block at 256×256; with a 1 MiB margin both
 // failed to run); plus the graph's inputs and outputs, convolution and GEMM
 // workspaces, and the arena's own rounding and fragmentation.
-func DefaultORTWorkspace(arenaBytes uint64) uint64 { return 64<<20 + 2*arenaBytes }
+func DefaultORTWorkspace(arenaBytes uint64) uint64 { return 64<<20 + 3*arenaBytes }
 
 // ORT arena extension strategies, by the names the CUDA provider options
 // take (OrtArenaCfg takes the numbers: kNextPowerOfTwo 0, kSameAsRequested

@@ -121,7 +121,7 @@ func runPlan(e *env, args []string) error {
 	fs.StringVar(&capacity, "capacity", "", "arena size to fit (e.g. 1MiB); for --lifetimes the default is the number in the file name (A.1048576.csv), else none; a plan above it exits 1")
 	fs.BoolVar(&c.ort, "ort", false, "print ONNX Runtime session and provider options that fit the model (with --json: as JSON)")
 	var ortWorkspace string
-	fs.StringVar(&ortWorkspace, "ort-workspace", "", "with --ort: the margin added to weights + arena (default 64MiB + twice the arena: ORT's own plan of the activations is larger than memwall's)")
+	fs.StringVar(&ortWorkspace, "ort-workspace", "", "with --ort: the margin added to weights + arena (default 64MiB + 3x the arena: ORT's own plan of the activations is larger than memwall's)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -552,7 +552,7 @@ func printORT(w io.Writer, model string, s plan.ORTSettings) {
 		s.ArenaCfg.MaxMem, s.ArenaCfg.ArenaExtendStrategy, s.ArenaCfg.InitialChunkSizeBytes, s.ArenaCfg.MaxDeadBytesPerChunk)
 	fmt.Fprintf(w, "  session         enable_cpu_mem_arena=%v enable_mem_pattern=%v enable_mem_reuse=%v session.use_env_allocators=1\n",
 		s.SessionOptions.EnableCPUMemArena, s.SessionOptions.EnableMemPattern, s.SessionOptions.EnableMemReuse)
-	fmt.Fprintf(w, "(workspace: by default 64 MiB + 2x the arena. ORT plans its activations itself, on the graph it transforms\n"+
+	fmt.Fprintf(w, "(workspace: by default 64 MiB + 3x the arena. ORT plans its activations itself, on the graph it transforms\n"+
 		" (layout reorders, fused and decomposed operators), and needed up to 2.6x memwall's arena on its CPU provider;\n"+
 		" the margin also covers inputs, outputs and library workspaces. A smaller --ort-workspace can make ORT fail to allocate.)\n\n")
 	fmt.Fprint(w, s.Python(model))

@@ -111,6 +111,10 @@ type StreamReport struct {
 	PeakBytes      uint64 `json:"peak_bytes"`
 	ContextBytes   uint64 `json:"context_bytes"`
 	FootprintBytes uint64 `json:"peak_footprint_bytes"`
+	// DeviceFootprintBytes is the most residency.Footprint read after
+	// setting up and after each step: the process's device memory as the
+	// driver reports it, whatever took it (0 when the device cannot say).
+	DeviceFootprintBytes uint64 `json:"device_footprint_bytes,omitempty"`
 	// Residency's counts at the end.
 	Residency residency.Stats `json:"residency"`
 	// Medians over the timed steps (the warm-up excluded); the overlap is
@@ -156,7 +160,7 @@ type streamRun struct {
 	copyNo                    []uint64 // per group: the copy number acquired in the current step
 	viewOf                    [][]int  // per group, per matmul: the index of its tensor's view
 
-	baseFree, peakUsed uint64
+	baseFree, peakUsed, peakFootprint uint64
 }
 
 // Stream runs p's plan for m on d over package residency for a warm-up
@@ -317,6 +321,9 @@ func (s *streamRun) sampleMem() {
 		return
 	}
 	s.peakUsed = max(s.peakUsed, s.baseFree-free)
+	if fp, ok := residency.Footprint(s.d); ok {
+		s.peakFootprint = max(s.peakFootprint, fp)
+	}
 }
 
 // close waits for the compute stream and gives everything back.
@@ -616,6 +623,7 @@ func (s *streamRun) run(ctx context.Context, steps int) (*StreamReport, error) {
 	rep.PeakBytes = s.peakUsed
 	rep.ContextBytes = s.o.ContextBytes
 	rep.FootprintBytes = s.peakUsed + s.o.ContextBytes
+	rep.DeviceFootprintBytes = s.peakFootprint
 	rep.Residency = s.r.Stats()
 	return rep, nil
 }

@@ -47,6 +47,7 @@ type streamJSON struct {
 	ContextSource         string               `json:"context_source"`
 	LoadedBytes           uint64               `json:"loaded_bytes"`
 	PeakFootprintBytes    uint64               `json:"peak_footprint_bytes"`
+	DeviceFootprintBytes  uint64               `json:"device_footprint_bytes,omitempty"`
 	PoolBudgetBytes       uint64               `json:"pool_budget_bytes"`
 	SecondsPerStep        float64              `json:"seconds_per_step"`
 	PredictedSteadySecond float64              `json:"predicted_steady_seconds_per_step"`
@@ -174,7 +175,7 @@ func streamPlanned(ctx context.Context, pl *planned, o bench.StreamOptions, step
 		return streamJSON{}, err
 	}
 	out := streamJSON{Source: rep.Source, Steps: steps, Prefetch: rep.Prefetch, PeakBytes: rep.PeakBytes,
-		ContextBytes: rep.ContextBytes, PeakFootprintBytes: rep.FootprintBytes, SecondsPerStep: rep.SecondsPerStep,
+		ContextBytes: rep.ContextBytes, PeakFootprintBytes: rep.FootprintBytes, DeviceFootprintBytes: rep.DeviceFootprintBytes, SecondsPerStep: rep.SecondsPerStep,
 		PredictedSteadySecond: bench.SteadyStep(pl.plan, rep.Prefetch, 8).Seconds(),
 		CopySecondsPerStep:    rep.CopySecondsPerStep, ComputeSecondsPerStep: rep.ComputeSecondsPerStep,
 		StallSecondsPerStep: rep.StallSecondsPerStep, AchievedGBps: rep.AchievedGBps, PinnedH2DGBps: pl.pinnedGBps,

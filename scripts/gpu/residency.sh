@@ -120,6 +120,7 @@ rows = [
     ("memwall peak (pools, driver)", "%.0f MiB" % (st.get("peak_bytes", 0) / MiB)),
     ("memwall context measured", "%.0f MiB (%s)" % (st.get("context_bytes", 0) / MiB, st.get("context_source", "?"))),
     ("memwall footprint (peak+ctx)", "%.0f MiB" % (st.get("peak_footprint_bytes", 0) / MiB)),
+    ("memwall footprint (driver)", "%.0f MiB" % (st.get("device_footprint_bytes", 0) / MiB)),
     ("stream predicted peak (pools)", "%.0f MiB" % (st.get("predicted_peak_bytes", 0) / MiB)),
     ("fit predicted peak", "%.0f MiB" % (fit.get("predicted_peak_bytes", 0) / MiB)),
     ("streamed per step", "%.2f GB in %s layers, %s slots, prefetch %s" % (st.get("streamed_bytes", 0) / 1e9, st.get("streamed_layers"), st.get("slots"), st.get("prefetch"))),

@@ -89,8 +89,11 @@ func (p *Pool) newVirtualArenaSized(size uint64) (*arena, error) {
 	// fits below its end (the frontier), so every strategy reuses free
 	// space low in the reservation before touching new pages. Strategies
 	// that cannot grow manage the whole reservation from the start.
+	// The range never grows past the reservation: a one-page range (the
+	// small-block range of a pool with a small limit) starts and stays at
+	// one page.
 	al, err := alloc.New(o.Strategy, o.PageBytes)
-	if err == nil && al.Grow(2*o.PageBytes) != nil {
+	if err == nil && o.ReserveBytes > o.PageBytes && al.Grow(min(2*o.PageBytes, o.ReserveBytes)) != nil {
 		al, err = alloc.New(o.Strategy, o.ReserveBytes)
 	}
 	if err != nil {

@@ -249,9 +249,16 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 	}
 	size := sizeClasses[cls]
 	p.mu.Lock()
+	locked := true
+	defer func() {
+		if locked { // a panic below: unlock, so that Close cannot wedge on the lock
+			p.mu.Unlock()
+		}
+	}()
 	p.releaseList(deferred)
 	first, err := p.arenaAlloc(size, p.opts.Alignment, 0)
 	if err != nil {
+		locked = false
 		p.mu.Unlock()
 		return nil, err
 	}
@@ -272,6 +279,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 		// No cache now: count centrally and give the extras back.
 		p.central.add(first)
 		p.releaseList(extra)
+		locked = false
 		p.mu.Unlock()
 		return first, nil
 	}
@@ -282,6 +290,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 		c.push(m, cls)
 	}
 	p.unpin(c)
+	locked = false
 	p.mu.Unlock()
 	return first, nil
 }

@@ -1,6 +1,7 @@
 package pool_test
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/memwall/memwall/device/sim"
@@ -42,4 +43,24 @@ func Example() {
 	// live blocks: 2
 	// weights: 64 MiB; activations: 3 MiB
 	// live blocks after Free: 0
+}
+
+// An allocation the pool cannot serve says why, and carries a snapshot
+// that `memwall replay --html page.html oom.jsonl` draws.
+func ExampleOOMError() {
+	so := sim.DefaultOptions()
+	so.Backing = false
+	d := sim.New(so)
+	p, err := pool.New(d, pool.Options{Name: "kv", Limit: 8 << 20, History: 100})
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+	_, err = p.Alloc(16<<20, pool.AllocOptions{})
+	var oom *pool.OOMError
+	if errors.As(err, &oom) {
+		fmt.Println(oom.Cause, oom.Snapshot != nil)
+		// oom.WriteSnapshot("oom.jsonl") writes it.
+	}
+	// Output: pool limit true
 }

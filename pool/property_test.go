@@ -54,6 +54,9 @@ type propConfig struct {
 	// (chunk growth: the chunks' bases are then less aligned).
 	preReserve int
 	preAlloc   uint64
+	// limit, when set, is the pool's Limit (and so its reservation):
+	// requests are then drawn below it and running out is allowed.
+	limit uint64
 }
 
 func (c propConfig) String() string {
@@ -70,11 +73,14 @@ func (c propConfig) String() string {
 	if c.preAlloc > 0 {
 		s += fmt.Sprintf("-pre%d", c.preAlloc)
 	}
+	if c.limit > 0 {
+		s += fmt.Sprintf("-limit%dM", c.limit>>20)
+	}
 	return s
 }
 
 func (c propConfig) options() pool.Options {
-	o := pool.Options{Name: c.String(), Growth: c.growth, Strategy: c.strategy, TargetRatio: c.target}
+	o := pool.Options{Name: c.String(), Growth: c.growth, Strategy: c.strategy, TargetRatio: c.target, Limit: c.limit}
 	if c.mixSmall {
 		o.SmallMax = pool.Off
 	}
@@ -110,6 +116,11 @@ func propConfigs() []propConfig {
 					i++
 				}
 			}
+		}
+		// Small limits: a reservation of a few pages, a small-block
+		// range of one.
+		for j, limit := range []uint64{2 << 20, 6 << 20, 16 << 20, 64 << 20} {
+			cs = append(cs, propConfig{growth: g, strategy: []string{"bestfit", "tlsf", "buddy", "bestfit"}[j], cache: "per-processor", limit: limit})
 		}
 	}
 	return cs
@@ -358,6 +369,9 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 	// Live bytes stay under an eighth of the device, so that running out
 	// of memory is rare and every refusal can be checked for a reason.
 	budget := total / 8
+	if c.limit > 0 {
+		budget = c.limit / 2
+	}
 	r := rand.New(src)
 	for op := 0; op < ops; op++ {
 		k := r.IntN(100)
@@ -368,6 +382,12 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 			p.Trim()
 		default:
 			size, align := propRequest(r)
+			if c.limit > 0 {
+				size = 1 + size%(c.limit/4)
+				for align > c.limit/8 {
+					align /= 2 // still a power of two
+				}
+			}
 			o := pool.AllocOptions{Align: align, Purpose: pool.Purpose(r.IntN(6))}
 			if k%11 == 0 {
 				o.Stream = s
@@ -404,7 +424,7 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 	if s := p.Stats(); s.UsedBytes != 0 || s.LiveBlocks != 0 || s.ReservedBytes != 0 {
 		t.Fatalf("after freeing everything and Trim: used %d in %d blocks, %d reserved", s.UsedBytes, s.LiveBlocks, s.ReservedBytes)
 	}
-	if ops > 0 && st.ooms > ops/100 {
+	if ops > 0 && st.ooms > ops/100 && c.limit == 0 {
 		t.Fatalf("%d of %d operations ran out of memory with live bytes under %d; the first: %s", st.ooms, ops, budget, st.firstOOM)
 	}
 }

@@ -76,6 +76,7 @@ func (e *OOMError) Unwrap() error { return e.Err }
 // the arenas.
 func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant, parked *meta) (*meta, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock() // also on a panic, so that Close cannot wedge on the lock
 	if parked != nil {
 		p.releaseList(parked)
 	}
@@ -90,13 +91,11 @@ func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t
 	if m == nil {
 		var err error
 		if m, err = p.arenaAlloc(size, align, s); err != nil {
-			p.mu.Unlock()
 			return nil, err
 		}
 	}
 	m.assign(size, purpose, t)
 	p.central.add(m)
-	p.mu.Unlock()
 	return m, nil
 }
 
@@ -198,6 +197,7 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 // chain parked back, then places the block, directly where it can.
 func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock() // also on a panic, so that Close cannot wedge on the lock
 	for parked != nil {
 		m := parked
 		parked = m.next
@@ -212,13 +212,11 @@ func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, 
 			m, err = p.arenaAlloc(size, p.opts.Alignment, 0)
 		}
 		if err != nil {
-			p.mu.Unlock()
 			return nil, err
 		}
 	}
 	m.assign(size, purpose, nil)
 	p.central.add(m)
-	p.mu.Unlock()
 	return m, nil
 }
 

@@ -72,6 +72,10 @@ type Options struct {
 	// LinkGBps is the host-to-device bandwidth the weight plan predicts
 	// with (default 25); it changes predictions, not placement.
 	LinkGBps float64
+	// Stream is the compute stream; 0: the engine makes its own (and
+	// destroys it at Close). A stream given is left to the caller, who
+	// can then warm its GEMM library up on it first (WarmProducts).
+	Stream device.Stream
 	// ReserveBytes is kept out of the plan for device memory the process
 	// takes outside the pools and the attention scratch (a GEMM library's
 	// workspace, modules loaded later); default 0.
@@ -160,6 +164,7 @@ type Engine struct {
 	// embedding is the embedding matrix's device address as of the last
 	// step (the tied LM head; resident then).
 	embedding device.Ptr
+	ownStream bool
 	closed    bool
 }
 
@@ -272,8 +277,11 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return e, err
 	}
 	e.plan, e.scratch = e.foot.Plan, e.foot.ScratchBytes
-	if e.compute, err = d.NewStream(); err != nil {
-		return e, fmt.Errorf("engine: compute stream: %w", err)
+	e.compute, e.ownStream = o.Stream, o.Stream == 0
+	if e.ownStream {
+		if e.compute, err = d.NewStream(); err != nil {
+			return e, fmt.Errorf("engine: compute stream: %w", err)
+		}
 	}
 	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger}); err != nil {
 		return e, fmt.Errorf("engine: %w", err)
@@ -301,6 +309,75 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		e.events = append(e.events, ev)
 	}
 	return e, nil
+}
+
+// WarmProducts runs, on stream st, one matrix product of every shape the
+// forward pass of m multiplies, for each token count in tokens, on scratch
+// memory taken from the device and given back before it returns. A GEMM
+// library loads its kernels lazily and allocates a workspace per stream on
+// first use, outside any pool: warming it up on the engine's compute stream
+// before the budget is measured (residency.PlanBudget's loaded bytes)
+// counts that memory, and keeps the one-time cost out of the first step.
+func WarmProducts(d device.Device, ks *kernels.Set, m *llama.Model, st device.Stream, tokens []int) (err error) {
+	c := m.Config
+	dt := plan.MatmulDType(m.Tensors.MatrixDType)
+	elt := uint64(2)
+	if dt == kernels.F32 {
+		elt = 4
+	}
+	H, I, hd := uint32(c.Hidden), uint32(c.Intermediate), uint32(c.HeadDim)
+	q, kv := uint32(c.Heads)*hd, uint32(c.KVHeads)*hd
+	shapes := [][2]uint32{{q, H}, {kv, H}, {H, q}, {I, H}, {H, I}}
+	var maxT, maxMK, maxK, maxM uint64
+	for _, T := range tokens {
+		maxT = max(maxT, uint64(T))
+	}
+	for _, s := range shapes {
+		maxMK = max(maxMK, uint64(s[0])*uint64(s[1]))
+		maxM, maxK = max(maxM, uint64(s[0])), max(maxK, uint64(s[1]))
+	}
+	var bufs []device.Ptr
+	defer func() {
+		if serr := d.StreamSynchronize(st); serr != nil && err == nil {
+			err = fmt.Errorf("engine: warm-up: %w", serr)
+		}
+		for _, b := range bufs {
+			if ferr := d.Free(b); ferr != nil && err == nil {
+				err = fmt.Errorf("engine: warm-up: %w", ferr)
+			}
+		}
+	}()
+	alloc := func(n uint64) (device.Ptr, error) {
+		p, err := d.Alloc(n)
+		if err != nil {
+			return 0, fmt.Errorf("engine: warm-up buffer of %d bytes: %w", n, err)
+		}
+		bufs = append(bufs, p)
+		if err := d.Memset8(p, 0, n, st); err != nil {
+			return 0, fmt.Errorf("engine: warm-up: %w", err)
+		}
+		return p, nil
+	}
+	W, err := alloc(maxMK * elt)
+	if err != nil {
+		return err
+	}
+	X, err := alloc(maxT * maxK * elt)
+	if err != nil {
+		return err
+	}
+	Y, err := alloc(maxT * maxM * 4)
+	if err != nil {
+		return err
+	}
+	for _, T := range tokens {
+		for _, s := range shapes {
+			if err := ks.Matmul(dt, W, X, Y, s[0], s[1], uint32(T), st); err != nil {
+				return fmt.Errorf("engine: warm-up product %dx%d, %d tokens: %w", s[0], s[1], T, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Footprint returns the plan New ran, with its predictions.
@@ -555,7 +632,7 @@ func (e *Engine) Close() error {
 	for _, ev := range e.events {
 		errs = append(errs, e.d.DestroyEvent(ev))
 	}
-	if e.compute != 0 {
+	if e.compute != 0 && e.ownStream {
 		errs = append(errs, e.d.DestroyStream(e.compute))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -497,3 +497,39 @@ func TestFormatsAgree(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmProductsAndGivenStream: the warm-up gives back its scratch, and
+// an engine on a stream it was given runs on it and leaves it alive.
+func TestWarmProductsAndGivenStream(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	r := newRig(t, testDevice(t))
+	st, err := r.d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	free0, _, _ := r.d.MemInfo()
+	if err := engine.WarmProducts(r.d, r.ks, m, st, []int{1, 16, 5}); err != nil {
+		t.Fatal(err)
+	}
+	if free1, _, _ := r.d.MemInfo(); free1 != free0 {
+		t.Errorf("free memory %d before the warm-up, %d after", free0, free1)
+	}
+	e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: 64 << 20, MaxTokens: 64, Stream: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Generate(ctx, prompt(20, m.Config.Vocab, 4), engine.Sampling{MaxNew: 4}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.StreamSynchronize(st); err != nil {
+		t.Errorf("the given stream after Close: %v", err)
+	}
+	if err := r.d.DestroyStream(st); err != nil {
+		t.Errorf("destroying the given stream: %v", err)
+	}
+	r.zero(t)
+}

@@ -55,10 +55,13 @@ type runJSON struct {
 	PoolPeakBytes     uint64  `json:"pool_peak_bytes"`
 	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
 	// the attention scratch and the context.
-	PredictedPeakBytes    uint64 `json:"predicted_peak_bytes"`
-	ContextBytes          uint64 `json:"context_bytes"`
-	ScratchBytes          uint64 `json:"kernel_scratch_bytes"`
-	LoadedBytes           uint64 `json:"loaded_bytes"` // kernel modules and library handles, measured before the pools
+	PredictedPeakBytes uint64 `json:"predicted_peak_bytes"`
+	ContextBytes       uint64 `json:"context_bytes"`
+	ScratchBytes       uint64 `json:"kernel_scratch_bytes"`
+	LoadedBytes        uint64 `json:"loaded_bytes"` // kernel modules and library handles, measured before the pools
+	// ProcessDeviceBytes is the process's device memory as the device
+	// reports it after generation (context included; 0 on the simulator).
+	ProcessDeviceBytes    uint64 `json:"process_device_bytes,omitempty"`
 	ContextSource         string `json:"context_source"`
 	BudgetBytes           uint64 `json:"budget_bytes"`
 	BudgetDefault         bool   `json:"budget_default"`
@@ -206,10 +209,18 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	return nil
 }
 
-// gpuReserve is what memwall run keeps out of the engine's plan on a GPU
-// for device memory it does not account: a GEMM library's workspace and
-// handles created on first use.
-const gpuReserve = 32 << 20
+// stepTokens lists the token counts of a prompt's prefill chunks and of a
+// decode step.
+func stepTokens(prompt, chunk int) []int {
+	if chunk <= 0 {
+		chunk = 512
+	}
+	ts := []int{min(prompt, chunk), 1}
+	if r := prompt % chunk; prompt > chunk && r != 0 {
+		ts = append(ts, r)
+	}
+	return ts
+}
 
 // generation is one prompt run through a model on an open device.
 type generation struct {
@@ -238,15 +249,22 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	maxTokens := min(len(ids)+g.sampling.MaxNew, m.Config.Context)
 	o := g.opts
 	o.MaxTokens = maxTokens
-	if backend != "sim" {
-		o.ReserveBytes = gpuReserve
-	}
-	// The kernels load first, so that the budget counts their module.
+	// The kernels load and the GEMM library warms up on the compute
+	// stream first, so that the budget counts their modules and workspace.
 	ks, err := kernels.Load(d, e.getenv)
 	if err != nil {
 		return out, nil, err
 	}
 	defer ks.Close()
+	st, err := d.NewStream()
+	if err != nil {
+		return out, nil, err
+	}
+	defer d.DestroyStream(st)
+	o.Stream = st
+	if err := engine.WarmProducts(d, ks, m, st, stepTokens(len(ids), o.PrefillChunk)); err != nil {
+		return out, nil, err
+	}
 	budget, err := residency.PlanBudget(d, g.vram)
 	if err != nil {
 		return out, nil, g.belowMinimum(e, d, o, budget, err)
@@ -296,6 +314,9 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	res, err := eng.Generate(e.ctx, ids, g.sampling, onToken)
 	if err != nil {
 		return out, nil, err
+	}
+	if n, ok := residency.Footprint(d); ok {
+		out.ProcessDeviceBytes = n
 	}
 	if dec != nil && !g.quiet {
 		fmt.Fprint(e.stdout, dec.Flush())
@@ -392,11 +413,12 @@ func (m *minimumError) Error() string { return m.msg }
 func (m *minimumError) Unwrap() error { return m.err }
 
 func (g *generation) minimum(b residency.Budget, be *engine.BudgetError, maxTokens int, err error) error {
-	overhead := b.ContextBytes + b.LoadedBytes
+	overhead := b.ContextBytes + b.LoadedBytes + b.ReserveBytes
 	n := be.Minimum + overhead
 	return &minimumError{vram: g.vram, minimum: n, err: err,
-		msg: fmt.Sprintf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s and loaded modules' %s included): %v",
-			b.VRAMBytes, humanBytes(b.VRAMBytes), n, humanBytes(n), g.path, maxTokens, humanBytes(b.ContextBytes), humanBytes(b.LoadedBytes), err)}
+		msg: fmt.Sprintf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s, loaded modules' %s and a reserve of %s included): %v",
+			b.VRAMBytes, humanBytes(b.VRAMBytes), n, humanBytes(n), g.path, maxTokens, humanBytes(b.ContextBytes), humanBytes(b.LoadedBytes),
+			humanBytes(b.ReserveBytes), err)}
 }
 
 // belowMinimum turns a budget PlanBudget refuses (one that does not even
@@ -409,7 +431,7 @@ func (g *generation) belowMinimum(e *env, d device.Device, o engine.Options, b r
 	o.Budget = 1
 	_, eerr := engine.Estimate(e.ctx, g.model, o, d.Info())
 	var be *engine.BudgetError
-	if !errors.As(eerr, &be) || g.vram >= be.Minimum+b.ContextBytes+b.LoadedBytes {
+	if !errors.As(eerr, &be) || g.vram >= be.Minimum+b.ContextBytes+b.LoadedBytes+b.ReserveBytes {
 		return err
 	}
 	b.VRAMBytes = g.vram

@@ -73,7 +73,8 @@ class Check:
         self.no_hf = a.no_hf
         self.rows = []      # table rows
         self.results = {}   # everything, for results.json
-        self.hf_jobs = []   # (name, model dir, dtype, prompt, memwall json, logits file)
+        self.hf_jobs = []   # (name, model dir, dtype, prompt, memwall json)
+        self.rows16, self.first, self.gaps = {}, {}, {}  # per run, from compare for noise
         self.failed = False
 
     def fail(self, msg):
@@ -249,33 +250,75 @@ class Check:
         except Exception as e:  # noqa: BLE001 — report, do not crash
             self.fail("transformers unavailable: %s" % e)
             return
-        loaded = {}
-        for name, d, dtype, ids, res in self.hf_jobs:
-            key = (d, dtype)
+
+        def load(d, dtype):
+            t0 = time.time()
+            dt = getattr(torch, dtype)
+            m = None
+            for kw in ({"dtype": dt, "device_map": "cuda"}, {"dtype": dt}, {"torch_dtype": dt}):
+                try:
+                    m = LlamaForCausalLM.from_pretrained(d, **kw)
+                    break
+                except (TypeError, ImportError, ValueError) as e:
+                    log("from_pretrained(%s): %r; trying without it" % (", ".join(kw), e))
+            if m is None:
+                raise RuntimeError("transformers could not load " + d)
+            m = m.to("cuda").eval()
+            log("transformers loaded %s (%s) in %.1fs" % (d, dtype, time.time() - t0))
+            return m
+
+        groups = {}
+        for job in self.hf_jobs:
+            groups.setdefault((job[1], job[2]), []).append(job)
+        for (d, dtype), jobs in groups.items():
+            m = None
             try:
-                if key not in loaded:
-                    m = None
-                    loaded.clear()
-                    gc.collect()
-                    torch.cuda.empty_cache()
-                    t0 = time.time()
-                    dt = getattr(torch, dtype)
-                    m = None
-                    for kw in ({"dtype": dt, "device_map": "cuda"}, {"dtype": dt}, {"torch_dtype": dt}):
-                        try:
-                            m = LlamaForCausalLM.from_pretrained(d, **kw)
-                            break
-                        except (TypeError, ImportError, ValueError) as e:
-                            log("from_pretrained(%s): %r; trying without it" % (", ".join(kw), e))
-                    if m is None:
-                        raise RuntimeError("transformers could not load " + d)
-                    m = m.to("cuda").eval()
-                    loaded[key] = m
-                    log("transformers loaded %s (%s) in %.1fs" % (d, dtype, time.time() - t0))
-                m = loaded[key]
-                self.compare(name, m, ids, res, torch)
+                m = load(d, dtype)
+                for name, _, _, ids, res in jobs:
+                    self.compare(name, m, ids, res, torch)
+                # The reference's own noise: the same weights in float32.
+                m = None
+                gc.collect()
+                torch.cuda.empty_cache()
+                m = load(d, "float32")
+                for name, _, _, ids, res in jobs:
+                    self.noise(name, m, ids, res, torch)
             except Exception as e:  # noqa: BLE001
-                self.fail("%s: transformers: %r" % (name, e))
+                self.fail("%s: transformers: %r" % (d, e))
+            m = None
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    def noise(self, name, m32, ids, res, torch):
+        """transformers in float32 on memwall's sequence: how far its bf16 run
+        (the reference) is from it, and memwall."""
+        r = self.results[name]
+        rows16 = self.rows16.pop(name, None)
+        if rows16 is None:
+            return
+        toks = res["tokens"]
+        seq = torch.tensor([ids + toks[:-1]], device="cuda")
+        with torch.no_grad():
+            rows32 = m32(input_ids=seq).logits[0].float()[len(ids) - 1:]
+        first = self.first.pop(name)
+        b32, b16 = rows32.argmax(dim=-1), rows16.argmax(dim=-1)
+        mine = torch.tensor(toks, device="cuda")
+        r["hf16_vs_hf32_first_max_abs_diff"] = float((rows16[0] - rows32[0]).abs().max())
+        r["hf16_vs_hf32_first_cosine"] = float(torch.nn.functional.cosine_similarity(rows16[0], rows32[0], dim=0))
+        r["hf16_vs_hf32_flips"] = int((b16 != b32).sum())
+        r["memwall_vs_hf32_first_max_abs_diff"] = float((first - rows32[0]).abs().max())
+        r["memwall_vs_hf32_first_cosine"] = float(torch.nn.functional.cosine_similarity(first, rows32[0], dim=0))
+        r["memwall_vs_hf32_agree"] = int((mine == b32).sum())
+        # memwall against HF-bf16 with the margin stated as HF's own bf16
+        # noise: the first step's max |bf16 - fp32| logit difference.
+        noise = max(MARGIN, r["hf16_vs_hf32_first_max_abs_diff"])
+        r["reference_noise_margin"] = noise
+        r["mismatches_beyond_reference_noise"] = int(((self.gaps.pop(name)) >= noise).sum())
+        log("%s: transformers bf16 vs fp32: first logits max diff %.4f cos %.6f, %d/%d argmax flips; memwall vs fp32: max diff %.4f cos %.6f, %d/%d agree; memwall vs bf16 beyond that noise (%.3f): %d" % (
+            name, r["hf16_vs_hf32_first_max_abs_diff"], r["hf16_vs_hf32_first_cosine"], r["hf16_vs_hf32_flips"], len(toks),
+            r["memwall_vs_hf32_first_max_abs_diff"], r["memwall_vs_hf32_first_cosine"], r["memwall_vs_hf32_agree"], len(toks),
+            noise, r["mismatches_beyond_reference_noise"]))
+        self.save()
 
     def compare(self, name, m, ids, res, torch):
         toks = res["tokens"]
@@ -310,6 +353,8 @@ class Check:
         r["first_mismatch"] = int(bad.nonzero()[0][0]) if bool(bad.any()) else None
         r["noise_margin"] = noise
         r["mismatches_beyond_noise"] = int(((~agree) & (gap >= noise)).sum())
+        self.rows16[name], self.first[name] = rows, first
+        self.gaps[name] = torch.where(agree, torch.zeros_like(gap), gap)
         # transformers' own greedy tokens.
         with torch.no_grad():
             g = m.generate(torch.tensor([ids], device="cuda"), max_new_tokens=len(toks), min_new_tokens=len(toks),
@@ -374,6 +419,12 @@ class Check:
             r = self.results["engine-tests"]
             lines.append("engine package tests on the GPU (vs the Go reference): rc=%s failed: %s" % (
                 r.get("rc"), " ".join(r.get("failed") or []) or "none"))
+        for name, r in self.results.items():
+            if isinstance(r, dict) and "hf16_vs_hf32_first_max_abs_diff" in r:
+                lines.append("%s: transformers bf16 vs fp32 (the reference's own noise): first max diff %.3f cos %.6f, %d argmax flips; memwall vs fp32: %.3f cos %.6f, %d/%d agree; memwall vs bf16 beyond that noise: %d" % (
+                    name, r["hf16_vs_hf32_first_max_abs_diff"], r["hf16_vs_hf32_first_cosine"], r["hf16_vs_hf32_flips"],
+                    r["memwall_vs_hf32_first_max_abs_diff"], r["memwall_vs_hf32_first_cosine"], r["memwall_vs_hf32_agree"],
+                    r["positions"], r["mismatches_beyond_reference_noise"]))
         for name, r in self.results.items():
             if isinstance(r, dict) and r.get("mismatches"):
                 lines.append("%s: %d positions differ by more than %.2f; %d by more than the first step's max logit difference %.3f" % (

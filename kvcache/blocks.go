@@ -269,6 +269,19 @@ func (m *Manager) take() int32 {
 	return b
 }
 
+// warmVictim prefetches the hash slot of the block the next take evicts,
+// so that its removal from the prefix cache finds the slot in the cache.
+func (m *Manager) warmVictim() {
+	for l := range m.lists {
+		if h := m.lists[l].head; h >= 0 {
+			if k := &m.blocks[h]; k.flags&flagCached != 0 {
+				m.cache.warm(k.hash)
+			}
+			return
+		}
+	}
+}
+
 // ref adds a reference to block b, taking it out of the free list when it
 // was there (a prefix hit on a freed block: the "touch").
 func (m *Manager) ref(b int32) {
@@ -528,6 +541,9 @@ func (m *Manager) Append(id SeqID, tokens ...int32) error {
 	if need := m.appendNeeds(s, len(tokens)); need > m.nfree {
 		return fmt.Errorf("append %d tokens to sequence %d: %d blocks needed, %d free: %w", len(tokens), id, need, m.nfree, ErrOutOfBlocks)
 	}
+	if s.n%m.cfg.BlockTokens == 0 && len(tokens) > 0 {
+		m.warmVictim()
+	}
 	m.commit(s, s.n)
 	B := m.cfg.BlockTokens
 	for len(tokens) > 0 {
@@ -555,7 +571,9 @@ func (m *Manager) Append(id SeqID, tokens ...int32) error {
 				if len(s.hashes) > 0 {
 					parent = s.hashes[len(s.hashes)-1]
 				}
-				s.hashes = append(s.hashes, chainHash(parent, s.extra, s.partial))
+				h := chainHash(parent, s.extra, s.partial)
+				s.hashes = append(s.hashes, h)
+				m.cache.warm(h) // stored at the next Append or Computed
 			}
 			s.partial = s.partial[:0]
 		}

@@ -1,5 +1,7 @@
 package kvcache
 
+import "unsafe"
+
 // hashTable maps block hashes to block ids: open addressing with linear
 // probing and backward-shift deletion (no tombstones), at most half full
 // (it holds at most one entry per block), so that a lookup, an insert and a
@@ -25,6 +27,13 @@ func newHashTable(maxEntries int) hashTable {
 }
 
 func (t *hashTable) len() int { return t.n }
+
+// warm prefetches k's home slot.
+func (t *hashTable) warm(k uint64) {
+	if len(t.slots) > 0 {
+		prefetch(uintptr(unsafe.Pointer(&t.slots[k&t.mask])))
+	}
+}
 
 // get returns the block cached under k.
 func (t *hashTable) get(k uint64) (int32, bool) {

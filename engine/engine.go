@@ -83,6 +83,9 @@ type Options struct {
 	// WholeLayers streams and keeps resident whole blocks (one weight
 	// group per block) instead of one group per matrix.
 	WholeLayers bool
+	// Timing records device timing events around the streamed copies and
+	// the prefill, for Result's PrefillCopySeconds and PrefillDeviceSeconds.
+	Timing bool
 	// Exact keeps every activation in float32 instead of rounding like
 	// transformers (see the package documentation).
 	Exact bool
@@ -283,7 +286,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 			return e, fmt.Errorf("engine: compute stream: %w", err)
 		}
 	}
-	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger}); err != nil {
+	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger, Timing: o.Timing}); err != nil {
 		return e, fmt.Errorf("engine: %w", err)
 	}
 	if err := e.mapGroups(); err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/memwall/memwall/device"
 )
 
 // Result describes one Generate call.
@@ -20,6 +22,12 @@ type Result struct {
 	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
 	// DecodeTokensPerS counts the tokens after the first over DecodeSeconds.
 	DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
+	// With Options.Timing: PrefillCopySeconds is the device time of the
+	// weight copies issued during the prefill (back to back it is the
+	// link's share of the prefill), PrefillDeviceSeconds the compute
+	// stream's time from the prefill's first op to its logits.
+	PrefillCopySeconds   float64 `json:"prefill_copy_seconds,omitempty"`
+	PrefillDeviceSeconds float64 `json:"prefill_device_seconds,omitempty"`
 	// StreamedBytesPerToken is the weight bytes copied per decode step.
 	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
 	// FirstLogits are the logits that chose the first token.
@@ -68,6 +76,14 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 	defer e.kv.Free(seq)
 
 	res := &Result{PromptTokens: len(prompt), Stop: "max_new"}
+	var tm *prefillTiming
+	if e.opt.Timing {
+		var err error
+		if tm, err = e.startTiming(); err != nil {
+			return res, err
+		}
+		defer tm.close(e)
+	}
 	began := time.Now()
 	var logits []float32
 	for start := 0; start < len(ids); start += e.opt.PrefillChunk {
@@ -82,6 +98,11 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 		logits = out.logits
 	}
 	res.FirstLogits = logits
+	if tm != nil {
+		if err := tm.finish(e, res); err != nil {
+			return res, err
+		}
+	}
 	smp := newSampler(s)
 	tok := smp.next(logits)
 	res.PrefillSeconds = time.Since(began).Seconds()
@@ -132,4 +153,62 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 		res.StreamedBytesPerToken = (e.res.Stats().StreamedBytes - streamed0) / uint64(n)
 	}
 	return res, nil
+}
+
+// prefillTiming measures a prefill on the device.
+type prefillTiming struct {
+	start, end device.Event
+	copies     []uint64 // each group's copy count before the prefill
+}
+
+func (e *Engine) startTiming() (*prefillTiming, error) {
+	tm := &prefillTiming{}
+	var err error
+	if tm.start, err = e.d.NewEvent(true); err != nil {
+		return nil, fmt.Errorf("engine: timing event: %w", err)
+	}
+	if tm.end, err = e.d.NewEvent(true); err != nil {
+		e.d.DestroyEvent(tm.start)
+		return nil, fmt.Errorf("engine: timing event: %w", err)
+	}
+	for gi := range e.plan.Groups {
+		tm.copies = append(tm.copies, e.res.Copies(gi))
+	}
+	if err := e.d.EventRecord(tm.start, e.compute); err != nil {
+		tm.close(e)
+		return nil, fmt.Errorf("engine: timing: %w", err)
+	}
+	return tm, nil
+}
+
+// finish sums the device time of the copies issued since start (a
+// group's last two are kept) and the compute stream's elapsed time.
+func (tm *prefillTiming) finish(e *Engine, res *Result) error {
+	if err := e.d.EventRecord(tm.end, e.compute); err != nil {
+		return fmt.Errorf("engine: timing: %w", err)
+	}
+	if err := e.d.EventSynchronize(tm.end); err != nil {
+		return fmt.Errorf("engine: timing: %w", err)
+	}
+	d, err := e.d.EventElapsed(tm.start, tm.end)
+	if err != nil {
+		return fmt.Errorf("engine: timing: %w", err)
+	}
+	res.PrefillDeviceSeconds = d.Seconds()
+	for gi, c0 := range tm.copies {
+		c1 := e.res.Copies(gi)
+		for n := max(c0, c1-min(c1, 2)); n < c1; n++ {
+			cd, err := e.res.CopyDuration(gi, n)
+			if err != nil {
+				return fmt.Errorf("engine: timing: %w", err)
+			}
+			res.PrefillCopySeconds += cd.Seconds()
+		}
+	}
+	return nil
+}
+
+func (tm *prefillTiming) close(e *Engine) {
+	e.d.DestroyEvent(tm.start)
+	e.d.DestroyEvent(tm.end)
 }

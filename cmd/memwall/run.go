@@ -50,9 +50,13 @@ type runJSON struct {
 	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
 	DecodeTokensPerS  float64 `json:"decode_tokens_per_s"`
 	PrefillSeconds    float64 `json:"prefill_seconds"`
-	DecodeSeconds     float64 `json:"decode_seconds"`
-	PeakDeviceBytes   uint64  `json:"peak_device_bytes"`
-	PoolPeakBytes     uint64  `json:"pool_peak_bytes"`
+	// With --timing: the device time of the prefill's weight copies and
+	// of its compute stream.
+	PrefillCopySeconds   float64 `json:"prefill_copy_seconds,omitempty"`
+	PrefillDeviceSeconds float64 `json:"prefill_device_seconds,omitempty"`
+	DecodeSeconds        float64 `json:"decode_seconds"`
+	PeakDeviceBytes      uint64  `json:"peak_device_bytes"`
+	PoolPeakBytes        uint64  `json:"pool_peak_bytes"`
 	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
 	// the attention scratch and the context.
 	PredictedPeakBytes uint64 `json:"predicted_peak_bytes"`
@@ -85,6 +89,7 @@ type runFlags struct {
 	temperature, topP        float64
 	seed                     uint64
 	asJSON, ignoreEOS, exact bool
+	timing                   bool
 	logitsOut, source        string
 }
 
@@ -102,6 +107,7 @@ func runRun(e *env, args []string) error {
 	fs.Uint64Var(&f.seed, "seed", 0, "sampling seed")
 	fs.IntVar(&f.chunk, "prefill-chunk", 512, "most prompt tokens per prefill step")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "keep generating after an end-of-sequence token")
+	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
 	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
 	fs.StringVar(&f.logitsOut, "logits-out", "", "write the first generated token's logits to FILE (little-endian float32)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
@@ -194,7 +200,7 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	}
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
-		opts: engine.Options{PrefillChunk: f.chunk, Source: source, Exact: f.exact}, quiet: f.asJSON}
+		opts: engine.Options{PrefillChunk: f.chunk, Source: source, Exact: f.exact, Timing: f.timing}, quiet: f.asJSON}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
@@ -333,6 +339,7 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.Tokens, out.Stop = res.Tokens, res.Stop
 	out.PrefillTokensPerS, out.DecodeTokensPerS = res.PrefillTokensPerS, res.DecodeTokensPerS
 	out.PrefillSeconds, out.DecodeSeconds = res.PrefillSeconds, res.DecodeSeconds
+	out.PrefillCopySeconds, out.PrefillDeviceSeconds = res.PrefillCopySeconds, res.PrefillDeviceSeconds
 	out.StreamedBytesPerToken = res.StreamedBytesPerToken
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
@@ -350,6 +357,9 @@ func printRun(e *env, o runJSON) {
 	w := e.stdout
 	fmt.Fprintf(w, "\n\n%d prompt tokens, %d generated (stop: %s) on %s\n", len(o.PromptIDs), len(o.Tokens), o.Stop, o.Device)
 	fmt.Fprintf(w, "  prefill %.1f tokens/s, decode %.2f tokens/s (products: %s)\n", o.PrefillTokensPerS, o.DecodeTokensPerS, o.Gemm)
+	if o.PrefillDeviceSeconds > 0 {
+		fmt.Fprintf(w, "  prefill %.4f s: device %.4f s, of which weight copies %.4f s\n", o.PrefillSeconds, o.PrefillDeviceSeconds, o.PrefillCopySeconds)
+	}
 	fmt.Fprintf(w, "  peak device memory %s of the %s budget (pools %s + context %s + modules %s + attention scratch %s)\n",
 		humanBytes(o.PeakDeviceBytes), humanBytes(o.BudgetBytes), humanBytes(o.PoolPeakBytes), humanBytes(o.ContextBytes),
 		humanBytes(o.LoadedBytes), humanBytes(o.ScratchBytes))

@@ -236,7 +236,7 @@ class Check:
                 pass
         if prefill:
             p = prompt_ids(prefill, vocab, 6)
-            r2, se = self.run("%s-prefill%d" % (preset, prefill), d, p, 2, vram="8GiB", extra=["--prefill-chunk", "2048"], timeout=240)
+            r2, se = self.run("%s-prefill%d" % (preset, prefill), d, p, 2, vram="8GiB", extra=["--prefill-chunk", "2048", "--timing"], timeout=240)
             if r2 is None:
                 self.fail("prefill %d: %s" % (prefill, se.strip()[-300:]))
 
@@ -411,6 +411,10 @@ class Check:
                 lines.append("%s: fit predicted %.0f MiB, the engine's plan %.0f MiB, memwall peak %.0f MiB, nvidia-smi %s MiB" % (
                     name, r["fit_predicted_peak_bytes"] / 2**20, r.get("predicted_peak_bytes", 0) / 2**20, r["peak_device_bytes"] / 2**20,
                     r.get("smi_peak_mib", 0) - (r.get("smi_baseline_mib") or 0) if r.get("smi_peak_mib") else "-"))
+        for name, r in self.results.items():
+            if isinstance(r, dict) and r.get("prefill_device_seconds"):
+                lines.append("%s: prefill %.4f s wall, %.4f s on the compute stream, weight copies %.4f s of device time" % (
+                    name, r["prefill_seconds"], r["prefill_device_seconds"], r.get("prefill_copy_seconds", 0)))
         for t in ("memcheck", "racecheck"):
             if "sanitizer-" + t in self.results:
                 s = self.results["sanitizer-" + t]

@@ -533,3 +533,26 @@ func TestWarmProductsAndGivenStream(t *testing.T) {
 	}
 	r.zero(t)
 }
+
+// TestTiming: with Options.Timing a streaming prefill reports its device
+// time and its copies' (the simulator's time model).
+func TestTiming(t *testing.T) {
+	if onGPU() {
+		t.Skip("the simulator's time model")
+	}
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	r := newRig(t, testDevice(t))
+	e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: smallBudget(t, r, m, false), MaxTokens: 96, PrefillChunk: 16, Timing: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	res, err := e.Generate(ctx, prompt(40, m.Config.Vocab, 2), engine.Sampling{MaxNew: 3}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.PrefillDeviceSeconds <= 0 || res.PrefillCopySeconds <= 0 {
+		t.Errorf("prefill device %v s, copies %v s", res.PrefillDeviceSeconds, res.PrefillCopySeconds)
+	}
+}

@@ -86,6 +86,7 @@ type runFlags struct {
 	df                       deviceFlag
 	vram, prompt, ids        string
 	maxNew, topK, chunk      int
+	slots                    int
 	temperature, topP        float64
 	seed                     uint64
 	asJSON, ignoreEOS, exact bool
@@ -106,6 +107,7 @@ func runRun(e *env, args []string) error {
 	fs.Float64Var(&f.topP, "top-p", 0, "keep the smallest set of tokens reaching probability P (0: all)")
 	fs.Uint64Var(&f.seed, "seed", 0, "sampling seed")
 	fs.IntVar(&f.chunk, "prefill-chunk", 512, "most prompt tokens per prefill step")
+	fs.IntVar(&f.slots, "slots", 2, "staging slots for streamed weights (2..16; one more lets copies run further ahead of long products)")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "keep generating after an end-of-sequence token")
 	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
 	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
@@ -142,6 +144,9 @@ func runRun(e *env, args []string) error {
 	}
 	if f.chunk < 1 || f.chunk > 1<<16 {
 		return usagef("--prefill-chunk %d: want 1..65536", f.chunk)
+	}
+	if f.slots < 2 || f.slots > 16 {
+		return usagef("--slots %d: want 2..16", f.slots)
 	}
 	sampling := engine.Sampling{MaxNew: f.maxNew, Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, IgnoreEOS: f.ignoreEOS}
 	if err := sampling.Validate(); err != nil {
@@ -200,7 +205,7 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	}
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
-		opts: engine.Options{PrefillChunk: f.chunk, Source: source, Exact: f.exact, Timing: f.timing}, quiet: f.asJSON}
+		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing}, quiet: f.asJSON}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err

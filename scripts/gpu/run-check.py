@@ -236,7 +236,7 @@ class Check:
                 pass
         if prefill:
             p = prompt_ids(prefill, vocab, 6)
-            r2, se = self.run("%s-prefill%d" % (preset, prefill), d, p, 2, vram="8GiB", extra=["--prefill-chunk", "2048", "--timing"], timeout=240)
+            r2, se = self.run("%s-prefill%d" % (preset, prefill), d, p, 2, vram="8GiB", extra=["--prefill-chunk", "2048", "--timing", "--slots", "3"], timeout=240)
             if r2 is None:
                 self.fail("prefill %d: %s" % (prefill, se.strip()[-300:]))
 

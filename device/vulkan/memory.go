@@ -2,6 +2,7 @@ package vulkan
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"sort"
 	"unsafe"
@@ -13,8 +14,9 @@ import (
 // each aligned to spaceAlign and followed by at least one unused granule,
 // so that no Ptr of one allocation is ever the base of the next.
 const (
-	spaceBase  = 1 << 40
-	spaceAlign = 64 << 10
+	spaceBase     = 1 << 40
+	spaceAlign    = 64 << 10
+	spaceMaxAlign = 1 << 32
 )
 
 type allocKind int
@@ -53,17 +55,23 @@ type addressSpace struct {
 	list []*allocation
 }
 
+// insert gives a the next range, its base aligned to a's size rounded up
+// to a power of two (between spaceAlign and spaceMaxAlign), as GPU
+// allocators align large blocks: a pool that places power-of-two blocks at
+// offsets aligned to their size (buddy) finds its chunks aligned too.
+// Addresses cost nothing, so the gaps do not matter.
 func (s *addressSpace) insert(a *allocation) {
-	a.base = device.Ptr(s.next)
-	span := (a.size + spaceAlign - 1) &^ (spaceAlign - 1)
-	s.next += span + spaceAlign
-	s.list = append(s.list, a) // bases only grow: appending keeps the order
+	align := uint64(1) << bits.Len64(max(a.size, 1)-1)
+	s.insertAligned(a, min(max(align, spaceAlign), spaceMaxAlign))
 }
 
 // insertAligned is insert with the base aligned to align (a power of two).
 func (s *addressSpace) insertAligned(a *allocation, align uint64) {
 	s.next = (s.next + align - 1) &^ (align - 1)
-	s.insert(a)
+	a.base = device.Ptr(s.next)
+	span := (a.size + spaceAlign - 1) &^ (spaceAlign - 1)
+	s.next += span + spaceAlign
+	s.list = append(s.list, a) // bases only grow: appending keeps the order
 }
 
 func (s *addressSpace) remove(a *allocation) {

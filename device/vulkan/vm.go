@@ -109,7 +109,7 @@ func (d *Device) Reserve(size uint64) (device.Ptr, error) {
 		a.bda = uint64(callVoid(d.vk.getBufferDeviceAddress, d.dev, uintptr(unsafe.Pointer(bi))))
 	}
 	d.mu.Lock()
-	d.space.insertAligned(a, sp.granule)
+	d.space.insertAligned(a, max(sp.granule, spaceAlign))
 	d.mu.Unlock()
 	return a.base, nil
 }

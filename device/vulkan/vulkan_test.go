@@ -230,3 +230,33 @@ func TestAllocPriority(t *testing.T) {
 		}
 	}
 }
+
+// TestNaturalAlignment: an allocation's Ptr is aligned to its size rounded
+// up to a power of two (64 KiB to 4 GiB), as GPU allocators align large
+// blocks, so that pools placing power-of-two blocks at aligned offsets
+// (buddy) can use whole chunks.
+func TestNaturalAlignment(t *testing.T) {
+	d := open(t)
+	for _, n := range []uint64{1, 300 << 10, 3 << 20, 32 << 20, 33 << 20} {
+		p, err := d.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := max(uint64(64<<10), uint64(1)<<(64-bitsLeadingZeros(n-1)))
+		if n == 1 {
+			want = 64 << 10
+		}
+		if uint64(p)%want != 0 {
+			t.Errorf("Alloc(%d) = %#x, not aligned to %d", n, uint64(p), want)
+		}
+		d.Free(p)
+	}
+}
+
+func bitsLeadingZeros(x uint64) int {
+	n := 0
+	for i := 63; i >= 0 && x>>uint(i)&1 == 0; i-- {
+		n++
+	}
+	return n
+}

@@ -4,7 +4,7 @@
 #   setup: the Debian Vulkan loader unpacked from .gl/*.deb (the machine has
 #          NVIDIA's ICD but no loader), VK_DRIVER_FILES if no driver is found  ~3 s
 #   memwall info --device vulkan (text and --json)                            ~2 s
-#   device/vulkan's tests: the device conformance suite (64 MiB copies), the
+#   device/vulkan's tests: the device conformance suite (32 MiB copies), the
 #          pool data test, plan/bind lifetimes of real graphs with shuffled
 #          submission orders, the dropped-barrier test, weight streaming      ~20 s
 #   the same with MEMWALL_VULKAN_SPARSE=1: virtual memory over sparse binding ~10 s

@@ -107,6 +107,9 @@ func printBenchAlloc(e *env, rep bench.AllocReport) {
 	if rep.Backend == "sim" {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")
 	}
+	if rep.Backend == "vulkan" {
+		fmt.Fprintf(w, "(Vulkan has no stream-ordered allocator: \"vs async\" is against %s, each block its own VkDeviceMemory)\n", bench.DriverVulkan)
+	}
 }
 
 // pickStrategies checks the comma-separated pool strategies against

@@ -27,3 +27,13 @@ func StructSizes() map[string]uintptr {
 		"VkCommandBufferAllocateInfo": unsafe.Sizeof(commandBufferAllocateInfo{}), "VkQueryPoolCreateInfo": unsafe.Sizeof(queryPoolCreateInfo{}),
 	}
 }
+
+// PickFamilies exposes pickFamilies on (flags, count, timestamp bits)
+// triples, for TestPickFamilies.
+func PickFamilies(fams [][3]uint32) (compute, transfer int) {
+	qs := make([]queueFamilyProperties, len(fams))
+	for i, f := range fams {
+		qs[i] = queueFamilyProperties{flags: f[0], count: f[1], timestampBits: f[2]}
+	}
+	return pickFamilies(qs)
+}

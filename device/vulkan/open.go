@@ -30,7 +30,8 @@ func pickFamilies(qs []queueFamilyProperties) (compute, transfer int) {
 		if q.flags&queueCompute != 0 && (compute < 0 || score(q) > score(qs[compute])) {
 			compute = i
 		}
-		if q.flags&queueTransfer != 0 && q.flags&(queueCompute|queueGraphics) == 0 && transfer < 0 {
+		// A copy-only family: no graphics, compute, video or optical flow.
+		if q.flags&queueTransfer != 0 && q.flags&^(queueTransfer|queueSparseBinding|queueProtected) == 0 && transfer < 0 {
 			transfer = i
 		}
 	}

@@ -58,6 +58,7 @@ const (
 	queueCompute       = 0x2
 	queueTransfer      = 0x4
 	queueSparseBinding = 0x8
+	queueProtected     = 0x10
 
 	memDeviceLocal  = 0x1
 	memHostVisible  = 0x2

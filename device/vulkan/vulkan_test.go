@@ -260,3 +260,27 @@ func bitsLeadingZeros(x uint64) int {
 	}
 	return n
 }
+
+// TestPickFamilies: compute goes to an async-compute family with
+// timestamps where there is one, copies to a copy-only family (never a
+// video one); without such families both share the universal one.
+func TestPickFamilies(t *testing.T) {
+	const g, c, tr, sp, dec, enc = 0x1, 0x2, 0x4, 0x8, 0x20, 0x40
+	for _, tc := range []struct {
+		name          string
+		fams          [][3]uint32
+		compute, copy int
+	}{
+		{"nvidia", [][3]uint32{{g | c | tr | sp, 16, 64}, {tr | sp, 2, 64}, {c | tr | sp, 8, 64}, {tr | sp | dec, 1, 64}, {tr | sp | enc, 1, 64}}, 2, 1},
+		{"video first", [][3]uint32{{g | c | tr, 1, 64}, {tr | dec, 1, 0}, {tr, 2, 0}}, 0, 2},
+		{"amd", [][3]uint32{{g | c | tr | sp, 1, 64}, {c | tr | sp, 4, 64}, {tr | sp, 2, 64}}, 1, 2},
+		{"lavapipe", [][3]uint32{{g | c | tr, 1, 64}}, 0, -1},
+		{"compute without timestamps", [][3]uint32{{g | c | tr, 1, 64}, {c | tr, 4, 0}}, 0, -1},
+		{"empty family", [][3]uint32{{g | c | tr, 1, 64}, {c, 0, 64}, {tr, 0, 64}}, 0, -1},
+	} {
+		c, tr := vulkan.PickFamilies(tc.fams)
+		if c != tc.compute || tr != tc.copy {
+			t.Errorf("%s: compute %d, transfer %d; want %d, %d", tc.name, c, tr, tc.compute, tc.copy)
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"github.com/memwall/memwall/device"
 )
 
+var _ device.Device = (*Device)(nil)
+
 // pickFamilies chooses the compute family (timestamps wanted, an
 // async-compute family without graphics preferred) and a transfer-only
 // family (-1 when the device has none).

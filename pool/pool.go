@@ -24,8 +24,12 @@
 // stream-ordered: reusable at once on the freeing stream and on other
 // streams only after an event recorded on the freeing stream has completed.
 // Tenants are named sub-pools with quotas. Every failure is a value: an
-// *OOMError explains the numbers, handle misuse returns ErrInvalidHandle
-// and leaves the pool unchanged.
+// *OOMError explains the numbers and carries a Snapshot of the pool's
+// memory (WriteSnapshot writes it for memwall replay --html), handle
+// misuse returns ErrInvalidHandle and leaves the pool unchanged. Stats
+// reads counters without stopping any goroutine; package telemetry
+// exports them (telemetry.RegisterPool): the pool imports no metrics
+// package.
 //
 // A Pool is safe for concurrent use.
 //

@@ -242,12 +242,12 @@ func (e *Engine) estimate(ctx context.Context, info device.Info) (*Footprint, er
 	f.KVBytes = f.kvCfg.BlockBytes() * uint64(blocks)
 	f.ArenaBytes = f.layout.ArenaBytes
 	f.ScratchBytes = e.attentionScratch(info)
-	// Two pages of the pool's growth granule for rounding and the small
+	// Four pages of the pool's growth granule for rounding, holes and the small
 	// buffers (RoPE frequencies, the Q/K permutation), and the attention
 	// kernel's own scratch, which the kernels allocate outside the pool.
 	gran := max(info.Granularity, 64<<10)
 	small := uint64(64<<10) + 4*uint64(cfg.HeadDim*cfg.HeadDim)
-	reserve := f.KVBytes + f.ArenaBytes + 2*gran + f.ScratchBytes + o.ReserveBytes
+	reserve := f.KVBytes + f.ArenaBytes + 4*gran + f.ScratchBytes + o.ReserveBytes
 	if f.Plan, err = e.planWeights(reserve, f.KVBytes, f.ArenaBytes); err != nil {
 		return nil, err
 	}
@@ -286,12 +286,8 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 			return e, fmt.Errorf("engine: compute stream: %w", err)
 		}
 	}
-	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger, Timing: o.Timing}); err != nil {
-		return e, fmt.Errorf("engine: %w", err)
-	}
-	if err := e.mapGroups(); err != nil {
-		return e, err
-	}
+	// The KV cache and the arena, one large block each, are placed before
+	// the many weight groups, so that the pool's pages pack without holes.
 	if e.kv, err = kvcache.New(d, dev, host, e.foot.kvCfg, kvcache.Options{Stream: e.compute, NoPrefixCache: true}); err != nil {
 		return e, fmt.Errorf("engine: KV cache: %w", err)
 	}
@@ -302,6 +298,12 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	}
 	e.bufs = e.arena.Addr
 	if err := e.prepareHost(e.foot.kvCfg.Blocks); err != nil {
+		return e, err
+	}
+	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger, Timing: o.Timing}); err != nil {
+		return e, fmt.Errorf("engine: %w", err)
+	}
+	if err := e.mapGroups(); err != nil {
 		return e, err
 	}
 	for range e.plan.Groups {

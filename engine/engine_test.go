@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -554,5 +555,45 @@ func TestTiming(t *testing.T) {
 	}
 	if res.PrefillDeviceSeconds <= 0 || res.PrefillCopySeconds <= 0 {
 		t.Errorf("prefill device %v s, copies %v s", res.PrefillDeviceSeconds, res.PrefillCopySeconds)
+	}
+}
+
+// TestRandomBudgets: any budget from below the minimum to above the model,
+// with random slots, chunk and context, is refused with the minimum or
+// runs: the plan's slack covers the pool's page rounding and holes (64 KiB
+// pages here, so that the slack is small).
+func TestRandomBudgets(t *testing.T) {
+	if onGPU() {
+		t.Skip("a simulated device with 64 KiB pages")
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, preset := range []string{"tiny", "tiny-f16"} {
+		m := open(t, modelPath(t, preset, []string{synth.Safetensors, synth.GGUF}[rng.IntN(2)]))
+		for range 12 {
+			o := sim.DefaultOptions()
+			o.TotalBytes, o.Kernels, o.Granularity = 1<<30, kernels.Sim(), 64<<10
+			r := newRig(t, sim.New(o))
+			opts := engine.Options{MaxTokens: 24 + rng.IntN(100), PrefillChunk: 1 + rng.IntN(64), Slots: 2 + rng.IntN(3), WholeLayers: rng.IntN(4) == 0}
+			opts.Budget = 1
+			_, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, opts)
+			var be *engine.BudgetError
+			if !errors.As(err, &be) {
+				t.Fatalf("%+v: %v", opts, err)
+			}
+			opts.Budget = be.Minimum + rng.Uint64N(m.Weights.DataBytes+1)
+			e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, opts)
+			if err != nil {
+				t.Fatalf("%s, minimum %d, %+v: %v", preset, be.Minimum, opts, err)
+			}
+			if _, err := e.Generate(ctx, prompt(min(20, opts.MaxTokens-2), m.Config.Vocab, 1), engine.Sampling{MaxNew: 2}, nil); err != nil {
+				t.Fatalf("%+v: %v", opts, err)
+			}
+			if peak := r.dev.Stats().PeakReservedBytes + e.ScratchBytes(); peak > opts.Budget {
+				t.Errorf("%+v: peak %d above the budget", opts, peak)
+			}
+			e.Close()
+			r.zero(t)
+		}
 	}
 }

@@ -307,7 +307,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	defer eng.Close()
 	out = runJSON{Model: g.path, Device: backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
 		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource, LoadedBytes: budget.LoadedBytes,
-		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), Warning: budget.Warning}
+		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), KernelsDisabled: ks.Disabled(), Warning: budget.Warning}
 	var dec *tokenizer.StreamDecoder
 	if g.tok != nil {
 		dec = g.tok.NewDecoder()

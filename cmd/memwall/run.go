@@ -79,7 +79,9 @@ type runJSON struct {
 	Source                string `json:"source"`
 	Gemm                  string `json:"gemm"`
 	Kernels               string `json:"kernels"`
-	Warning               string `json:"warning,omitempty"`
+	// KernelsDisabled lists kernels the load-time self-test turned off.
+	KernelsDisabled []string `json:"kernels_disabled,omitempty"`
+	Warning         string   `json:"warning,omitempty"`
 }
 
 type runFlags struct {

@@ -415,6 +415,9 @@ class Check:
             if isinstance(r, dict) and r.get("prefill_device_seconds"):
                 lines.append("%s: prefill %.4f s wall, %.4f s on the compute stream, weight copies %.4f s of device time" % (
                     name, r["prefill_seconds"], r["prefill_device_seconds"], r.get("prefill_copy_seconds", 0)))
+        disabled = sorted({d for r in self.results.values() if isinstance(r, dict) for d in (r.get("kernels_disabled") or [])})
+        if disabled:
+            lines.append("kernels turned off by their load-time self-test: " + "; ".join(disabled))
         for t in ("memcheck", "racecheck"):
             if "sanitizer-" + t in self.results:
                 s = self.results["sanitizer-" + t]

@@ -264,6 +264,9 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	o.MaxTokens = maxTokens
 	// The kernels load and the GEMM library warms up on the compute
 	// stream first, so that the budget counts their modules and workspace.
+	if b := d.Info().Backend; b == "vulkan" {
+		return out, nil, fmt.Errorf("the %s backend has no Llama kernels yet (they are PTX and Go only): use --device cuda or --device sim", b)
+	}
 	ks, err := kernels.Load(d, e.getenv)
 	if err != nil {
 		return out, nil, err

@@ -322,3 +322,20 @@ func FuzzParseIDs(f *testing.F) {
 		}
 	})
 }
+
+// TestRunVulkanSaysWhy: the Vulkan backend has no Llama kernels, and run says
+// so in words instead of failing inside the module loader. Skips where no
+// Vulkan device opens.
+func TestRunVulkanSaysWhy(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	code, _, errOut := runVerbSim(t, "run", dir, "--prompt-ids", "1,2", "--max-new", "2", "--device", "vulkan")
+	if code != exitFail {
+		t.Fatalf("exit %d, want %d; stderr %q", code, exitFail, errOut)
+	}
+	if !strings.Contains(errOut, "no Llama kernels") {
+		if strings.Contains(strings.ToLower(errOut), "vulkan") && !strings.Contains(errOut, "LoadModule") {
+			t.Skipf("no Vulkan device here: %s", strings.TrimSpace(errOut))
+		}
+		t.Fatalf("stderr %q does not say the backend lacks the kernels", errOut)
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/kernels"
 )
 
 // Model holds the weights widened to float32.
@@ -261,9 +262,9 @@ func widen(m *format.Model, t format.Tensor) ([]float32, error) {
 		if len(b) != 2*n {
 			return nil, fmt.Errorf("reference: tensor %s: %d bytes", t.Name, len(b))
 		}
-		conv := bf16
+		conv := kernels.BF16ToF32
 		if t.DType == "F16" {
-			conv = f16
+			conv = kernels.F16ToF32
 		}
 		for i := range out {
 			out[i] = conv(binary.LittleEndian.Uint16(b[2*i:]))
@@ -272,25 +273,6 @@ func widen(m *format.Model, t format.Tensor) ([]float32, error) {
 		return nil, fmt.Errorf("reference: tensor %s: dtype %s", t.Name, t.DType)
 	}
 	return out, nil
-}
-
-func bf16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
-
-func f16(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	e := int(h>>10) & 0x1F
-	m := uint32(h & 0x3FF)
-	switch {
-	case e == 0x1F:
-		return math.Float32frombits(sign | 0x7F800000 | m<<13)
-	case e == 0:
-		v := float32(m) / (1 << 24)
-		if sign != 0 {
-			v = -v
-		}
-		return v
-	}
-	return math.Float32frombits(sign | uint32(e-15+127)<<23 | m<<13)
 }
 
 // RoundBF16 rounds x to the nearest bfloat16 (ties to even).

@@ -80,6 +80,16 @@ func (d *decoder) enter(msg string) error {
 
 func (d *decoder) leave() { d.depth-- }
 
+// message walks the fields of one nested message (each), counting it
+// against MaxDepth.
+func (d *decoder) message(msg string, b []byte, fn func(f field) error) error {
+	if err := d.enter(msg); err != nil {
+		return err
+	}
+	defer d.leave()
+	return each(msg, b, fn)
+}
+
 // each walks the fields of one message, calling fn for every field except
 // groups (deprecated; validated and skipped).
 func each(msg string, b []byte, fn func(f field) error) error {
@@ -284,11 +294,7 @@ func (d *decoder) model(b []byte, m *Model) error {
 
 func (d *decoder) opset(b []byte, o *OpsetID) error {
 	const msg = "OperatorSetIdProto"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		var err error
 		switch f.num {
 		case 1:
@@ -302,11 +308,7 @@ func (d *decoder) opset(b []byte, o *OpsetID) error {
 
 func (d *decoder) stringPair(b []byte, kv *StringPair) error {
 	const msg = "StringStringEntryProto"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		var err error
 		switch f.num {
 		case 1:
@@ -396,11 +398,7 @@ func (d *decoder) graph(b []byte, g *Graph) error {
 
 func (d *decoder) node(b []byte, n *Node) error {
 	const msg = "NodeProto"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		var err error
 		var s string
 		switch f.num {
@@ -612,11 +610,7 @@ func (d *decoder) tensor(b []byte, t *Tensor) error {
 
 func (d *decoder) valueInfo(b []byte, v *ValueInfo) error {
 	const msg = "ValueInfoProto"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		var err error
 		switch f.num {
 		case 1:
@@ -636,11 +630,7 @@ func (d *decoder) valueInfo(b []byte, v *ValueInfo) error {
 
 func (d *decoder) typeProto(b []byte, t *Type) error {
 	const msg = "TypeProto"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		var err error
 		var p []byte
 		switch f.num {
@@ -672,11 +662,7 @@ func (d *decoder) typeProto(b []byte, t *Type) error {
 
 func (d *decoder) tensorType(b []byte, t *Type) error {
 	const msg = "TypeProto.Tensor"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		var err error
 		switch f.num {
 		case 1:
@@ -699,11 +685,7 @@ func (d *decoder) tensorType(b []byte, t *Type) error {
 
 func (d *decoder) shape(b []byte, t *Type) error {
 	const msg = "TensorShapeProto"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		if f.num != 1 {
 			return nil
 		}
@@ -725,11 +707,7 @@ func (d *decoder) shape(b []byte, t *Type) error {
 
 func (d *decoder) dim(b []byte, dim *Dim) error {
 	const msg = "TensorShapeProto.Dimension"
-	if err := d.enter(msg); err != nil {
-		return err
-	}
-	defer d.leave()
-	return each(msg, b, func(f field) error {
+	return d.message(msg, b, func(f field) error {
 		var err error
 		switch f.num {
 		case 1:

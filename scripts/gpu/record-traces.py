@@ -3,7 +3,7 @@
 CUDA caching allocator, in the format of testdata/traces (gzip CSV,
 action,addr,size,stream), each with a JSON sidecar of PyTorch's own peaks.
 
-Expected time on an NVIDIA H200: about 60-90 s in all (each workload stops
+Expected time on an NVIDIA H200: about 60-90 s for the first four (each workload stops
 adding calls after --seconds, default 15). Needs torch with CUDA and
 transformers; every model is built from a config in code with random
 weights, so nothing is downloaded.
@@ -25,6 +25,17 @@ the shared traces):
                   patch 16), batch 1-48 varying per call.
   encoder_varlen  transformers RobertaModel (16 layers, width 1024, 16 heads)
                   forward at sequence lengths 8-1000, batch 1-16.
+  t5_generate     T5ForConditionalGeneration (12+12 layers, width 768)
+                  generate() with inputs of 16-512 tokens, batch 1-8,
+                  16-48 new tokens: an encoder-decoder, cross-attention
+                  caches sized by the input.
+  gpt2_varbatch   GPT2LMHeadModel (24 layers, width 1024) generate() with
+                  batch 1-16 and prompts of 8-480 tokens varying per
+                  request, 32 new tokens.
+  unet_sd         the UNet above at Stable Diffusion's widths (320/640/1280)
+                  at 64 and 96 latents (512 and 768 px), batch 1-4, 6 steps.
+  moe_generate    MixtralForCausalLM (8 layers, width 1024, 8 experts, top 2)
+                  generate() with batch 1-8, prompts of 16-600 tokens.
 
 For each NAME it writes NAME.csv.gz and NAME.json: calls, events, peak live
 bytes and peak reserved bytes computed from the trace (segment events),
@@ -41,7 +52,8 @@ import random
 import sys
 import time
 
-WORKLOADS = ["llama_generate", "unet_denoise", "vit_varbatch", "encoder_varlen"]
+WORKLOADS = ["llama_generate", "unet_denoise", "vit_varbatch", "encoder_varlen",
+             "t5_generate", "gpt2_varbatch", "unet_sd", "moe_generate"]
 
 
 def parse_args():
@@ -77,6 +89,32 @@ def llama_workload(torch, dev):
 
 
 def unet_workload(torch, dev):
+    model = build_unet(torch, (128, 256, 512), 512).to(dev, dtype=torch.float16).eval()
+    shapes = [(1, 32), (2, 64), (4, 48), (1, 96), (3, 40), (2, 80), (4, 32), (1, 64)]
+    return model, denoise_calls(torch, dev, model, shapes, 8)
+
+
+def unet_sd_workload(torch, dev):
+    # Stable-Diffusion-sized widths (320/640/1280) at its two usual
+    # resolutions: 512 px and 768 px images are 64 and 96 latents.
+    model = build_unet(torch, (320, 640, 1280), 1280).to(dev, dtype=torch.float16).eval()
+    shapes = [(1, 64), (2, 96), (2, 64), (1, 96), (4, 64), (1, 64), (2, 96), (3, 64)]
+    return model, denoise_calls(torch, dev, model, shapes, 6)
+
+
+def denoise_calls(torch, dev, model, shapes, steps):
+    for batch, res in shapes:
+        def run(batch=batch, res=res):
+            x = torch.randn(batch, 4, res, res, device=dev, dtype=torch.float16)
+            for step in range(steps):
+                t = torch.full((batch,), 999 - step * 120, device=dev)
+                eps = model(x, t)
+                x = x - 0.1 * eps
+            return x
+        yield run
+
+
+def build_unet(torch, chans, temb_dim):
     nn = torch.nn
 
     class ResBlock(nn.Module):
@@ -113,7 +151,7 @@ def unet_workload(torch, dev):
             return x + self.o(a).transpose(1, 2).view(b, c, h, w)
 
     class UNet(nn.Module):
-        def __init__(self, chans=(128, 256, 512), temb=512):
+        def __init__(self, chans, temb):
             super().__init__()
             self.temb = nn.Sequential(nn.Linear(128, temb), nn.SiLU(), nn.Linear(temb, temb))
             self.inp = nn.Conv2d(4, chans[0], 3, padding=1)
@@ -164,20 +202,7 @@ def unet_workload(torch, dev):
                 h = us(h)
             return self.out(h)
 
-    model = UNet().to(dev, dtype=torch.float16).eval()
-    shapes = [(1, 32), (2, 64), (4, 48), (1, 96), (3, 40), (2, 80), (4, 32), (1, 64)]
-
-    def calls():
-        for batch, res in shapes:
-            def run(batch=batch, res=res):
-                x = torch.randn(batch, 4, res, res, device=dev, dtype=torch.float16)
-                for step in range(8):
-                    t = torch.full((batch,), 999 - step * 120, device=dev)
-                    eps = model(x, t)
-                    x = x - 0.1 * eps
-                return x
-            yield run
-    return model, calls()
+    return UNet(chans, temb_dim)
 
 
 def vit_workload(torch, dev):
@@ -211,8 +236,73 @@ def encoder_workload(torch, dev):
     return model, calls()
 
 
+def t5_workload(torch, dev):
+    # An encoder-decoder: the encoder runs once per request at its length,
+    # the decoder's self-attention cache grows each step and its
+    # cross-attention cache has the encoder's length.
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=32128, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12,
+                   num_heads=12, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(cfg).to(dev, dtype=torch.float16).eval()
+    rng = random.Random(5)
+    shapes = [(rng.choice([1, 2, 4, 8]), rng.randint(16, 512), rng.choice([16, 32, 48])) for _ in range(40)]
+
+    def calls():
+        for batch, length, new in shapes:
+            ids = torch.randint(2, cfg.vocab_size, (batch, length), device=dev)
+            yield lambda ids=ids, new=new: model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                do_sample=False, use_cache=True)
+    return model, calls()
+
+
+def gpt2_varbatch_workload(torch, dev):
+    # A serving loop: every request has its own batch size and prompt
+    # length, so the KV cache and activations change shape per request.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_embd=1024, n_layer=24, n_head=16, n_positions=1024, bos_token_id=50256,
+                     eos_token_id=None, pad_token_id=50256)
+    model = GPT2LMHeadModel(cfg).to(dev, dtype=torch.float16).eval()
+    rng = random.Random(7)
+    shapes = [(rng.randint(1, 16), rng.randint(8, 480)) for _ in range(40)]
+
+    def calls():
+        for batch, length in shapes:
+            ids = torch.randint(0, 50000, (batch, length), device=dev)
+            yield lambda ids=ids: model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
+                do_sample=False, use_cache=True, pad_token_id=50256)
+    return model, calls()
+
+
+def moe_workload(torch, dev):
+    # A mixture of experts: each expert's batch is the tokens routed to it,
+    # a different size in every layer and step.
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                        num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+                        num_experts_per_tok=2, max_position_embeddings=4096, bos_token_id=1,
+                        eos_token_id=None, pad_token_id=0)
+    model = MixtralForCausalLM(cfg).to(dev, dtype=torch.float16).eval()
+    rng = random.Random(11)
+    shapes = [(rng.randint(1, 8), rng.randint(16, 600)) for _ in range(40)]
+
+    def calls():
+        for batch, length in shapes:
+            ids = torch.randint(2, cfg.vocab_size, (batch, length), device=dev)
+            yield lambda ids=ids: model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
+                do_sample=False, use_cache=True, pad_token_id=0)
+    return model, calls()
+
+
 BUILDERS = {"llama_generate": llama_workload, "unet_denoise": unet_workload,
-            "vit_varbatch": vit_workload, "encoder_varlen": encoder_workload}
+            "vit_varbatch": vit_workload, "encoder_varlen": encoder_workload,
+            "t5_generate": t5_workload, "gpt2_varbatch": gpt2_varbatch_workload,
+            "unet_sd": unet_sd_workload, "moe_generate": moe_workload}
 
 
 # ---------------------------------------------------------------- recording

@@ -35,7 +35,10 @@ type QueueFamily struct {
 
 // Details is what `memwall info --device vulkan` shows beyond device.Info.
 type Details struct {
-	Loader     string        `json:"loader"`
+	Loader string `json:"loader"`
+	// Driver is the driver's shared object, which Open keeps loaded for
+	// the rest of the process ("" when it could not be found).
+	Driver     string        `json:"driver,omitempty"`
 	APIVersion string        `json:"api_version"`
 	DeviceType string        `json:"device_type"`
 	Heaps      []Heap        `json:"heaps"`
@@ -68,7 +71,7 @@ var (
 // and queue families, and the optional features in use.
 func (d *Device) Details() Details {
 	p := d.picked
-	out := Details{Loader: d.vk.path, APIVersion: versionString(p.props.apiVersion), DeviceType: "other",
+	out := Details{Loader: d.vk.path, Driver: d.driverLib, APIVersion: versionString(p.props.apiVersion), DeviceType: "other",
 		MemoryBudget: d.hasBudget, MemoryPriority: d.hasPriority, ExternalMemoryHost: d.hasHostImport, BufferDeviceAddress: d.hasBDA}
 	if t := int(p.props.deviceType); t < len(deviceTypes) {
 		out.DeviceType = deviceTypes[t]

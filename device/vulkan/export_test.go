@@ -37,3 +37,17 @@ func PickFamilies(fams [][3]uint32) (compute, transfer int) {
 	}
 	return pickFamilies(qs)
 }
+
+// OpenUnpinned opens like Open but leaves the driver to the loader's
+// unloading, for TestReopen's account of what the pin prevents.
+func OpenUnpinned(o Options) (*Device, error) {
+	o.unpinned = true
+	return Open(o)
+}
+
+// OpenCopyFamily opens with copies on queue family f, for the transfer
+// candidates.
+func OpenCopyFamily(o Options, f int) (*Device, error) {
+	o.copyFamily = f + 1
+	return Open(o)
+}

@@ -40,11 +40,22 @@ func pickFamilies(qs []queueFamilyProperties) (compute, transfer int) {
 	return compute, transfer
 }
 
-func (d *Device) createDevice(maxQueues int, sparse bool) error {
+// createDevice creates the logical device with queues of the compute
+// family and of the copy family (copyFamily when it is >= 0).
+func (d *Device) createDevice(maxQueues int, sparse bool, copyFamily int) error {
 	p := d.picked
 	ci, ti := pickFamilies(p.queues)
 	if ci < 0 {
 		return fmt.Errorf("vulkan: device %q has no compute queue: %w", p.name(), device.ErrUnsupported)
+	}
+	if copyFamily >= 0 {
+		if copyFamily >= len(p.queues) || p.queues[copyFamily].flags&queueTransfer == 0 && p.queues[copyFamily].flags&queueCompute == 0 {
+			return fmt.Errorf("vulkan: queue family %d cannot copy: %w", copyFamily, device.ErrInvalid)
+		}
+		ti = copyFamily
+		if ti == ci {
+			ti = -1
+		}
 	}
 	var pn pinned
 	defer pn.release()

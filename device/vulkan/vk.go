@@ -345,3 +345,47 @@ func (pn *pinned) cstr(s string) uintptr {
 }
 
 func (pn *pinned) release() { pn.p.Unpin() }
+
+// pinLibraryOf keeps the shared object that holds the code at fn loaded
+// for the rest of the process, and returns its path ("" when it cannot
+// tell). The Vulkan loader dlopens the driver in every vkCreateInstance
+// (and in vkEnumerateInstanceExtensionProperties) and dlcloses it in
+// vkDestroyInstance, so a process that opens and closes devices loads and
+// unloads the driver each time; NVIDIA's refuses vkCreateInstance with
+// VK_ERROR_INCOMPATIBLE_DRIVER after enough such cycles, for good. One
+// extra reference, never dropped, keeps the driver mapped and initialized
+// once.
+func pinLibraryOf(fn uintptr) string {
+	if fn == 0 {
+		return ""
+	}
+	dladdr, err := purego.Dlsym(purego.RTLD_DEFAULT, "dladdr")
+	if err != nil || dladdr == 0 {
+		return ""
+	}
+	var info struct{ fname, fbase, sname, saddr uintptr } // Dl_info
+	if r, _, _ := purego.SyscallN(dladdr, fn, uintptr(unsafe.Pointer(&info))); r == 0 || info.fname == 0 {
+		return ""
+	}
+	path := cStringAt(info.fname)
+	if path == "" {
+		return ""
+	}
+	if _, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL); err != nil {
+		return ""
+	}
+	return path
+}
+
+// cStringAt copies the NUL-terminated string at p (at most 4 KiB).
+func cStringAt(p uintptr) string {
+	var b []byte
+	for i := uintptr(0); i < 4096; i++ {
+		c := *(*byte)(unsafe.Add(unsafe.Pointer(nil), p+i)) // C memory, not Go's
+		if c == 0 {
+			break
+		}
+		b = append(b, c)
+	}
+	return string(b)
+}

@@ -95,6 +95,12 @@ type Options struct {
 	// Sparse turns on virtual memory over sparse binding where the device
 	// has it (MEMWALL_VULKAN_SPARSE=1 does too).
 	Sparse bool
+
+	// For tests: leave the driver to the loader's unloading (see
+	// pinLibraryOf), and put copies on queue family copyFamily-1 (0: the
+	// copy-only family pickFamilies chooses).
+	unpinned   bool
+	copyFamily int
 }
 
 // queue is one VkQueue; vkQueueSubmit on it is externally synchronized.
@@ -139,6 +145,7 @@ type Device struct {
 	hasBudget, hasPriority, hasHostImport, hasBDA bool
 	hasClock                                      bool // VK_KHR_shader_clock's device clock (memwall_spin)
 	driverName, driverInfo                        string
+	driverLib                                     string // the driver's shared object, kept loaded
 
 	// memset byte table: bytes 4v..4v+3 equal v, for the unaligned ends of
 	// Memset8.
@@ -201,9 +208,12 @@ func Open(o Options) (*Device, error) {
 		return nil, err
 	}
 	wantSparse := o.Sparse || o.Getenv("MEMWALL_VULKAN_SPARSE") == "1"
-	if err := d.createDevice(o.MaxQueues, wantSparse); err != nil {
+	if err := d.createDevice(o.MaxQueues, wantSparse, o.copyFamily-1); err != nil {
 		d.destroyInstance()
 		return nil, err
+	}
+	if !o.unpinned {
+		d.driverLib = pinLibraryOf(d.vk.cmdCopyBuffer)
 	}
 	if err := d.initMemory(); err != nil {
 		d.Close()

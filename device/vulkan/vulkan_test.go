@@ -6,9 +6,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/memwall/memwall/device"
@@ -26,14 +26,6 @@ import (
 func open(t testing.TB) *vulkan.Device {
 	t.Helper()
 	d, err := vulkan.Open(vulkan.Options{})
-	if err != nil && strings.Contains(err.Error(), "VK_ERROR_INCOMPATIBLE_DRIVER") {
-		// NVIDIA's driver once refused vkCreateInstance with this right
-		// after a test had opened and closed several instances in a row;
-		// the next attempt is what tells a missing driver from that.
-		t.Logf("vulkan.Open: %v; retrying once", err)
-		time.Sleep(200 * time.Millisecond)
-		d, err = vulkan.Open(vulkan.Options{})
-	}
 	if err != nil {
 		if os.Getenv("MEMWALL_TEST_DEVICE") == "vulkan" {
 			t.Fatalf("MEMWALL_TEST_DEVICE=vulkan: %v", err)
@@ -292,4 +284,62 @@ func TestPickFamilies(t *testing.T) {
 			t.Errorf("%s: compute %d, transfer %d; want %d, %d", tc.name, c, tr, tc.compute, tc.copy)
 		}
 	}
+}
+
+// TestReopen opens and closes the device many times in one process (8,
+// or MEMWALL_VULKAN_REOPEN): every open succeeds and works. Without the
+// driver kept loaded across opens, NVIDIA's driver refused
+// vkCreateInstance with VK_ERROR_INCOMPATIBLE_DRIVER after a few dozen.
+func TestReopen(t *testing.T) {
+	n := reopenCount(t, "MEMWALL_VULKAN_REOPEN", 8)
+	first := open(t)
+	t.Logf("driver %q (kept loaded)", first.Details().Driver)
+	for i := range n {
+		d, err := vulkan.Open(vulkan.Options{})
+		if err != nil {
+			t.Fatalf("open %d of %d: %v", i+1, n, err)
+		}
+		p, err := d.Alloc(4096)
+		if err == nil {
+			err = d.Free(p)
+		}
+		if cerr := d.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatalf("open %d of %d: %v", i+1, n, err)
+		}
+	}
+}
+
+// TestReopenUnpinned is the account of what TestReopen guards against:
+// with MEMWALL_VULKAN_REOPEN_UNPINNED=N (in a process of its own, before
+// any pinned open) it opens and closes N times leaving the driver to the
+// loader's unloading and logs the first open that fails, if any.
+func TestReopenUnpinned(t *testing.T) {
+	if os.Getenv("MEMWALL_VULKAN_REOPEN_UNPINNED") == "" {
+		t.Skip("MEMWALL_VULKAN_REOPEN_UNPINNED=N runs it (alone in its process)")
+	}
+	n := reopenCount(t, "MEMWALL_VULKAN_REOPEN_UNPINNED", 0)
+	for i := range n {
+		d, err := vulkan.OpenUnpinned(vulkan.Options{})
+		if err != nil {
+			t.Logf("unpinned: open %d of %d failed: %v", i+1, n, err)
+			return
+		}
+		d.Close()
+	}
+	t.Logf("unpinned: all %d opens succeeded", n)
+}
+
+func reopenCount(t *testing.T, env string, def int) int {
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		t.Fatalf("%s=%q: want a count", env, v)
+	}
+	return n
 }

@@ -131,16 +131,6 @@ type AllocReport struct {
 // BatchPairs is how many pairs one timed batch holds.
 const BatchPairs = 16
 
-// DriverAnchor is implemented by devices that can time their driver's own
-// allocators (device/cuda) on a request stream: pairs with a clock read
-// before and after, or batches of pairs timed together, and allocations and
-// frees timed apart.
-type DriverAnchor interface {
-	DriverPairTimes(w device.AllocWorkload, async bool) ([]time.Duration, error)
-	DriverBatchTimes(w device.AllocWorkload, async bool, batch int) ([]time.Duration, error)
-	DriverAllocTimes(w device.AllocWorkload, async bool) (alloc, free []time.Duration, err error)
-}
-
 // AnchorNamer is implemented by anchors that are not CUDA's (device/vulkan):
 // AnchorName names the allocator timed with async false or true, "" for
 // none.
@@ -158,9 +148,9 @@ const DriverAsync = "cuMemAllocAsync"
 
 // workload draws the request stream of one goroutine: live blocks, then
 // warm pairs and pairs more, each a victim slot and a new size.
-func workload(mix Mix, seed uint64, live, warm, pairs int) device.AllocWorkload {
+func workload(mix Mix, seed uint64, live, warm, pairs int) AllocWorkload {
 	r := rand.New(rand.NewPCG(seed, 99))
-	w := device.AllocWorkload{Initial: make([]uint64, live), Warmup: warm,
+	w := AllocWorkload{Initial: make([]uint64, live), Warmup: warm,
 		Sizes: make([]uint64, warm+pairs), Victims: make([]int, warm+pairs)}
 	for i := range w.Initial {
 		w.Initial[i] = mix.sample(r)
@@ -263,7 +253,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 				// The pool's request stream (its first goroutine's), and
 				// the same sizes with each block freed at once.
 				w := workload(mix, 1, liveBlocks(d, mix, 1, o), o.DriverPairs/4, o.DriverPairs)
-				for _, ws := range []device.AllocWorkload{w, {Sizes: w.Sizes, Warmup: w.Warmup}} {
+				for _, ws := range []AllocWorkload{w, {Sizes: w.Sizes, Warmup: w.Warmup}} {
 					label := name
 					if len(ws.Initial) == 0 {
 						label += " (freed at once)"
@@ -301,9 +291,9 @@ func driverConcurrent(anchor DriverAnchor, d device.Device, name string, mix Mix
 				w := workload(mix, uint64(gi)+1, live, o.DriverPairs/4, o.DriverPairs)
 				var err error
 				if batched {
-					batches[gi], err = anchor.DriverBatchTimes(w, async, BatchPairs)
+					batches[gi], err = anchorBatchTimes(anchor, w, async, BatchPairs)
 				} else {
-					pairs[gi], err = anchor.DriverPairTimes(w, async)
+					pairs[gi], err = anchorPairTimes(anchor, w, async)
 				}
 				if err != nil && errs[gi] == nil {
 					errs[gi] = err
@@ -342,13 +332,13 @@ func driverConcurrent(anchor DriverAnchor, d device.Device, name string, mix Mix
 
 // driverLatency times the driver's allocator on w; a failure becomes the
 // row's note.
-func driverLatency(anchor DriverAnchor, name string, mix Mix, w device.AllocWorkload, async bool) LatencyResult {
+func driverLatency(anchor DriverAnchor, name string, mix Mix, w AllocWorkload, async bool) LatencyResult {
 	res := LatencyResult{Allocator: name, Mix: mix.Name, Goroutines: 1, Live: len(w.Initial)}
 	runtime.GC() // as for the pool: no collection while the driver is timed
-	pt, err := anchor.DriverPairTimes(w, async)
+	pt, err := anchorPairTimes(anchor, w, async)
 	var a, f, bt []time.Duration
 	if err == nil {
-		bt, err = anchor.DriverBatchTimes(w, async, BatchPairs)
+		bt, err = anchorBatchTimes(anchor, w, async, BatchPairs)
 	}
 	if err == nil {
 		quarter := w
@@ -356,7 +346,7 @@ func driverLatency(anchor DriverAnchor, name string, mix Mix, w device.AllocWork
 		if len(w.Victims) > 0 {
 			quarter.Victims = w.Victims[:len(quarter.Sizes)]
 		}
-		a, f, err = anchor.DriverAllocTimes(quarter, async)
+		a, f, err = anchorAllocTimes(anchor, quarter, async)
 	}
 	if err != nil {
 		res.Note = err.Error()

@@ -19,7 +19,6 @@ package device
 
 import (
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -257,34 +256,4 @@ type Device interface {
 	// Close releases the device handle. Memory still allocated is freed by
 	// the driver when the process exits; Close does not free it.
 	Close() error
-}
-
-// AllocWorkload is a stream of allocation requests for timing an
-// allocator pair by pair (the driver's own, as the anchor memwall's pool is
-// measured against): the blocks of sizes Initial are allocated first and
-// kept live; then pair i frees the block in slot Victims[i] and allocates
-// Sizes[i] in its place. With no Initial blocks, pair i allocates Sizes[i]
-// and frees it at once. The first Warmup pairs are not timed. Every block
-// still live at the end is freed.
-type AllocWorkload struct {
-	Initial []uint64
-	Sizes   []uint64
-	Victims []int
-	Warmup  int
-}
-
-// Check reports a workload whose victims do not name a slot of Initial.
-func (w AllocWorkload) Check() error {
-	if len(w.Initial) > 0 && len(w.Victims) != len(w.Sizes) {
-		return fmt.Errorf("alloc workload: %d victims for %d sizes: %w", len(w.Victims), len(w.Sizes), ErrInvalid)
-	}
-	for i, v := range w.Victims {
-		if len(w.Initial) > 0 && (v < 0 || v >= len(w.Initial)) {
-			return fmt.Errorf("alloc workload: victim %d of pair %d outside the %d live slots: %w", v, i, len(w.Initial), ErrInvalid)
-		}
-	}
-	if w.Warmup < 0 || w.Warmup > len(w.Sizes) {
-		return fmt.Errorf("alloc workload: %d warm-up pairs of %d: %w", w.Warmup, len(w.Sizes), ErrInvalid)
-	}
-	return nil
 }

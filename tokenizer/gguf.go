@@ -77,6 +77,7 @@ func FromGGUF(meta map[string]any) (*Tokenizer, error) {
 		}
 	}
 	t.rawMatch = newMatcher(added)
+	t.skip = t.special
 	var addBOS bool
 	switch kind {
 	case "llama":

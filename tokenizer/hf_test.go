@@ -24,10 +24,14 @@ type hfLine struct {
 	Pre        []string `json:"pre"`
 }
 
-func readHF(t *testing.T) []hfLine {
-	f, err := os.Open("testdata/hf/expected.jsonl.gz")
+func readHF(t *testing.T) []hfLine { return readHFDir(t, "testdata/hf") }
+
+// readHFDir reads dir/expected.jsonl.gz, skipping the test when it is absent.
+func readHFDir(t *testing.T, dir string) []hfLine {
+	name := filepath.Join(dir, "expected.jsonl.gz")
+	f, err := os.Open(name)
 	if os.IsNotExist(err) {
-		t.Skip("no testdata/hf/expected.jsonl.gz (scripts/gpu/tokenizer.sh makes it)")
+		t.Skipf("no %s (scripts/gpu/tokenizer.sh makes it)", name)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -65,8 +69,11 @@ func (t *Tokenizer) tokensOf(ids []int) []string {
 // scripts/gpu/tokenizer-check.py made (testdata/README.md): identical ids
 // with and without special tokens, identical decodes, and the stream
 // decoder's pieces adding up to the decode.
-func TestHF(t *testing.T) {
-	lines := readHF(t)
+func TestHF(t *testing.T) { checkHF(t, "testdata/hf") }
+
+// checkHF runs TestHF's comparison on the files and lines of dir.
+func checkHF(t *testing.T, dir string) {
+	lines := readHFDir(t, dir)
 	toks := map[string]*Tokenizer{}
 	type count struct{ strings, ids, bad, decodes, badDecode int }
 	counts := map[string]*count{}
@@ -74,7 +81,7 @@ func TestHF(t *testing.T) {
 		tok, ok := toks[l.File]
 		if !ok {
 			var err error
-			if tok, err = Load(filepath.Join("testdata/hf", l.File)); err != nil {
+			if tok, err = Load(filepath.Join(dir, l.File)); err != nil {
 				t.Fatal(err)
 			}
 			toks[l.File] = tok

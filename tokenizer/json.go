@@ -186,7 +186,7 @@ func build(name string, f *fileJSON) (*Tokenizer, error) {
 			return nil, err
 		}
 	}
-	if err := t.setAdded(name, f.AddedTokens, t.normalizers); err != nil {
+	if err := t.setAdded(name, f.AddedTokens, mj.Vocab, t.normalizers); err != nil {
 		return nil, err
 	}
 	if !isNull(f.PreTokenizer) {
@@ -327,8 +327,8 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	return out, nil
 }
 
-// setVocab sizes the id tables for the model vocabulary and the added
-// tokens, and fills in the vocabulary.
+// setVocab sizes the id tables for the model vocabulary and fills them in;
+// setAdded grows them for added tokens past it.
 func (t *Tokenizer) setVocab(name string, vocab map[string]int, added []addedJSON) error {
 	size := 0
 	for _, id := range vocab {
@@ -341,7 +341,6 @@ func (t *Tokenizer) setVocab(name string, vocab map[string]int, added []addedJSO
 		if *a.ID < 0 || *a.ID >= MaxVocab {
 			return &Error{File: name, Field: fmt.Sprintf("added_tokens[%d].id", i), Reason: fmt.Sprintf("%d is outside [0, %d)", *a.ID, MaxVocab)}
 		}
-		size = max(size, *a.ID+1)
 	}
 	t.pieces = make([]string, size)
 	t.has = make([]bool, size)
@@ -355,37 +354,104 @@ func (t *Tokenizer) setVocab(name string, vocab map[string]int, added []addedJSO
 	return nil
 }
 
-// setAdded records the added tokens and builds their matchers; a normalized
-// token is matched as the normalizers write it.
-func (t *Tokenizer) setAdded(name string, added []addedJSON, normalizers []normalizer) error {
-	var raw, norm []*addedToken
+// setAdded records the added tokens and builds their matchers, the way HF
+// tokenizers loads them (AddedVocabulary.add_tokens), which does not read
+// the file's ids: in file order, a token whose content is already an added
+// token's or in the vocabulary takes that id (a repeated content keeps the
+// first id and takes the later flags), the others the ids from the
+// vocabulary's size (its number of entries) on; empty contents are left
+// out. A normalized token is matched, and decoded, as the normalizers write
+// its content ("<x>" as "▁<x>" with Llama-2's); which ids Decode(ids, true)
+// leaves out is decided by text, as HF does (skipTable).
+func (t *Tokenizer) setAdded(name string, added []addedJSON, vocab map[string]int, normalizers []normalizer) error {
+	index := map[string]int{} // content → position in t.added
+	next := len(vocab)
+	specials := map[string]bool{}
 	for i, a := range added {
-		at := &addedToken{id: *a.ID, content: a.Content, special: a.Special, singleWord: a.SingleWord,
+		if !utf8.ValidString(a.Content) {
+			return &Error{File: name, Field: fmt.Sprintf("added_tokens[%d].content", i), Reason: "not UTF-8"}
+		}
+		if a.Content == "" {
+			continue
+		}
+		at := addedToken{content: a.Content, special: a.Special, singleWord: a.SingleWord,
 			lstrip: a.LStrip, rstrip: a.RStrip, normalized: !a.Special}
 		if a.Normalized != nil {
 			at.normalized = *a.Normalized
 		}
-		if !utf8.ValidString(a.Content) {
-			return &Error{File: name, Field: fmt.Sprintf("added_tokens[%d].content", i), Reason: "not UTF-8"}
+		k, dup := index[at.content]
+		switch id, inVocab := vocab[at.content]; {
+		case dup:
+			at.id = t.added[k].id
+		case inVocab:
+			at.id = id
+		default:
+			at.id = next
+			next++
 		}
-		at.pattern = at.content
+		if at.id >= MaxVocab {
+			return &Error{File: name, Field: fmt.Sprintf("added_tokens[%d]", i), Reason: fmt.Sprintf("its id %d is outside [0, %d)", at.id, MaxVocab)}
+		}
 		if at.normalized {
-			for _, n := range normalizers {
-				at.pattern = n.normalize(at.pattern)
+			n := at.content
+			for _, nz := range normalizers {
+				n = nz.normalize(n)
+			}
+			if n != at.content {
+				if t.decodeAs == nil {
+					t.decodeAs = map[int]string{}
+				}
+				t.decodeAs[at.id] = n // kept even if a later repeat is not normalized, as HF's cache is
 			}
 		}
-		// An added token's text is what decoding gives for its id.
+		if at.special {
+			specials[at.content] = true
+		}
+		t.grow(at.id + 1)
 		t.pieces[at.id], t.has[at.id] = at.content, true
-		t.special[at.id] = t.special[at.id] || at.special
-		t.added = append(t.added, *at)
-		if at.normalized {
-			norm = append(norm, at)
+		if dup {
+			t.added[k] = at
 		} else {
-			raw = append(raw, at)
+			index[at.content] = len(t.added)
+			t.added = append(t.added, at)
 		}
 	}
+	var raw, norm []*addedToken
+	for i := range t.added {
+		a := &t.added[i]
+		a.pattern = a.content
+		if a.normalized {
+			if n, ok := t.decodeAs[a.id]; ok {
+				a.pattern = n
+			}
+			norm = append(norm, a)
+		} else {
+			raw = append(raw, a)
+		}
+		t.special[a.id] = t.special[a.id] || a.special
+	}
 	t.rawMatch, t.normMatch = newMatcher(raw), newMatcher(norm)
+	t.skip = t.skipTable(specials)
 	return nil
+}
+
+// grow extends the id tables to n ids.
+func (t *Tokenizer) grow(n int) {
+	for len(t.pieces) < n {
+		t.pieces, t.has, t.special = append(t.pieces, ""), append(t.has, false), append(t.special, false)
+	}
+}
+
+// skipTable marks the ids whose decoded text is the content of a special
+// added token: HF's decode with skip_special_tokens compares the token's
+// text (the normalized form for a normalized added token, the vocabulary's
+// for the rest) with the special contents.
+func (t *Tokenizer) skipTable(specials map[string]bool) []bool {
+	skip := make([]bool, len(t.pieces))
+	for id := range skip {
+		skip[id] = t.has[id] && specials[t.decodeText(id)]
+	}
+	return skip
 }
 
 func sequenceOf(tp *typed) []json.RawMessage {

@@ -57,7 +57,11 @@ type Tokenizer struct {
 	model   model
 	pieces  []string // id → token text (model vocabulary or added token); "" where no token has the id
 	has     []bool   // id has a token
-	special []bool   // id is a special added token (skipped by Decode(ids, true))
+	special []bool   // id is a special added token
+	skip    []bool   // Decode(ids, true) leaves id out
+	// decodeAs holds the text Decode uses for a normalized added token whose
+	// content the normalizers change (HF decodes "▁<x>", not "<x>").
+	decodeAs map[int]string
 
 	added       []addedToken
 	rawMatch    *matcher // added tokens matched on the text as given
@@ -95,7 +99,9 @@ func (t *Tokenizer) Token(id int) (string, bool) {
 }
 
 // IsSpecial says whether id is a special added token (BOS, EOS, control
-// tokens), one that Decode(ids, true) leaves out.
+// tokens). Decode(ids, true) leaves these out, except, as in HF, a special
+// token matched after normalization whose content the normalizers change;
+// it also leaves out a vocabulary token spelled as a special token's content.
 func (t *Tokenizer) IsSpecial(id int) bool {
 	return id >= 0 && id < len(t.special) && t.special[id]
 }
@@ -168,6 +174,15 @@ func (t *Tokenizer) preTokenize(s string, first bool) []string {
 	return pieces
 }
 
+// decodeText is the text id has on the way back: the token's, or the
+// normalized form of a normalized added token.
+func (t *Tokenizer) decodeText(id int) string {
+	if s, ok := t.decodeAs[id]; ok {
+		return s
+	}
+	return t.pieces[id]
+}
+
 // Decode returns the text of ids, as HF's decode does: ids that are no token
 // are left out, special tokens too when skipSpecial, and the rest go through
 // the file's decoders (byte-level bytes, ▁ to space, <0xNN> bytes, the
@@ -175,10 +190,10 @@ func (t *Tokenizer) preTokenize(s string, first bool) []string {
 func (t *Tokenizer) Decode(ids []int, skipSpecial bool) string {
 	tokens := make([]string, 0, len(ids))
 	for _, id := range ids {
-		if id < 0 || id >= len(t.pieces) || !t.has[id] || skipSpecial && t.special[id] {
+		if id < 0 || id >= len(t.pieces) || !t.has[id] || skipSpecial && t.skip[id] {
 			continue
 		}
-		tokens = append(tokens, t.pieces[id])
+		tokens = append(tokens, t.decodeText(id))
 	}
 	if !t.hasDecoder {
 		return strings.Join(tokens, " ")

@@ -137,7 +137,7 @@ func (d *Device) createDevice(maxQueues int, sparse bool, copyFamily int) error 
 	for i, qi := range qinfos {
 		f := &family{index: qi.family, flags: p.queues[qi.family].flags, timestampBits: p.queues[qi.family].timestampBits}
 		for j := range qi.count {
-			q := &queue{family: qi.family}
+			q := &queue{family: qi.family, stampBits: f.timestampBits}
 			callVoid(d.vk.getDeviceQueue, d.dev, uintptr(qi.family), uintptr(j), uintptr(unsafe.Pointer(&q.h)))
 			f.queues = append(f.queues, q)
 		}

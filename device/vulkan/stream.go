@@ -46,6 +46,7 @@ type stream struct {
 	last    atomic.Uint64 // the value the last submission signals
 	waits   []semWait     // StreamWaitEvent waits for the next submission
 	cq, tq  *queue
+	lastQ   *queue // the queue of the last submission (nil: none yet)
 	pools   map[uint32]uint64
 	free    map[uint32][]uintptr
 	flight  []cbUse
@@ -61,7 +62,8 @@ type event struct {
 	sem    uint64
 	value  uint64 // 0: never recorded, or recorded on an idle stream
 	qpool  uint64
-	stamps bool // the last record wrote a timestamp
+	stamps bool   // the last record wrote a timestamp
+	bits   uint32 // the valid timestamp bits of the queue that wrote it
 }
 
 func (d *Device) newID() uint64 {
@@ -291,14 +293,22 @@ func (d *Device) EventRecord(eid device.Event, sid device.Stream) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := d.submit(s, s.cq, func(cb uintptr) {
+	// The timestamp goes on the queue that ran the stream's last work when
+	// its family has timestamps: a copy timed between two events then
+	// waits for no other queue, whose semaphore hand-offs would count in
+	// the elapsed time (GPU timestamps share one clock across queues).
+	q := s.cq
+	if s.lastQ != nil && s.lastQ.stampBits > 0 {
+		q = s.lastQ
+	}
+	v, err := d.submit(s, q, func(cb uintptr) {
 		callVoid(d.vk.cmdResetQueryPool, cb, uintptr(e.qpool), 0, 1)
 		callVoid(d.vk.cmdWriteTimestamp, cb, stageBottom, uintptr(e.qpool), 0)
 	})
 	if err != nil {
 		return fmt.Errorf("vulkan: EventRecord: %w", err)
 	}
-	e.sem, e.value, e.stamps = s.sem, v, true
+	e.sem, e.value, e.stamps, e.bits = s.sem, v, true, q.stampBits
 	return nil
 }
 
@@ -330,6 +340,7 @@ func (d *Device) EventSynchronize(id device.Event) error {
 // timing events.
 func (d *Device) EventElapsed(start, end device.Event) (time.Duration, error) {
 	var ts [2]uint64
+	bits := uint32(64)
 	for i, id := range []device.Event{start, end} {
 		e, err := d.event("EventElapsed", id)
 		if err != nil {
@@ -340,6 +351,7 @@ func (d *Device) EventElapsed(start, end device.Event) (time.Duration, error) {
 		}
 		e.mu.Lock()
 		stamped, sem, v := e.stamps, e.sem, e.value
+		bits = min(bits, e.bits)
 		e.mu.Unlock()
 		if !stamped {
 			return 0, fmt.Errorf("vulkan: EventElapsed: event %d never recorded: %w", uint64(id), device.ErrInvalid)
@@ -355,7 +367,6 @@ func (d *Device) EventElapsed(start, end device.Event) (time.Duration, error) {
 			return 0, fmt.Errorf("vulkan: %w", err)
 		}
 	}
-	bits := d.compute.timestampBits
 	mask := ^uint64(0)
 	if bits < 64 {
 		mask = 1<<bits - 1
@@ -477,6 +488,7 @@ type pendingSubmit struct {
 func (s *stream) commit(ps *pendingSubmit) {
 	s.waits = s.waits[:0]
 	s.last.Store(ps.value)
+	s.lastQ = ps.q
 	s.flight = append(s.flight, cbUse{ps.cb, ps.q.family, ps.value})
 }
 

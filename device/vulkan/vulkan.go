@@ -105,9 +105,10 @@ type Options struct {
 
 // queue is one VkQueue; vkQueueSubmit on it is externally synchronized.
 type queue struct {
-	mu     sync.Mutex
-	h      uintptr
-	family uint32
+	mu        sync.Mutex
+	h         uintptr
+	family    uint32
+	stampBits uint32 // timestampValidBits of the family
 }
 
 // family is a queue family memwall uses.

@@ -12,7 +12,9 @@
 // memwall_fill_u32(dst Ptr, n uint64, seed uint32) writes kernels.Pattern;
 // memwall_check_u32(src Ptr, n uint64, seed uint32, mismatches Ptr) adds the
 // number of words that differ from it to a 64-bit counter; memwall_spin(ns
-// uint64) keeps one invocation busy (it needs VK_KHR_shader_clock).
+// uint64) keeps one invocation busy (it needs VK_KHR_shader_clock);
+// memwall_copy_u32x4(dst, src Ptr, n uint64) copies n 16-byte vectors
+// (device/vulkan's device-to-device copies).
 package spirv
 
 import (
@@ -30,6 +32,7 @@ const (
 	NameFill  = "memwall_fill_u32"
 	NameCheck = "memwall_check_u32"
 	NameSpin  = "memwall_spin"
+	NameCopy  = "memwall_copy_u32x4"
 )
 
 //go:embed kernels.spv
@@ -44,11 +47,11 @@ var sourcesHash string
 func Module() []byte { return module }
 
 // Names lists the kernels Module holds.
-func Names() []string { return []string{NameFill, NameCheck, NameSpin} }
+func Names() []string { return []string{NameFill, NameCheck, NameSpin, NameCopy} }
 
 // Sources are the GLSL files Module was compiled from, in the order their
 // hash covers them.
-var Sources = []string{"pattern.glsl", "fill.comp", "check.comp", "spin.comp"}
+var Sources = []string{"pattern.glsl", "fill.comp", "check.comp", "spin.comp", "copy.comp"}
 
 // SourcesHash returns the hash recorded when Module was compiled.
 func SourcesHash() string { return strings.TrimSpace(sourcesHash) }

@@ -40,8 +40,8 @@ func newMatcher(tokens []*addedToken) *matcher {
 	return m
 }
 
-// piece is a run of text (id -1) or an added token, with where it starts in
-// the string that was split.
+// piece is a run of text (id -1) or an added token (its text is not kept),
+// with where it starts in the string that was split.
 type piece struct {
 	text  string
 	id    int
@@ -49,6 +49,12 @@ type piece struct {
 }
 
 // split cuts s at the added tokens it holds. Pieces of text are never empty.
+// It follows HF's find_matches: the matches are those of one left-to-right
+// scan, each search starting at the end of the previous match whether it
+// was taken or not (so not after the spaces an rstrip token took, and a
+// token there is matched too); text runs from the end of the last token
+// taken, spaces included, to the start of the next. A token left with no
+// text by lstrip is dropped.
 func (m *matcher) split(s string) []piece {
 	if m == nil || len(m.byFirst) == 0 {
 		if s == "" {
@@ -57,7 +63,7 @@ func (m *matcher) split(s string) []piece {
 		return []piece{{text: s, id: -1}}
 	}
 	var out []piece
-	done := 0 // s[:done] is in out
+	done := 0 // where the next piece of text starts
 	for i := 0; i < len(s); {
 		a := m.longestAt(s, i)
 		if a == nil {
@@ -65,7 +71,7 @@ func (m *matcher) split(s string) []piece {
 			continue
 		}
 		start, stop := i, i+len(a.pattern)
-		i = stop // the next search starts after this match, taken or not
+		i = stop
 		if a.singleWord && (start > 0 && isWordChar(lastRune(s[:start])) || stop < len(s) && isWordChar(firstRune(s[stop:]))) {
 			continue
 		}
@@ -73,13 +79,18 @@ func (m *matcher) split(s string) []piece {
 			start = max(len(strings.TrimRightFunc(s[:start], unicode.IsSpace)), done)
 		}
 		if a.rstrip {
-			stop = len(s) - len(strings.TrimLeftFunc(s[stop:], unicode.IsSpace))
-			i = max(i, stop)
+			stop += len(s[stop:]) - len(strings.TrimLeftFunc(s[stop:], unicode.IsSpace))
 		}
 		if done < start {
 			out = append(out, piece{text: s[done:start], id: -1, start: done})
 		}
-		out = append(out, piece{text: s[start:stop], id: a.id, start: start})
+		if start >= stop {
+			// Inside the spaces an rstrip token took, an lstrip token is left
+			// with nothing: HF drops it when empty (and fails when reversed).
+			done = max(done, stop)
+			continue
+		}
+		out = append(out, piece{id: a.id, start: start})
 		done = stop
 	}
 	if done < len(s) {
@@ -97,8 +108,12 @@ func (m *matcher) longestAt(s string, i int) *addedToken {
 	return nil
 }
 
+// isWordChar is Unicode \w as HF's regex crate has it (UTS #18): Alphabetic
+// (letters, letter numbers such as Ⅳ, Other_Alphabetic such as ⓐ), marks of
+// every kind, decimal digits, connector punctuation and the joiners ZWJ and
+// ZWNJ.
 func isWordChar(r rune) bool {
-	return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.Is(unicode.Mn, r)
+	return unicode.In(r, unicode.L, unicode.Nl, unicode.Other_Alphabetic, unicode.M, unicode.Nd, unicode.Pc, unicode.Join_Control)
 }
 
 func lastRune(s string) rune  { r, _ := utf8.DecodeLastRuneInString(s); return r }

@@ -142,14 +142,7 @@ func (s *Snapshot) WriteTo(w io.Writer) (int64, error) {
 		_ = tw.Write(ev)
 	}
 	for _, ev := range s.Events {
-		te := trace.Event{Action: trace.Alloc, Addr: uint64(ev.Ptr), Size: ev.Size, Stream: uint64(ev.Stream),
-			Time: ev.Time.UnixNano(), Purpose: ev.Purpose.String(), Tenant: ev.Tenant}
-		if ev.Free {
-			te.Action = trace.FreeRequested
-			_ = tw.Write(te)
-			te.Action = trace.FreeCompleted
-		}
-		_ = tw.Write(te)
+		_ = writeEvent(tw, ev)
 	}
 	_ = tw.Write(trace.Event{Action: trace.OOM, Size: s.Requested, DeviceFree: s.DeviceFree, Time: t0})
 	err := tw.Flush()

@@ -51,3 +51,6 @@ func OpenCopyFamily(o Options, f int) (*Device, error) {
 	o.copyFamily = f + 1
 	return Open(o)
 }
+
+// ShaderCopy reports whether CopyDtoD can run as a shader on d.
+func ShaderCopy(d *Device) bool { return d.copyKernel() != nil }

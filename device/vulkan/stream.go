@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/kernels/spirv"
 )
 
 // waitTimeout bounds every host wait on a semaphore: a GPU that has not
@@ -717,7 +718,12 @@ func (d *Device) CopyDtoH(dst []byte, src device.Ptr, sid device.Stream) error {
 }
 
 // CopyDtoD copies n bytes between device (or host-mapped) ranges.
+//
+// Between device allocations on a device with buffer device addresses, a
+// copy of 64 KiB or more with 16-byte aligned ends runs as a shader (the
+// SMs stream at memory bandwidth; vkCmdCopyBuffer's copy engine does not).
 func (d *Device) CopyDtoD(dst, src device.Ptr, n uint64, sid device.Stream) error {
+	k := d.copyKernel()
 	return d.op("CopyDtoD", sid, func(s *stream) error {
 		if n == 0 {
 			return nil
@@ -738,9 +744,74 @@ func (d *Device) CopyDtoD(dst, src device.Ptr, n uint64, sid device.Stream) erro
 		if from.a.kind == kindDevice && to.a.kind == kindDevice || from.a.kind == kindReserve || to.a.kind == kindReserve {
 			q = s.cq
 		}
-		_, err = d.submit(s, q, d.copyCmd(from.buf, to.buf, from.off, to.off, n))
+		rec := d.copyCmd(from.buf, to.buf, from.off, to.off, n)
+		if k != nil && q == s.cq && from.a.kind == kindDevice && to.a.kind == kindDevice {
+			rec = k.record(from.a.bda+from.off, to.a.bda+to.off, n, rec)
+		}
+		_, err = d.submit(s, q, rec)
 		return err
 	})
+}
+
+// copyKernel is memwall_copy_u32x4 bound for CopyDtoD.
+type copyKernel struct {
+	d      *Device
+	layout uint64
+	pipe   uint64
+}
+
+// Shader copies: at least this many bytes (smaller ones go to
+// vkCmdCopyBuffer), at most copyGroups workgroups of copyBlock invocations.
+const (
+	copyMinBytes = 64 << 10
+	copyGroups   = 4096
+	copyBlock    = 256
+)
+
+// record returns the recorder of a shader copy of n bytes from device
+// address src to dst where both are 16-byte aligned, n a multiple of 16
+// and large enough, else fallback.
+func (k *copyKernel) record(src, dst, n uint64, fallback func(cb uintptr)) func(cb uintptr) {
+	if src == 0 || dst == 0 || src%16 != 0 || dst%16 != 0 || n%16 != 0 || n < copyMinBytes || n/16 >= 1<<32 {
+		return fallback
+	}
+	var push [24]byte
+	*(*uint64)(unsafe.Pointer(&push[0])) = dst
+	*(*uint64)(unsafe.Pointer(&push[8])) = src
+	*(*uint64)(unsafe.Pointer(&push[16])) = n / 16
+	groups := min((n/16+copyBlock-1)/copyBlock, copyGroups)
+	return func(cb uintptr) {
+		callVoid(k.d.vk.cmdBindPipeline, cb, bindPointCompute, uintptr(k.pipe))
+		callVoid(k.d.vk.cmdPushConstants, cb, uintptr(k.layout), shaderStageCompute, 0, 24, uintptr(unsafe.Pointer(&push[0])))
+		callVoid(k.d.vk.cmdDispatch, cb, uintptr(groups), 1, 1)
+	}
+}
+
+// copyKernel loads the device-to-device copy shader once; nil when the
+// device cannot run it (no buffer device addresses, or it fails to load).
+func (d *Device) copyKernel() *copyKernel {
+	d.copyOnce.Do(func() {
+		if !d.hasBDA || d.noShaderCopy {
+			return
+		}
+		m, err := d.LoadModule(spirv.Module())
+		if err != nil {
+			return
+		}
+		fid, err := d.Function(m, spirv.NameCopy)
+		if err != nil {
+			return
+		}
+		d.mu.Lock()
+		f := d.funcs[fid]
+		d.mu.Unlock()
+		pipe, err := d.pipeline(f, device.Dim3{X: copyBlock, Y: 1, Z: 1})
+		if err != nil {
+			return
+		}
+		d.copyK = &copyKernel{d: d, layout: f.layout, pipe: pipe}
+	})
+	return d.copyK
 }
 
 // Memset8 sets n bytes at dst to v: vkCmdFillBuffer over the 4-byte

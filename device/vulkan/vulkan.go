@@ -148,6 +148,10 @@ type Device struct {
 	driverName, driverInfo                        string
 	driverLib                                     string // the driver's shared object, kept loaded
 
+	copyOnce     sync.Once
+	copyK        *copyKernel // nil: CopyDtoD always uses vkCmdCopyBuffer
+	noShaderCopy bool        // MEMWALL_VULKAN_SHADER_COPY=0
+
 	// memset byte table: bytes 4v..4v+3 equal v, for the unaligned ends of
 	// Memset8.
 	byteTable *allocation
@@ -216,6 +220,7 @@ func Open(o Options) (*Device, error) {
 	if !o.unpinned {
 		d.driverLib = pinLibraryOf(d.vk.cmdCopyBuffer)
 	}
+	d.noShaderCopy = o.Getenv("MEMWALL_VULKAN_SHADER_COPY") == "0"
 	if err := d.initMemory(); err != nil {
 		d.Close()
 		return nil, err

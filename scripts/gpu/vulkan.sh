@@ -55,7 +55,7 @@ VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan
 run "memwall info --device vulkan" 20 bash -c "'$bin/memwall' info --device vulkan >'$dir/info.txt' 2>&1 && '$bin/memwall' info --device vulkan --json >'$dir/info.json'"
 if [ -x "$bin/device_vulkan.test" ]; then
   run "device/vulkan tests (conformance, pool, bind, streaming)" 120 bash -c \
-    "cd device/vulkan && MEMWALL_TEST_DEVICE=vulkan MEMWALL_VULKAN_REOPEN=40 '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights|TestSpin|TestRandomOps|TestHostRegisterUnaligned|TestAllocPriority|TestDeviceSelection|TestNaturalAlignment|TestReopen\$|TestPriorit' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
+    "cd device/vulkan && MEMWALL_TEST_DEVICE=vulkan MEMWALL_VULKAN_REOPEN=40 '$bin/device_vulkan.test' -test.v -test.timeout 110s -test.run 'TestConformance\$|TestInfo|TestStructSizes|TestPoolData|TestBindLifetimes|TestDroppedBarrierIsCaught|TestStreamWeights|TestSpin|TestRandomOps|TestHostRegisterUnaligned|TestAllocPriority|TestDeviceSelection|TestNaturalAlignment|TestCopyDtoDRandom|TestReopen\$|TestPriorit' >'$dir/tests.txt' 2>&1; rc=\$?; tail -n 3 '$dir/tests.txt'; exit \$rc"
   # What the pin prevents, in a process of its own: the loader's log says
   # why vkCreateInstance stops finding the driver.
   run "device/vulkan reopen unpinned (diagnostic)" 40 bash -c \

@@ -248,25 +248,21 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 		p.unpin(c)
 	}
 	size := sizeClasses[cls]
-	p.mu.Lock()
+	first, sh, err := p.shardAlloc(size, p.opts.Alignment, deferred)
+	if err != nil {
+		return nil, err
+	}
 	locked := true
 	defer func() {
 		if locked { // a panic below: unlock, so that Close cannot wedge on the lock
-			p.mu.Unlock()
+			sh.mu.Unlock()
 		}
 	}()
-	p.releaseList(deferred)
-	first, err := p.arenaAlloc(size, p.opts.Alignment, 0)
-	if err != nil {
-		locked = false
-		p.mu.Unlock()
-		return nil, err
-	}
 	first.class = cls + 1
 	first.assign(req, purpose, t)
 	var extra *meta
 	for k := 1; k < batch; k++ {
-		m, err := p.tryArenas(size, p.opts.Alignment)
+		m, err := sh.tryArenas(size, p.opts.Alignment)
 		if m == nil || err != nil {
 			break // the batch is an optimization: never grow for it
 		}
@@ -277,10 +273,10 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 	c, _ := p.pin()
 	if c == nil {
 		// No cache now: count centrally and give the extras back.
-		p.central.add(first)
-		p.releaseList(extra)
+		sh.central.add(first)
+		sh.releaseList(extra)
 		locked = false
-		p.mu.Unlock()
+		sh.mu.Unlock()
 		return first, nil
 	}
 	c.c.add(first)
@@ -291,7 +287,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 	}
 	p.unpin(c)
 	locked = false
-	p.mu.Unlock()
+	sh.mu.Unlock()
 	return first, nil
 }
 
@@ -300,10 +296,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 func (p *Pool) cacheFree(m *meta) {
 	c, _ := p.pin()
 	if c == nil {
-		p.mu.Lock()
-		p.central.sub(m)
-		p.release(m)
-		p.mu.Unlock()
+		p.centralFree(m)
 		return
 	}
 	cls := m.class - 1
@@ -316,9 +309,7 @@ func (p *Pool) cacheFree(m *meta) {
 	}
 	p.unpin(c)
 	if chain != nil {
-		p.mu.Lock()
-		p.releaseList(chain)
-		p.mu.Unlock()
+		p.releaseChain(chain)
 	}
 }
 
@@ -363,9 +354,7 @@ func (p *Pool) keepFree(m *meta) bool {
 	}
 	p.unpin(c)
 	if chain != nil {
-		p.mu.Lock()
-		p.releaseList(chain)
-		p.mu.Unlock()
+		p.releaseChain(chain)
 	}
 	return true
 }

@@ -11,6 +11,30 @@ import (
 // busy, and covered entirely by one free range; the ready set holds the
 // mapped pages that are not busy; the byte counts agree with the sets.
 func CheckPages(p *Pool) error {
+	for _, s := range allShards(p) {
+		if err := checkPages(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allShards returns the root and every shard made so far.
+func allShards(p *Pool) []*Pool {
+	ss := []*Pool{p}
+	p.eachShard(func(s *Pool) { ss = append(ss, s) })
+	return ss
+}
+
+// SpreadShards makes every central entry of p go to the next of its
+// shards in turn (p must have been made with Shards > 1), so that one
+// goroutine's blocks are placed and freed across shards.
+func SpreadShards(p *Pool) { p.shards.spread.Store(true) }
+
+// ShardsMade returns how many shards p has made, the root included.
+func ShardsMade(p *Pool) int { return len(allShards(p)) }
+
+func checkPages(p *Pool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for ai, a := range p.arenas {
@@ -73,11 +97,13 @@ func CheckPages(p *Pool) error {
 // ArenaAllocs returns how many blocks the pool's arenas have handed out
 // (allocations from the allocators, cache refills included).
 func ArenaAllocs(p *Pool) uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	var n uint64
-	for _, a := range p.arenas {
-		n += a.alloc.Stats().Allocs
+	for _, s := range allShards(p) {
+		s.mu.Lock()
+		for _, a := range s.arenas {
+			n += a.alloc.Stats().Allocs
+		}
+		s.mu.Unlock()
 	}
 	return n
 }

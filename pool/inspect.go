@@ -19,7 +19,13 @@ func (p *Pool) ReservedBytes() uint64 { return p.reserved.Load() }
 func (p *Pool) Reservations() []Range {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.reservationsLocked()
+	rs := p.reservationsLocked()
+	p.eachShard(func(s *Pool) {
+		s.mu.Lock()
+		rs = append(rs, s.reservationsLocked()...)
+		s.mu.Unlock()
+	})
+	return rs
 }
 
 // reservationsLocked is Reservations with p.mu held.

@@ -182,6 +182,19 @@ type Options struct {
 	// slower when goroutines allocate concurrently) or CacheOff (every
 	// request goes to the arenas).
 	Cache CacheMode
+	// Shards is how many sets of arenas, each under a lock of its own,
+	// the central path of a device pool with per-processor caches spreads
+	// over (default 0: one per processor at New; 1: a single set). Every
+	// processor allocates from the first set until it has found that
+	// set's lock taken by another goroutine a few times; from then on it
+	// allocates from a set of its own, made then. One goroutine alone
+	// therefore never leaves the first set, and a pool that is not
+	// allocated from concurrently behaves as with one set. A block freed
+	// where its set's lock is held by another goroutine waits in that
+	// set's queue for the set's next allocation; an allocation that fails
+	// in one set drains every queue and tries every set before it fails.
+	// Limit and TargetRatio count the memory of all sets together.
+	Shards int
 	// CacheMax is the largest block served from the caches' small-block
 	// classes (default 64 KiB, at most 1 MiB, the largest size class).
 	// Blocks up to it are rounded to a size class.
@@ -352,6 +365,7 @@ type meta struct {
 	shift   uint64       // bytes from the allocator's offset to the handed-out address (alignment slack)
 	purpose Purpose
 	tenant  *Tenant
+	home    *Pool // the shard whose arenas hold the block (the pool itself without shards)
 	next    *meta // free-list / cache link
 }
 
@@ -418,13 +432,16 @@ type Pool struct {
 	// stealSource). Guarded by mu.
 	moving int
 
-	// Pool-wide accounting, updated on the slow path.
-	reserved, peakReserved atomic.Uint64
-	peakUsed               atomic.Uint64 // peak of held
-	pendingBytes           atomic.Uint64
-	ooms                   atomic.Uint64
-	devAllocs, devFrees    atomic.Uint64
-	maps, unmaps           atomic.Uint64
+	// Pool-wide accounting, updated on the slow path, shared with the
+	// pool's shards (shard.go).
+	*ledger
+	// root is the pool callers hold: the pool itself, or the pool a shard
+	// belongs to. shards (root only; nil with one shard) are the sets of
+	// arenas processors spread their central work over; remote holds
+	// this shard's blocks freed where its lock was not held.
+	root   *Pool
+	shards *shardSet
+	remote atomic.Pointer[meta]
 }
 
 // counters is per-operation accounting. The pool keeps one set for the
@@ -482,6 +499,7 @@ const latencySample = 256
 // Called with p.mu held.
 func (p *Pool) totals() (c counters, cached uint64) {
 	c = p.central
+	p.shardTotals(&c)
 	if len(p.procs) == 0 {
 		return c, 0
 	}
@@ -520,11 +538,16 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	if o.Limit == 0 {
 		o.Limit = in.TotalBytes
 	}
+	nproc := runtime.GOMAXPROCS(0)
+	if o.Shards == 0 {
+		o.Shards = nproc
+	}
 	p := &Pool{dev: d, opts: o, host: host, info: in,
 		pending: map[device.Stream]*pendingList{},
 		tenants: map[string]*Tenant{},
+		ledger:  &ledger{},
 	}
-	nproc := runtime.GOMAXPROCS(0)
+	p.root = p
 	if o.History > 0 {
 		p.hist = &history{buf: make([]Event, o.History)}
 		user := o.OnEvent
@@ -555,23 +578,12 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 			p.procs[i].n = latencySample - 1 // time each processor's first allocation
 		}
 	}
-	if o.Growth == GrowVirtual {
-		a, err := p.newVirtualArena()
-		if err != nil {
-			return nil, fmt.Errorf("pool %s: %w", o.Name, err)
-		}
-		p.arenas = []*arena{a}
-		if a.lean && uint64(a.base)%o.Alignment == 0 {
-			p.direct = a
-		}
-		if p.smallMax > 0 {
-			small, err := p.newVirtualArenaSized(max(o.PageBytes, roundUp(o.ReserveBytes/8, o.PageBytes)))
-			if err != nil {
-				p.Close()
-				return nil, fmt.Errorf("pool %s: small-block range: %w", o.Name, err)
-			}
-			p.arenas = append(p.arenas, small)
-		}
+	if err := p.reserveRanges(); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("pool %s: %w", o.Name, err)
+	}
+	if o.Shards > 1 && o.Cache == CachePerProcessor && !host {
+		p.shards = newShardSet(p, o.Shards, nproc)
 	}
 	if o.Warmup > 0 {
 		p.mu.Lock()
@@ -583,6 +595,32 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		}
 	}
 	return p, nil
+}
+
+// reserveRanges reserves the address space of a virtual pool (or shard):
+// the main range and, unless SmallMax is Off, the range of small blocks.
+// Chunk pools reserve nothing ahead.
+func (p *Pool) reserveRanges() error {
+	o := p.opts
+	if o.Growth != GrowVirtual {
+		return nil
+	}
+	a, err := p.newVirtualArena()
+	if err != nil {
+		return err
+	}
+	p.arenas = []*arena{a}
+	if a.lean && uint64(a.base)%o.Alignment == 0 {
+		p.direct = a
+	}
+	if p.smallMax > 0 {
+		small, err := p.newVirtualArenaSized(max(o.PageBytes, roundUp(o.ReserveBytes/8, o.PageBytes)))
+		if err != nil {
+			return fmt.Errorf("small-block range: %w", err)
+		}
+		p.arenas = append(p.arenas, small)
+	}
+	return nil
 }
 
 // Options returns the pool's effective options.
@@ -944,9 +982,7 @@ func (p *Pool) freePlain(m *meta) {
 	c.g.exit()
 	procUnpin()
 	if chain != nil {
-		p.mu.Lock()
-		p.releaseList(chain)
-		p.mu.Unlock()
+		p.releaseChain(chain)
 	}
 }
 
@@ -969,10 +1005,16 @@ func (p *Pool) freeValid(m *meta) {
 	if p.parkable(m) && p.keepFree(m) {
 		return
 	}
-	p.mu.Lock()
-	p.central.sub(m)
-	p.release(m)
-	p.mu.Unlock()
+	p.centralFree(m)
+}
+
+// centralFree gives m back to its arena and counts the free centrally,
+// under the processor's shard's lock.
+func (p *Pool) centralFree(m *meta) {
+	s := p.lockShard()
+	s.central.sub(m)
+	s.release(m)
+	s.mu.Unlock()
 }
 
 // FreeAsync returns b once the work already submitted to s is done: the
@@ -1009,12 +1051,17 @@ func (p *Pool) freeAsync(t *Tenant, b Block, s device.Stream) error {
 // release frees m's range in its arena (and unmaps or returns memory per
 // policy). Called with p.mu held.
 func (p *Pool) release(m *meta) {
+	if m.home != p {
+		m.home.releaseRemote(m)
+		return
+	}
 	a := m.arena
 	if err := a.placeFree(m.off, m.node); err != nil {
 		// The handle was validated, so this is a bookkeeping bug.
 		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
 	}
 	a.released(p, m.off, m.size)
+	p.taken.Add(^(m.size - 1))
 	p.putMeta(m)
 }
 
@@ -1024,7 +1071,7 @@ func (p *Pool) newMeta() *meta {
 		m.next = nil
 		return m
 	}
-	return &meta{pool: p}
+	return &meta{pool: p.root}
 }
 
 func (p *Pool) putMeta(m *meta) {
@@ -1057,11 +1104,11 @@ func (p *Pool) Close() error {
 		_ = p.dev.DestroyEvent(b.ev)
 	}
 	p.awaiting = nil
-	for _, a := range p.arenas {
-		if err := a.destroy(p); err != nil && first == nil {
-			first = err
-		}
+	if err := p.destroyArenas(); err != nil && first == nil {
+		first = err
 	}
-	p.arenas, p.direct = nil, nil
+	if err := p.closeShards(); err != nil && first == nil {
+		first = err
+	}
 	return first
 }

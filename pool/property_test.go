@@ -85,6 +85,8 @@ func (c propConfig) options() pool.Options {
 		o.SmallMax = pool.Off
 	}
 	switch c.cache {
+	case "sharded":
+		o.Shards = 4
 	case "single":
 		o.Cache = pool.CacheShared
 	case "none":
@@ -101,7 +103,7 @@ func propConfigs() []propConfig {
 	i := 0
 	for _, g := range []pool.Growth{pool.GrowVirtual, pool.GrowChunks} {
 		for _, s := range []string{"bestfit", "tlsf", "buddy"} {
-			for _, cache := range []string{"per-processor", "single", "none"} {
+			for _, cache := range []string{"per-processor", "sharded", "single", "none"} {
 				for _, target := range []float64{0, -1} {
 					c := propConfig{growth: g, strategy: s, cache: cache, target: target}
 					// 1, 3 or 0 granules reserved (or 512 B, 1 MiB + 256 B
@@ -121,6 +123,8 @@ func propConfigs() []propConfig {
 		// range of one.
 		for j, limit := range []uint64{2 << 20, 6 << 20, 16 << 20, 64 << 20} {
 			cs = append(cs, propConfig{growth: g, strategy: []string{"bestfit", "tlsf", "buddy", "bestfit"}[j], cache: "per-processor", limit: limit})
+			// The same over shards: a shard's failure tries the others.
+			cs = append(cs, propConfig{growth: g, strategy: []string{"tlsf", "bestfit", "bestfit", "buddy"}[j], cache: "sharded", limit: limit})
 		}
 	}
 	return cs
@@ -356,6 +360,9 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 		t.Fatal(err)
 	}
 	defer p.Close()
+	if c.cache == "sharded" {
+		pool.SpreadShards(p)
+	}
 	tn, err := p.Tenant("t", 2<<30)
 	if err != nil {
 		t.Fatal(err)
@@ -414,6 +421,9 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 		}
 	}
 	st.check(ops)
+	if c.cache == "sharded" && ops >= 100 && pool.ShardsMade(p) < 2 {
+		t.Fatalf("%d operations spread over shards made %d shard", ops, pool.ShardsMade(p))
+	}
 	for len(st.live) > 0 {
 		st.free(len(st.live)-1, false)
 	}

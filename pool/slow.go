@@ -75,6 +75,16 @@ func (e *OOMError) Unwrap() error { return e.Err }
 // chain parked (blocks the caller took from its processor's cache) back to
 // the arenas.
 func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant, parked *meta) (*meta, error) {
+	if s == 0 && p.shards != nil {
+		m, sh, err := p.shardAlloc(size, align, parked)
+		if err != nil {
+			return nil, err
+		}
+		defer sh.mu.Unlock()
+		m.assign(size, purpose, t)
+		sh.central.add(m)
+		return m, nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock() // also on a panic, so that Close cannot wedge on the lock
 	if parked != nil {
@@ -196,27 +206,33 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 // centralLarge is slowAlloc for allocPlain's large blocks: it gives the
 // chain parked back, then places the block, directly where it can.
 func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock() // also on a panic, so that Close cannot wedge on the lock
-	for parked != nil {
-		m := parked
-		parked = m.next
-		m.next = nil
-		p.release(m)
-	}
-	m, err := p.placeDirect((size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1))
+	s := p.lockShard()
+	locked := true
+	defer func() {
+		if locked { // also on a panic, so that Close cannot wedge on the lock
+			s.mu.Unlock()
+		}
+	}()
+	s.releaseList(parked)
+	m, err := s.placeDirect((size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1))
 	if m == nil {
 		if err != nil {
-			m, err = p.arenaRetry(size, p.opts.Alignment, 0, err)
+			m, err = s.arenaRetry(size, p.opts.Alignment, 0, err)
 		} else {
-			m, err = p.arenaAlloc(size, p.opts.Alignment, 0)
+			m, err = s.arenaAlloc(size, p.opts.Alignment, 0)
+		}
+		if err != nil && p.shards != nil && errors.Is(err, ErrOutOfMemory) {
+			locked = false
+			s.mu.Unlock()
+			m, s, err = p.rescue(size, p.opts.Alignment, s)
+			locked = err == nil
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 	m.assign(size, purpose, nil)
-	p.central.add(m)
+	s.central.add(m)
 	return m, nil
 }
 
@@ -226,10 +242,11 @@ func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, 
 func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *meta {
 	m := p.newMeta()
 	m.arena, m.off, m.size, m.class, m.node, m.shift = a, b.Offset, b.Size, 0, h, shift
+	m.home = p
 	a.live++
 	a.held += b.Size
 	p.held += b.Size
-	updateMax(&p.peakUsed, p.held)
+	updateMax(&p.peakUsed, p.taken.Add(b.Size))
 	return m
 }
 
@@ -487,11 +504,13 @@ func (p *Pool) Trim() uint64 {
 	p.sealAll()
 	p.reapAwaiting(false)
 	p.flushCaches()
+	p.drainRemote()
 	p.trimChunks()
 	for _, a := range p.arenas {
 		if a.virtual {
 			a.shrink(p, 0)
 		}
 	}
+	p.trimShards()
 	return before - p.reserved.Load()
 }

@@ -76,7 +76,7 @@ type TenantStats struct {
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	c, cached := p.totals()
-	free := p.reserved.Load() - min(p.reserved.Load(), p.held)
+	free := p.reserved.Load() - min(p.reserved.Load(), p.taken.Load())
 	p.mu.Unlock()
 	return p.stats(c, cached, free)
 }
@@ -87,6 +87,7 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) DetailedStats() Stats {
 	p.mu.Lock()
 	st := p.arenaStats()
+	p.shardArenaStats(&st)
 	c, cached := p.totals()
 	p.mu.Unlock()
 	s := p.stats(c, cached, st.free)

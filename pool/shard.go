@@ -1,0 +1,336 @@
+package pool
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+)
+
+// Shards. The central path (placing blocks in the arenas, mapping pages)
+// runs under a lock. When goroutines on many processors miss their caches
+// at once, one lock and one allocator state serialize them, so a pool with
+// per-processor caches can spread its central work over shards: each
+// shard is a *Pool of its own (its lock, arenas, allocator, free pages),
+// built by the pool callers hold (the root, itself shard 0) the first time
+// a processor finds the root's lock taken by others often enough. The
+// accounting a limit or a target needs is pool-wide: the shards share the
+// root's ledger.
+//
+// A block is released by the shard that placed it (meta.home). A free
+// that reaches the arenas under another shard's lock, or under none,
+// releases the block in its home at once if that shard's lock is free,
+// and otherwise pushes it onto the home's queue (remote, a lock-free
+// stack), which the home empties on its next entry to the central path.
+// Locks are taken one at a time (TryLock only while another is held), and
+// only the root's before a shard's, so shards cannot deadlock.
+
+// ledger is the accounting a pool shares with its shards.
+type ledger struct {
+	reserved, peakReserved atomic.Uint64
+	peakUsed               atomic.Uint64 // peak of taken
+	pendingBytes           atomic.Uint64
+	ooms                   atomic.Uint64
+	devAllocs, devFrees    atomic.Uint64
+	maps, unmaps           atomic.Uint64
+	// taken is the bytes of blocks out of the arenas of every shard
+	// (live, cached, parked, pending or queued): the sum of the shards'
+	// held.
+	taken atomic.Uint64
+}
+
+// shardSet is the root's table of shards.
+type shardSet struct {
+	mu     sync.Mutex // serializes making shards and closing them
+	closed bool       // guarded by mu: no more shards
+	failed atomic.Bool
+	list   []atomic.Pointer[Pool] // list[0] is the root; others made on demand
+	of     []procShard            // per processor
+	// spread (set by tests) sends each central entry to the next shard
+	// in turn, so that one goroutine exercises remote frees.
+	spread atomic.Bool
+	turn   atomic.Uint32
+}
+
+// procShard is one processor's choice of shard.
+type procShard struct {
+	idx       atomic.Uint32 // the shard it allocates from
+	contended atomic.Uint32 // times it found the root's lock taken
+	_         [56]byte      // keep processors' entries on separate cache lines
+}
+
+// switchAfter is how many times a processor finds the root's lock taken
+// before it moves to a shard of its own.
+const switchAfter = 8
+
+func newShardSet(root *Pool, n, nproc int) *shardSet {
+	ss := &shardSet{list: make([]atomic.Pointer[Pool], n), of: make([]procShard, max(n, nproc))}
+	ss.list[0].Store(root)
+	return ss
+}
+
+// lockShard locks and returns the shard the calling processor allocates
+// from, after giving back the blocks queued to it. Called on the root,
+// with no lock held.
+func (p *Pool) lockShard() *Pool {
+	ss := p.shards
+	if ss == nil {
+		p.mu.Lock()
+		p.drainRemote()
+		return p
+	}
+	if ss.spread.Load() {
+		return p.lockTurn()
+	}
+	pid := procPin()
+	procUnpin()
+	ps := &ss.of[pid%len(ss.of)]
+	s := ss.list[ps.idx.Load()].Load()
+	if !s.mu.TryLock() {
+		if own := pid % len(ss.list); s == p && own != 0 && ps.contended.Add(1) >= switchAfter {
+			if t := p.makeShard(own); t != nil {
+				ps.idx.Store(uint32(own))
+				s = t
+			}
+		}
+		s.mu.Lock()
+	}
+	s.drainRemote()
+	return s
+}
+
+// lockTurn is lockShard with Pool.shards.spread set: the next shard in
+// turn.
+func (p *Pool) lockTurn() *Pool {
+	s := p
+	if i := int(p.shards.turn.Add(1)) % len(p.shards.list); i != 0 {
+		if t := p.makeShard(i); t != nil {
+			s = t
+		}
+	}
+	s.mu.Lock()
+	s.drainRemote()
+	return s
+}
+
+// makeShard returns shard i, made now if it does not exist yet; nil when
+// it cannot be made (the pool is closed, or the device refused address
+// space: then no shard is tried again).
+func (p *Pool) makeShard(i int) *Pool {
+	ss := p.shards
+	if s := ss.list[i].Load(); s != nil {
+		return s
+	}
+	if ss.failed.Load() {
+		return nil
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s := ss.list[i].Load(); s != nil || ss.closed {
+		return s
+	}
+	s := &Pool{dev: p.dev, opts: p.opts, host: p.host, info: p.info, ledger: p.ledger, root: p,
+		cacheMax: p.cacheMax, smallMax: p.smallMax}
+	s.opts.Warmup = 0
+	s.cond = sync.NewCond(&s.mu)
+	if err := s.reserveRanges(); err != nil {
+		p.logf("shard %d: %v; allocating from the shards there are", i, err)
+		s.destroyArenas()
+		ss.failed.Store(true)
+		return nil
+	}
+	ss.list[i].Store(s)
+	return s
+}
+
+// eachShard calls fn on every shard made so far but the root.
+func (p *Pool) eachShard(fn func(s *Pool)) {
+	if p.shards == nil {
+		return
+	}
+	for i := 1; i < len(p.shards.list); i++ {
+		if s := p.shards.list[i].Load(); s != nil {
+			fn(s)
+		}
+	}
+}
+
+// releaseRemote releases m, a block of shard p, from outside p's lock: at
+// once if the lock is free, else through p's queue.
+func (p *Pool) releaseRemote(m *meta) {
+	if p.mu.TryLock() {
+		p.drainRemote()
+		p.release(m)
+		p.mu.Unlock()
+		return
+	}
+	for {
+		old := p.remote.Load()
+		m.next = old
+		if p.remote.CompareAndSwap(old, m) {
+			return
+		}
+	}
+}
+
+// drainRemote releases the blocks queued to p. Called with p.mu held.
+func (p *Pool) drainRemote() {
+	if p.remote.Load() == nil {
+		return
+	}
+	for m := p.remote.Swap(nil); m != nil; {
+		next := m.next
+		m.next = nil
+		p.release(m)
+		m = next
+	}
+}
+
+// releaseChain releases a chain of blocks freed on this processor (of any
+// shard) under the processor's shard's lock.
+func (p *Pool) releaseChain(chain *meta) {
+	s := p.lockShard()
+	s.releaseList(chain)
+	s.mu.Unlock()
+}
+
+// shardAlloc places a block of size bytes in the processor's shard,
+// growing it as needed; when that fails for want of memory, it tries
+// every shard (see rescue). It returns the block with its shard locked:
+// the caller records the block and unlocks. parked are blocks to give
+// back first.
+func (p *Pool) shardAlloc(size, align uint64, parked *meta) (*meta, *Pool, error) {
+	s := p.lockShard()
+	s.releaseList(parked)
+	m, err := s.arenaAlloc(size, align, 0)
+	if err == nil {
+		return m, s, nil
+	}
+	if p.shards == nil || !errors.Is(err, ErrOutOfMemory) {
+		s.mu.Unlock()
+		return nil, nil, err
+	}
+	s.mu.Unlock()
+	return p.rescue(size, align, s)
+}
+
+// rescue is the out-of-memory path of a pool with shards, after shard
+// home could not place size bytes: it gives back every processor's cached
+// blocks and every shard's queued frees, tries each shard's arenas as
+// they are, gives back the free pages and empty chunks of the other
+// shards, and then tries home once more, growing. It returns the block
+// with its shard locked, or home's error.
+func (p *Pool) rescue(size, align uint64, home *Pool) (*meta, *Pool, error) {
+	p.mu.Lock()
+	p.flushCaches()
+	p.mu.Unlock()
+	shards := []*Pool{p}
+	p.eachShard(func(s *Pool) { shards = append(shards, s) })
+	for _, s := range shards {
+		s.mu.Lock()
+		s.drainRemote()
+		if !s.closed {
+			if m, err := s.tryArenas(size, align); m != nil && err == nil {
+				return m, s, nil
+			}
+		}
+		s.mu.Unlock()
+	}
+	for _, s := range shards {
+		if s == home {
+			continue
+		}
+		s.mu.Lock()
+		s.drainRemote()
+		s.trimChunks()
+		for _, a := range s.arenas {
+			if a.virtual {
+				a.shrink(s, 0)
+			}
+		}
+		s.mu.Unlock()
+	}
+	home.mu.Lock()
+	home.drainRemote()
+	m, err := home.arenaAlloc(size, align, 0)
+	if err != nil {
+		home.mu.Unlock()
+		var oe *OOMError
+		if errors.As(err, &oe) {
+			oe.Tried = append(oe.Tried, "give back every shard's queued frees", "try every shard", "give back the other shards' free memory")
+		}
+		return nil, nil, err
+	}
+	return m, home, nil
+}
+
+// shardTotals adds the central counters of the shards to c. Called with
+// the root's lock held.
+func (p *Pool) shardTotals(c *counters) {
+	p.eachShard(func(s *Pool) {
+		s.mu.Lock()
+		c.plus(&s.central)
+		s.mu.Unlock()
+	})
+}
+
+// closeShards frees the memory of every shard but the root; blocks still
+// queued to them are dropped with it. Called with the root's lock held.
+func (p *Pool) closeShards() error {
+	if p.shards == nil {
+		return nil
+	}
+	p.shards.mu.Lock()
+	p.shards.closed = true
+	p.shards.mu.Unlock()
+	var first error
+	p.eachShard(func(s *Pool) {
+		s.mu.Lock()
+		s.closed = true
+		s.remote.Store(nil)
+		if err := s.destroyArenas(); err != nil && first == nil {
+			first = err
+		}
+		s.mu.Unlock()
+	})
+	return first
+}
+
+// destroyArenas returns the memory of every arena of p to the device.
+func (p *Pool) destroyArenas() error {
+	var first error
+	for _, a := range p.arenas {
+		if err := a.destroy(p); err != nil && first == nil {
+			first = err
+		}
+	}
+	p.arenas, p.direct = nil, nil
+	return first
+}
+
+// trimShards is Trim for the shards but the root. Called with the root's
+// lock held.
+func (p *Pool) trimShards() {
+	p.eachShard(func(s *Pool) {
+		s.mu.Lock()
+		s.drainRemote()
+		s.trimChunks()
+		for _, a := range s.arenas {
+			if a.virtual {
+				a.shrink(s, 0)
+			}
+		}
+		s.mu.Unlock()
+	})
+}
+
+// shardArenaStats adds the shards' free space to st. Called with the
+// root's lock held.
+func (p *Pool) shardArenaStats(st *arenaStats) {
+	p.eachShard(func(s *Pool) {
+		s.mu.Lock()
+		t := s.arenaStats()
+		s.mu.Unlock()
+		st.free += t.free
+		st.largest = max(st.largest, t.largest)
+	})
+}

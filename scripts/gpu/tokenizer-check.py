@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Train small tokenizers with HF `tokenizers` and record the ids it gives.
 
-Expected run time: about 10 s (training five small BPE tokenizers on a ~1 MB
-corpus, then encoding 1,300 strings and decoding 300 id lists with each).
+Expected run time: about 15 s (training three small BPE tokenizers on a ~1 MB
+corpus, then encoding 1,300 strings and decoding 300 id lists with each of
+the twelve files).
 
 The Go package tokenizer/ must give the same ids as HF `tokenizers` for the
 same tokenizer.json. Go does not run where `tokenizers` does, so this script
@@ -20,6 +21,12 @@ Go does:
     llama2-metaspace  the same vocabulary with no normalizer and a Metaspace
                  pre-tokenizer (prepend_scheme "first"), as newer conversions of
                  Llama-2-family tokenizers have
+    gpt2-added, llama2-added  a few added tokens with lstrip, rstrip,
+                 single_word, normalized
+    <kind>-flags for gpt2, gpt2-prefix, llama3, llama2, llama2-metaspace: 64
+                 added tokens, two for each combination of lstrip, rstrip,
+                 single_word, normalized and special (flag_tokens), and 1,300
+                 strings dense with them (flag_tests)
   OUT/expected.jsonl.gz, one JSON object a line:
     {"file": "<kind>/tokenizer.json", "text": s, "ids": [...]  (add_special_tokens=True),
      "ids_plain": [...] (add_special_tokens=False), "decode": ..., "decode_skip": ...}
@@ -421,6 +428,65 @@ def variants(name, d):
     return out
 
 
+# Added tokens with every combination of lstrip, rstrip, single_word,
+# normalized and special, two per combination, in shapes that stress the
+# matching: word-like ("w3x", "ab7", "é9"), with spaces or newlines at either
+# end, whitespace only, spelled with ▁, a token that is a prefix of another
+# ("<p1>" and "<p1>x"), and several with one content (the later flags win
+# in HF, the first id stays).
+FLAG_SHAPES = [lambda i: "<t%d>" % i, lambda i: "w%dx" % i, lambda i: " s%d" % i, lambda i: "e%d " % i,
+               lambda i: "\u2581m%d" % i, lambda i: "<p%d>" % (i // 2) + ("x" if i % 2 else ""),
+               lambda i: "\u00e7%d\u00e9" % i, lambda i: "a b%d" % i, lambda i: "\n%d\n" % i,
+               lambda i: "\u00e9%d" % i, lambda i: " " * (1 + i % 3), lambda i: "\t%d" % i, lambda i: "%d" % i,
+               lambda i: "<S%d>" % (i % 4), lambda i: "ab%d" % i]
+FLAG_FRAGMENTS = [" ", "  ", "\t", "\n", " \n ", "\u3000", "\u00a0", "a", "ab", "Hello", "x", "_", "9", "42", ".",
+                  ",", "!", "'s", "\u0301", "\u200d", "\u200c", "\U0001f44d", "\u4e2d\u6587", "\u2581",
+                  "\u2581\u2581", "\u00e9", "\u00df", "\u0903", "\u2163", "\u24d0", "\u203f", "-", "<", ">", "\r\n"]
+
+
+def flag_tokens(seed):
+    out = []
+    for i in range(32):
+        ls, rs, sw, nm, sp = [(i >> (4 - b)) & 1 for b in range(5)]
+        for k in range(2):
+            j = 2 * i + k
+            out.append((FLAG_SHAPES[(j * 7 + seed) % len(FLAG_SHAPES)](j), bool(sp), bool(nm),
+                        {"single_word": bool(sw), "lstrip": bool(ls), "rstrip": bool(rs)}))
+    return out
+
+
+def flag_tests(contents, seed):
+    """Each token alone and next to letters, spaces and itself, then random
+    strings of tokens (one in ten cut short) and fragments."""
+    r = random.Random(seed)
+    out = []
+    for c in contents:
+        out += [c, "a" + c + "b", " " + c + " ", "  " + c + "  " + c, c + c, c.strip() or c, "x" + c[:-1]]
+    while len(out) < N_TEST_STRINGS:
+        s = ""
+        for _ in range(r.randint(1, 12)):
+            if r.random() < 0.4:
+                c = r.choice(contents)
+                if r.random() < 0.1 and len(c) > 1:
+                    c = c[:r.randint(1, len(c) - 1)]
+                s += c
+            else:
+                s += r.choice(FLAG_FRAGMENTS)
+        out.append(s)
+    return out
+
+
+def flag_variants(name, d, others):
+    """(name, file, tests) with flag_tokens added to the file and to each variant in others."""
+    out = []
+    files = [(name, d)] + [(vn, vd) for vn, vd, _ in others if not vn.endswith("-added")]
+    for k, (vn, vd) in enumerate(files):
+        seed = TEST_SEED + 100 + k + len(vn)
+        toks = flag_tokens(seed)
+        out.append((vn + "-flags", added(vd, toks), flag_tests(sorted({t[0] for t in toks}), seed)))
+    return out
+
+
 def decode_lists(r, vocab_size, special_ids, n):
     """Random id lists for decode-only checks, biased to the first 300 ids (bytes in llama2) and specials."""
     lists = []
@@ -445,12 +511,18 @@ def check(name, path, tests, specials, out_lines):
     rel = name + "/tokenizer.json"
     n_ids = 0
     roundtrip_fail = 0
+    failed = []
     for s in tests:
-        ids = tok.encode(s).ids
-        plain = tok.encode(s, add_special_tokens=False).ids
-        dec = tok.decode(plain, skip_special_tokens=False)
+        try:
+            ids = tok.encode(s).ids
+            plain = tok.encode(s, add_special_tokens=False).ids
+            dec = tok.decode(plain, skip_special_tokens=False)
+            dec_skip = tok.decode(ids, skip_special_tokens=True)
+        except BaseException as e:  # a Rust panic arrives as PanicException, a BaseException
+            failed.append({"text": s, "error": repr(e)[:200]})
+            continue
         line = {"file": rel, "text": s, "ids": ids, "ids_plain": plain, "decode": dec,
-                "decode_skip": tok.decode(ids, skip_special_tokens=True)}
+                "decode_skip": dec_skip}
         if tok.pre_tokenizer is not None:
             try:  # the pieces before the model, to tell a split mismatch from a merge mismatch
                 line["pre"] = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(s)]
@@ -465,8 +537,8 @@ def check(name, path, tests, specials, out_lines):
     for ids in decode_lists(r, tok.get_vocab_size(), special_ids, N_DECODE_LISTS):
         out_lines.append({"file": rel, "decode_ids": ids, "decode": tok.decode(ids, skip_special_tokens=False),
                           "decode_skip": tok.decode(ids, skip_special_tokens=True)})
-    return {"kind": name, "vocab": tok.get_vocab_size(), "strings": len(tests), "ids": n_ids,
-            "decode_differs_from_text": roundtrip_fail}
+    return {"kind": name, "vocab": tok.get_vocab_size(), "strings": len(tests) - len(failed), "ids": n_ids,
+            "decode_differs_from_text": roundtrip_fail, "hf_failed": failed}
 
 
 def transformers_gguf(d, tests):
@@ -529,13 +601,16 @@ def main():
         except Exception as e:  # report and go on with the other kinds
             summary["errors"].append("%s: train: %r" % (name, e))
             continue
-        for vname, vd, extra in [(name, d, [])] + variants(name, d):
+        others = variants(name, d)
+        runs = [(vn, vd, make_tests(specials + extra), specials + extra) for vn, vd, extra in [(name, d, [])] + others]
+        runs += [(vn, vd, tests, [a["content"] for a in vd["added_tokens"]]) for vn, vd, tests in flag_variants(name, d, others)]
+        for vname, vd, tests, sp in runs:
             try:
                 from tokenizers import Tokenizer
                 os.makedirs(os.path.join(args.out, vname), exist_ok=True)
                 path = os.path.join(args.out, vname, "tokenizer.json")
                 Tokenizer.from_str(json.dumps(vd)).save(path)
-                summary["kinds"].append(check(vname, path, make_tests(specials + extra), specials + extra, lines))
+                summary["kinds"].append(check(vname, path, tests, sp, lines))
             except Exception as e:
                 summary["errors"].append("%s: %r" % (vname, e))
         if name == "llama2":
@@ -556,9 +631,10 @@ def main():
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print("tokenizers %s, %d expected lines, %.1f s" % (summary["tokenizers"], len(lines), summary["seconds"]))
-    print("%-18s %6s %8s %8s %s" % ("kind", "vocab", "strings", "ids", "decode!=text"))
+    print("%-24s %6s %8s %8s %12s %s" % ("kind", "vocab", "strings", "ids", "decode!=text", "hf-failed"))
     for k in summary["kinds"]:
-        print("%-18s %6d %8d %8d %d" % (k["kind"], k["vocab"], k["strings"], k["ids"], k["decode_differs_from_text"]))
+        print("%-24s %6d %8d %8d %12d %d" % (k["kind"], k["vocab"], k["strings"], k["ids"], k["decode_differs_from_text"],
+                                             len(k["hf_failed"])))
     print("transformers GGUF converter:", summary.get("transformers_gguf"))
     for e in summary["errors"]:
         print("ERROR", e)

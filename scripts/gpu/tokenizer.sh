@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Tokenizer check against HF tokenizers (issue 15 item 3), from the repo root
 # on the GPU machine (python3 with tokenizers; no Go, no GPU use, no network).
-# Expected run time: about 10 s, at most 90 s (the timeout).
+# Expected run time: about 15 s, at most 90 s (the timeout).
 #
 #   OUT=/some/dir scripts/gpu/tokenizer.sh
 #
 # It trains small tokenizers of each kind (GPT-2 and Llama-3 style byte-level
-# BPE, Llama-2 style SentencePiece BPE with byte fallback, and two variants)
+# BPE, Llama-2 style SentencePiece BPE with byte fallback, and variants: added
+# tokens with every combination of lstrip/rstrip/single_word/normalized/special)
 # and writes, under $OUT/tokenizer/, each tokenizer.json, expected.jsonl.gz
 # (the ids and decodes HF gives for 1,300 strings per kind) and summary.json.
 # The Go test in tokenizer/ compares them where Go runs: copy the directory to

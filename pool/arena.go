@@ -126,7 +126,7 @@ func (p *Pool) newChunk(size uint64) (*arena, error) {
 		}
 		a.hostBuf, a.host, a.base = hb, hb.Bytes, hb.DevicePtr
 	} else {
-		ptr, err := p.dev.Alloc(size)
+		ptr, err := p.devAlloc(size)
 		if err != nil {
 			return nil, err
 		}

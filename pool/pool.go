@@ -172,6 +172,12 @@ type Options struct {
 	// Limit caps the bytes the pool reserves from the device (0 = the
 	// device's total memory), like ONNX Runtime's gpu_mem_limit.
 	Limit uint64
+	// Priority, in (0, 1], is the memory priority of the chunks a
+	// GrowChunks pool allocates, on a device that implements
+	// PriorityAllocator (Vulkan with VK_EXT_memory_priority); 0 leaves the
+	// device's default. PurposePriority maps a purpose to one: a pool of
+	// weights at 1.0 stays resident before pools of activations at 0.5.
+	Priority float32
 	// Warmup is reserved at New so the first requests need no driver call.
 	Warmup uint64
 	// Alignment is the default block alignment (default 256; a power of two).

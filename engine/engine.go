@@ -58,13 +58,24 @@ type Options struct {
 	// MaxTokens is the longest sequence (prompt plus generated tokens) the
 	// KV cache holds; 0 means the model's context length.
 	MaxTokens int
-	// PrefillChunk is the most prompt tokens one step runs (default 512);
-	// the activation arena is planned for it.
+	// PrefillChunk is the most prompt tokens one step runs; the
+	// activation arena is planned for it. 0 chooses it from the budget
+	// (the automatic rule, see AutoChunkLimit): the largest chunk, up to
+	// PromptTokens and AutoChunkLimit, whose plan fits the budget, since
+	// every chunk streams the non-resident weights once. A chunk given
+	// that does not fit is a *BudgetError like any other.
 	PrefillChunk int
+	// PromptTokens is the longest prompt the caller will run; it bounds
+	// the automatic chunk (0: MaxTokens-1). It changes nothing when
+	// PrefillChunk is given.
+	PromptTokens int
 	// BlockTokens is the KV block size in tokens (default 16).
 	BlockTokens int
-	// Slots is the number of staging slots when weights stream (default
-	// 2), Prefetch how many streamed groups are issued ahead (default
+	// Slots is the number of staging slots when weights stream; 0 chooses
+	// 2, or 3 when weights stream, the chunk is at least AutoSlotsChunk
+	// tokens and the budget holds the third slot (a long chunk's products
+	// take long enough that a copy two groups ahead keeps the link busy).
+	// Prefetch is how many streamed groups are issued ahead (default
 	// Slots-1).
 	Slots, Prefetch int
 	// Source is the host side of streamed copies (default Auto).
@@ -97,15 +108,18 @@ func (o Options) withDefaults(c *llama.Config) Options {
 	if o.MaxTokens <= 0 || o.MaxTokens > c.Context {
 		o.MaxTokens = c.Context
 	}
-	if o.PrefillChunk <= 0 {
-		o.PrefillChunk = 512
+	if o.PrefillChunk < 0 {
+		o.PrefillChunk = 0
 	}
 	o.PrefillChunk = min(o.PrefillChunk, o.MaxTokens)
+	if o.PromptTokens <= 0 || o.PromptTokens >= o.MaxTokens {
+		o.PromptTokens = max(o.MaxTokens-1, 1)
+	}
 	if o.BlockTokens <= 0 {
 		o.BlockTokens = 16
 	}
-	if o.Slots <= 0 {
-		o.Slots = 2
+	if o.Slots < 0 {
+		o.Slots = 0
 	}
 	if o.LinkGBps <= 0 {
 		o.LinkGBps = 25
@@ -182,10 +196,14 @@ type groupUse struct {
 // options: the weight plan, the KV cache, the activation arena, the
 // attention kernel's scratch, and the pools' predicted peak.
 type Footprint struct {
-	Plan         *plan.WeightPlan `json:"-"`
-	KVBytes      uint64           `json:"kv_bytes"`
-	ArenaBytes   uint64           `json:"arena_bytes"`
-	ScratchBytes uint64           `json:"kernel_scratch_bytes"` // allocated by the kernels, outside the pools
+	Plan *plan.WeightPlan `json:"-"`
+	// PrefillChunk and Slots are the chunk and staging slots planned for:
+	// Options' own, or what the automatic rule chose from the budget.
+	PrefillChunk int    `json:"prefill_chunk"`
+	Slots        int    `json:"slots"`
+	KVBytes      uint64 `json:"kv_bytes"`
+	ArenaBytes   uint64 `json:"arena_bytes"`
+	ScratchBytes uint64 `json:"kernel_scratch_bytes"` // allocated by the kernels, outside the pools
 	// PoolPeakBytes predicts the device pool's peak reserved bytes: the
 	// plan's resident groups and staging slots, the KV cache, the arena and
 	// the small buffers, rounded up to the pool's pages.
@@ -229,9 +247,88 @@ func newShell(m *llama.Model, o Options) (*Engine, error) {
 	return e, nil
 }
 
+// AutoChunkLimit is the longest prefill chunk the automatic rule
+// (Options.PrefillChunk 0) chooses: a 2,048-token prompt prefills in one
+// pass over the streamed weights when the budget holds its activations;
+// longer prompts run in chunks of at most this many tokens, so that the
+// arena, which stays allocated while decoding, takes no more of the budget
+// than a 7B model's 2,048-token chunk (about 280 MB).
+const AutoChunkLimit = 2048
+
+// AutoSlotsChunk is the chunk length from which Options.Slots 0 gives
+// three staging slots instead of two (when weights stream and the budget
+// holds the third). On the simulator's H200-like time model a 2,048-token
+// prefill of a 7B model in 8 GiB takes 1.11× its weight copies with two
+// slots and 1.04× with three, while short chunks and decode steps gain
+// nothing from a third slot and lose its bytes to streaming.
+const AutoSlotsChunk = 1024
+
+// estimate resolves the automatic chunk and slots (Options.PrefillChunk
+// and Slots 0) and returns the plan for them.
 func (e *Engine) estimate(ctx context.Context, info device.Info) (*Footprint, error) {
+	o := e.opt
+	slots := o.Slots
+	if slots == 0 {
+		slots = 2
+	}
+	var f *Footprint
+	var err error
+	if o.PrefillChunk > 0 {
+		f, err = e.estimateAt(ctx, info, o.PrefillChunk, slots)
+	} else {
+		f, err = e.autoChunk(ctx, info, slots)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.Slots == 0 && f.PrefillChunk >= AutoSlotsChunk && len(f.Plan.Streamed()) > 0 {
+		if f3, err := e.estimateAt(ctx, info, f.PrefillChunk, 3); err == nil {
+			f = f3
+		} else if !errors.Is(err, ErrBudget) {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// autoChunk finds the largest chunk up to min(PromptTokens,
+// AutoChunkLimit) whose plan fits the budget, by bisection over the
+// chunk length (the footprint grows with it). When not even one token
+// fits, the error is chunk 1's *BudgetError: its minimum is the least
+// budget that runs.
+func (e *Engine) autoChunk(ctx context.Context, info device.Info, slots int) (*Footprint, error) {
+	hi := min(e.opt.PromptTokens, AutoChunkLimit, e.opt.MaxTokens)
+	best, err := e.estimateAt(ctx, info, hi, slots)
+	if err == nil {
+		return best, nil
+	}
+	if !errors.Is(err, ErrBudget) || hi == 1 {
+		return nil, err
+	}
+	if best, err = e.estimateAt(ctx, info, 1, slots); err != nil {
+		return nil, err
+	}
+	lo := 1 // fits; hi does not
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		f, err := e.estimateAt(ctx, info, mid, slots)
+		switch {
+		case err == nil:
+			lo, best = mid, f
+		case errors.Is(err, ErrBudget):
+			hi = mid
+		default:
+			return nil, err
+		}
+	}
+	return best, nil
+}
+
+// estimateAt plans the engine for prefill chunks of chunk tokens and the
+// given staging slots.
+func (e *Engine) estimateAt(ctx context.Context, info device.Info, chunk, slots int) (*Footprint, error) {
 	o, cfg := e.opt, e.cfg
-	f := &Footprint{bufs: e.buffers(o.PrefillChunk)}
+	f := &Footprint{PrefillChunk: chunk, Slots: slots, bufs: e.buffers(chunk)}
 	var err error
 	if f.layout, _, err = plan.Solve(ctx, f.bufs, plan.Options{Alignment: 256, TimeLimit: -1}); err != nil {
 		return nil, fmt.Errorf("engine: activation plan: %w", err)
@@ -241,14 +338,14 @@ func (e *Engine) estimate(ctx context.Context, info device.Info) (*Footprint, er
 		BlockTokens: o.BlockTokens, Blocks: blocks}
 	f.KVBytes = f.kvCfg.BlockBytes() * uint64(blocks)
 	f.ArenaBytes = f.layout.ArenaBytes
-	f.ScratchBytes = e.attentionScratch(info)
+	f.ScratchBytes = e.attentionScratch(info, chunk)
 	// Four pages of the pool's growth granule for rounding, holes and the small
 	// buffers (RoPE frequencies, the Q/K permutation), and the attention
 	// kernel's own scratch, which the kernels allocate outside the pool.
 	gran := max(info.Granularity, 64<<10)
 	small := uint64(64<<10) + 4*uint64(cfg.HeadDim*cfg.HeadDim)
 	reserve := f.KVBytes + f.ArenaBytes + 4*gran + f.ScratchBytes + o.ReserveBytes
-	if f.Plan, err = e.planWeights(reserve, f.KVBytes, f.ArenaBytes); err != nil {
+	if f.Plan, err = e.planWeights(reserve, f.KVBytes, f.ArenaBytes, slots); err != nil {
 		return nil, err
 	}
 	used := f.Plan.ResidentBytes + f.Plan.StagingBytes + f.KVBytes + f.ArenaBytes + small
@@ -268,7 +365,6 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return nil, err
 	}
 	e.d, e.ks, e.dev, e.host = d, ks, dev, host
-	o = e.opt
 	cfg := e.cfg
 	defer func() {
 		if err != nil {
@@ -280,6 +376,8 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return e, err
 	}
 	e.plan, e.scratch = e.foot.Plan, e.foot.ScratchBytes
+	e.opt.PrefillChunk, e.opt.Slots = e.foot.PrefillChunk, e.foot.Slots
+	o = e.opt
 	e.compute, e.ownStream = o.Stream, o.Stream == 0
 	if e.ownStream {
 		if e.compute, err = d.NewStream(); err != nil {
@@ -432,14 +530,14 @@ func splitBlocks(groups []plan.WeightGroup) ([]plan.WeightGroup, error) {
 // attentionScratch is the device memory kernels.Set.Attention allocates
 // for split (flash-decoding) partials at the longest context, decode and
 // prefill chunks alike: at least 1 MiB once any launch splits.
-func (e *Engine) attentionScratch(info device.Info) uint64 {
+func (e *Engine) attentionScratch(info device.Info, chunk int) uint64 {
 	c := e.cfg
 	sms := uint32(info.Multiprocessors)
 	if sms == 0 {
 		sms = 128
 	}
 	var most uint64
-	for _, T := range []int{1, e.opt.PrefillChunk} {
+	for _, T := range []int{1, chunk} {
 		start := max(e.opt.MaxTokens-T, 0)
 		p := kernels.PlanAttention(uint32(start), uint32(T), uint32(c.Heads), uint32(c.KVHeads), uint32(c.HeadDim), sms)
 		if p.Splits > 1 {
@@ -455,7 +553,7 @@ func (e *Engine) ScratchBytes() uint64 { return e.scratch }
 
 // planWeights plans the weights under the budget less reserve (KV cache
 // and activations).
-func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) (*plan.WeightPlan, error) {
+func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64, slots int) (*plan.WeightPlan, error) {
 	groups, err := plan.GroupWeights(e.model.Weights.Tensors)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
@@ -467,7 +565,7 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64) (*plan.WeightP
 	}
 	// Resident blocks spread over the depth, so that the copies of the
 	// streamed ones overlap the resident ones' products (prefill).
-	wo := plan.WeightOptions{Slots: e.opt.Slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256, Spread: true}
+	wo := plan.WeightOptions{Slots: slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256, Spread: true}
 	minimum := func() uint64 {
 		wo.Budget = math.MaxUint64 / 4
 		p, err := plan.PlanWeights(groups, wo)

@@ -558,6 +558,14 @@ func TestTiming(t *testing.T) {
 	}
 }
 
+// pagedSim is a simulated device of 1 GiB with 64 KiB pages, so that the
+// pools' page rounding leaves a small budget little slack.
+func pagedSim() *sim.Device {
+	o := sim.DefaultOptions()
+	o.TotalBytes, o.Kernels, o.Granularity = 1<<30, kernels.Sim(), 64<<10
+	return sim.New(o)
+}
+
 // TestRandomBudgets: any budget from below the minimum to above the model,
 // with random slots, chunk and context, is refused with the minimum or
 // runs: the plan's slack covers the pool's page rounding and holes (64 KiB
@@ -571,9 +579,7 @@ func TestRandomBudgets(t *testing.T) {
 	for _, preset := range []string{"tiny", "tiny-f16"} {
 		m := open(t, modelPath(t, preset, []string{synth.Safetensors, synth.GGUF}[rng.IntN(2)]))
 		for range 12 {
-			o := sim.DefaultOptions()
-			o.TotalBytes, o.Kernels, o.Granularity = 1<<30, kernels.Sim(), 64<<10
-			r := newRig(t, sim.New(o))
+			r := newRig(t, pagedSim())
 			opts := engine.Options{MaxTokens: 24 + rng.IntN(100), PrefillChunk: 1 + rng.IntN(64), Slots: 2 + rng.IntN(3), WholeLayers: rng.IntN(4) == 0}
 			opts.Budget = 1
 			_, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, opts)
@@ -595,5 +601,130 @@ func TestRandomBudgets(t *testing.T) {
 			e.Close()
 			r.zero(t)
 		}
+	}
+}
+
+// TestAutoChunk: with PrefillChunk 0 the chunk is the largest, up to the
+// prompt and AutoChunkLimit, whose plan fits the budget (every longer one
+// is refused with the minimum), New runs exactly that plan, and the run's
+// peak stays within the budget; a budget that holds no chunk is refused
+// with the minimum at one token, which then runs.
+func TestAutoChunk(t *testing.T) {
+	if onGPU() {
+		t.Skip("a simulated device with 64 KiB pages")
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(11, 3))
+	for _, preset := range []string{"tiny", "tiny-f16"} {
+		m := open(t, modelPath(t, preset, []string{synth.Safetensors, synth.GGUF}[rng.IntN(2)]))
+		for i := range 10 {
+			d := pagedSim()
+			opts := engine.Options{MaxTokens: 24 + rng.IntN(100), Slots: []int{0, 2, 3}[rng.IntN(3)], WholeLayers: rng.IntN(4) == 0}
+			opts.PromptTokens = 1 + rng.IntN(opts.MaxTokens-1)
+			opts.Budget = 1
+			_, err := engine.Estimate(ctx, m, opts, d.Info())
+			var be *engine.BudgetError
+			if !errors.As(err, &be) {
+				t.Fatalf("%+v: %v", opts, err)
+			}
+			one := opts
+			one.PrefillChunk = 1
+			if _, err := engine.Estimate(ctx, m, one, d.Info()); !errors.Is(err, engine.ErrBudget) {
+				t.Fatalf("chunk 1 at budget 1: %v", err)
+			}
+			// Budgets from the minimum to a few arenas above it.
+			opts.Budget = be.Minimum + rng.Uint64N([]uint64{64 << 10, 1 << 20, 4 << 20, m.Weights.DataBytes}[i%4])
+			f, err := engine.Estimate(ctx, m, opts, d.Info())
+			if err != nil {
+				t.Fatalf("%s at budget %d (minimum %d), %+v: %v", preset, opts.Budget, be.Minimum, opts, err)
+			}
+			hi := min(opts.PromptTokens, engine.AutoChunkLimit)
+			if f.PrefillChunk < 1 || f.PrefillChunk > hi {
+				t.Fatalf("%+v: chunk %d outside 1..%d", opts, f.PrefillChunk, hi)
+			}
+			wantSlots := opts.Slots
+			if wantSlots == 0 {
+				wantSlots = 2 // chunks this short never take a third slot
+			}
+			if f.Slots != wantSlots {
+				t.Errorf("%+v: %d slots, want %d", opts, f.Slots, wantSlots)
+			}
+			for T := f.PrefillChunk + 1; T <= hi; T++ {
+				o := opts
+				o.PrefillChunk, o.Slots = T, f.Slots
+				if _, err := engine.Estimate(ctx, m, o, d.Info()); !errors.Is(err, engine.ErrBudget) {
+					t.Fatalf("%+v: chose chunk %d but %d fits too (%v)", opts, f.PrefillChunk, T, err)
+				}
+			}
+			r := newRig(t, d)
+			e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, opts)
+			if err != nil {
+				t.Fatalf("%+v: %v", opts, err)
+			}
+			if g := e.Footprint(); g.PrefillChunk != f.PrefillChunk || g.Slots != f.Slots || g.DeviceBytes != f.DeviceBytes {
+				t.Errorf("New planned chunk %d, %d slots, %d bytes; Estimate %d, %d, %d", g.PrefillChunk, g.Slots, g.DeviceBytes, f.PrefillChunk, f.Slots, f.DeviceBytes)
+			}
+			if _, err := e.Generate(ctx, prompt(opts.PromptTokens, m.Config.Vocab, 1), engine.Sampling{MaxNew: 2}, nil); err != nil {
+				t.Fatalf("%+v: %v", opts, err)
+			}
+			if peak := r.dev.Stats().PeakReservedBytes + e.ScratchBytes(); peak > opts.Budget {
+				t.Errorf("%+v: peak %d above the budget %d", opts, peak, opts.Budget)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			r.zero(t)
+		}
+	}
+}
+
+// TestAutoSlots: a long prompt's chunk takes a third staging slot when
+// weights stream and the budget holds it, never beyond AutoChunkLimit,
+// and never a third slot for a chunk below AutoSlotsChunk.
+func TestAutoSlots(t *testing.T) {
+	ctx := context.Background()
+	cfg := synth.Tiny()
+	cfg.Context = 4096
+	dir := t.TempDir()
+	if _, err := synth.Generate(ctx, cfg, filepath.Join(dir, "model.safetensors"), synth.Options{Workers: 2}); err != nil {
+		t.Fatal(err)
+	}
+	m := open(t, dir)
+	so := sim.DefaultOptions()
+	so.Granularity = 64 << 10
+	info := sim.New(so).Info()
+	base := engine.Options{Budget: 1, MaxTokens: 4096, PromptTokens: 3000}
+	_, err := engine.Estimate(ctx, m, base, info)
+	var be *engine.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	seen := map[[2]int]int{}
+	for range 20 {
+		o := base
+		o.Budget = be.Minimum + rng.Uint64N(48<<20)
+		f, err := engine.Estimate(ctx, m, o, info)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams := len(f.Plan.Streamed()) > 0
+		seen[[2]int{f.PrefillChunk, f.Slots}]++
+		switch {
+		case f.PrefillChunk > engine.AutoChunkLimit:
+			t.Errorf("budget %d: chunk %d", o.Budget, f.PrefillChunk)
+		case f.Slots == 3 && (f.PrefillChunk < engine.AutoSlotsChunk || !streams):
+			t.Errorf("budget %d: 3 slots for chunk %d (streams %v)", o.Budget, f.PrefillChunk, streams)
+		case f.Slots == 2 && f.PrefillChunk >= engine.AutoSlotsChunk && streams:
+			o3 := o
+			o3.PrefillChunk, o3.Slots = f.PrefillChunk, 3
+			if _, err := engine.Estimate(ctx, m, o3, info); err == nil {
+				t.Errorf("budget %d: 2 slots for chunk %d though 3 fit", o.Budget, f.PrefillChunk)
+			}
+		}
+	}
+	t.Logf("(chunk, slots): budgets %v", seen)
+	if seen[[2]int{engine.AutoChunkLimit, 3}] == 0 || seen[[2]int{engine.AutoChunkLimit, 2}] == 0 || len(seen) < 4 {
+		t.Errorf("the budgets did not reach the cases: %v", seen)
 	}
 }

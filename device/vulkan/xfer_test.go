@@ -187,14 +187,15 @@ type hostCandidate struct {
 	buf  []byte
 }
 
-// candidateHosts allocates n bytes of host memory three ways: HostAlloc's
+// candidateHosts allocates n bytes of host memory four ways: HostAlloc's
 // type (cached where offered), the coherent type without host caching,
-// and anonymous pages imported with VK_EXT_external_memory_host.
+// and anonymous pages imported with VK_EXT_external_memory_host, of 4 KiB
+// and of transparent huge pages.
 func candidateHosts(d *Device, n uint64) ([]hostCandidate, func(), error) {
 	var frees []func()
-	release := func() {
-		for _, f := range frees {
-			f()
+	release := func() { // last taken, first given back
+		for i := len(frees) - 1; i >= 0; i-- {
+			frees[i]()
 		}
 	}
 	var out []hostCandidate
@@ -219,18 +220,29 @@ func candidateHosts(d *Device, n uint64) ([]hostCandidate, func(), error) {
 			break
 		}
 	}
-	if d.hasHostImport {
+	for _, huge := range []bool{false, true} {
+		if !d.hasHostImport {
+			break
+		}
 		mem, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		if err != nil {
+			continue
+		}
+		frees = append(frees, func() { syscall.Munmap(mem) })
+		name := "imported"
+		if huge { // transparent huge pages: 2 MiB pieces of contiguous memory
+			if syscall.Madvise(mem, 14 /* MADV_HUGEPAGE */) != nil {
+				continue
+			}
+			name = "imp-thp"
+		}
+		for i := range mem {
+			mem[i] = byte(i)
+		}
+		hb, err := d.HostRegister(mem, 0)
 		if err == nil {
-			for i := range mem {
-				mem[i] = byte(i)
-			}
-			hb, err := d.HostRegister(mem, 0)
-			if err == nil {
-				frees = append(frees, func() { d.HostFree(hb) })
-				out = append(out, hostCandidate{"imported", mem})
-			}
-			frees = append(frees, func() { syscall.Munmap(mem) })
+			frees = append(frees, func() { d.HostFree(hb) })
+			out = append(out, hostCandidate{name, mem})
 		}
 	}
 	return out, release, nil

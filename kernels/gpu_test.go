@@ -69,20 +69,11 @@ func TestCUDALlamaKernels(t *testing.T) {
 	for _, target := range targets {
 		s := loadTarget(t, d, target)
 		r := newRig(t, d, s)
-		type agg struct {
-			twin, ref float64
-			n         int
-		}
-		per := map[string]*agg{}
+		per := map[string]*errAgg{}
 		for i, c := range cases {
 			got := c.run(r)
 			et, er := relErr32(got, twins[i]), relErr(got, c.ref)
-			a := per[c.kernel]
-			if a == nil {
-				a = &agg{}
-				per[c.kernel] = a
-			}
-			a.twin, a.ref, a.n = max(a.twin, et), max(a.ref, er), a.n+1
+			errAggAdd(per, c.kernel, et, er)
 			if !(er <= c.tol) || !(et <= max(c.tol, 1e-6)) {
 				t.Errorf("%s %s %s: relative error %.3g vs float64 (tolerance %.0e), %.3g vs the Go twin", target, c.kernel, c.name, er, c.tol, et)
 			}
@@ -96,6 +87,22 @@ func TestCUDALlamaKernels(t *testing.T) {
 			fmt.Printf("KCHECK %s %s %.3g %.3g %d\n", k, target, per[k].twin, per[k].ref, per[k].n)
 		}
 	}
+}
+
+// errAgg is a kernel's worst relative errors (against the Go twin and the
+// float64 reference) over n cases.
+type errAgg struct {
+	twin, ref float64
+	n         int
+}
+
+func errAggAdd(per map[string]*errAgg, kernel string, twin, ref float64) {
+	a := per[kernel]
+	if a == nil {
+		a = &errAgg{}
+		per[kernel] = a
+	}
+	a.twin, a.ref, a.n = max(a.twin, twin), max(a.ref, ref), a.n+1
 }
 
 // The matrix kernels of the compute_70 target (TestCUDAKernels covers the
@@ -255,7 +262,9 @@ func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		fmt.Printf("KPERF gemv_bf16 %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, bytes/per.Seconds()/1e9)
 		if sh.T == 1 { // the same product on the two-rows-per-warp kernel, for comparison
 			g := device.Dim3{X: ceilDiv(sh.M, gemvRowsPerBlock(2)), Y: 1, Z: 1}
-			per := tm.per(20, func() error { return d.Launch(s.gemv[BF16], g, blockDim(), 0, tm.st, w, x, y, sh.M, sh.K, sh.T) })
+			per := tm.per(20, func() error {
+				return d.Launch(s.gemvk[gemvTwo][BF16], g, blockDim(), 0, tm.st, w, x, y, sh.M, sh.K, sh.T)
+			})
 			fmt.Printf("KPERF gemv_bf16_2rows %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, bytes/per.Seconds()/1e9)
 		}
 		must(t, d.Free(w))

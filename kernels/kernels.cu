@@ -517,6 +517,253 @@ __device__ __forceinline__ void gemv1_async(const typename Tr::S* __restrict__ W
 #endif  // MEMWALL_SM80
 
 // ---------------------------------------------------------------------------
+// Streamed GEMV (memwall_gemvs1_*, memwall_gemvs_*, memwall_gemvm_*): the
+// decode products at HBM speed for every shape. Any grid works: block b
+// takes the contiguous share [N*b/G, N*(b+1)/G) of the N rows (or 16-row
+// groups), so the launcher sizes the grid to the GPU (a multiple of the SM
+// count, every block resident at once) instead of to M, and no wave of
+// blocks starts late. Inside a block the share is one flat sequence of work
+// units (a row, or a row group, times a slice of K) cut into eight equal
+// runs, one per warp: a warp streams across row ends with its loads in
+// flight, short-M/long-K shapes split K over the warps (no atomics), and
+// per-row partial sums meet in shared memory, summed in warp order (the
+// result does not depend on timing). Shares larger than the shared buffer
+// are done in passes.
+//
+// Vectors: a row is cut into 16-byte vectors of kVec elements, the last one
+// zero-padded past K; with K a multiple of kVec and W, X 16-byte aligned
+// they are single loads that bypass L1, else gathered element by element.
+
+const int kGemvsWarps = 8;
+const int kGemvsPart = 4096;  // floats of per-warp partial sums in shared memory (16 KiB)
+
+// Vector c of a row of K elements (raw bits, zeros past K).
+template <class Tr>
+__device__ __forceinline__ uint4 gemvs_vec(const typename Tr::S* row, uint64_t c, uint32_t K, bool fast,
+                                           bool stream) {
+    if (fast) {
+        const uint4* p = reinterpret_cast<const uint4*>(row) + c;
+        return stream ? ld_stream16(p) : __ldg(p);
+    }
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    const uint64_t k0 = c * Tr::kVec;
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(row);
+    const unsigned int* f = reinterpret_cast<const unsigned int*>(row);
+#pragma unroll
+    for (int e = 0; e < Tr::kVec; ++e) {
+        if (k0 + e < K) {
+            if (sizeof(typename Tr::S) == 2)
+                w[e >> 1] |= (uint32_t)__ldg(h + k0 + e) << (16 * (e & 1));
+            else
+                w[e] = __ldg(f + k0 + e);
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ void gemvs_share(uint64_t n, uint64_t& a, uint64_t& b) {
+    a = n * blockIdx.x / gridDim.x;
+    b = n * (blockIdx.x + 1) / gridDim.x;
+}
+
+// CUDA cores, T <= MAXT: a unit is one row times 32 vectors (one per lane,
+// 512 contiguous bytes per warp load for 16-bit dtypes); U units in flight.
+template <class Tr, int U, int MAXT>
+__device__ __forceinline__ void gemvs(const typename Tr::S* __restrict__ W, const typename Tr::S* __restrict__ X,
+                                      float* __restrict__ Y, uint32_t M, uint32_t K, uint32_t T) {
+    __shared__ float part[kGemvsPart];  // [row][t][warp]
+    constexpr uint64_t kRows = kGemvsPart / (MAXT * kGemvsWarps);
+    if (T > (uint32_t)MAXT) T = MAXT;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const bool fast = K % Tr::kVec == 0 && aligned16(W) && aligned16(X);
+    const uint64_t nvec = (K + Tr::kVec - 1) / Tr::kVec, cpr = (nvec + 31) / 32;
+    uint64_t r0, r1;
+    gemvs_share(M, r0, r1);
+    for (uint64_t rp = r0; rp < r1; rp += kRows) {
+        const uint64_t nr = min(kRows, r1 - rp), units = nr * cpr;
+        const uint64_t ua = units * warp / kGemvsWarps, ub = units * (warp + 1) / kGemvsWarps;
+        uint64_t lr = ua / cpr, lj = ua % cpr;  // next unit to load: row (in the pass), slice
+        uint64_t cr = lr, cj = lj;              // next unit to consume
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (ua + u < ub) {
+                const uint64_t c = lj * 32 + lane;
+                if (c < nvec) v[u] = gemvs_vec<Tr>(W + (rp + lr) * K, c, K, fast, true);
+                if (++lj == cpr) lj = 0, ++lr;
+            }
+        }
+        float acc[MAXT];
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) acc[t] = 0.0f;
+        for (uint64_t i = ua; i < ub; i += U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (i + u < ub) {
+                    const uint64_t c = cj * 32 + lane;
+                    if (c < nvec) {
+                        float wf[Tr::kVec];
+                        Tr::unpack(v[u], wf);
+#pragma unroll
+                        for (int t = 0; t < MAXT; ++t) {
+                            if (t < (int)T) {
+                                float xf[Tr::kVec];
+                                Tr::unpack(gemvs_vec<Tr>(X + (uint64_t)t * K, c, K, fast, false), xf);
+#pragma unroll
+                                for (int j = 0; j < Tr::kVec; ++j) acc[t] = fmaf(wf[j], xf[j], acc[t]);
+                            }
+                        }
+                    }
+                    if (i + u + U < ub) {
+                        const uint64_t cl = lj * 32 + lane;
+                        if (cl < nvec) v[u] = gemvs_vec<Tr>(W + (rp + lr) * K, cl, K, fast, true);
+                        if (++lj == cpr) lj = 0, ++lr;
+                    }
+                    if (++cj == cpr) {  // row cr ends: its partial sum goes to shared memory
+#pragma unroll
+                        for (int t = 0; t < MAXT; ++t) {
+                            const float s = warp_sum(acc[t]);
+                            if (lane == 0) part[(cr * MAXT + t) * kGemvsWarps + warp] = s;
+                            acc[t] = 0.0f;
+                        }
+                        cj = 0, ++cr;
+                    }
+                }
+            }
+        }
+        if (cj != 0) {  // the run ended inside row cr
+#pragma unroll
+            for (int t = 0; t < MAXT; ++t) {
+                const float s = warp_sum(acc[t]);
+                if (lane == 0) part[(cr * MAXT + t) * kGemvsWarps + warp] = s;
+            }
+        }
+        __syncthreads();
+        for (uint64_t e = threadIdx.x; e < nr * T; e += blockDim.x) {
+            const uint64_t t = e / nr, r = e % nr;
+            float s = 0.0f;
+            for (uint32_t w = 0; w < kGemvsWarps; ++w) {
+                const uint64_t wa = units * w / kGemvsWarps, wb = units * (w + 1) / kGemvsWarps;
+                if (wa < (r + 1) * cpr && wb > r * cpr) s += part[(r * MAXT + t) * kGemvsWarps + w];
+            }
+            Y[t * M + rp + r] = s;
+        }
+        __syncthreads();  // part is reused by the next pass
+    }
+}
+
+#if MEMWALL_SM80
+template <bool BF>
+__device__ __forceinline__ void gemvm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    if (BF) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+// Tensor cores (bf16, f16), T <= 8: a unit is a group of 16 rows times 8
+// vectors (64 elements of K). Lane (g = lane/4, q = lane%4) loads vectors
+// 2q and 2q+1 of rows g and g+8 (128 contiguous bytes per row and warp) and
+// token g's same two vectors of X, and issues four mma.m16n8k16: a sum over
+// k may take k in any order, so the 8 elements of the lane's vector fill
+// its A slots (row g and g+8, k 2q..2q+1 and 2q+8..2q+9) of two mmas, and
+// its B slots with X at the same k. T = 1..8 costs the same bytes; the
+// tensor cores idle.
+template <bool BF, int U>
+__device__ __forceinline__ void gemvm(const uint16_t* __restrict__ W, const uint16_t* __restrict__ X,
+                                      float* __restrict__ Y, uint32_t M, uint32_t K, uint32_t T) {
+    __shared__ float part[kGemvsPart];  // [group][warp][t][16 rows]
+    constexpr uint64_t kGroups = kGemvsPart / (kGemvsWarps * 128);
+    typedef BF16 Tr;  // loads only: both 16-bit dtypes load alike
+    if (T == 0) return;
+    if (T > 8u) T = 8u;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3u;
+    const bool fast = K % 8 == 0 && aligned16(W) && aligned16(X);
+    const uint64_t nvec = (K + 7) / 8, cpr = (nvec + 7) / 8, ngroups = ((uint64_t)M + 15) / 16;
+    const uint16_t* xg = X + (uint64_t)min(g, T - 1) * K;  // token g's row (lanes g >= T use zeros)
+    uint64_t g0, g1;
+    gemvs_share(ngroups, g0, g1);
+    for (uint64_t gp = g0; gp < g1; gp += kGroups) {
+        const uint64_t ng = min(kGroups, g1 - gp), units = ng * cpr;
+        const uint64_t ua = units * warp / kGemvsWarps, ub = units * (warp + 1) / kGemvsWarps;
+        uint64_t lr = ua / cpr, lj = ua % cpr, cr = lr, cj = lj;
+        uint4 v[U][4];  // [unit][row g c0, row g c1, row g+8 c0, row g+8 c1]
+        auto load = [&](uint4(&dst)[4]) {
+            const uint64_t m = (gp + lr) * 16 + g;
+            const uint16_t* ra = W + min(m, (uint64_t)M - 1) * K;
+            const uint16_t* rb = W + min(m + 8, (uint64_t)M - 1) * K;
+            const uint64_t c = lj * 8 + 2 * q;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                dst[h] = c + h < nvec ? gemvs_vec<Tr>(ra, c + h, K, fast, true) : make_uint4(0, 0, 0, 0);
+                dst[2 + h] = c + h < nvec ? gemvs_vec<Tr>(rb, c + h, K, fast, true) : make_uint4(0, 0, 0, 0);
+            }
+            if (++lj == cpr) lj = 0, ++lr;
+        };
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (ua + u < ub) load(v[u]);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        auto flush = [&]() {
+            float* p = part + (cr * kGemvsWarps + warp) * 128;
+            // d0: (row g, token 2q), d1: (g, 2q+1), d2: (g+8, 2q), d3: (g+8, 2q+1).
+            p[(2 * q) * 16 + g] = d[0];
+            p[(2 * q + 1) * 16 + g] = d[1];
+            p[(2 * q) * 16 + g + 8] = d[2];
+            p[(2 * q + 1) * 16 + g + 8] = d[3];
+            d[0] = d[1] = d[2] = d[3] = 0.0f;
+        };
+        for (uint64_t i = ua; i < ub; i += U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (i + u < ub) {
+                    const uint64_t c = cj * 8 + 2 * q;
+                    uint4 x[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        x[h] = g < T && c + h < nvec ? gemvs_vec<Tr>(xg, c + h, K, fast, false) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint4 a = v[u][h], b = v[u][2 + h];
+                        gemvm_mma<BF>(d, a.x, b.x, a.y, b.y, x[h].x, x[h].y);
+                        gemvm_mma<BF>(d, a.z, b.z, a.w, b.w, x[h].z, x[h].w);
+                    }
+                    if (i + u + U < ub) load(v[u]);
+                    if (++cj == cpr) {
+                        flush();
+                        cj = 0, ++cr;
+                    }
+                }
+            }
+        }
+        if (cj != 0) flush();
+        __syncthreads();
+        for (uint64_t e = threadIdx.x; e < ng * 128; e += blockDim.x) {
+            const uint64_t r = e / 128, t = (e / 16) % 8, m = (gp + r) * 16 + e % 16;
+            if (t >= T || m >= M) continue;
+            float s = 0.0f;
+            for (uint32_t w = 0; w < kGemvsWarps; ++w) {
+                const uint64_t wa = units * w / kGemvsWarps, wb = units * (w + 1) / kGemvsWarps;
+                if (wa < (r + 1) * cpr && wb > r * cpr) s += part[(r * kGemvsWarps + w) * 128 + e % 128];
+            }
+            Y[t * M + m] = s;
+        }
+        __syncthreads();
+    }
+}
+#endif  // MEMWALL_SM80
+
+// ---------------------------------------------------------------------------
 // Llama-layer kernels: helpers. Activations are float32; "dt" arguments are
 // dtype codes (kDtF32, kDtBF16, kDtF16) of weights, caches and outputs.
 
@@ -1276,6 +1523,63 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_f16(
     gemv1_async<F16>(W, X, Y, M, K);
 #else
     gemv<F16, 1, 1>(W, X, Y, M, K, T);
+#endif
+}
+
+// The streamed GEMV (any grid.x >= 1, block of 256 threads):
+// memwall_gemvs1_* T = 1, memwall_gemvs_* T <= 8 on CUDA cores,
+// memwall_gemvm_* T <= 8 on tensor cores for bf16/f16 on compute_80 (the
+// CUDA-core kernel for f32 and on compute_70).
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvs1_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<F32, 8, 1>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvs_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<F32, 4, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvs1_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<BF16, 8, 1>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvs_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<BF16, 4, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvs1_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<F16, 8, 1>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvs_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<F32, 4, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemvm<true, 2>(W, X, Y, M, K, T);
+#else
+    gemvs<BF16, 4, kGemvMaxT>(W, X, Y, M, K, T);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemvm<false, 2>(W, X, Y, M, K, T);
+#else
+    gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
 #endif
 }
 

@@ -113,6 +113,9 @@ func Names() []string {
 	n := []string{NameFill, NameCheck, NameSpin}
 	for _, dt := range DTypes() {
 		n = append(n, GemvName(dt), GemmName(dt), Gemv1Name(dt))
+		for k := gemvStream1; k < gemvKinds; k++ {
+			n = append(n, gemvName(k, dt))
+		}
 	}
 	return append(n, llamaNames()...)
 }
@@ -231,8 +234,7 @@ type Set struct {
 	fill      device.Function
 	check     device.Function
 	spin      device.Function
-	gemv      map[string]device.Function
-	gemv1     map[string]device.Function
+	gemvk     [gemvKinds]map[string]device.Function // by variant (gemv.go), then dtype
 	gemm      map[string]device.Function
 	llama     llamaFuncs
 	blocks    uint32               // grid cap for the grid-stride kernels
@@ -241,7 +243,8 @@ type Set struct {
 	flash     bool                 // Attention uses memwall_attn_flash for prefill
 	flashOK   bool                 // the module and device can run it
 	decodeOff bool                 // Attention never uses memwall_attn_decode
-	gemv1Off  bool                 // Matmul runs T = 1 on memwall_gemv_* too
+	gemvOff   [gemvKinds]bool      // GEMV variants the self-test turned off
+	tensor    bool                 // the module has compute_80's tensor-core kernels
 	disabled  []string             // fast kernels the self-test turned off, and why
 
 	scratchMu sync.Mutex
@@ -326,8 +329,10 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		return nil, fmt.Errorf("kernels: load %s: %w", source, err)
 	}
 	s := &Set{d: d, mod: mod, source: source,
-		gemv: map[string]device.Function{}, gemv1: map[string]device.Function{}, gemm: map[string]device.Function{},
-		scratch: map[device.Stream]scratchBuf{}}
+		gemm: map[string]device.Function{}, scratch: map[device.Stream]scratchBuf{}}
+	for k := range s.gemvk {
+		s.gemvk[k] = map[string]device.Function{}
+	}
 	s.blocks, s.sms = 1024, 128
 	if info.Multiprocessors > 0 {
 		s.blocks = uint32(min(info.Multiprocessors*8, 1<<20)) // 8 blocks of 256 threads fill an SM
@@ -336,7 +341,8 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	if lib, ok := d.(device.MatmulLibrary); ok && lib.GemmName() != "" {
 		s.gemmLib = lib
 	}
-	s.flashOK = info.Backend == "sim" || info.ComputeMajor >= 8 && PTXTarget(ptx) >= 80
+	s.tensor = info.Backend == "sim" || info.ComputeMajor >= 8 && PTXTarget(ptx) >= 80
+	s.flashOK = s.tensor
 	s.flash = s.flashOK
 	resolve := func(name string) (device.Function, error) {
 		f, err := d.Function(mod, name)
@@ -364,11 +370,10 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		return fail(err)
 	}
 	for _, dt := range DTypes() {
-		if s.gemv1[dt], err = resolve(Gemv1Name(dt)); err != nil {
-			return fail(err)
-		}
-		if s.gemv[dt], err = resolve(GemvName(dt)); err != nil {
-			return fail(err)
+		for k := range s.gemvk {
+			if s.gemvk[k][dt], err = resolve(gemvName(k, dt)); err != nil {
+				return fail(err)
+			}
 		}
 		if s.gemm[dt], err = resolve(GemmName(dt)); err != nil {
 			return fail(err)
@@ -520,13 +525,28 @@ type MatmulShape struct {
 	Block  device.Dim3
 }
 
-// ShapeFor returns the launch Matmul uses for Y[T×M] = X[T×K]·W[M×K]ᵀ in
-// dtype: T = 1 runs memwall_gemv1_<dtype> (8 rows of W per block), T ≤
-// GemvMaxTokens memwall_gemv_<dtype> (16 rows per block);
+// ShapeFor returns the launch of Y[T×M] = X[T×K]·W[M×K]ᵀ in dtype on a GPU
+// of unknown size: T = 1 runs memwall_gemv1_<dtype> (8 rows of W per
+// block), T ≤ GemvMaxTokens memwall_gemv_<dtype> (16 rows per block);
 // larger T runs memwall_gemm_<dtype> over 64×64 (f32) or 128×128 (bf16,
-// f16) output tiles. It fails with ErrDType, or ErrShape when M or T is 0
-// or the grid would exceed CUDA's limits.
+// f16) output tiles. Set.Shape gives what Matmul launches on a loaded Set,
+// which sizes the GEMV to the GPU. It fails with ErrDType, or ErrShape when
+// M or T is 0 or the grid would exceed CUDA's limits.
 func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
+	return shapeFor(dtype, M, K, T, 0, false, nil)
+}
+
+// Shape returns the launch Matmul uses on s for a product of memwall's own
+// kernels (products the GEMM library takes are not described): for T ≤
+// GemvMaxTokens the GEMV variant and grid of the selection rule for s's GPU
+// (gemv.go: memwall_gemvs1_<dtype> for T = 1, memwall_gemvm_<dtype> for
+// bf16/f16 on compute_80 else memwall_gemvs_<dtype> above, grids a multiple
+// of the multiprocessor count), above as ShapeFor. Errors as ShapeFor's.
+func (s *Set) Shape(dtype string, M, K, T uint32) (MatmulShape, error) {
+	return shapeFor(dtype, M, K, T, s.sms, s.tensor, &s.gemvOff)
+}
+
+func shapeFor(dtype string, M, K, T, sms uint32, tensor bool, off *[gemvKinds]bool) (MatmulShape, error) {
 	if _, err := ElemSize(dtype); err != nil {
 		return MatmulShape{}, fmt.Errorf("kernels: matmul: %w", err)
 	}
@@ -534,12 +554,9 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 		return MatmulShape{}, fmt.Errorf("kernels: matmul %s M=%d K=%d T=%d: empty output: %w", dtype, M, K, T, ErrShape)
 	}
 	if T <= GemvMaxTokens {
-		name := GemvName(dtype)
-		if T == 1 {
-			name = Gemv1Name(dtype)
-		}
-		return MatmulShape{Kernel: name, Block: blockDim(),
-			Grid: device.Dim3{X: ceilDiv(M, gemvRowsPerBlock(T)), Y: 1, Z: 1}}, nil
+		p := planGemv(dtype, M, K, T, sms, tensor, off)
+		return MatmulShape{Kernel: gemvName(p.kind, dtype), Block: blockDim(),
+			Grid: device.Dim3{X: p.grid, Y: 1, Z: 1}}, nil
 	}
 	tile := uint32(gemmTile16)
 	if dtype == F32 {
@@ -578,7 +595,7 @@ func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device
 	if M == 0 || T == 0 {
 		return nil
 	}
-	sh, err := ShapeFor(dtype, M, K, T)
+	sh, err := s.Shape(dtype, M, K, T)
 	if err != nil {
 		return err
 	}
@@ -601,17 +618,10 @@ func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device
 		}
 		// Not a product the library takes: memwall's own GEMM below.
 	}
-	f := s.gemv[dtype]
-	if T == 1 {
-		f = s.gemv1[dtype]
-		if s.gemv1Off {
-			f, sh.Grid = s.gemv[dtype], device.Dim3{X: ceilDiv(M, gemvRowsPerBlock(2)), Y: 1, Z: 1}
-		}
+	if T <= GemvMaxTokens {
+		return s.launchGemv(planGemv(dtype, M, K, T, s.sms, s.tensor, &s.gemvOff), dtype, W, X, Y, M, K, T, st)
 	}
-	if T > GemvMaxTokens {
-		f = s.gemm[dtype]
-	}
-	if err := s.d.Launch(f, sh.Grid, sh.Block, 0, st, W, X, Y, M, K, T); err != nil {
+	if err := s.d.Launch(s.gemm[dtype], sh.Grid, sh.Block, 0, st, W, X, Y, M, K, T); err != nil {
 		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", sh.Kernel, M, K, T, err)
 	}
 	return nil

@@ -787,7 +787,13 @@ func TestLlamaCosts(t *testing.T) {
 // Load's self-test keeps agreeing fast kernels and turns off one that
 // disagrees with the split kernel.
 func TestSelfTest(t *testing.T) {
-	for _, broken := range []string{"", NameAttnFlash, NameAttnDecode, Gemv1Name(BF16)} {
+	brokens := []string{"", NameAttnFlash, NameAttnDecode}
+	gemvKind := map[string]int{}
+	for _, k := range []int{gemvOne, gemvStream1, gemvStream, gemvMMA} {
+		brokens = append(brokens, gemvName(k, BF16))
+		gemvKind[gemvName(k, BF16)] = k
+	}
+	for _, broken := range brokens {
 		o := sim.DefaultOptions()
 		o.Kernels = Sim()
 		for i := range o.Kernels {
@@ -798,7 +804,7 @@ func TestSelfTest(t *testing.T) {
 						return err
 					}
 					out, _ := args[len(args)-2].(device.Ptr) // a wrong answer: the first output doubled
-					if broken == Gemv1Name(BF16) {
+					if _, ok := gemvKind[broken]; ok {
 						out, _ = args[2].(device.Ptr)
 					} else if grid.Z > 1 { // split: the first partial's first acc
 						out, _ = args[14].(device.Ptr)
@@ -819,7 +825,7 @@ func TestSelfTest(t *testing.T) {
 		got := s.Disabled()
 		switch broken {
 		case "":
-			if len(got) != 0 || !s.FlashAttention() || s.decodeOff || s.gemv1Off {
+			if len(got) != 0 || !s.FlashAttention() || s.decodeOff || s.gemvOff != [gemvKinds]bool{} {
 				t.Errorf("working kernels: disabled %v, flash %v, decode off %v", got, s.FlashAttention(), s.decodeOff)
 			}
 		case NameAttnFlash:
@@ -833,9 +839,18 @@ func TestSelfTest(t *testing.T) {
 			if len(got) != 1 || !strings.Contains(got[0], "decode") || !s.decodeOff || !s.FlashAttention() {
 				t.Errorf("broken decode: disabled %v, decode off %v", got, s.decodeOff)
 			}
-		case Gemv1Name(BF16):
-			if len(got) != 1 || !strings.Contains(got[0], "GEMV") || !s.gemv1Off || s.decodeOff {
-				t.Errorf("broken gemv1: disabled %v, gemv1 off %v", got, s.gemv1Off)
+		default:
+			k := gemvKind[broken]
+			var want [gemvKinds]bool
+			want[k] = true
+			if len(got) != 1 || !strings.Contains(got[0], broken) || s.gemvOff != want || s.decodeOff {
+				t.Errorf("broken %s: disabled %v, GEMV off %v", broken, got, s.gemvOff)
+			}
+			// Matmul keeps off the broken variant.
+			for T := uint32(1); T <= GemvMaxTokens; T++ {
+				if sh, err := s.Shape(BF16, 4096, 4096, T); err != nil || sh.Kernel == broken {
+					t.Errorf("broken %s: T=%d still runs %s (%v)", broken, T, sh.Kernel, err)
+				}
 			}
 		}
 		must(t, s.Close())

@@ -139,20 +139,22 @@ func (s *Set) selfTest() error {
 	if !ok {
 		decodeOff = true
 	}
-	return s.selfTestGemv1(st, up)
+	return s.selfTestGemv(st, up)
 }
 
-// selfTestGemv1 compares memwall_gemv1_bf16 with memwall_gemv_bf16 on a
-// 300×4096 product and, when they disagree, has Matmul run T = 1 on the
-// latter.
-func (s *Set) selfTestGemv1(st device.Stream, up func([]byte) (device.Ptr, error)) error {
-	const M, K = 300, 4096
+// selfTestGemv compares each fast GEMV variant (gemv.go) with
+// memwall_gemv_bf16, the two-row kernel, on a 300×4096 product (T = 1 for
+// the single-token variants, T = 3 for the others, the streamed ones on the
+// grid Matmul would give them) and turns off the ones that disagree, so
+// that Matmul falls back to the two-row kernel.
+func (s *Set) selfTestGemv(st device.Stream, up func([]byte) (device.Ptr, error)) error {
+	const M, K, T = 300, 4096, 3
 	rng := rand.New(rand.NewPCG(0x67656d76, 1))
 	w := make([]float32, M*K)
 	for i := range w {
 		w[i] = float32(rng.NormFloat64())
 	}
-	x := make([]float32, K)
+	x := make([]float32, T*K)
 	for i := range x {
 		x[i] = float32(rng.NormFloat64())
 	}
@@ -166,20 +168,18 @@ func (s *Set) selfTestGemv1(st device.Stream, up func([]byte) (device.Ptr, error
 	if err != nil {
 		return err
 	}
-	py, err := up(make([]byte, 8*M))
+	kinds := []int{gemvTwo, gemvOne, gemvStream1, gemvStream, gemvMMA}
+	py, err := up(make([]byte, 4*M*T*len(kinds)))
 	if err != nil {
 		return err
 	}
-	off := s.gemv1Off
-	defer func() { s.gemv1Off = off }()
-	var ys [2][]float32
-	for i, noGemv1 := range []bool{false, true} {
-		s.gemv1Off = noGemv1
-		if err := s.Matmul(BF16, pw, px, py.Add(uint64(4*M*i)), M, K, 1, st); err != nil {
+	for i, k := range kinds {
+		p := gemvPlan{kind: k, grid: gemvGrid(k, M, s.sms, gemvBlocksPerSM)}
+		if err := s.launchGemv(p, BF16, pw, px, py.Add(uint64(4*M*T*i)), M, K, min(T, gemvMaxT(k)), st); err != nil {
 			return err
 		}
 	}
-	b := make([]byte, 8*M)
+	b := make([]byte, 4*M*T*len(kinds))
 	if err := s.d.CopyDtoH(b, py, st); err != nil {
 		return err
 	}
@@ -187,16 +187,20 @@ func (s *Set) selfTestGemv1(st device.Stream, up func([]byte) (device.Ptr, error
 		return err
 	}
 	all, _ := Decode(F32, b)
-	ys[0], ys[1] = all[:M], all[M:]
-	var num, den float64
-	for i, r := range ys[1] {
-		d := float64(ys[0][i]) - float64(r)
-		num += d * d
-		den += float64(r) * float64(r)
-	}
-	if e := math.Sqrt(num / den); !(e <= 1e-5) {
-		s.disabled = append(s.disabled, fmt.Sprintf("single-token GEMV: self-test relative error %.3g against the two-row kernel", e))
-		off = true
+	ref := all[:M*T]
+	for i, k := range kinds[1:] {
+		n := M * int(min(T, gemvMaxT(k)))
+		got := all[(i+1)*M*T:][:n]
+		var num, den float64
+		for j, r := range ref[:n] {
+			d := float64(got[j]) - float64(r)
+			num += d * d
+			den += float64(r) * float64(r)
+		}
+		if e := math.Sqrt(num / den); !(e <= 1e-5) {
+			s.disabled = append(s.disabled, fmt.Sprintf("GEMV %s: self-test relative error %.3g against the two-row kernel", gemvName(k, BF16), e))
+			s.gemvOff[k] = true
+		}
 	}
 	return nil
 }

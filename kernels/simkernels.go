@@ -45,6 +45,9 @@ func goKernels() []goKernel {
 			goKernel{name: GemvName(dt), run: runMatmul(dt, matGemv), cost: costMatmul(dt)},
 			goKernel{name: GemmName(dt), run: runMatmul(dt, matGemm), cost: costMatmul(dt)},
 			goKernel{name: Gemv1Name(dt), run: runMatmul(dt, matGemv1), cost: costMatmul(dt)})
+		for k := gemvStream1; k < gemvKinds; k++ {
+			ks = append(ks, goKernel{name: gemvName(k, dt), run: runMatmul(dt, matStream+k), cost: costMatmul(dt)})
+		}
 	}
 	return append(ks, llamaGoKernels()...)
 }
@@ -245,15 +248,25 @@ func parseMatArgs(kernel string, args []any) (matArgs, error) {
 }
 
 // Matrix kernel kinds: memwall_gemv1_* (T = 1), memwall_gemv_* (T ≤ 8),
-// memwall_gemm_*.
+// memwall_gemm_*, and from matStream on the streamed GEMV variant
+// kind-matStream (gemv.go), which takes any grid.
 const (
 	matGemv1 = iota
 	matGemv
 	matGemm
+	matStream
 )
 
+// matName is the kernel name of matrix kernel kind for dtype.
+func matName(dtype string, kind int) string {
+	if kind >= matStream {
+		return gemvName(kind-matStream, dtype)
+	}
+	return [...]string{Gemv1Name(dtype), GemvName(dtype), GemmName(dtype)}[kind]
+}
+
 func runMatmul(dtype string, kind int) func(mem memory, grid, block device.Dim3, args []any) error {
-	name := [...]string{Gemv1Name(dtype), GemvName(dtype), GemmName(dtype)}[kind]
+	name := matName(dtype, kind)
 	elt, _ := ElemSize(dtype)
 	return func(mem memory, grid, block device.Dim3, args []any) error {
 		a, err := parseMatArgs(name, args)
@@ -300,11 +313,20 @@ func checkMatLaunch(name, dtype string, kind int, a matArgs, grid, block device.
 		return fmt.Errorf("kernels: %s: block %v, want %v: %w", name, block, blockDim(), device.ErrInvalid)
 	}
 	maxT := map[int]uint32{matGemv1: 1, matGemv: GemvMaxTokens, matGemm: math.MaxUint32}[kind]
+	if kind >= matStream {
+		maxT = gemvMaxT(kind - matStream)
+	}
 	if a.T > maxT {
 		return fmt.Errorf("kernels: %s: T=%d exceeds %d: %w", name, a.T, maxT, device.ErrInvalid)
 	}
 	var rowsX, rowsY uint64
 	switch kind {
+	case matStream + gemvStream1, matStream + gemvStream, matStream + gemvMMA:
+		// Any grid: each block takes its share of the rows.
+		if grid.X == 0 || grid.Y != 1 || grid.Z != 1 {
+			return fmt.Errorf("kernels: %s: grid %v, want X ≥ 1, Y = Z = 1: %w", name, grid, device.ErrInvalid)
+		}
+		return nil
 	case matGemv1:
 		rowsX, rowsY = uint64(gemvRowsPerBlock(1)), 1
 	case matGemv:

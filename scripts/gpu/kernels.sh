@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Kernels check on the GPU machine (issue 15, kernels), from the repo root.
-# Expected run time: about 60 s (two PTX JIT loads of ~12 s each, the Llama
-# kernels of both targets against their Go twins, speed runs, a short
-# compute-sanitizer run); every step has its own timeout, 170 s in all at most.
+# Expected run time: about 90 s (two PTX JIT loads of ~12 s each, the Llama
+# kernels and every GEMV variant of both targets against their Go twins,
+# speed runs, the GEMV sweep ~15 s, a short compute-sanitizer run); every
+# step has its own timeout, 220 s in all at most.
 #
 #   OUT=/some/dir scripts/gpu/kernels.sh
 #
 # Needs gpubin/kernels.test (scripts/gpu-build.sh). Writes under
-# $OUT/kernels/: check.txt, speed.txt, matmul.txt, memcheck.txt, and prints a
-# table: kernel, PTX target, max relative error (vs the Go twin and vs the
-# float64 reference), speed.
+# $OUT/kernels/: check.txt, speed.txt, sweep.txt, cublaslt.txt, memcheck.txt,
+# and prints tables: kernel, PTX target, max relative error (vs the Go twin
+# and vs the float64 reference); speed; the GEMV sweep (every variant x grid
+# x decode shape, GB/s cold and hot, % of the device-to-device copy) with
+# the best launch per shape and the one Matmul picks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -32,7 +35,8 @@ step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
   [ $r -ne 0 ] && { rc=1; echo "kernels: step $name rc=$r"; tail -n 15 "$dir/$name.txt"; }
   return 0
 }
-step check 70 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$'
+step check 90 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$|TestCUDAGemvVariants'
+step sweep 60 -test.v -test.run 'TestCUDAGemvSweep'
 step speed 40 -test.v -test.run 'TestCUDALlamaSpeed'
 # cuBLASLt bound through purego, against the float64 reference.
 if [ -x "$bindir/device_cuda.test" ]; then
@@ -40,9 +44,9 @@ if [ -x "$bindir/device_cuda.test" ]; then
 fi
 # compute-sanitizer memcheck on a quick pass of the Llama kernels (compute_80:
 # one JIT under the sanitizer).
-if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 100 ]; then
-  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm80 timeout --kill-after=5 40 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$bin" -test.run 'TestCUDALlamaKernels' -test.timeout 40s) >"$dir/memcheck.txt" 2>&1
+if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 150 ]; then
+  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm80 timeout --kill-after=5 50 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin" -test.run 'TestCUDALlamaKernels|TestCUDAGemvVariants' -test.timeout 50s) >"$dir/memcheck.txt" 2>&1
   m=$?
   grep -q "ERROR SUMMARY: 0 errors" "$dir/memcheck.txt" && msum="0 errors" || msum="rc=$m $(grep -m1 'ERROR SUMMARY' "$dir/memcheck.txt")"
   [ $m -eq 124 ] && msum="timed out (no errors before)"
@@ -56,7 +60,14 @@ grep -h '^KCHECK' "$dir/check.txt" | awk '{printf "%-22s %-6s %-11s %-11s %s\n",
 echo "== kernels: speed"
 printf '%-26s %-6s %-32s %s\n' kernel target shape speed
 grep -h '^KPERF' "$dir/speed.txt" | awk '{s=$5" "$6; for(i=7;i<=NF;i++) s=s" "$i; printf "%-26s %-6s %-32s %s\n", $2, $3, $4, s}'
-grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/speed.txt" | head -20
+echo "== kernels: GEMV sweep, bf16 ($(grep -m1 -h '^KCOPY' "$dir/sweep.txt" | cut -d' ' -f2-3) copy = 100%)"
+echo "   best: the fastest launch cold per target and shape; rule: what Matmul launches"
+printf '%-6s %-14s %-20s %6s %6s %6s %6s | %-20s %6s %6s %6s\n' target M,K,T best grid cold hot %copy rule grid cold %copy
+awk '$1=="KSWEEP" { k=$2" "$3; if (!(k in b) || $6+0 > bc[k]) { b[k]=$4" "$5; bc[k]=$6+0; bh[k]=$7; bp[k]=$8 } }
+     $1=="KSEL" { k=$2" "$3; s[k]=$4" "$5; sc[k]=$6; sp[k]=$8; order[++n]=k }
+     END { for (i=1;i<=n;i++) { k=order[i]; split(k,a," "); split(b[k],x," "); split(s[k],y," ");
+       printf "%-6s %-14s %-20s %6s %6.0f %6s %6s | %-20s %6s %6s %6s\n", a[1], a[2], x[1], x[2], bc[k], bh[k], bp[k], y[1], y[2], sc[k], sp[k] } }' "$dir/sweep.txt"
+grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/sweep.txt" "$dir/speed.txt" | head -20
 echo "cublaslt: $(grep -m1 -o 'cuBLASLt [0-9]* from .*' "$dir/cublaslt.txt" 2>/dev/null || grep -m1 -i 'skip' "$dir/cublaslt.txt" 2>/dev/null) $(grep -c -- '--- PASS' "$dir/cublaslt.txt" 2>/dev/null) passed, $(grep -c -- '--- FAIL' "$dir/cublaslt.txt" 2>/dev/null) failed"
 echo "memcheck: $msum"
 echo "kernels rc=$rc $(( $(date +%s) - t0 ))s"

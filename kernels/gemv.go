@@ -1,0 +1,117 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/memwall/memwall/device"
+)
+
+// GEMV variants: the kernels Matmul chooses between for T ≤ GemvMaxTokens
+// (kernels.cu describes each).
+const (
+	gemvOne     = iota // memwall_gemv1_*: T = 1, one row per warp, grid ⌈M/8⌉
+	gemvTwo            // memwall_gemv_*: T ≤ 8, two rows per warp, grid ⌈M/16⌉
+	gemvStream1        // memwall_gemvs1_*: T = 1, CUDA cores, any grid
+	gemvStream         // memwall_gemvs_*: T ≤ 8, CUDA cores, any grid
+	gemvMMA            // memwall_gemvm_*: T ≤ 8, tensor cores on compute_80, any grid
+	gemvKinds
+)
+
+// gemvPrefixes are the kernel names of the variants, less the dtype.
+var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_"}
+
+// gemvName returns the kernel name of variant kind for dtype.
+func gemvName(kind int, dtype string) string { return gemvPrefixes[kind] + dtype }
+
+// gemvMaxT is the largest T variant kind computes.
+func gemvMaxT(kind int) uint32 {
+	if kind == gemvOne || kind == gemvStream1 {
+		return 1
+	}
+	return GemvMaxTokens
+}
+
+// gemvStreamed reports whether variant kind takes any grid (the block's
+// share of the rows follows from the grid size).
+func gemvStreamed(kind int) bool { return kind >= gemvStream1 }
+
+// gemvUnits is how many shares of work the streamed variant kind can split
+// into: rows for the CUDA-core kernels, 16-row groups for the tensor-core
+// one.
+func gemvUnits(kind int, M uint32) uint32 {
+	if kind == gemvMMA {
+		return ceilDiv(M, 16)
+	}
+	return M
+}
+
+// gemvPlan is one GEMV launch: the variant and its grid size.
+type gemvPlan struct {
+	kind int
+	grid uint32
+}
+
+// gemvGrid returns the fixed grid of the row-per-warp variants, and for the
+// streamed ones the grid that gives each of about perSM·sms blocks an equal
+// whole number of units (a block per unit when there are fewer units).
+func gemvGrid(kind int, M, sms, perSM uint32) uint32 {
+	switch kind {
+	case gemvOne:
+		return ceilDiv(M, gemvRowsPerBlock(1))
+	case gemvTwo:
+		return ceilDiv(M, gemvRowsPerBlock(2))
+	}
+	n := gemvUnits(kind, M)
+	slots := max(1, uint64(sms)*uint64(perSM))
+	per := (uint64(n) + slots - 1) / slots // units per block
+	return uint32(max(1, (uint64(n)+per-1)/per))
+}
+
+// planGemv is the selection rule: the variant and grid Matmul launches for
+// a T ≤ GemvMaxTokens product on a GPU with sms multiprocessors, where
+// tensor says the module has the compute_80 kernels and off lists variants
+// Load's self-test turned off. sms == 0 (a GPU of unknown size) keeps to
+// the row-per-warp variants, whose grid follows from M alone.
+//
+// The rule comes from the H200 sweep (TestCUDAGemvSweep, BENCHMARKS.md):
+// the streamed kernels with every block resident at once beat the
+// row-per-warp ones, whose last wave of blocks leaves most of the GPU idle.
+func planGemv(dtype string, M, K, T, sms uint32, tensor bool, off *[gemvKinds]bool) gemvPlan {
+	want := gemvTwo
+	switch {
+	case sms == 0:
+		if T == 1 {
+			want = gemvOne
+		}
+	case T == 1:
+		want = gemvStream1
+	case tensor && dtype != F32:
+		want = gemvMMA
+	default:
+		want = gemvStream
+	}
+	if off != nil && off[want] {
+		want = gemvTwo
+		if T == 1 && !off[gemvOne] {
+			want = gemvOne
+		}
+	}
+	return gemvPlan{kind: want, grid: gemvGrid(want, M, sms, gemvBlocksPerSM)}
+}
+
+// gemvBlocksPerSM is how many blocks of a streamed GEMV the rule puts on each
+// multiprocessor.
+const gemvBlocksPerSM = 3
+
+// launchGemv queues plan's kernel for Y = X·Wᵀ (arguments as Matmul's,
+// already validated).
+func (s *Set) launchGemv(p gemvPlan, dtype string, W, X, Y device.Ptr, M, K, T uint32, st device.Stream) error {
+	if T > gemvMaxT(p.kind) || p.grid == 0 {
+		return fmt.Errorf("kernels: %s M=%d K=%d T=%d grid %d: not a launch of this kernel: %w", gemvName(p.kind, dtype), M, K, T, p.grid, ErrShape)
+	}
+	g := device.Dim3{X: p.grid, Y: 1, Z: 1}
+	if err := s.d.Launch(s.gemvk[p.kind][dtype], g, blockDim(), 0, st, W, X, Y, M, K, T); err != nil {
+		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", gemvName(p.kind, dtype), M, K, T, err)
+	}
+	return nil
+}

@@ -1,0 +1,264 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memwall/memwall/device"
+)
+
+// gemvGrids returns the grids the tests run variant kind on for M rows:
+// the variant's own for the row-per-warp kernels; for the streamed ones the
+// rule's grid for perSM blocks per SM, one block per unit, and extra.
+func gemvGrids(kind int, M, sms uint32, perSM []uint32, extra ...uint32) []uint32 {
+	if !gemvStreamed(kind) {
+		return []uint32{gemvGrid(kind, M, sms, 1)}
+	}
+	var out []uint32
+	seen := map[uint32]bool{}
+	add := func(g uint32) {
+		if g > 0 && !seen[g] {
+			seen[g] = true
+			out = append(out, g)
+		}
+	}
+	for _, b := range perSM {
+		add(gemvGrid(kind, M, sms, b))
+	}
+	add(gemvUnits(kind, M))
+	for _, g := range extra {
+		add(g)
+	}
+	return out
+}
+
+// Every GEMV variant of both PTX targets, on random shapes (odd M, K not a
+// multiple of 8, misaligned W and X, T 1..8) and grids (the rule's, one
+// block, one block per unit, more blocks than units, random), against the
+// Go twin (HostMatmul) and the float64 reference, with Y NaN-filled so an
+// output left unwritten fails.
+func TestCUDAGemvVariants(t *testing.T) {
+	d := openCUDA(t)
+	sms := uint32(max(d.Info().Multiprocessors, 1))
+	targets := Targets()
+	if v := os.Getenv("MEMWALL_TEST_TARGETS"); v != "" {
+		targets = strings.Split(v, ",")
+	}
+	rng := rand.New(rand.NewPCG(15, 15))
+	type gcase struct {
+		dt      string
+		M, K, T int
+		off     int // elements W and X start past a 16-byte boundary
+	}
+	var cases []gcase
+	random := 8
+	if os.Getenv("MEMWALL_TEST_QUICK") != "" {
+		random = 2
+	}
+	for _, dt := range DTypes() {
+		cases = append(cases, gcase{dt, 3000, 4096, 1, 0}, gcase{dt, 37, 4104, 8, 0}, gcase{dt, 1, 1, 1, 0})
+		for range random {
+			c := gcase{dt: dt, M: 1 + rng.IntN(2500), K: 1 + rng.IntN(5000), T: 1 + rng.IntN(GemvMaxTokens)}
+			switch rng.IntN(3) {
+			case 0:
+				c.K = 8 * (1 + rng.IntN(700))
+			case 1:
+				c.off = 1 + rng.IntN(3)
+			}
+			if rng.IntN(3) == 0 {
+				c.M = 1 + rng.IntN(40)
+			}
+			cases = append(cases, c)
+		}
+	}
+	for _, target := range targets {
+		s := loadTarget(t, d, target)
+		r := newRig(t, d, s)
+		per := map[string]*errAgg{}
+		for _, c := range cases {
+			elt, _ := ElemSize(c.dt)
+			W, X := randMatrices(t, c.dt, c.M, c.K, c.T, uint64(c.M*7+c.K))
+			pad := make([]byte, c.off*elt)
+			pw := r.upload(append(append([]byte{}, pad...), W...)).Add(uint64(len(pad)))
+			px := r.upload(append(append([]byte{}, pad...), X...)).Add(uint64(len(pad)))
+			twin := make([]float32, c.T*c.M)
+			must(t, HostMatmul(c.dt, W, X, twin, c.M, c.K, c.T))
+			// float64 references of the four corners and 400 random outputs.
+			type sample struct {
+				i   int
+				ref float64
+			}
+			var samples []sample
+			for j := range 404 {
+				tt, m := rng.IntN(c.T), rng.IntN(c.M)
+				if j < 4 {
+					tt, m = (c.T-1)*(j&1), (c.M-1)*(j>>1)
+				}
+				samples = append(samples, sample{tt*c.M + m, ReferenceRow(c.dt, W, X, c.M, c.K, c.T, tt, m)})
+			}
+			for kind := range gemvKinds {
+				if uint32(c.T) > gemvMaxT(kind) {
+					continue
+				}
+				units := gemvUnits(kind, uint32(c.M))
+				for _, g := range gemvGrids(kind, uint32(c.M), sms, []uint32{1, gemvBlocksPerSM}, 1, units+3, 1+rng.Uint32N(3*sms)) {
+					py := r.nans(uint64(4 * c.T * c.M))
+					must(t, s.launchGemv(gemvPlan{kind, g}, c.dt, pw, px, py, uint32(c.M), uint32(c.K), uint32(c.T), r.st))
+					y, err := Decode(F32, r.read(py, uint64(4*c.T*c.M)))
+					must(t, err)
+					et := relErr32(y, twin)
+					var num, den float64
+					for _, sm := range samples {
+						d := float64(y[sm.i]) - sm.ref
+						num, den = num+d*d, den+sm.ref*sm.ref
+					}
+					er := math.Sqrt(num / max(den, 1e-300))
+					if !(er <= Tolerance(c.dt)) {
+						t.Errorf("%s %s M=%d K=%d T=%d off=%d grid=%d: relative error %.3g against float64 (tolerance %.0e)", target, gemvName(kind, c.dt), c.M, c.K, c.T, c.off, g, er, Tolerance(c.dt))
+					}
+					if !(et <= Tolerance(c.dt)) {
+						t.Errorf("%s %s M=%d K=%d T=%d off=%d grid=%d: relative error %.3g against the Go twin", target, gemvName(kind, c.dt), c.M, c.K, c.T, c.off, g, et)
+					}
+					errAggAdd(per, gemvName(kind, c.dt), et, er)
+				}
+			}
+		}
+		for kind := range gemvKinds {
+			for _, dt := range DTypes() {
+				if a := per[gemvName(kind, dt)]; a != nil {
+					fmt.Printf("KCHECK %s %s %.3g %.3g %d\n", gemvName(kind, dt), target, a.twin, a.ref, a.n)
+				}
+			}
+		}
+	}
+}
+
+// The decode shapes of 7B/8B Llama models (q/o, 8-KV k/v, Llama-2 and -3
+// MLP, both LM heads) and a few T > 1.
+var sweepShapes = []struct{ M, K, T uint32 }{
+	{4096, 4096, 1}, {1024, 4096, 1}, {11008, 4096, 1}, {4096, 11008, 1},
+	{14336, 4096, 1}, {4096, 14336, 1}, {32000, 4096, 1}, {128256, 4096, 1},
+	{4096, 4096, 2}, {4096, 4096, 4}, {4096, 4096, 8},
+	{14336, 4096, 2}, {14336, 4096, 4}, {14336, 4096, 8},
+	{4096, 14336, 4}, {4096, 14336, 8}, {1024, 4096, 8},
+}
+
+// Every GEMV variant × grid × shape on both targets, bf16, timed with the
+// weights cold (the launches rotate over copies of W that together exceed
+// the L2 cache several times, as a model's layers do) and hot (one copy,
+// L2-resident where it fits), against a device-to-device copy measured in
+// the same run (2·bytes/time: the 100% line). A spin kernel ahead of each
+// timed batch lets the host queue every launch first, so small products
+// measure the GPU, not the launch rate. Prints
+//
+//	KCOPY <GB/s>
+//	KSWEEP <target> <M,K,T> <kernel> <grid> <cold GB/s> <hot GB/s> <cold % of copy>
+//	KSEL   <target> <M,K,T> <kernel> <grid> <cold GB/s> <hot GB/s> <cold % of copy>
+//
+// KSEL is the launch Matmul makes (Set.Shape): the selection rule's pick.
+func TestCUDAGemvSweep(t *testing.T) {
+	d := openCUDA(t)
+	st, err := d.NewStream()
+	must(t, err)
+	defer d.DestroyStream(st)
+	tm := newTimer(t, d, st)
+	sms := uint32(max(d.Info().Multiprocessors, 1))
+	copyGBs := copySpeed(t, d, tm)
+	fmt.Printf("KCOPY %.0f GB/s (device-to-device, 2 x 512 MiB per copy)\n", copyGBs)
+	var sets []*Set
+	for _, target := range Targets() {
+		sets = append(sets, loadTarget(t, d, target))
+	}
+	for _, sh := range sweepShapes {
+		sweepShape(t, d, sets, tm, sh.M, sh.K, sh.T, sms, copyGBs)
+	}
+}
+
+func copySpeed(t *testing.T, d device.Device, tm *timer) float64 {
+	const n = 512 << 20
+	a, b := rawAlloc(t, d, n), rawAlloc(t, d, n)
+	defer d.Free(a)
+	defer d.Free(b)
+	must(t, d.Memset8(a, 1, n, tm.st))
+	per := tm.per(5, func() error { return d.CopyDtoD(b, a, n, tm.st) })
+	return 2 * n / per.Seconds() / 1e9
+}
+
+func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, sms uint32, copyGBs float64) {
+	wBytes := uint64(M) * uint64(K) * 2
+	copies := max(1, int((768<<20)/wBytes)) // cold: ≥ 768 MiB of weights in rotation
+	if copies > 64 {
+		copies = 64
+	}
+	ws := make([]device.Ptr, copies)
+	for i := range ws {
+		ws[i] = rawAlloc(t, d, wBytes)
+		must(t, d.Memset8(ws[i], 0x3c, wBytes, tm.st))
+	}
+	x := rawAlloc(t, d, uint64(T)*uint64(K)*2)
+	y := rawAlloc(t, d, 4*uint64(T)*uint64(M))
+	defer func() {
+		for _, w := range ws {
+			d.Free(w)
+		}
+		d.Free(x)
+		d.Free(y)
+	}()
+	must(t, d.Memset8(x, 0x3c, uint64(T)*uint64(K)*2, tm.st))
+	bytes := float64(wBytes + uint64(T)*uint64(K)*2 + 4*uint64(T)*uint64(M))
+	shape := fmt.Sprintf("%d,%d,%d", M, K, T)
+	measure := func(s *Set, p gemvPlan) (cold, hot float64) {
+		const n = 20
+		i := 0
+		run := func(rotate bool) func() error {
+			return func() error {
+				w := ws[0]
+				if rotate {
+					w = ws[i%len(ws)]
+					i++
+				}
+				return s.launchGemv(p, BF16, w, x, y, M, K, T, tm.st)
+			}
+		}
+		for _, rotate := range []bool{true, false} {
+			f := run(rotate)
+			must(t, f())
+			must(t, s.Spin(time.Millisecond, tm.st)) // the queue fills while the GPU spins
+			must(t, d.EventRecord(tm.e0, tm.st))
+			for range n {
+				must(t, f())
+			}
+			must(t, d.EventRecord(tm.e1, tm.st))
+			must(t, d.EventSynchronize(tm.e1))
+			el, err := d.EventElapsed(tm.e0, tm.e1)
+			must(t, err)
+			gbs := bytes * n / el.Seconds() / 1e9
+			if rotate {
+				cold = gbs
+			} else {
+				hot = gbs
+			}
+		}
+		return cold, hot
+	}
+	for _, s := range sets {
+		target := strings.TrimSuffix(strings.TrimPrefix(s.Source(), "embedded kernels_"), ".ptx")
+		for kind := range gemvKinds {
+			if T > gemvMaxT(kind) {
+				continue
+			}
+			for _, g := range gemvGrids(kind, M, sms, []uint32{1, 2, 3, 4, 5, 6, 8}) {
+				cold, hot := measure(s, gemvPlan{kind, g})
+				fmt.Printf("KSWEEP %s %s %s %d %.0f %.0f %.1f\n", target, shape, gemvName(kind, BF16), g, cold, hot, 100*cold/copyGBs)
+			}
+		}
+		p := planGemv(BF16, M, K, T, s.sms, s.tensor, &s.gemvOff)
+		cold, hot := measure(s, p)
+		fmt.Printf("KSEL %s %s %s %d %.0f %.0f %.1f\n", target, shape, gemvName(p.kind, BF16), p.grid, cold, hot, 100*cold/copyGBs)
+	}
+}

@@ -1,0 +1,209 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// Mirrors of kernels.cu's constants for the streamed GEMV.
+const (
+	mirrorWarps = 8
+	mirrorPart  = 4096
+)
+
+// mirrorStreamed replays, in Go, the index arithmetic of the streamed GEMV
+// kernel kind (gemvs<Tr, U, maxT> or gemvm<BF, U> in kernels.cu, line for
+// line: shares, passes, the per-warp runs, the load and consume cursors of
+// the U-deep pipeline, the partial-sum slots and the combine's choice of
+// warps) for an M×K product of elt-byte elements on a grid of G blocks, and
+// checks that every element of W is multiplied exactly once, by a lane that
+// loaded it, into the partial sum of its own row, that partial sums stay
+// inside the shared buffer and never overwrite one another, and that the
+// combine adds exactly the warps that wrote a row. It returns the first
+// violation.
+func mirrorStreamed(kind int, M, K, G uint64, elt int) error {
+	vecElts := uint64(16 / elt)
+	nvec := (K + vecElts - 1) / vecElts
+	mma := kind == gemvMMA
+	U, maxT := uint64(8), uint64(1)
+	switch kind {
+	case gemvStream:
+		U, maxT = 4, GemvMaxTokens
+	case gemvMMA:
+		U, maxT = 2, GemvMaxTokens
+	}
+	rowsPerUnit, vecsPerUnit, slotsPerUnit := uint64(1), uint64(32), maxT*mirrorWarps
+	if mma {
+		rowsPerUnit, vecsPerUnit, slotsPerUnit = 16, 8, mirrorWarps*128
+	}
+	cpr := (nvec + vecsPerUnit - 1) / vecsPerUnit
+	nUnits := (M + rowsPerUnit - 1) / rowsPerUnit // rows, or 16-row groups
+	kPer := mirrorPart / slotsPerUnit             // rows (groups) per pass
+	used := make([]uint8, M*nvec)                 // times each vector of W was multiplied
+	for b := range G {
+		r0, r1 := nUnits*b/G, nUnits*(b+1)/G
+		for rp := r0; rp < r1; rp += kPer {
+			nr := min(kPer, r1-rp)
+			units := nr * cpr
+			wrote := map[[2]uint64]bool{} // (row in pass, warp) partial sums written
+			for w := range uint64(mirrorWarps) {
+				ua, ub := units*w/mirrorWarps, units*(w+1)/mirrorWarps
+				lr, lj := ua/cpr, ua%cpr
+				cr, cj := lr, lj
+				pipe := make([][2]uint64, U) // (lr, lj) of the unit in each register slot
+				for u := range U {
+					if ua+u < ub {
+						pipe[u] = [2]uint64{lr, lj}
+						if lj++; lj == cpr {
+							lj, lr = 0, lr+1
+						}
+					}
+				}
+				flush := func() error {
+					if cr >= nr {
+						return fmt.Errorf("block %d warp %d: flush of row %d past the pass's %d", b, w, cr, nr)
+					}
+					if (cr+1)*slotsPerUnit > mirrorPart {
+						return fmt.Errorf("block %d: partial slot of row %d past the shared buffer", b, cr)
+					}
+					if wrote[[2]uint64{cr, w}] {
+						return fmt.Errorf("block %d warp %d: row %d flushed twice", b, w, cr)
+					}
+					wrote[[2]uint64{cr, w}] = true
+					return nil
+				}
+				for i := ua; i < ub; i += U {
+					for u := range U {
+						if i+u >= ub {
+							continue
+						}
+						if pipe[u] != [2]uint64{cr, cj} {
+							return fmt.Errorf("block %d warp %d: consumes unit %v, register holds %v", b, w, [2]uint64{cr, cj}, pipe[u])
+						}
+						// The vectors this unit multiplies, over all lanes.
+						for r := range rowsPerUnit {
+							row := (rp+cr)*rowsPerUnit + r
+							for v := range vecsPerUnit {
+								if c := cj*vecsPerUnit + v; c < nvec && row < M {
+									used[row*nvec+c]++
+								}
+							}
+						}
+						if i+u+U < ub {
+							pipe[u] = [2]uint64{lr, lj}
+							if lj++; lj == cpr {
+								lj, lr = 0, lr+1
+							}
+						}
+						if cj++; cj == cpr {
+							if err := flush(); err != nil {
+								return err
+							}
+							cj, cr = 0, cr+1
+						}
+					}
+				}
+				if cj != 0 {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+			// The combine's warps for each row are the writers.
+			for r := range nr {
+				for w := range uint64(mirrorWarps) {
+					wa, wb := units*w/mirrorWarps, units*(w+1)/mirrorWarps
+					if in := wa < (r+1)*cpr && wb > r*cpr; in != wrote[[2]uint64{r, w}] {
+						return fmt.Errorf("block %d row %d warp %d: combine includes it %v, it wrote %v", b, rp+r, w, in, wrote[[2]uint64{r, w}])
+					}
+				}
+			}
+		}
+	}
+	for i, n := range used {
+		if n != 1 {
+			return fmt.Errorf("row %d vector %d multiplied %d times", uint64(i)/nvec, uint64(i)%nvec, n)
+		}
+	}
+	return nil
+}
+
+func TestStreamedGemvPartition(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 15))
+	check := func(kind int, M, K, G uint64, elt int) {
+		t.Helper()
+		if err := mirrorStreamed(kind, M, K, G, elt); err != nil {
+			t.Errorf("%s M=%d K=%d grid=%d: %v", gemvName(kind, map[int]string{2: BF16, 4: F32}[elt]), M, K, G, err)
+		}
+	}
+	for kind := gemvStream1; kind < gemvKinds; kind++ {
+		for _, elt := range []int{2, 4} {
+			check(kind, 1, 1, 1, elt)
+			check(kind, 3000, 4096, 1, elt) // passes
+			check(kind, 1024, 4096, uint64(gemvGrid(kind, 1024, 132, 4)), elt)
+			check(kind, 4096, 14336, uint64(gemvGrid(kind, 4096, 132, 4)), elt)
+			for range 15 {
+				M, K := 1+rng.Uint64N(3000), 1+rng.Uint64N(6000)
+				if rng.IntN(3) == 0 {
+					M = 1 + rng.Uint64N(40)
+				}
+				G := 1 + rng.Uint64N(3*M+5)
+				check(kind, M, K, G, elt)
+			}
+		}
+	}
+}
+
+func FuzzStreamedGemvPartition(f *testing.F) {
+	f.Add(uint8(0), uint16(3000), uint16(4096), uint16(1))
+	f.Add(uint8(2), uint16(17), uint16(13), uint16(40))
+	f.Fuzz(func(t *testing.T, kind uint8, M, K, G uint16) {
+		k := gemvStream1 + int(kind)%(gemvKinds-gemvStream1)
+		if M == 0 || G == 0 || uint64(M)*uint64(K) > 1<<22 {
+			return
+		}
+		for _, elt := range []int{2, 4} {
+			if err := mirrorStreamed(k, uint64(M), uint64(K), uint64(G), elt); err != nil {
+				t.Fatalf("%s M=%d K=%d grid=%d elt=%d: %v", gemvName(k, BF16), M, K, G, elt, err)
+			}
+		}
+	})
+}
+
+// The selection rule: every GPU size, shape and token count gets a launch
+// its kernel computes (T within the variant's limit, a grid its checks
+// accept, at most as many blocks as units for the streamed ones), turned-off
+// variants are avoided, and a GPU of unknown size gets the row-per-warp
+// kernels (ShapeFor).
+func TestPlanGemv(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 15))
+	for range 2000 {
+		dt := pick(rng, DTypes()...)
+		M, K, T := 1+rng.Uint32N(200000), rng.Uint32N(20000), 1+rng.Uint32N(GemvMaxTokens)
+		sms := pick(rng, 0, 1, 20, 46, 132, 144, rng.Uint32N(300))
+		tensor := rng.IntN(2) == 0
+		var off [gemvKinds]bool
+		for k := range off {
+			off[k] = k != gemvTwo && rng.IntN(4) == 0
+		}
+		p := planGemv(dt, M, K, T, sms, tensor, &off)
+		switch {
+		case off[p.kind]:
+			t.Errorf("%s %d×%d T=%d sms=%d: turned-off %s", dt, M, K, T, sms, gemvName(p.kind, dt))
+		case T > gemvMaxT(p.kind):
+			t.Errorf("%s %d×%d T=%d: %s takes T ≤ %d", dt, M, K, T, gemvName(p.kind, dt), gemvMaxT(p.kind))
+		case sms == 0 && gemvStreamed(p.kind):
+			t.Errorf("%s %d×%d T=%d, unknown GPU: %s", dt, M, K, T, gemvName(p.kind, dt))
+		case p.kind == gemvMMA && (!tensor || dt == F32):
+			t.Errorf("%s %d×%d T=%d tensor=%v: %s", dt, M, K, T, tensor, gemvName(p.kind, dt))
+		case gemvStreamed(p.kind) && (p.grid < 1 || p.grid > gemvUnits(p.kind, M)):
+			t.Errorf("%s %d×%d T=%d: grid %d for %d units", dt, M, K, T, p.grid, gemvUnits(p.kind, M))
+		case !gemvStreamed(p.kind) && p.grid != ceilDiv(M, gemvRowsPerBlock(gemvMaxT(p.kind))):
+			t.Errorf("%s %d×%d T=%d: %s grid %d", dt, M, K, T, gemvName(p.kind, dt), p.grid)
+		}
+		if sms > 0 && gemvStreamed(p.kind) && p.grid > max(1, sms*gemvBlocksPerSM) {
+			t.Errorf("%s %d×%d: grid %d exceeds the %d resident blocks", dt, M, K, p.grid, sms*gemvBlocksPerSM)
+		}
+	}
+}

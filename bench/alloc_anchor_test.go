@@ -178,7 +178,7 @@ func TestAnchorTimesFailure(t *testing.T) {
 		w := randomWorkload(r)
 		f := newFakeDriver(t)
 		calls := 2*len(w.Initial) + 2*len(w.Sizes) // the working set's frees at the end too
-		f.failAt = 1 + r.IntN(calls+1) // sometimes none of the calls
+		f.failAt = 1 + r.IntN(calls+1)             // sometimes none of the calls
 		var err error
 		switch r.IntN(3) {
 		case 0:

@@ -17,7 +17,7 @@ import (
 // sizes, and swap bandwidth on a device.
 type KVOptions struct {
 	// Blocks are the pool sizes the operations are timed at (default 10^3,
-	// 10^4, 10^5, 10^6).
+	// 10^4, 10^5, 10^6), each at least MinKVBlocks.
 	Blocks []int
 	// Ops is the number of timed operations of each kind per size (default
 	// 200,000).
@@ -32,9 +32,16 @@ type KVOptions struct {
 	SwapBytes uint64
 	Reps      int
 	// Device, when set, runs the swap measurement on it.
-	Device   device.Device
-	Progress func(done, total int, name string)
+	Device device.Device
+	// PoolHistory is the allocations and frees each pool keeps for the
+	// snapshot of an out-of-memory error (pool.Options.History; 0: none).
+	PoolHistory int
+	Progress    func(done, total int, name string)
 }
+
+// MinKVBlocks is the smallest pool KV times: its steady state frees a
+// third of the blocks, which must hold the timed working set.
+const MinKVBlocks = 1000
 
 func (o KVOptions) withDefaults() KVOptions {
 	if len(o.Blocks) == 0 {
@@ -117,6 +124,11 @@ type KVReport struct {
 func KV(ctx context.Context, o KVOptions) (KVReport, error) {
 	o = o.withDefaults()
 	var rep KVReport
+	for _, n := range o.Blocks {
+		if n < MinKVBlocks {
+			return rep, fmt.Errorf("bench kv: a pool of %d blocks: the timed working set (8 sequences of 32 blocks, 64 cached prompts of 4) needs at least %d", n, MinKVBlocks)
+		}
+	}
 	total := len(o.Blocks)
 	if o.Device != nil {
 		total++
@@ -419,12 +431,12 @@ func newSwapBench(o KVOptions) (sb *swapBench, err error) {
 	sb.blocks = 2 * sb.nb
 	cfg.Blocks = sb.blocks
 	sb.total = uint64(sb.nb) * sb.bb
-	dev, err := pool.New(d, pool.Options{Name: "bench-kv"})
+	dev, err := pool.New(d, pool.Options{Name: "bench-kv", History: o.PoolHistory})
 	if err != nil {
 		return sb, err
 	}
 	sb.undo = append(sb.undo, func() { dev.Close() })
-	host, err := pool.NewHost(d, pool.Options{Name: "bench-kv-host"})
+	host, err := pool.NewHost(d, pool.Options{Name: "bench-kv-host", History: o.PoolHistory})
 	if err != nil {
 		return sb, err
 	}

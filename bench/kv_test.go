@@ -3,6 +3,8 @@ package bench_test
 import (
 	"context"
 	"math"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/memwall/memwall/bench"
@@ -45,4 +47,22 @@ func TestKVOnSim(t *testing.T) {
 		t.Errorf("swap over link %.3f (cache %+v, link %.1f/%.1f)", rep.SwapOverLink, cache, rep.LinkD2HGBps, rep.LinkH2DGBps)
 	}
 	t.Logf("%+v", rep)
+}
+
+// TestKVMinBlocks: every pool size from MinKVBlocks up times its
+// operations (sizes drawn at random), and one block fewer is refused by
+// name before any work.
+func TestKVMinBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	sizes := []int{bench.MinKVBlocks}
+	for range 4 {
+		sizes = append(sizes, bench.MinKVBlocks+r.IntN(4*bench.MinKVBlocks))
+	}
+	if _, err := bench.KV(context.Background(), bench.KVOptions{Blocks: sizes, Ops: 1000}); err != nil {
+		t.Fatalf("blocks %v: %v", sizes, err)
+	}
+	_, err := bench.KV(context.Background(), bench.KVOptions{Blocks: []int{bench.MinKVBlocks - 1}, Ops: 1000})
+	if err == nil || !strings.Contains(err.Error(), "at least 1000") {
+		t.Fatalf("%d blocks: %v, want the minimum named", bench.MinKVBlocks-1, err)
+	}
 }

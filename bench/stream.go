@@ -54,6 +54,9 @@ type StreamOptions struct {
 	// residency.Budget's ContextBytes + LoadedBytes), added to the
 	// measured peak for the footprint figure.
 	ContextBytes uint64
+	// PoolHistory is the allocations and frees each pool keeps for the
+	// snapshot of an out-of-memory error (pool.Options.History; 0: none).
+	PoolHistory int
 	// Logger receives debug logs (nil: silent).
 	Logger *slog.Logger
 	// Progress, when set, is called after each step with the steps done
@@ -211,7 +214,7 @@ func (s *streamRun) setup(ctx context.Context) error {
 	s.baseFree = free
 	// Few blocks, most of them large: small ones among the large keep the
 	// pages mapped close to the plan's bytes.
-	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off}); err != nil {
+	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off, History: s.o.PoolHistory}); err != nil {
 		return fmt.Errorf("bench: stream: device pool: %w", err)
 	}
 	ro := s.o.Residency
@@ -220,7 +223,7 @@ func (s *streamRun) setup(ctx context.Context) error {
 		bounce = 64 << 20
 	}
 	hostLimit := s.p.StreamedBytes + uint64(max(ro.Bounces, 3))*bounce + 16<<20
-	if s.host, err = pool.NewHost(d, pool.Options{Name: "stream-host", Cache: pool.CacheOff, Limit: hostLimit, ChunkBytes: 2 << 20}); err != nil {
+	if s.host, err = pool.NewHost(d, pool.Options{Name: "stream-host", Cache: pool.CacheOff, Limit: hostLimit, ChunkBytes: 2 << 20, History: s.o.PoolHistory}); err != nil {
 		return fmt.Errorf("bench: stream: pinned host pool: %w", err)
 	}
 	if s.compS, err = d.NewStream(); err != nil {

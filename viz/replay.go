@@ -31,7 +31,10 @@ type ReplaySeries struct {
 // held) and live Blocks, as offsets from the lowest reserved address.
 // Reserved bytes no block covers are holes.
 type ReplayMap struct {
-	Name     string
+	Name string
+	// Heading replaces the heading "address space at the peak: Name"
+	// (an out-of-memory snapshot's map is at its failure).
+	Heading  string
 	Reserved []ReplaySpan
 	Blocks   []ReplaySpan
 }
@@ -90,7 +93,11 @@ func ReplayHTML(w io.Writer, p ReplayPicture) error {
 		timeline(e, s, ymax)
 	}
 	if p.Map != nil {
-		e.printf("<h2>address space at the peak: %s</h2>\n", esc(p.Map.Name))
+		if p.Map.Heading != "" {
+			e.printf("<h2>%s</h2>\n", esc(p.Map.Heading))
+		} else {
+			e.printf("<h2>address space at the peak: %s</h2>\n", esc(p.Map.Name))
+		}
 		e.printf("<p><span class=\"k\" style=\"background:#337ab7\"></span>live block<span class=\"k\" style=\"background:#f0ad4e\"></span>reserved, free (hole)<span class=\"k\" style=\"background:#eee;border:1px solid #ccc\"></span>not reserved</p>\n")
 		addressMap(e, p.Map)
 	}

@@ -13,7 +13,7 @@ import (
 func init() { benchVerbs["alloc"] = runBenchAlloc }
 
 func runBenchAlloc(e *env, args []string) error {
-	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--mixes random,4KiB,1MiB,64MiB] [--policies virtual,virtual-keep,chunks] [--json] [--out FILE]")
+	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--mixes random,4KiB,1MiB,64MiB] [--policies virtual,virtual-keep,chunks] [--json] [--out FILE] [--oom-snapshot FILE]")
 	var df deviceFlag
 	df.add(fs)
 	pairs := fs.Int("pairs", 20000, "timed free+alloc pairs per goroutine")
@@ -23,6 +23,8 @@ func runBenchAlloc(e *env, args []string) error {
 	policies := fs.String("policies", "", "pool configurations to measure (default all: virtual, virtual-keep, chunks)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	out := fs.String("out", "", "also write the JSON report to this file")
+	var snap oomSnapshot
+	snap.add(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -53,6 +55,9 @@ func runBenchAlloc(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := snap.check(); err != nil {
+		return err
+	}
 	d, _, err := df.open(e)
 	if err != nil {
 		return err
@@ -64,7 +69,7 @@ func runBenchAlloc(e *env, args []string) error {
 		Progress:   func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
 	pb.done()
 	if err != nil {
-		return err
+		return snap.handle(err)
 	}
 	var buf bytes.Buffer
 	if err := writeJSON(&buf, rep); err != nil {

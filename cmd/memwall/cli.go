@@ -15,6 +15,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/memwall/memwall/device"
 )
 
 // env is what a verb may touch: its output streams and whether stdout is a
@@ -25,6 +27,9 @@ type env struct {
 	stderr   io.Writer
 	terminal bool
 	getenv   func(string) string
+	// wrapDevice, when set, wraps every device a verb opens (tests inject
+	// device failures with it); nil in the program.
+	wrapDevice func(device.Device) device.Device
 }
 
 func newEnv() *env {

@@ -33,10 +33,15 @@ func demoSteps() []demoStep {
 }
 
 func runDemo(e *env, args []string) error {
-	fs := newFlags(e, "demo", "[--device auto|cuda|sim]")
+	fs := newFlags(e, "demo", "[--device auto|cuda|sim] [--oom-snapshot FILE]")
 	var df deviceFlag
 	df.add(fs)
+	var snap oomSnapshot
+	snap.add(fs)
 	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if err := snap.check(); err != nil {
 		return err
 	}
 	d, ch, err := df.open(e)
@@ -55,7 +60,7 @@ func runDemo(e *env, args []string) error {
 		fmt.Fprintf(w, "\n[%d/%d] %s\n", i+1, len(steps), s.title)
 		t0 := time.Now()
 		if err := s.run(e, d); err != nil {
-			return fmt.Errorf("demo step %q: %w", s.title, err)
+			return snap.handle(fmt.Errorf("demo step %q: %w", s.title, err))
 		}
 		fmt.Fprintf(w, "  (%.1fs)\n", time.Since(t0).Seconds())
 	}

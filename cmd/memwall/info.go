@@ -37,7 +37,17 @@ func (f *deviceFlag) open(e *env) (device.Device, auto.Choice, error) {
 	if err := f.check(); err != nil {
 		return nil, auto.Choice{}, err
 	}
-	return auto.Open(f.backend, auto.Options{Getenv: e.getenv, Kernels: kernels.Sim()})
+	return e.open(f.backend, auto.Options{Getenv: e.getenv, Kernels: kernels.Sim()})
+}
+
+// open opens a device by backend name (auto.Open), wrapped by
+// e.wrapDevice when a test set one.
+func (e *env) open(backend string, o auto.Options) (device.Device, auto.Choice, error) {
+	d, ch, err := auto.Open(backend, o)
+	if err == nil && e.wrapDevice != nil {
+		d = e.wrapDevice(d)
+	}
+	return d, ch, err
 }
 
 // infoJSON is `memwall info --json`.

@@ -351,7 +351,7 @@ func kvPicture(source string, r sched.Result) viz.KVPicture {
 	return pic
 }
 
-const benchKVUsage = `[--device auto|cuda|sim] [--blocks 1000,10000,100000,1000000] [--ops N] [--swap-bytes SIZE] [--reps N] [--no-swap] [--json]
+const benchKVUsage = `[--device auto|cuda|sim] [--blocks 1000,10000,100000,1000000] [--ops N] [--swap-bytes SIZE] [--reps N] [--no-swap] [--json] [--oom-snapshot FILE]
 
 Times the block manager's alloc, free, fork and touch at each pool size
 (flat means O(1)), then swaps a sequence to pinned host memory and back on
@@ -369,24 +369,29 @@ func runBenchKV(e *env, args []string) error {
 	reps := fs.Int("reps", 3, "timed swaps per direction and layout (median)")
 	noSwap := fs.Bool("no-swap", false, "skip the swap measurement (no device opened)")
 	asJSON := fs.Bool("json", false, "print JSON")
+	var snap oomSnapshot
+	snap.add(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if err := df.check(); err != nil {
 		return err
 	}
+	if err := snap.check(); err != nil {
+		return err
+	}
 	var sizes []int
 	for _, f := range strings.Split(*blocks, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || v < 100 || v > 1<<26 {
-			return usagef("--blocks %q: want sizes of 100..%d blocks, comma-separated", f, 1<<26)
+		if err != nil || v < bench.MinKVBlocks || v > 1<<26 {
+			return usagef("--blocks %q: want sizes of %d..%d blocks, comma-separated", f, bench.MinKVBlocks, 1<<26)
 		}
 		sizes = append(sizes, v)
 	}
 	if *ops < 1000 || *reps < 1 {
 		return usagef("--ops must be at least 1000 and --reps at least 1")
 	}
-	o := bench.KVOptions{Blocks: sizes, Ops: *ops, Reps: *reps}
+	o := bench.KVOptions{Blocks: sizes, Ops: *ops, Reps: *reps, PoolHistory: snap.history()}
 	if *swapBytes != "" {
 		v, err := flagSize("swap-bytes", *swapBytes, false)
 		if err != nil {
@@ -410,7 +415,7 @@ func runBenchKV(e *env, args []string) error {
 	rep, err := bench.KV(e.ctx, o)
 	pb.done()
 	if err != nil {
-		return err
+		return snap.handle(err)
 	}
 	if *asJSON {
 		return writeJSON(e.stdout, rep)

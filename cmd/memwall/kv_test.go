@@ -88,6 +88,7 @@ func TestKVSimulateErrors(t *testing.T) {
 		{[]string{"kv", "simulate", "--synthetic", "sharegpt", "--model", "llama-7b", "--vram", "8GiB"}, 1, "leaves nothing for K/V"},
 		{[]string{"kv", "simulate", "--synthetic", "sharegpt", "--model", "llama-7b", "--vram", "40GiB", "--html", t.TempDir()}, 1, "is a directory"},
 		{[]string{"bench", "kv", "--blocks", "10"}, 2, "--blocks"},
+		{[]string{"bench", "kv", "--blocks", "999"}, 2, "want sizes of 1000.."},
 		{[]string{"kv", "simulate", "--synthetic", "sharegpt", "--model", "llama-7b", "--vram", "40GiB", "--time-model", "tpu"}, 2, "--time-model"},
 	} {
 		code, _, errOut := runVerb(t, nil, tc.args...)

@@ -61,7 +61,18 @@ func runReplay(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	var oom *traceOOM
+	if t.Meta.OOMs > 0 {
+		if oom, err = readOOM(pos[0], *lenient); err != nil {
+			return err
+		}
+	}
 	if t.Allocs == 0 {
+		if oom != nil {
+			// An OOM snapshot of a pool that held nothing: no replay, but
+			// the failure itself.
+			return reportEmptyOOM(e, pos[0], t.Events, oom, hf, *asJSON)
+		}
 		return fmt.Errorf("%s: no allocations to replay (%d events read)", pos[0], t.Events)
 	}
 	t.Name = filepath.Base(pos[0])
@@ -74,16 +85,19 @@ func runReplay(e *env, args []string) error {
 	rep.FreeAt = fa.String()
 	var page []byte
 	if hf != nil {
-		if page, err = replayHTML(rep); err != nil {
+		if page, err = replayHTML(rep, oom); err != nil {
 			return err
 		}
 	}
 	if *asJSON {
-		if err := writeJSON(e.stdout, replayJSON(rep)); err != nil {
+		if err := writeJSON(e.stdout, replayJSON(rep, oom)); err != nil {
 			return err
 		}
 	} else {
 		printReplay(e.stdout, rep, t)
+		if oom != nil {
+			fmt.Fprintf(e.stdout, "\n%s\n", oom.note())
+		}
 	}
 	// The report is out before the page is written: a failed write loses
 	// neither.
@@ -108,7 +122,7 @@ func runReplay(e *env, args []string) error {
 // replayJSON is the report as JSON with no placeholder: a configuration
 // whose replay took no sample (it failed at once) has null fragmentation
 // figures rather than the initial 1 and 0.
-func replayJSON(rep *replay.Report) any {
+func replayJSON(rep *replay.Report, oom *traceOOM) any {
 	b, err := json.Marshal(rep)
 	if err != nil {
 		return rep
@@ -116,6 +130,9 @@ func replayJSON(rep *replay.Report) any {
 	var m map[string]any
 	if err := json.Unmarshal(b, &m); err != nil {
 		return rep
+	}
+	if oom != nil {
+		m["oom"] = oom
 	}
 	results, _ := m["results"].([]any)
 	for i, r := range results {
@@ -198,9 +215,15 @@ func goalText(r replay.ResultJSON) string {
 
 // replayHTML draws the report's timelines and the default's address map at
 // the peak as a self-contained page.
-func replayHTML(rep *replay.Report) ([]byte, error) {
+func replayHTML(rep *replay.Report, oom *traceOOM) ([]byte, error) {
 	pic := viz.ReplayPicture{Title: "memwall replay: " + rep.Trace}
 	pic.Notes = append(pic.Notes, fmt.Sprintf("%d events, %d allocs, peak live %s.", rep.Events, rep.Allocs, humanBytes(rep.PeakLive)))
+	if oom != nil {
+		// The trace's own memory at its failure is the picture to see;
+		// the replays' timelines stay.
+		pic.Notes = append(pic.Notes, oom.note())
+		pic.Map = oom.picture()
+	}
 	if rep.PyTorchReserved != nil && rep.PyTorchRatio != nil {
 		pic.Notes = append(pic.Notes, fmt.Sprintf("PyTorch reserved %s (%.2f× peak live).", humanBytes(*rep.PyTorchReserved), *rep.PyTorchRatio))
 	}

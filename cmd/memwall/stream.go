@@ -19,7 +19,7 @@ func init() {
 	register(verb{name: "stream", summary: "run a model larger than its VRAM budget, streaming weights layer by layer; measure and verify", run: runStream})
 }
 
-const streamUsage = `MODEL --vram SIZE [--tokens T] [--steps N] [--slots N] [--prefetch N] [--ctx N] [--batch B] [--source S] [--link-gbps X] [--device auto|cuda|sim] [--json]
+const streamUsage = `MODEL --vram SIZE [--tokens T] [--steps N] [--slots N] [--prefetch N] [--ctx N] [--batch B] [--source S] [--link-gbps X] [--device auto|cuda|sim] [--json] [--oom-snapshot FILE]
 
 The benchmark of package residency. Plans MODEL into --vram as 'memwall fit'
 does (--vram is the process's whole device footprint: the device context's own
@@ -74,6 +74,8 @@ func runStream(e *env, args []string) error {
 	steps := fs.Int("steps", 5, "timed steps (after one warm-up step)")
 	prefetch := fs.Int("prefetch", 0, "streamed groups issued ahead of the one computing (default: --slots less one)")
 	src := fs.String("source", "auto", "host side of the copies: auto, registered-mmap, pinned-copy or bounce")
+	var snap oomSnapshot
+	snap.add(fs)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -91,6 +93,9 @@ func runStream(e *env, args []string) error {
 	source, err := residency.ParseSource(*src)
 	if err != nil {
 		return usagef("--source: %v", err)
+	}
+	if err := snap.check(); err != nil {
+		return err
 	}
 	pl, err := fitModel(e.ctx, e, &f, path, budget, true)
 	if err != nil {
@@ -112,12 +117,13 @@ func runStream(e *env, args []string) error {
 	out, err := streamPlanned(e.ctx, pl, bench.StreamOptions{
 		Residency:    residency.Options{Source: source, HostBytes: hostAvailable(), Prefetch: *prefetch},
 		ContextBytes: b.ContextBytes + b.LoadedBytes,
+		PoolHistory:  snap.history(),
 		Progress: func(done, total int) {
 			pb.update(float64(done), float64(total), fmt.Sprintf("step %d/%d", done, total))
 		}}, *steps)
 	pb.done()
 	if err != nil {
-		return err
+		return snap.handle(err)
 	}
 	out.ContextBytes, out.LoadedBytes, out.ContextSource, out.PoolBudgetBytes = b.ContextBytes, b.LoadedBytes, b.ContextSource, b.PoolBytes
 	layers := out.fitJSON.Layers

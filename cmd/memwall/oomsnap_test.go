@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/fault"
+	"github.com/memwall/memwall/format/synth"
+)
+
+// runVerbFault runs a command line on devices wrapped with cfg's faults.
+func runVerbFault(t *testing.T, cfg *fault.Config, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, getenv: func(string) string { return "" },
+		wrapDevice: func(d device.Device) device.Device { return fault.Wrap(d, cfg) }}
+	code = run(args, env)
+	return code, o.String(), e.String()
+}
+
+// oomCases are the verbs that allocate through a pool, each a small run on
+// the simulator.
+func oomCases(t *testing.T) map[string][]string {
+	dir, _ := tinyDir(t, "tiny")
+	tiny, err := synth.WriteTiny(context.Background(), t.TempDir(), synth.Safetensors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string][]string{
+		"bench alloc": {"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB", "--strategies", "bestfit", "--policies", "virtual,chunks"},
+		"bench kv":    {"bench", "kv", "--device", "sim", "--blocks", "1000", "--ops", "1000", "--reps", "1", "--swap-bytes", "16MiB"},
+		"stream":      {"stream", tiny, "--vram", "12MiB", "--ctx", "128", "--steps", "1", "--device", "sim"},
+		"run":         {"run", dir, "--vram", "6MiB", "--prompt-ids", "5,17,300", "--max-new", "3", "--device", "sim"},
+	}
+}
+
+// TestOOMSnapshotPerVerb fails the device's memory at random points of each
+// verb that allocates through a pool (an allocation, a physical chunk or
+// a mapping refused, and every one after it) and checks what the user
+// gets: exit 1; when a pool ran out, the --oom-snapshot file, named in the
+// message, which memwall replay --html draws; when the failure was outside
+// a pool, no file and no claim of one. Some failure point of every verb
+// must reach a pool.
+func TestOOMSnapshotPerVerb(t *testing.T) {
+	for name, args := range oomCases(t) {
+		t.Run(name, func(t *testing.T) {
+			var clean fault.Config
+			if code, _, stderr := runVerbFault(t, &clean, args...); code != 0 {
+				t.Fatalf("clean run: exit %d: %s", code, stderr)
+			}
+			c := clean.Counts()
+			calls := map[string]uint64{"alloc": c.Alloc, "physical": c.CreatePhysical, "map": c.Map}
+			r := rand.New(rand.NewPCG(uint64(len(name)), 5))
+			snapshots := 0
+			tries := 4
+			if testing.Short() {
+				tries = 2
+			}
+			for i := 0; i < tries || snapshots == 0 && i < 12; i++ {
+				var methods []string
+				for m, n := range calls {
+					if n > 0 {
+						methods = append(methods, m)
+					}
+				}
+				if len(methods) == 0 {
+					t.Fatalf("the clean run made no device allocation: %+v", c)
+				}
+				m := methods[r.IntN(len(methods))]
+				nth := 1 + uint64(r.IntN(int(calls[m])))
+				var rules fault.Rules
+				switch m {
+				case "alloc":
+					rules.Alloc = fault.From(nth)
+				case "physical":
+					rules.CreatePhysical = fault.From(nth)
+				default:
+					rules.Map = fault.From(nth)
+				}
+				var cfg fault.Config
+				cfg.Set(rules)
+				snap := filepath.Join(t.TempDir(), "oom.jsonl")
+				code, _, stderr := runVerbFault(t, &cfg, append(args, "--oom-snapshot", snap)...)
+				what := fmt.Sprintf("%s %d and after failing", m, nth)
+				if code != exitFail {
+					t.Fatalf("%s: exit %d, want 1: %s", what, code, stderr)
+				}
+				if strings.Contains(stderr, "panic") || strings.Contains(stderr, "<nil>") {
+					t.Fatalf("%s: %s", what, stderr)
+				}
+				if _, err := os.Stat(snap); err != nil {
+					if strings.Contains(stderr, "snapshot at the failure is in") {
+						t.Fatalf("%s: no file, yet the message claims one: %s", what, stderr)
+					}
+					continue
+				}
+				snapshots++
+				t.Logf("%s: %s", what, strings.TrimSpace(stderr))
+				if !strings.Contains(stderr, "snapshot at the failure is in "+snap) || !strings.Contains(stderr, "replay --html") {
+					t.Fatalf("%s: the message does not say where the snapshot went: %s", what, stderr)
+				}
+				checkSnapshotDraws(t, snap)
+			}
+			if snapshots == 0 {
+				t.Fatalf("no failure point reached a pool (calls %v)", calls)
+			}
+		})
+	}
+}
+
+// checkSnapshotDraws runs memwall replay --html and --json on a snapshot
+// file: the page shows the failure (and the pool's memory when it held
+// any), the JSON its figures.
+func checkSnapshotDraws(t *testing.T, snap string) {
+	t.Helper()
+	page := filepath.Join(t.TempDir(), "oom.html")
+	code, _, stderr := runVerbSim(t, "replay", snap, "--html", page, "--no-search", "--strategy", "default")
+	if code != 0 {
+		t.Fatalf("replay --html %s: exit %d: %s", snap, code, stderr)
+	}
+	b, err := os.ReadFile(page)
+	if err != nil || !bytes.Contains(b, []byte("out of memory at event")) {
+		t.Fatalf("replay --html shows no failure (%v): %s", err, b)
+	}
+	code, out, stderr := runVerbSim(t, "replay", snap, "--json", "--no-search", "--strategy", "default")
+	if code != 0 {
+		t.Fatalf("replay --json %s: exit %d: %s", snap, code, stderr)
+	}
+	var rep struct {
+		Allocs int64 `json:"allocs"`
+		OOM    *struct {
+			Requested  uint64 `json:"requested_bytes"`
+			LiveBlocks int    `json:"live_blocks"`
+		} `json:"oom"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.OOM == nil || rep.OOM.Requested == 0 {
+		t.Fatalf("replay --json: no oom figures (%v): %s", err, out)
+	}
+	if rep.OOM.LiveBlocks > 0 && !bytes.Contains(b, []byte("<svg")) {
+		t.Fatalf("a snapshot of %d live blocks drew no map", rep.OOM.LiveBlocks)
+	}
+}

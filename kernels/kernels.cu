@@ -537,14 +537,11 @@ __device__ __forceinline__ void gemv1_async(const typename Tr::S* __restrict__ W
 const int kGemvsWarps = 8;
 const int kGemvsPart = 4096;  // floats of per-warp partial sums in shared memory (16 KiB)
 
-// Vector c of a row of K elements (raw bits, zeros past K).
+// Vector c of a row of K elements gathered element by element (raw bits,
+// zeros past K): the path of odd K and misaligned pointers, out of line so
+// the unrolled fast loops stay small.
 template <class Tr>
-__device__ __forceinline__ uint4 gemvs_vec(const typename Tr::S* row, uint64_t c, uint32_t K, bool fast,
-                                           bool stream) {
-    if (fast) {
-        const uint4* p = reinterpret_cast<const uint4*>(row) + c;
-        return stream ? ld_stream16(p) : __ldg(p);
-    }
+__device__ __noinline__ uint4 gemvs_gather(const typename Tr::S* row, uint64_t c, uint32_t K) {
     uint32_t w[4] = {0u, 0u, 0u, 0u};
     const uint64_t k0 = c * Tr::kVec;
     const unsigned short* h = reinterpret_cast<const unsigned short*>(row);
@@ -559,6 +556,15 @@ __device__ __forceinline__ uint4 gemvs_vec(const typename Tr::S* row, uint64_t c
         }
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Vector c of a row of K elements (raw bits, zeros past K).
+template <class Tr>
+__device__ __forceinline__ uint4 gemvs_vec(const typename Tr::S* row, uint64_t c, uint32_t K, bool fast,
+                                           bool stream) {
+    if (!fast) return gemvs_gather<Tr>(row, c, K);
+    const uint4* p = reinterpret_cast<const uint4*>(row) + c;
+    return stream ? ld_stream16(p) : __ldg(p);
 }
 
 __device__ __forceinline__ void gemvs_share(uint64_t n, uint64_t& a, uint64_t& b) {

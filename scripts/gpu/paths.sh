@@ -1,138 +1,113 @@
 #!/usr/bin/env bash
-# Planner on real exporters and ONNX Runtime settings from a plan (issue 16),
-# from the repo root on the GPU machine: python3 with torch, transformers,
-# onnx, onnxscript and onnxruntime; gpubin/memwall built by
-# scripts/gpu-build.sh. No Go, no network, no GPU use (ORT's CPU provider).
-# Expected run time: about 80-120 s (8 exports of ~1-7 s, then ~30 ORT runs
-# of ~1.5 s and ~40 memwall plans of < 1 s; the second run took 60 s); every step has a timeout and
-# the whole stays under 180 s.
+# The pool's surroundings on the GPU (issue 13 items 4-6). Expected time on
+# an NVIDIA H200: about 40-60 s (each step has a timeout; the whole stays
+# under 120 s):
+#   1. the drivers' bare allocators (device/cuda TestDriverAnchor) and
+#      bench's request streams timed through them (bench TestAnchorOnGPU):
+#      ~5 s;
+#   2. `memwall bench alloc` on the random mix, 1 and 4 goroutines, short:
+#      the cuMemAlloc/cuMemAllocAsync rows come out with no note, next to
+#      the pool's (~15 s);
+#   3. an out-of-memory error on the real device: a python/torch process
+#      holds all but ~3 GiB of the GPU while `memwall bench kv --swap-bytes
+#      4GiB --oom-snapshot FILE` runs (it needs 8 GiB of device memory): exit
+#      1, the message names the file, `memwall replay --html` draws it
+#      (~15 s, most of it importing torch);
+#   4. `memwall run --pool-log FILE` on a generated tiny Llama on cuda, and
+#      `memwall replay FILE` reads the log (~5 s).
+# Run from the repository root after scripts/gpu-build.sh (gpubin/); logs go
+# to $OUT/paths/, the summary table is printed last.
 #
 #   OUT=/some/dir scripts/gpu/paths.sh
-#
-# Writes under $OUT/paths/: ship/*.onnx (the exported graphs, without their
-# data and with it inline: these go to testdata/onnx/dynamo/),
-# manifest.json (what was exported, how), plan/*.json (memwall plan --ort
-# --json of every graph), ort.jsonl (one line per ORT run), summary.json and
-# summary.md (the table for BENCHMARKS.md), log.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 dir=$OUT/paths
-mkdir -p "$dir/plan"
-BIN=${BIN:-gpubin}
-t0=$(date +%s)
+mkdir -p "$dir"
+bin=$PWD/${BIN:-gpubin}
+mw=$bin/memwall
 log=$dir/log.txt
-python3 -c 'import torch, transformers, onnx, onnxruntime, sys; print("torch", torch.__version__, "transformers", transformers.__version__, "onnx", onnx.__version__, "onnxruntime", onnxruntime.__version__, "python", sys.version.split()[0])' >"$log" 2>&1
+: >"$log"
+status=()
+run() { # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" >>"$log"
+  local t0 t1 r
+  t0=$(date +%s.%N)
+  if timeout -k 5 "$limit" "$@" >>"$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
+  t1=$(date +%s.%N)
+  status+=("$(printf '%-52s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
+}
+t00=$(date +%s)
 
-# 1. Export (the slow part: under 100 s).
-timeout 100 python3 scripts/gpu/onnx-export.py export --out "$dir" >>"$log" 2>&1
-echo "export rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$log"
+# 1. The anchors.
+if [ -x "$bin/device_cuda.test" ]; then
+  run "cuda DriverAllocator (TestDriverAnchor)" 40 bash -c \
+    "cd device/cuda && '$bin/device_cuda.test' -test.run '^TestDriverAnchor\$' -test.v -test.timeout 35s >'$dir/cuda-anchor.txt' 2>&1"
+else
+  status+=("$(printf '%-52s %-9s' "cuda DriverAllocator" "MISSING")")
+fi
+if [ -x "$bin/bench.test" ]; then
+  run "bench anchor streams on cuda (TestAnchorOnGPU)" 40 bash -c \
+    "cd bench && MEMWALL_TEST_DEVICE=cuda '$bin/bench.test' -test.run '^TestAnchorOnGPU\$' -test.v -test.timeout 35s >'$dir/bench-anchor.txt' 2>&1"
+else
+  status+=("$(printf '%-52s %-9s' "bench anchor streams" "MISSING")")
+fi
 
-# 2. memwall plan --ort on every graph, with and without its data.
-for m in "$dir"/ship/*.onnx; do
-  [ -f "$m" ] || continue
-  b=$(basename "$m" .onnx)
-  if [ -x "$BIN/memwall" ]; then
-    timeout 20 "$BIN/memwall" plan "$m" --ort --json --time-limit 1s >"$dir/plan/$b.json" 2>"$dir/plan/$b.err"
-    echo "plan $b rc=$?" >>"$log"
-  else
-    echo "plan $b: no $BIN/memwall" >>"$log"
-  fi
-done
+# 2. bench alloc's driver rows.
+run "bench alloc: driver rows present, no note" 60 bash -c "
+  '$mw' bench alloc --device cuda --mixes random --policies virtual --strategies bestfit --goroutines 1,4 --pairs 4000 --json >'$dir/alloc.json' 2>'$dir/alloc.err' || exit 1
+  python3 - '$dir/alloc.json' <<'EOF'
+import json, sys
+rep = json.load(open(sys.argv[1]))
+rows = {(r['allocator'], r['goroutines']): r for r in rep['results']}
+need = [('cuMemAlloc', 1), ('cuMemAlloc (freed at once)', 1), ('cuMemAllocAsync', 1), ('cuMemAllocAsync (freed at once)', 1), ('cuMemAlloc', 4), ('cuMemAllocAsync', 4)]
+bad = [k for k in need if k not in rows or rows[k].get('note') or not rows[k].get('batch_p50_ns')]
+for k, r in sorted(rows.items()):
+    print(f\"{k[0]:34s} x{k[1]:<2d} batch p50 {r.get('batch_p50_ns', 0):9.0f} ns  p99 {r.get('p99_ns', 0):9.0f} ns  {r.get('pairs_per_sec', 0):12.0f} pairs/s  {r.get('note', '')}\")
+sys.exit(1 if bad else 0)
+EOF"
 
-# 3. ONNX Runtime, default settings and memwall's, a fresh process each.
-: >"$dir/ort.jsonl"
-for m in "$dir"/ship/*.inline.onnx; do
-  [ -f "$m" ] || continue
-  b=$(basename "$m" .onnx)
-  timeout 30 python3 scripts/gpu/onnx-export.py ort "$m" --mode default >>"$dir/ort.jsonl" 2>>"$log" ||
-    echo "{\"model\": \"$b.onnx\", \"mode\": \"default\", \"ok\": false, \"error\": \"rc $?\"}" >>"$dir/ort.jsonl"
-  [ -s "$dir/plan/$b.json" ] || continue
-  timeout 30 python3 scripts/gpu/onnx-export.py ort "$m" --mode memwall --settings "$dir/plan/$b.json" >>"$dir/ort.jsonl" 2>>"$log" ||
-    echo "{\"model\": \"$b.onnx\", \"mode\": \"memwall\", \"ok\": false, \"error\": \"rc $?\"}" >>"$dir/ort.jsonl"
-  # How much ORT needs: limits of weights + arena + 1 MiB + k/2 arenas,
-  # k = 0, 1, ..., the first that runs (an experiment, not a setting).
-  arena=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["no_inplace_arena_bytes"])' "$dir/plan/$b.json" 2>/dev/null) || continue
-  for k in 0 1 2 3 4 5 6; do
-    ws=$(( 1048576 + k * arena / 2 ))
-    timeout 20 "$BIN/memwall" plan "$m" --ort --ort-workspace "${ws}B" --json --time-limit 0s >"$dir/plan/$b.need.json" 2>>"$log" || break
-    line=$(timeout 30 python3 scripts/gpu/onnx-export.py ort "$m" --mode memwall-need --settings "$dir/plan/$b.need.json" 2>>"$log")
-    echo "$line" | sed "s/^{/{\"k\": $k, /" >>"$dir/need.jsonl"
-    case $line in *'"ok": true'*) break ;; esac
-  done
-done
-
-# 4. The table.
-python3 - "$dir" <<'EOF' 2>>"$log"
-import json, os, sys
-d = sys.argv[1]
-man = {m["name"]: m for m in json.load(open(os.path.join(d, "manifest.json")))} if os.path.exists(os.path.join(d, "manifest.json")) else {}
-plans = {}
-for f in sorted(os.listdir(os.path.join(d, "plan"))):
-    if f.endswith(".json") and not f.endswith(".need.json") and os.path.getsize(os.path.join(d, "plan", f)) > 0:
-        try:
-            plans[f[:-5]] = json.load(open(os.path.join(d, "plan", f)))
-        except Exception:
-            pass
-need = {}
-if os.path.exists(os.path.join(d, "need.jsonl")):
-    for line in open(os.path.join(d, "need.jsonl")):
-        try:
-            r = json.loads(line)
-        except Exception:
-            continue
-        if r.get("ok"):
-            need[r["model"].replace(".inline.onnx", "")] = r
-runs = {}
-for line in open(os.path.join(d, "ort.jsonl")):
-    try:
-        r = json.loads(line)
-    except Exception:
-        continue
-    runs[(r["model"].replace(".onnx", ""), r["mode"])] = r
-rows = []
-for name in man:
-    row = {"model": name, "exported": man[name].get("ok"), "params": man[name].get("params")}
-    for v in ("nodata", "inline"):
-        p = plans.get(f"{name}.{v}")
-        if p:
-            row[v] = {k: p.get(k) for k in ("arena_bytes", "lower_bound_bytes", "no_inplace_arena_bytes", "no_inplace_lower_bound_bytes", "declared_tensors", "weights_bytes", "tensors")}
-            row[v]["gpu_mem_limit"] = p.get("ort", {}).get("total_bytes")
-        else:
-            err = os.path.join(d, "plan", f"{name}.{v}.err")
-            row[v] = {"error": open(err).read()[:300]} if os.path.exists(err) else None
-    n = need.get(name)
-    row["ort_need"] = None if n is None else {"k": n["k"], "limit_bytes": n["settings"]["total_bytes"], "peak_rss_kib": n["peak_rss_kib"]}
-    for mode in ("default", "memwall"):
-        r = runs.get((f"{name}.inline", mode))
-        row["ort_" + mode.replace("-", "_")] = None if r is None else {k: r.get(k) for k in ("ok", "peak_rss_kib", "session_peak_kib", "create_seconds", "run_median_seconds", "error")}
-    rows.append(row)
-json.dump(rows, open(os.path.join(d, "summary.json"), "w"), indent=1)
-mib = lambda b: "-" if b is None else f"{b / 2**20:.2f}"
-def g(x, *ks):
-    for k in ks:
-        x = x.get(k) if isinstance(x, dict) else None
-    return x
-lines = ["| model | params | arena no-data / inline (MiB) | lower bound (MiB) | declared | ORT default: peak RSS, session (MiB), run (ms) | ORT memwall: peak RSS, session (MiB), run (ms), limit (MiB) | smallest limit ORT ran in (MiB; x arena) |",
-         "|---|---|---|---|---|---|---|---|"]
-def needcell(r):
-    n, a = r.get("ort_need"), g(r, "inline", "no_inplace_arena_bytes")
-    if not n:
-        return "-"
-    return f"{n['limit_bytes'] / 2**20:.1f} (k={n['k']}; {(n['limit_bytes'] - (g(r, 'inline', 'weights_bytes') or 0)) / max(a or 1, 1):.2f}x)"
-for r in rows:
-    def ortcell(o):
-        if not o or not o.get("ok"):
-            return "failed: " + (o or {}).get("error", "not run")[:60] if o else "-"
-        return f"{o['peak_rss_kib']/1024:.1f}, {o['session_peak_kib']/1024:.1f}, {o['run_median_seconds']*1e3:.2f}"
-    lines.append(f"| {r['model']} | {r['params']} | {mib(g(r,'nodata','no_inplace_arena_bytes'))} / {mib(g(r,'inline','no_inplace_arena_bytes'))} | "
-                 f"{mib(g(r,'inline','no_inplace_lower_bound_bytes'))} | {g(r,'nodata','declared_tensors')} | {ortcell(r['ort_default'])} | {ortcell(r['ort_memwall'])}, {mib(g(r,'inline','gpu_mem_limit'))} | {needcell(r)} |")
-open(os.path.join(d, "summary.md"), "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-same = all(g(r, "nodata", "no_inplace_arena_bytes") == g(r, "inline", "no_inplace_arena_bytes") for r in rows
-           if g(r, "inline", "no_inplace_arena_bytes") is not None and g(r, "nodata", "no_inplace_arena_bytes") is not None)
-atlb = all(g(r, v, "no_inplace_arena_bytes") == g(r, v, "no_inplace_lower_bound_bytes") for r in rows for v in ("nodata", "inline") if g(r, v, "no_inplace_arena_bytes") is not None)
-print(f"arena same with and without data: {same}; arena = lower bound (no in-place) on every planned graph: {atlb}")
+# 3. A real out-of-memory error: another process holds the memory.
+snap=$dir/kv-oom.jsonl
+rm -f "$snap" "$dir/hog.ready"
+timeout -k 5 60 python3 - "$dir/hog.ready" >"$dir/hog.txt" 2>&1 <<'EOF' &
+import sys, time, torch
+free, total = torch.cuda.mem_get_info()
+keep = 3 << 30
+x = torch.empty(max(free - keep, 0), dtype=torch.uint8, device="cuda")
+free2, _ = torch.cuda.mem_get_info()
+print(f"holding {x.numel() / 2**30:.1f} GiB of {total / 2**30:.1f}; {free2 / 2**30:.2f} GiB left free", flush=True)
+open(sys.argv[1], "w").write("ready\n")
+time.sleep(45)
 EOF
-du -sh "$dir/ship" 2>/dev/null | tee -a "$log"
-echo "paths total $(( $(date +%s) - t0 ))s"
+hog=$!
+for _ in $(seq 1 60); do [ -f "$dir/hog.ready" ] && break; sleep 0.5; done
+if [ -f "$dir/hog.ready" ]; then
+  run "bench kv OOM: exit 1, message names the snapshot" 40 bash -c "
+    '$mw' bench kv --device cuda --blocks 1000 --ops 1000 --reps 1 --swap-bytes 4GiB --oom-snapshot '$snap' >'$dir/kv-oom.out' 2>'$dir/kv-oom.err'; rc=\$?
+    cat '$dir/kv-oom.err'; [ \$rc -eq 1 ] && [ -s '$snap' ] && grep -q 'snapshot at the failure is in $snap' '$dir/kv-oom.err'"
+else
+  status+=("$(printf '%-52s %-9s' "bench kv OOM (torch could not hold the GPU)" "SKIPPED")")
+fi
+kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null
+if [ -s "$snap" ]; then
+  run "replay --html/--json reads the OOM snapshot" 30 bash -c "
+    '$mw' replay '$snap' --html '$dir/kv-oom.html' --no-search --strategy default >'$dir/kv-oom-replay.txt' 2>&1 &&
+    '$mw' replay '$snap' --json --no-search --strategy default >'$dir/kv-oom-replay.json' &&
+    grep -q 'out of memory at event' '$dir/kv-oom.html' && tail -n 2 '$dir/kv-oom-replay.txt'"
+fi
+
+# 4. A run's pool log, replayed.
+model=$dir/tiny
+rm -rf "$model"
+run "run --pool-log on cuda, replay reads the log" 60 bash -c "
+  '$mw' gen-model --preset tiny --out '$model/model.safetensors' >/dev/null &&
+  '$mw' run '$model' --device cuda --prompt-ids 1,2,3,4,5 --max-new 8 --pool-log '$dir/run-pool.jsonl' --json >'$dir/run.json' &&
+  '$mw' replay '$dir/run-pool.jsonl' --no-search --strategy default --json >'$dir/run-pool-replay.json' &&
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(\"run pool log:\", r[\"allocs\"], \"allocs, peak live\", r[\"peak_live_bytes\"]); sys.exit(0 if r[\"allocs\"] > 0 else 1)' '$dir/run-pool-replay.json'"
+rm -rf "$model"
+
+echo
+echo "== paths summary ($(( $(date +%s) - t00 )) s)"
+printf '%s\n' "${status[@]}" | tee "$dir/summary.txt"

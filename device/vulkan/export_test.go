@@ -54,3 +54,6 @@ func OpenCopyFamily(o Options, f int) (*Device, error) {
 
 // ShaderCopy reports whether CopyDtoD can run as a shader on d.
 func ShaderCopy(d *Device) bool { return d.copyKernel() != nil }
+
+// SplitCopies counts the copies d split over several copy queues.
+func SplitCopies(d *Device) uint64 { return d.splits.Load() }

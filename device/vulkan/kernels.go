@@ -330,6 +330,9 @@ func (d *Device) destroyAll() {
 	for _, s := range d.streams {
 		d.releaseStream(s)
 		d.spareSems = append(d.spareSems, s.sem)
+		for _, a := range s.aux {
+			d.spareSems = append(d.spareSems, a.sem)
+		}
 	}
 	for _, sem := range d.spareSems {
 		callVoid(d.vk.destroySemaphore, d.dev, uintptr(sem), 0)

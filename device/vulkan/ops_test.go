@@ -329,3 +329,70 @@ func TestCopyDtoDRandom(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitCopiesRandom: with CopyQueues 3, random large copies between
+// host-visible memory and the device arrive whole, and an event recorded
+// after one covers all of its parts: a second stream that waits on it and
+// copies the bytes on sees every one of them.
+func TestSplitCopiesRandom(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: copies of 32-48 MiB")
+	}
+	d := openWith(t, vulkan.Options{CopyQueues: 3})
+	const size = 48 << 20
+	up, err := d.HostAlloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, err := d.HostAlloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, _ := d.NewStream()
+	s2, _ := d.NewStream()
+	ev, _ := d.NewEvent(false)
+	r := rand.New(rand.NewPCG(5, 9))
+	for it := range 6 {
+		n := uint64(32<<20) + r.Uint64N(size-32<<20)
+		ho, do := r.Uint64N(size-n+1), r.Uint64N(size-n+1)
+		for i := range up.Bytes[ho : ho+n] {
+			up.Bytes[ho+uint64(i)] = byte(i*7 + it)
+		}
+		if err := d.CopyHtoD(a.Add(do), up.Bytes[ho:ho+n], s1); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.EventRecord(ev, s1); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.StreamWaitEvent(s2, ev); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.CopyDtoD(b, a.Add(do), n, s2); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.CopyDtoH(down.Bytes[:n], b, s2); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.StreamSynchronize(s2); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(down.Bytes[:n], up.Bytes[ho:ho+n]) {
+			i := 0
+			for down.Bytes[i] == up.Bytes[ho+uint64(i)] {
+				i++
+			}
+			t.Fatalf("copy %d (%d bytes): byte %d differs", it, n, i)
+		}
+	}
+	if vulkan.SplitCopies(d) < 12 {
+		t.Errorf("%d split copies, want 12", vulkan.SplitCopies(d))
+	}
+}

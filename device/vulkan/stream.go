@@ -47,7 +47,9 @@ type stream struct {
 	last    atomic.Uint64 // the value the last submission signals
 	waits   []semWait     // StreamWaitEvent waits for the next submission
 	cq, tq  *queue
-	lastQ   *queue // the queue of the last submission (nil: none yet)
+	tqs     []*queue  // the copy queues a split copy uses, tq first
+	aux     []semWait // per helper queue of a split copy: its semaphore and last value
+	lastQ   *queue    // the queue of the last submission (nil: none yet)
 	pools   map[uint32]uint64
 	free    map[uint32][]uintptr
 	flight  []cbUse
@@ -139,7 +141,10 @@ func (d *Device) NewStream() (device.Stream, error) {
 		return 0, fmt.Errorf("vulkan: NewStream on a closed device: %w", device.ErrInvalid)
 	}
 	s.cq = d.compute.queues[d.queueRot%len(d.compute.queues)]
-	s.tq = d.transfer.queues[d.queueRot%len(d.transfer.queues)]
+	for i := range d.copyQueues {
+		s.tqs = append(s.tqs, d.transfer.queues[(d.queueRot+i)%len(d.transfer.queues)])
+	}
+	s.tq = s.tqs[0]
 	d.queueRot++
 	s.id = device.Stream(d.newID())
 	d.streams[s.id] = s
@@ -171,6 +176,9 @@ func (d *Device) DestroyStream(id device.Stream) error {
 	d.releaseStream(s)
 	d.mu.Lock()
 	d.spareSems = append(d.spareSems, s.sem)
+	for _, a := range s.aux {
+		d.spareSems = append(d.spareSems, a.sem)
+	}
 	d.mu.Unlock()
 	return err
 }
@@ -439,16 +447,8 @@ func (d *Device) commandBuffer(s *stream, fam uint32) (uintptr, error) {
 // for the stream's previous value and pending event waits, signalling the
 // next value, which it returns. s.mu is held.
 func (d *Device) submit(s *stream, q *queue, rec func(cb uintptr)) (uint64, error) {
-	cb, err := d.commandBuffer(s, q.family)
+	cb, err := d.record(s, q, rec)
 	if err != nil {
-		return 0, err
-	}
-	bi := &commandBufferBeginInfo{sType: stCommandBufferBeginInfo, flags: oneTimeSubmit}
-	if err := check("vkBeginCommandBuffer", call(d.vk.beginCommandBuffer, cb, uintptr(unsafe.Pointer(bi)))); err != nil {
-		return 0, err
-	}
-	rec(cb)
-	if err := check("vkEndCommandBuffer", call(d.vk.endCommandBuffer, cb)); err != nil {
 		return 0, err
 	}
 	prev := s.last.Load()
@@ -475,6 +475,100 @@ func (d *Device) submit(s *stream, q *queue, rec func(cb uintptr)) (uint64, erro
 	return ps.value, nil
 }
 
+// record returns a command buffer for q's family recorded with rec.
+// s.mu is held.
+func (d *Device) record(s *stream, q *queue, rec func(cb uintptr)) (uintptr, error) {
+	cb, err := d.commandBuffer(s, q.family)
+	if err != nil {
+		return 0, err
+	}
+	bi := &commandBufferBeginInfo{sType: stCommandBufferBeginInfo, flags: oneTimeSubmit}
+	if err := check("vkBeginCommandBuffer", call(d.vk.beginCommandBuffer, cb, uintptr(unsafe.Pointer(bi)))); err != nil {
+		return 0, err
+	}
+	rec(cb)
+	if err := check("vkEndCommandBuffer", call(d.vk.endCommandBuffer, cb)); err != nil {
+		return 0, err
+	}
+	return cb, nil
+}
+
+// splitMinBytes is the smallest copy split over the stream's copy queues.
+const splitMinBytes = 32 << 20
+
+// submitCopy submits a copy of n bytes between host memory and the device:
+// one submission on the stream's copy queue, or, when the stream has
+// several copy queues (Options.CopyQueues) and the copy is large, parts of
+// it on each at once. A helper queue's part waits for what the stream's
+// next submission would wait for and signals the helper's own timeline
+// semaphore; the first part goes to the stream's queue, followed there by
+// a batch without commands that waits for the helpers and signals the
+// stream's next value, which therefore follows the whole copy (a signal
+// covers the queue's earlier submissions). s.mu is held.
+func (d *Device) submitCopy(s *stream, src, dst, so, do, n uint64) error {
+	k := uint64(len(s.tqs))
+	if k < 2 || n < splitMinBytes || d.deferring.Load() {
+		_, err := d.submit(s, s.tq, d.copyCmd(src, dst, so, do, n))
+		return err
+	}
+	for len(s.aux) < int(k)-1 {
+		sem, base, err := d.createTimeline()
+		if err != nil {
+			return err
+		}
+		s.aux = append(s.aux, semWait{sem, base})
+	}
+	prev := s.last.Load()
+	var waits []semWait
+	if prev > 0 {
+		waits = append(waits, semWait{s.sem, prev})
+	}
+	waits = append(waits, s.waits...)
+	part := (n/k + 0xFFFF) &^ 0xFFFF
+	value := prev + 1
+	var used []cbUse
+	var joins []semWait
+	fail := func(err error) error {
+		for _, u := range used { // submitted ones stay in flight
+			s.flight = append(s.flight, u)
+		}
+		return err
+	}
+	for i := uint64(1); i < k && part*i < n; i++ {
+		off := part * i
+		q := s.tqs[i]
+		cb, err := d.record(s, q, d.copyCmd(src, dst, so+off, do+off, min(part, n-off)))
+		if err != nil {
+			return fail(err)
+		}
+		a := &s.aux[i-1]
+		if err := d.submitBatches(q, []batch{{cb: cb, waits: waits, signals: []semWait{{a.sem, a.value + 1}}}}); err != nil {
+			s.free[q.family] = append(s.free[q.family], cb)
+			return fail(err)
+		}
+		a.value++
+		used = append(used, cbUse{cb, q.family, value})
+		joins = append(joins, *a)
+	}
+	cb, err := d.record(s, s.tq, d.copyCmd(src, dst, so, do, min(part, n)))
+	if err != nil {
+		return fail(err)
+	}
+	if err := d.submitBatches(s.tq, []batch{{cb: cb, waits: waits}, {waits: joins, signals: []semWait{{s.sem, value}}}}); err != nil {
+		s.free[s.tq.family] = append(s.free[s.tq.family], cb)
+		// The helpers' parts are queued and signal their semaphores:
+		// the stream's value is not, so nothing waits on them forever.
+		return fail(err)
+	}
+	used = append(used, cbUse{cb, s.tq.family, value})
+	d.splits.Add(1)
+	s.flight = append(s.flight, used...)
+	s.waits = s.waits[:0]
+	s.last.Store(value)
+	s.lastQ = s.tq
+	return nil
+}
+
 // pendingSubmit is one submission: a command buffer that waits for the
 // semaphore values and then signals value on its stream's semaphore.
 type pendingSubmit struct {
@@ -495,24 +589,45 @@ func (s *stream) commit(ps *pendingSubmit) {
 
 // queueSubmit hands a submission to its queue.
 func (d *Device) queueSubmit(ps *pendingSubmit) error {
-	sems := make([]uint64, len(ps.waits))
-	vals := make([]uint64, len(ps.waits))
-	stages := make([]uint32, len(ps.waits))
-	for i, w := range ps.waits {
-		sems[i], vals[i], stages[i] = w.sem, w.value, stageAllCommands
-	}
-	sig, sigVal := []uint64{ps.s.sem}, []uint64{ps.value}
-	cbs := []uintptr{ps.cb}
+	return d.submitBatches(ps.q, []batch{{cb: ps.cb, waits: ps.waits, signals: []semWait{{ps.s.sem, ps.value}}}})
+}
+
+// batch is one VkSubmitInfo: a command buffer (0: none) between timeline
+// semaphore waits and signals.
+type batch struct {
+	cb             uintptr
+	waits, signals []semWait
+}
+
+// submitBatches hands the batches to q in one vkQueueSubmit.
+func (d *Device) submitBatches(q *queue, bs []batch) error {
 	var pn pinned
 	defer pn.release()
-	ts := &timelineSemaphoreSubmitInfo{sType: stTimelineSemaphoreSubmitInfo,
-		waitCount: uint32(len(vals)), waitValues: refSlice(&pn, vals), signalCount: 1, signalValues: refSlice(&pn, sigVal)}
-	si := &submitInfo{sType: stSubmitInfo, pNext: ref(&pn, ts),
-		waitCount: uint32(len(sems)), waitSemaphores: refSlice(&pn, sems), waitStages: refSlice(&pn, stages),
-		cmdCount: 1, cmds: refSlice(&pn, cbs), signalCount: 1, signalSemaphores: refSlice(&pn, sig)}
-	ps.q.mu.Lock()
-	r := call(d.vk.queueSubmit, ps.q.h, 1, uintptr(unsafe.Pointer(si)), 0)
-	ps.q.mu.Unlock()
+	infos := make([]submitInfo, len(bs))
+	for i, b := range bs {
+		sems := make([]uint64, len(b.waits))
+		vals := make([]uint64, len(b.waits))
+		stages := make([]uint32, len(b.waits))
+		for j, w := range b.waits {
+			sems[j], vals[j], stages[j] = w.sem, w.value, stageAllCommands
+		}
+		sig := make([]uint64, len(b.signals))
+		sigVal := make([]uint64, len(b.signals))
+		for j, w := range b.signals {
+			sig[j], sigVal[j] = w.sem, w.value
+		}
+		ts := &timelineSemaphoreSubmitInfo{sType: stTimelineSemaphoreSubmitInfo,
+			waitCount: uint32(len(vals)), waitValues: refSlice(&pn, vals), signalCount: uint32(len(sigVal)), signalValues: refSlice(&pn, sigVal)}
+		infos[i] = submitInfo{sType: stSubmitInfo, pNext: ref(&pn, ts),
+			waitCount: uint32(len(sems)), waitSemaphores: refSlice(&pn, sems), waitStages: refSlice(&pn, stages),
+			signalCount: uint32(len(sig)), signalSemaphores: refSlice(&pn, sig)}
+		if b.cb != 0 {
+			infos[i].cmdCount, infos[i].cmds = 1, refSlice(&pn, []uintptr{b.cb})
+		}
+	}
+	q.mu.Lock()
+	r := call(d.vk.queueSubmit, q.h, uintptr(len(infos)), uintptr(unsafe.Pointer(&infos[0])), 0)
+	q.mu.Unlock()
 	return check("vkQueueSubmit", r)
 }
 
@@ -640,8 +755,7 @@ func (d *Device) CopyHtoD(dst device.Ptr, src []byte, sid device.Stream) error {
 			return err
 		}
 		if from, ok := d.hostSpan(src); ok {
-			_, err := d.submit(s, s.tq, d.copyCmd(from.buf, to.buf, from.off, to.off, n))
-			return err
+			return d.submitCopy(s, from.buf, to.buf, from.off, to.off, n)
 		}
 		for off, k := uint64(0), 0; off < n; off, k = off+stagingBytes, k+1 {
 			m := min(stagingBytes, n-off)
@@ -674,8 +788,7 @@ func (d *Device) CopyDtoH(dst []byte, src device.Ptr, sid device.Stream) error {
 			return err
 		}
 		if to, ok := d.hostSpan(dst); ok {
-			_, err := d.submit(s, s.tq, d.copyCmd(from.buf, to.buf, from.off, to.off, n))
-			return err
+			return d.submitCopy(s, from.buf, to.buf, from.off, to.off, n)
 		}
 		type piece struct {
 			sl     *stagingSlot

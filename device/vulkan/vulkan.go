@@ -92,6 +92,12 @@ type Options struct {
 	Getenv func(string) string
 	// MaxQueues caps the queues taken from each family (default 4).
 	MaxQueues int
+	// CopyQueues splits a copy of at least 32 MiB between host memory
+	// from HostAlloc or HostRegister and the device into this many parts
+	// (at most 8) on as many queues of the copy family, run at once; where
+	// the family has fewer queues, parts share them and run in turn
+	// (default 1: no split; MEMWALL_VULKAN_COPY_QUEUES sets it too).
+	CopyQueues int
 	// Sparse turns on virtual memory over sparse binding where the device
 	// has it (MEMWALL_VULKAN_SPARSE=1 does too).
 	Sparse bool
@@ -151,6 +157,8 @@ type Device struct {
 	copyOnce     sync.Once
 	copyK        *copyKernel // nil: CopyDtoD always uses vkCmdCopyBuffer
 	noShaderCopy bool        // MEMWALL_VULKAN_SHADER_COPY=0
+	copyQueues   int         // Options.CopyQueues, 1 to 8
+	splits       atomic.Uint64
 
 	// memset byte table: bytes 4v..4v+3 equal v, for the unaligned ends of
 	// Memset8.
@@ -221,6 +229,10 @@ func Open(o Options) (*Device, error) {
 		d.driverLib = pinLibraryOf(d.vk.cmdCopyBuffer)
 	}
 	d.noShaderCopy = o.Getenv("MEMWALL_VULKAN_SHADER_COPY") == "0"
+	if o.CopyQueues <= 0 {
+		o.CopyQueues, _ = strconv.Atoi(o.Getenv("MEMWALL_VULKAN_COPY_QUEUES"))
+	}
+	d.copyQueues = min(max(o.CopyQueues, 1), 8)
 	if err := d.initMemory(); err != nil {
 		d.Close()
 		return nil, err

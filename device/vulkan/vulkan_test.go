@@ -25,7 +25,13 @@ import (
 // does not open fails the test instead.
 func open(t testing.TB) *vulkan.Device {
 	t.Helper()
-	d, err := vulkan.Open(vulkan.Options{})
+	return openWith(t, vulkan.Options{})
+}
+
+// openWith is open with options.
+func openWith(t testing.TB, o vulkan.Options) *vulkan.Device {
+	t.Helper()
+	d, err := vulkan.Open(o)
 	if err != nil {
 		if os.Getenv("MEMWALL_TEST_DEVICE") == "vulkan" {
 			t.Fatalf("MEMWALL_TEST_DEVICE=vulkan: %v", err)
@@ -342,4 +348,14 @@ func reopenCount(t *testing.T, env string, def int) int {
 		t.Fatalf("%s=%q: want a count", env, v)
 	}
 	return n
+}
+
+// TestConformanceSplitCopies runs the suite with copies of 32 MiB and more
+// split over three copy queues (on a driver with fewer, parts share them).
+func TestConformanceSplitCopies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the plain conformance run covers the backend")
+	}
+	devicetest.Run(t, func(t *testing.T) device.Device { return openWith(t, vulkan.Options{CopyQueues: 3}) },
+		devicetest.Options{LoadKernels: loadKernels, LargeBytes: 32 << 20})
 }

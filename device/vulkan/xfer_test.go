@@ -115,9 +115,27 @@ func measureFamily(f int, n uint64) ([]xferResult, error) {
 	}
 	e0, _ := d.NewEvent(true)
 	e1, _ := d.NewEvent(true)
+	// Streams whose copies CopyHtoD and CopyDtoH split over 2 and 4 queues.
+	splitStreams := map[int]device.Stream{}
+	for _, k := range []int{2, 4} {
+		if nq >= k {
+			d.copyQueues = k
+			s, err := d.NewStream()
+			if err != nil {
+				return nil, err
+			}
+			splitStreams[k] = s
+		}
+	}
+	d.copyQueues = 1
 	var out []xferResult
 	add := func(host, mode, dir string, op func() error, split bool) error {
-		ev, wall, err := timeOp(d, streams, e0, e1, op, split, n)
+		ss := streams
+		if k := strings.TrimPrefix(mode, "CopyQueues "); k != mode {
+			kk, _ := strconv.Atoi(k)
+			ss = []device.Stream{splitStreams[kk]}
+		}
+		ev, wall, err := timeOp(d, ss, e0, e1, op, split, n)
 		if err != nil {
 			return fmt.Errorf("%s %s %s: %w", host, mode, dir, err)
 		}
@@ -138,6 +156,22 @@ func measureFamily(f int, n uint64) ([]xferResult, error) {
 		for _, dir := range []string{"h2d", "d2h"} {
 			for _, m := range copyModes(d, streams, h.buf, devA, dir, n) {
 				if err := add(h.name, m.name, dir, m.op, m.split); err != nil {
+					return out, err
+				}
+			}
+			for _, k := range []int{2, 4} {
+				s, ok := splitStreams[k]
+				if !ok {
+					continue
+				}
+				buf := h.buf
+				op := func() error {
+					if dir == "h2d" {
+						return d.CopyHtoD(devA, buf, s)
+					}
+					return d.CopyDtoH(buf, devA, s)
+				}
+				if err := add(h.name, fmt.Sprintf("CopyQueues %d", k), dir, op, false); err != nil {
 					return out, err
 				}
 			}

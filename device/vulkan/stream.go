@@ -529,9 +529,7 @@ func (d *Device) submitCopy(s *stream, src, dst, so, do, n uint64) error {
 	var used []cbUse
 	var joins []semWait
 	fail := func(err error) error {
-		for _, u := range used { // submitted ones stay in flight
-			s.flight = append(s.flight, u)
-		}
+		s.flight = append(s.flight, used...) // submitted ones stay in flight
 		return err
 	}
 	for i := uint64(1); i < k && part*i < n; i++ {

@@ -148,3 +148,97 @@ func checkSnapshotDraws(t *testing.T, snap string) {
 		t.Fatalf("a snapshot of %d live blocks drew no map", rep.OOM.LiveBlocks)
 	}
 }
+
+// failFirstMap fails every page mapping and every allocation: the first
+// pool allocation of any verb runs out of device memory.
+func failFirstMap() *fault.Config {
+	var cfg fault.Config
+	cfg.Set(fault.Rules{Map: fault.Always(), Alloc: fault.Always(), CreatePhysical: fault.Always()})
+	return &cfg
+}
+
+// TestOOMSnapshotChecked: --oom-snapshot is checked before the work like
+// every output file (a missing directory, a directory), and without the
+// flag an out-of-memory error says how to get a snapshot.
+func TestOOMSnapshotChecked(t *testing.T) {
+	base := []string{"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB", "--strategies", "bestfit", "--policies", "virtual"}
+	for _, bad := range []string{"/nonexistent/oom.jsonl", t.TempDir()} {
+		var cfg fault.Config
+		code, _, stderr := runVerbFault(t, &cfg, append(base, "--oom-snapshot", bad)...)
+		if code != exitFail || !strings.Contains(stderr, "--oom-snapshot "+bad) {
+			t.Errorf("--oom-snapshot %s: exit %d, %s", bad, code, stderr)
+		}
+		if n := cfg.Counts().Alloc + cfg.Counts().Map; n != 0 {
+			t.Errorf("--oom-snapshot %s: %d device allocations before the refusal", bad, n)
+		}
+	}
+	code, _, stderr := runVerbFault(t, failFirstMap(), base...)
+	if code != exitFail || !strings.Contains(stderr, "give --oom-snapshot FILE") {
+		t.Errorf("an OOM without the flag: exit %d, %s", code, stderr)
+	}
+}
+
+// TestOOMSnapshotThroughLink: a snapshot path that is a symbolic link
+// stays a link; its target gets the snapshot.
+func TestOOMSnapshotThroughLink(t *testing.T) {
+	dir := t.TempDir()
+	target, link := filepath.Join(dir, "target.jsonl"), filepath.Join(dir, "link.jsonl")
+	if err := os.WriteFile(target, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB",
+		"--strategies", "bestfit", "--policies", "virtual", "--oom-snapshot", link}
+	if code, _, stderr := runVerbFault(t, failFirstMap(), args...); code != exitFail {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if st, err := os.Lstat(link); err != nil || st.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the link was replaced (%v)", err)
+	}
+	b, err := os.ReadFile(target)
+	if err != nil || !bytes.Contains(b, []byte(`"oom"`)) {
+		t.Fatalf("target holds %q (%v), want the snapshot", b, err)
+	}
+	if st, _ := os.Stat(target); st.Mode().Perm() != 0o600 {
+		t.Errorf("target's mode %v, want the 0600 it had", st.Mode().Perm())
+	}
+	checkSnapshotDraws(t, link)
+}
+
+// TestPoolLog: memwall run --pool-log writes the device pool's every
+// allocation and free, which replay reads: as many allocations as the
+// pool made; and a run that fails still leaves its log up to the failure.
+func TestPoolLog(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	logPath := filepath.Join(t.TempDir(), "pool.jsonl")
+	args := []string{"run", dir, "--vram", "6MiB", "--prompt-ids", "5,17,300", "--max-new", "3", "--device", "sim", "--json", "--pool-log", logPath}
+	var clean fault.Config
+	if code, _, stderr := runVerbFault(t, &clean, args...); code != 0 {
+		t.Fatalf("run --pool-log: exit %d: %s", code, stderr)
+	}
+	code, out, stderr := runVerbSim(t, "replay", logPath, "--json", "--no-search", "--strategy", "default")
+	if code != 0 {
+		t.Fatalf("replay of the pool log: exit %d: %s", code, stderr)
+	}
+	var rep struct {
+		Allocs   int64  `json:"allocs"`
+		PeakLive uint64 `json:"peak_live_bytes"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Allocs == 0 || rep.PeakLive == 0 {
+		t.Fatalf("replay of the pool log: %v: %s", err, out)
+	}
+	// Fail the pool's growth part-way: the log holds what came before.
+	var cfg fault.Config
+	cfg.Set(fault.Rules{Map: fault.From(max(2, clean.Counts().Map/2))})
+	failed := filepath.Join(t.TempDir(), "failed.jsonl")
+	args[len(args)-1] = failed
+	if code, _, stderr := runVerbFault(t, &cfg, args...); code != exitFail {
+		t.Fatalf("run with maps failing: exit %d: %s", code, stderr)
+	}
+	b, err := os.ReadFile(failed)
+	if err != nil || !bytes.Contains(b, []byte(`"alloc"`)) {
+		t.Fatalf("a failed run's log: %v, %d bytes", err, len(b))
+	}
+}

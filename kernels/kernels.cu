@@ -1659,7 +1659,11 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
 // sin are float32 (sincosf of the float32 angle).
 extern "C" __global__ void __launch_bounds__(256) memwall_rope(
     float* x, const int32_t* pos, const float* invFreq, uint32_t T, uint32_t nHeads,
-    uint32_t headDim, uint32_t interleaved) {
+    uint32_t headDim, uint32_t flags) {
+    // flags bit 0: interleaved pairs; bits 1-2: a dtype code rdt. For rdt
+    // bf16/f16, HF's order in that dtype: x, cos and sin rounded to rdt,
+    // then rdt(rdt(a*c) - rdt(b*s)) and rdt(rdt(b*c) + rdt(a*s)).
+    const uint32_t interleaved = flags & 1u, rdt = (flags >> 1) & 3u;
     const uint32_t half = headDim / 2;
     const uint64_t n = (uint64_t)T * nHeads * half;
     const uint64_t stride = grid_threads();
@@ -1672,9 +1676,15 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rope(
         float* base = x + th * headDim;
         const uint32_t ia = interleaved ? 2 * i : i;
         const uint32_t ib = interleaved ? 2 * i + 1 : i + half;
-        const float a = base[ia], b = base[ib];
-        base[ia] = a * c - b * s;
-        base[ib] = b * c + a * s;
+        float a = base[ia], b = base[ib];
+        if (rdt != kDtF32) {
+            a = round_dt(a, rdt), b = round_dt(b, rdt), c = round_dt(c, rdt), s = round_dt(s, rdt);
+            base[ia] = round_dt(round_dt(a * c, rdt) - round_dt(b * s, rdt), rdt);
+            base[ib] = round_dt(round_dt(b * c, rdt) + round_dt(a * s, rdt), rdt);
+        } else {
+            base[ia] = a * c - b * s;
+            base[ib] = b * c + a * s;
+        }
     }
 }
 

@@ -269,9 +269,22 @@ func (s *Set) RMSNorm(x, w device.Ptr, wdt string, out device.Ptr, odt string, T
 // and any attention scaling folded in there). headDim must be even.
 //
 // HF computes cos and sin in float32 too, then rounds them to the model
-// dtype and does the products in it; round x afterwards (Round) to get
-// close to that.
+// dtype and does the products in it: RoPEIn does that.
 func (s *Set) RoPE(x, pos device.Ptr, T, nHeads, headDim uint32, invFreq device.Ptr, interleaved bool, st device.Stream) error {
+	return s.RoPEIn(x, pos, T, nHeads, headDim, invFreq, interleaved, F32, st)
+}
+
+// RoPEIn is RoPE computed in dtype dt, in HF's order for a model of that
+// dtype (LlamaRotaryEmbedding and apply_rotary_pos_emb): the angle and its
+// cos and sin in float32 as in RoPE, then x, cos and sin rounded to dt and
+// q·cos + rotate_half(q)·sin with every product and the sum rounded to dt
+// (RopePairIn is the math). dt f32 is RoPE. x stays float32 in memory,
+// holding dt values.
+func (s *Set) RoPEIn(x, pos device.Ptr, T, nHeads, headDim uint32, invFreq device.Ptr, interleaved bool, dt string, st device.Stream) error {
+	rc, err := dtCode(dt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameRoPE, err)
+	}
 	if T == 0 {
 		return nil
 	}
@@ -282,12 +295,12 @@ func (s *Set) RoPE(x, pos device.Ptr, T, nHeads, headDim uint32, invFreq device.
 		checkPtr(NameRoPE, "invFreq", invFreq, 4)); err != nil {
 		return err
 	}
-	var il uint32
+	flags := rc << 1
 	if interleaved {
-		il = 1
+		flags |= 1
 	}
 	n := uint64(T) * uint64(nHeads) * uint64(headDim/2)
-	return s.launch(NameRoPE, s.llama.rope, s.gridFor(n), st, x, pos, invFreq, T, nHeads, headDim, il)
+	return s.launch(NameRoPE, s.llama.rope, s.gridFor(n), st, x, pos, invFreq, T, nHeads, headDim, flags)
 }
 
 // SiluMul queues out[i] = odt(silu(g[i])·u[i]) for i < n, g and u float32;

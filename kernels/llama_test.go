@@ -192,6 +192,7 @@ func rmsnormCase(rng *rand.Rand) llamaCase {
 func ropeCase(rng *rand.Rand) llamaCase {
 	T, nH, hd := 1+rng.IntN(9), 1+rng.IntN(5), 2*(1+rng.IntN(80))
 	il := rng.IntN(2) == 1
+	rdt := pick(rng, F32, F32, BF16, F16)
 	x := randF32(rng, T*nH*hd, 1)
 	start := rng.IntN(32000)
 	pos := make([]int32, T)
@@ -216,15 +217,27 @@ func ropeCase(rng *rand.Rand) llamaCase {
 				ang := float64(float32(pos[t]) * inv[i])
 				c, s := math.Cos(ang), math.Sin(ang)
 				a, b := float64(x[base+ia]), float64(x[base+ib])
-				ref[base+ia] = a*c - b*s
-				ref[base+ib] = b*c + a*s
+				if rdt == F32 {
+					ref[base+ia] = a*c - b*s
+					ref[base+ib] = b*c + a*s
+					continue
+				}
+				// HF's order in the model dtype: every value and product rounded.
+				r := func(v float64) float64 { return roundRef(rdt, v) }
+				c, s, a, b = r(c), r(s), r(a), r(b)
+				ref[base+ia] = r(r(a*c) - r(b*s))
+				ref[base+ib] = r(r(b*c) + r(a*s))
 			}
 		}
 	}
-	return llamaCase{kernel: "rope", name: fmt.Sprintf("T=%d heads=%d dim=%d pos %d interleaved=%v", T, nH, hd, start, il), ref: ref, tol: 1e-5,
+	kernel := "rope"
+	if rdt != F32 {
+		kernel = "rope_" + rdt
+	}
+	return llamaCase{kernel: kernel, name: fmt.Sprintf("T=%d heads=%d dim=%d pos %d interleaved=%v in %s", T, nH, hd, start, il, rdt), ref: ref, tol: tolFor(rdt, 1e-5),
 		run: func(r *rig) []float32 {
 			xp := r.f32(x)
-			must(r.t, r.s.RoPE(xp, r.i32(pos), uint32(T), uint32(nH), uint32(hd), r.f32(inv), il, r.st))
+			must(r.t, r.s.RoPEIn(xp, r.i32(pos), uint32(T), uint32(nH), uint32(hd), r.f32(inv), il, rdt, r.st))
 			return r.readDT(F32, xp, len(x))
 		}}
 }

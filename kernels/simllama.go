@@ -302,6 +302,21 @@ func RopePair(a, b float32, pos int32, f float32) (float32, float32) {
 	return a*c - b*s, b*c + a*s
 }
 
+// RopePairIn is the RoPE kernel's math in dtype dt (RoPEIn): RopePair for
+// f32; for bf16 and f16, with cos, sin, a and b rounded to dt,
+// (dt(dt(a·cos) − dt(b·sin)), dt(dt(b·cos) + dt(a·sin))).
+func RopePairIn(dt string, a, b float32, pos int32, f float32) (float32, float32) {
+	if dt == F32 {
+		return RopePair(a, b, pos, f)
+	}
+	ang := float32(pos) * f
+	sn, cs := math.Sincos(float64(ang))
+	c, s := RoundTo(dt, float32(cs)), RoundTo(dt, float32(sn))
+	a, b = RoundTo(dt, a), RoundTo(dt, b)
+	r := func(v float32) float32 { return RoundTo(dt, v) }
+	return r(r(a*c) - r(b*s)), r(r(b*c) + r(a*s))
+}
+
 func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
 	const k = NameRoPE
 	a, err := parseArgs(k, "pppuuuu", args)
@@ -311,7 +326,11 @@ func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
 	if err := checkLinearLaunch(k, grid, block); err != nil {
 		return err
 	}
-	T, nH, hd, il := uint64(a.u[0]), uint64(a.u[1]), uint64(a.u[2]), a.u[3] != 0
+	T, nH, hd, il := uint64(a.u[0]), uint64(a.u[1]), uint64(a.u[2]), a.u[3]&1 != 0
+	rdt, ok := codeDtype(a.u[3] >> 1)
+	if !ok {
+		return fmt.Errorf("kernels: %s: flags %#x: unknown dtype code %d: %w", k, a.u[3], a.u[3]>>1, device.ErrInvalid)
+	}
 	half := hd / 2
 	if T == 0 || nH == 0 || half == 0 {
 		return nil
@@ -337,7 +356,7 @@ func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
 				if il {
 					ia, ib = 2*i, 2*i+1
 				}
-				x, y := RopePair(getF(xb, base+ia), getF(xb, base+ib), pos, getF(fb, i))
+				x, y := RopePairIn(rdt, getF(xb, base+ia), getF(xb, base+ib), pos, getF(fb, i))
 				putF(xb, base+ia, x)
 				putF(xb, base+ib, y)
 			}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/pool"
@@ -230,3 +231,52 @@ var errWrite = errors.New("disk full")
 type failWriter struct{}
 
 func (failWriter) Write([]byte) (int, error) { return 0, errWrite }
+
+// TestEventLogAlone records made-up events, the log with no pool under
+// it: each reads back field for field (an alloc, or a free as
+// free_requested then free_completed), tenants with any characters
+// included.
+func TestEventLogAlone(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	purposes := []pool.Purpose{pool.Other, pool.Weights, pool.Activations, pool.KV, pool.Staging, pool.Scratch}
+	tenants := []string{"", "bert", `quo"te`, "tab\there", "ünï"}
+	var evs []pool.Event
+	for range 2000 {
+		evs = append(evs, pool.Event{Time: time.Unix(0, r.Int64N(1<<62)), Free: r.IntN(2) == 0,
+			Ptr: device.Ptr(1 + r.Uint64N(1<<48)), Size: 1 + r.Uint64N(1<<36), Stream: device.Stream(r.Uint64N(8)),
+			Purpose: purposes[r.IntN(len(purposes))], Tenant: tenants[r.IntN(len(tenants))]})
+	}
+	var buf bytes.Buffer
+	log := pool.NewEventLog(&buf)
+	for _, ev := range evs {
+		log.Record(ev)
+	}
+	if err := log.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := trace.NewReader(bytes.NewReader(buf.Bytes()), "log.jsonl", trace.Options{NoValidate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range evs {
+		acts := []trace.Action{trace.Alloc}
+		if ev.Free {
+			acts = []trace.Action{trace.FreeRequested, trace.FreeCompleted}
+		}
+		for _, act := range acts {
+			got, err := rd.Next()
+			if err != nil {
+				t.Fatalf("event %d: %v", i, err)
+			}
+			want := trace.Event{Action: act, Addr: uint64(ev.Ptr), Size: ev.Size, Stream: uint64(ev.Stream),
+				Time: ev.Time.UnixNano(), Purpose: ev.Purpose.String(), Tenant: ev.Tenant}
+			if got.Action != want.Action || got.Addr != want.Addr || got.Size != want.Size || got.Stream != want.Stream ||
+				got.Time != want.Time || got.Purpose != want.Purpose || got.Tenant != want.Tenant {
+				t.Fatalf("event %d: read %+v, want %+v", i, got, want)
+			}
+		}
+	}
+	if _, err := rd.Next(); err != io.EOF {
+		t.Fatalf("after the last event: %v, want EOF", err)
+	}
+}

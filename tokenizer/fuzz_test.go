@@ -292,9 +292,22 @@ func FuzzPipeline(f *testing.F) {
 		fmt.Fprintf(&sb, `"pre_tokenizer":{"type":"Sequence","pretokenizers":[%s]},`, pick(pres))
 		fmt.Fprintf(&sb, `"decoder":{"type":"Sequence","decoders":[%s]},`, pick(decs))
 		sb.WriteString(`"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}},{"SpecialToken":{"id":"<s>"}}],"special_tokens":{"<s>":{"ids":[1]}}}}`)
-		tok, err := Parse("pipeline.json", []byte(sb.String()))
+		// More added tokens, with contents and flags from the rest of the
+		// bytes (contents may repeat, be empty, be vocabulary or whitespace).
+		contents := []string{"", " ", "  ", "a b", "<x>", "▁a", "ab", " <y>", "<y> ", "\n", "a", "é"}
+		var more []string
+		for n := next() % 5; n > 0; n-- {
+			fl := next()
+			more = append(more, fmt.Sprintf(`{"id":%d,"content":%s,"special":%v,"normalized":%v,"lstrip":%v,"rstrip":%v,"single_word":%v}`,
+				next()%40, jsonString(contents[next()%len(contents)]), fl&1 != 0, fl&2 != 0, fl&4 != 0, fl&8 != 0, fl&16 != 0))
+		}
+		js := sb.String()
+		if len(more) > 0 {
+			js = strings.Replace(js, `"added_tokens":[`, `"added_tokens":[`+strings.Join(more, ",")+",", 1)
+		}
+		tok, err := Parse("pipeline.json", []byte(js))
 		if err != nil {
-			t.Fatalf("%v\n%s", err, sb.String())
+			t.Fatalf("%v\n%s", err, js)
 		}
 		for _, add := range []bool{false, true} {
 			ids := tok.Encode(text, add)
@@ -305,6 +318,9 @@ func FuzzPipeline(f *testing.F) {
 			}
 			if !utf8.ValidString(tok.Decode(ids, !add)) {
 				t.Fatalf("decode is not UTF-8")
+			}
+			if add && len(ids) > 0 && tok.IsSpecial(ids[0]) != tok.skip[ids[0]] && tok.decodeText(ids[0]) == tok.pieces[ids[0]] {
+				t.Fatalf("id %d: special %v but skipped %v though its text is its content", ids[0], tok.IsSpecial(ids[0]), tok.skip[ids[0]])
 			}
 			d := tok.NewDecoder()
 			for _, id := range ids {

@@ -198,7 +198,9 @@ type groupUse struct {
 type Footprint struct {
 	Plan *plan.WeightPlan `json:"-"`
 	// PrefillChunk and Slots are the chunk and staging slots planned for:
-	// Options' own, or what the automatic rule chose from the budget.
+	// Options' own, or what the automatic rule chose from the budget (the
+	// weight plan keeps at least 2 slots and drops the others a tight
+	// budget cannot hold).
 	PrefillChunk int    `json:"prefill_chunk"`
 	Slots        int    `json:"slots"`
 	KVBytes      uint64 `json:"kv_bytes"`
@@ -347,6 +349,9 @@ func (e *Engine) estimateAt(ctx context.Context, info device.Info, chunk, slots 
 	reserve := f.KVBytes + f.ArenaBytes + 4*gran + f.ScratchBytes + o.ReserveBytes
 	if f.Plan, err = e.planWeights(reserve, f.KVBytes, f.ArenaBytes, slots); err != nil {
 		return nil, err
+	}
+	if f.Plan.Slots > 0 {
+		f.Slots = f.Plan.Slots // the plan drops slots a tight budget cannot hold (to 2)
 	}
 	used := f.Plan.ResidentBytes + f.Plan.StagingBytes + f.KVBytes + f.ArenaBytes + small
 	f.PoolPeakBytes = (used + gran - 1) / gran * gran

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 
 	"github.com/memwall/memwall/bench"
@@ -22,7 +23,7 @@ func init() {
 	register(verb{name: "fit", summary: "plan a model into a VRAM budget: what stays resident, what streams, predicted peak and step time", run: runFit})
 }
 
-const fitUsage = `MODEL --vram SIZE [--tokens T] [--ctx N] [--batch B] [--slots N] [--link-gbps X] [--device auto|cuda|sim] [--json]
+const fitUsage = `MODEL --vram SIZE [--tokens T] [--ctx N] [--batch B] [--slots N] [--link-gbps X] [--prompt-tokens N] [--max-new N] [--prefill-chunk N] [--plain] [--device auto|cuda|sim] [--json]
 
 MODEL is a safetensors file, a sharded index (.json), a GGUF file, or an ONNX
 model whose initializers are its weights (external data or inline). The plan
@@ -31,7 +32,17 @@ the activation arena for --tokens rows and the KV cache for --ctx tokens of
 --batch sequences, keeps what else fits resident and streams the rest. The link
 bandwidth is measured on the device (a short pinned host-to-device copy) unless
 --link-gbps is given; matrix-product times are measured with memwall's kernels
-on the device.`
+on the device.
+
+For a Llama model (a directory, safetensors with config.json beside it, or a
+llama GGUF) fit plans what 'memwall run MODEL --vram SIZE' reserves, by the
+same computation: a prompt of --prompt-tokens (default: --ctx, or the
+model's context, less --max-new) and --max-new generated tokens, the
+prefill chunk and staging slots chosen from the budget as run chooses them
+(or --prefill-chunk and --slots), the device context and the kernels and
+GEMM library loaded and warmed up as run does; predicted_peak_bytes is
+run's whole footprint as nvidia-smi shows it. --plain plans any model as
+plain weights, as memwall stream runs them.`
 
 // planFlags are the flags fit and stream share.
 type planFlags struct {
@@ -140,7 +151,7 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	if m.DataBytes > simBackingLimit {
 		so.Backing = false
 	}
-	d, ch, err := auto.Open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
+	d, ch, err := e.open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
 	if err != nil {
 		pl.close()
 		return nil, err
@@ -154,22 +165,13 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 		return fail(err)
 	}
 	info := d.Info()
-	link := f.linkGBps
-	pl.linkSource = "given (--link-gbps)"
-	if sd, ok := d.(*sim.Device); ok && link == 0 && !sd.Options().Backing {
-		// Without backing bytes the transfer benchmark cannot check its data.
-		link = sd.Options().PinnedHtoDGBps
-		pl.pinnedGBps = link
-		pl.linkSource = "modeled (the simulator's pinned host-to-device rate; it keeps no data for a model this size)"
+	link, linkSource, err := measureLink(e, d, f.linkGBps)
+	if err != nil {
+		return fail(err)
 	}
-	if link == 0 {
-		rep, err := bench.Transfer(ctx, d, bench.TransferOptions{Bytes: 64 << 20, Reps: 5})
-		if err != nil {
-			return fail(fmt.Errorf("measure the link: %w", err))
-		}
-		r, _ := rep.Get("h2d_pinned")
-		link, pl.pinnedGBps = r.GBps, r.GBps
-		pl.linkSource = "measured (pinned host-to-device, 64 MiB × 5, median)"
+	pl.linkSource = linkSource
+	if f.linkGBps == 0 {
+		pl.pinnedGBps = link
 	}
 	wo := plan.WeightOptions{Budget: budget, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch, LinkGBps: link, Granule: 2 << 20}
 	if sd, ok := d.(*sim.Device); ok {
@@ -200,6 +202,25 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	}
 	pl.plan = p
 	return pl, nil
+}
+
+// measureLink returns given when it is not 0, else the pinned
+// host-to-device rate measured on d (the simulator's modeled rate when it
+// keeps no data), and where the figure comes from.
+func measureLink(e *env, d device.Device, given float64) (float64, string, error) {
+	if given != 0 {
+		return given, "given (--link-gbps)", nil
+	}
+	if sd, ok := d.(*sim.Device); ok && !sd.Options().Backing {
+		// Without backing bytes the transfer benchmark cannot check its data.
+		return sd.Options().PinnedHtoDGBps, "modeled (the simulator's pinned host-to-device rate; it keeps no data for a model this size)", nil
+	}
+	rep, err := bench.Transfer(e.ctx, d, bench.TransferOptions{Bytes: 64 << 20, Reps: 5})
+	if err != nil {
+		return 0, "", fmt.Errorf("measure the link: %w", err)
+	}
+	r, _ := rep.Get("h2d_pinned")
+	return r.GBps, "measured (pinned host-to-device, 64 MiB × 5, median)", nil
 }
 
 // layerJSON is one group in fit's and stream's JSON.
@@ -245,6 +266,9 @@ type fitJSON struct {
 	ResidentLayers          int         `json:"resident_layers"`
 	StreamedLayers          int         `json:"streamed_layers"`
 	Layers                  []layerJSON `json:"layers"`
+	// Run is, for a Llama model, the `memwall run` planned: the prediction
+	// is run's own plan (the same computation), not the generic one.
+	Run *fitRunJSON `json:"run,omitempty"`
 }
 
 func (pl *planned) json(path string, f *planFlags) fitJSON {
@@ -274,6 +298,9 @@ func runFit(e *env, args []string) error {
 	fs := newFlags(e, "fit", fitUsage)
 	var f planFlags
 	f.add(fs)
+	var lf llamaFitFlags
+	lf.add(fs)
+	plain := fs.Bool("plain", false, "plan a Llama model as plain weights (the generic plan memwall stream runs), not as memwall run would")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -281,6 +308,11 @@ func runFit(e *env, args []string) error {
 	path, budget, err := f.check(pos)
 	if err != nil {
 		return err
+	}
+	if !*plain && isLlamaModel(path) {
+		slotsGiven := false
+		fs.Visit(func(fl *flag.Flag) { slotsGiven = slotsGiven || fl.Name == "slots" })
+		return fitLlama(e, &f, &lf, slotsGiven, path, budget)
 	}
 	pl, err := fitModel(e.ctx, e, &f, path, budget, false)
 	if err != nil {

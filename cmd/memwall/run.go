@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/auto"
-	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/engine"
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/synth"
@@ -26,7 +26,7 @@ func init() {
 	register(verb{name: "run", summary: "generate tokens with a Llama-family model within a VRAM budget", run: runRun})
 }
 
-const runUsage = `MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--vram SIZE] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device auto|cuda|sim] [--json]
+const runUsage = `MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--vram SIZE] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--prefill-chunk N] [--slots N] [--device auto|cuda|sim] [--json] [--oom-snapshot FILE] [--pool-log FILE]
 
 Runs a Llama-family model — a directory with config.json, safetensors and
 tokenizer.json, a .safetensors file with config.json beside it, or a .gguf
@@ -37,7 +37,17 @@ each step's activations. Tokens print as they are produced (text when the
 model has a tokenizer), then prefill and decode tokens/s, peak device memory,
 bytes streamed per token and what stayed resident. Without --vram the budget
 is the device's free memory less a margin (512 MiB, or a tenth of the free
-memory when smaller). --temperature 0 (the default) is greedy decoding.`
+memory when smaller). --temperature 0 (the default) is greedy decoding.
+
+Every prefill chunk streams the non-resident weights once. Without
+--prefill-chunk the chunk is the largest, up to the prompt's length and
+2048 tokens, whose activations fit the budget next to the weights' minimum
+(so a 2048-token prompt prefills in one pass when it can); without --slots
+there are 3 staging slots when weights stream, the chunk is 1024 tokens or
+more and the budget holds the third, else 2. Flags given win; a
+--prefill-chunk that does not fit is an error stating the minimum budget
+and the largest chunk that fits. 'memwall fit MODEL --vram SIZE
+--prompt-tokens N' predicts what this command reserves.`
 
 // runJSON is `memwall run --json`.
 type runJSON struct {
@@ -60,9 +70,15 @@ type runJSON struct {
 	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
 	// the attention scratch and the context.
 	PredictedPeakBytes uint64 `json:"predicted_peak_bytes"`
-	ContextBytes       uint64 `json:"context_bytes"`
-	ScratchBytes       uint64 `json:"kernel_scratch_bytes"`
-	LoadedBytes        uint64 `json:"loaded_bytes"` // kernel modules and library handles, measured before the pools
+	// PrefillChunk and Slots are what ran; ChunkChosen and SlotsChosen say
+	// they came from the budget (no flag given).
+	PrefillChunk int    `json:"prefill_chunk"`
+	Slots        int    `json:"slots"`
+	ChunkChosen  bool   `json:"prefill_chunk_chosen"`
+	SlotsChosen  bool   `json:"slots_chosen"`
+	ContextBytes uint64 `json:"context_bytes"`
+	ScratchBytes uint64 `json:"kernel_scratch_bytes"`
+	LoadedBytes  uint64 `json:"loaded_bytes"` // kernel modules and library handles, measured before the pools
 	// ProcessDeviceBytes is the process's device memory as the device
 	// reports it after generation (context included; 0 on the simulator).
 	ProcessDeviceBytes    uint64 `json:"process_device_bytes,omitempty"`
@@ -94,6 +110,7 @@ type runFlags struct {
 	asJSON, ignoreEOS, exact bool
 	timing                   bool
 	logitsOut, source        string
+	pools                    poolFlags
 }
 
 func runRun(e *env, args []string) error {
@@ -108,14 +125,15 @@ func runRun(e *env, args []string) error {
 	fs.IntVar(&f.topK, "top-k", 0, "keep the K most likely tokens (0: all)")
 	fs.Float64Var(&f.topP, "top-p", 0, "keep the smallest set of tokens reaching probability P (0: all)")
 	fs.Uint64Var(&f.seed, "seed", 0, "sampling seed")
-	fs.IntVar(&f.chunk, "prefill-chunk", 512, "most prompt tokens per prefill step")
-	fs.IntVar(&f.slots, "slots", 2, "staging slots for streamed weights (2..16; one more lets copies run further ahead of long products)")
+	fs.IntVar(&f.chunk, "prefill-chunk", 0, "most prompt tokens per prefill step (0: the largest up to the prompt and 2048 that the budget holds)")
+	fs.IntVar(&f.slots, "slots", 0, "staging slots for streamed weights, 2..16 (0: 3 for chunks of 1024 tokens or more when the budget holds it, else 2)")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "keep generating after an end-of-sequence token")
 	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
 	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
 	fs.StringVar(&f.logitsOut, "logits-out", "", "write the first generated token's logits to FILE (little-endian float32)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object")
+	f.pools.add(fs)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -144,11 +162,11 @@ func runRun(e *env, args []string) error {
 	if f.maxNew < 1 || f.maxNew > 1<<20 {
 		return usagef("--max-new %d: want 1..%d", f.maxNew, 1<<20)
 	}
-	if f.chunk < 1 || f.chunk > 1<<16 {
-		return usagef("--prefill-chunk %d: want 1..65536", f.chunk)
+	if f.chunk < 0 || f.chunk > 1<<16 {
+		return usagef("--prefill-chunk %d: want 1..65536 (or 0: chosen from the budget)", f.chunk)
 	}
-	if f.slots < 2 || f.slots > 16 {
-		return usagef("--slots %d: want 2..16", f.slots)
+	if f.slots != 0 && (f.slots < 2 || f.slots > 16) {
+		return usagef("--slots %d: want 2..16 (or 0: chosen)", f.slots)
 	}
 	sampling := engine.Sampling{MaxNew: f.maxNew, Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, IgnoreEOS: f.ignoreEOS}
 	if err := sampling.Validate(); err != nil {
@@ -162,7 +180,10 @@ func runRun(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return runModel(e, &f, pos[0], ids, vram, sampling, source, logits)
+	if err := f.pools.check(); err != nil {
+		return err
+	}
+	return f.pools.finish(runModel(e, &f, pos[0], ids, vram, sampling, source, logits))
 }
 
 // parseIDs reads "1,2,3".
@@ -196,18 +217,14 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 		}
 		ids = tok.Encode(f.prompt, true)
 	}
-	so := sim.DefaultOptions()
-	so.Kernels = kernels.Sim()
-	// 64 KiB pages, so that the pools' page rounding does not swamp a tiny
-	// model's budget on the simulator.
-	so.Granularity = 64 << 10
-	d, ch, err := auto.Open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
+	so := runSimOptions()
+	d, ch, err := e.open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
-		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing}, quiet: f.asJSON}
+		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing}, quiet: f.asJSON, pools: &f.pools}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
@@ -245,6 +262,7 @@ type generation struct {
 	sampling engine.Sampling
 	opts     engine.Options // Budget and MaxTokens are filled in
 	quiet    bool           // print no tokens as they come
+	pools    *poolFlags     // --oom-snapshot and --pool-log; nil: neither
 }
 
 // run plans the budget, makes the pools and the engine, generates
@@ -261,7 +279,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	}
 	maxTokens := min(len(ids)+g.sampling.MaxNew, m.Config.Context)
 	o := g.opts
-	o.MaxTokens = maxTokens
+	o.MaxTokens, o.PromptTokens = maxTokens, len(ids)
 	// The kernels load and the GEMM library warms up on the compute
 	// stream first, so that the budget counts their modules and workspace.
 	if b := d.Info().Backend; b == "vulkan" {
@@ -278,40 +296,42 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	}
 	defer d.DestroyStream(st)
 	o.Stream = st
-	if err := engine.WarmProducts(d, ks, m, st, stepTokens(len(ids), o.PrefillChunk)); err != nil {
-		return out, nil, err
-	}
-	budget, err := residency.PlanBudget(d, g.vram)
+	rp, err := reserveRun(e.ctx, d, ks, m, g.vram, o)
 	if err != nil {
-		return out, nil, g.belowMinimum(e, d, o, budget, err)
+		return out, nil, g.planError(e, d, o, rp.budget, err)
 	}
+	budget := rp.budget
 	if budget.Warning != "" && !g.quiet {
 		fmt.Fprintf(e.stderr, "memwall run: warning: %s\n", budget.Warning)
 	}
 	po := pool.DefaultOptions(d)
 	po.Name, po.Limit = "run", budget.PoolBytes
+	g.pools.device(&po)
 	dev, err := pool.New(d, po)
 	if err != nil {
 		return out, nil, err
 	}
 	defer dev.Close()
-	host, err := pool.NewHost(d, pool.Options{Name: "run-host"})
+	ho := pool.Options{Name: "run-host"}
+	g.pools.host(&ho)
+	host, err := pool.NewHost(d, ho)
 	if err != nil {
 		return out, nil, err
 	}
 	defer host.Close()
-	o.Budget = budget.PoolBytes
-	eng, err := engine.New(e.ctx, d, ks, dev, host, m, o)
+	eng, err := engine.New(e.ctx, d, ks, dev, host, m, rp.opts)
 	if err != nil {
 		var be *engine.BudgetError
 		if errors.As(err, &be) {
-			return out, nil, g.minimum(budget, be, maxTokens, err)
+			return out, nil, g.minimum(e, d, o, budget, be, err)
 		}
 		return out, nil, err
 	}
 	defer eng.Close()
 	out = runJSON{Model: g.path, Device: backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
-		BudgetDefault: budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource, LoadedBytes: budget.LoadedBytes,
+		PrefillChunk: rp.foot.PrefillChunk, Slots: rp.foot.Slots, ChunkChosen: g.opts.PrefillChunk == 0, SlotsChosen: g.opts.Slots == 0,
+		PredictedPeakBytes: rp.predictedPeak(),
+		BudgetDefault:      budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource, LoadedBytes: budget.LoadedBytes,
 		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), KernelsDisabled: ks.Disabled(), Warning: budget.Warning}
 	var dec *tokenizer.StreamDecoder
 	if g.tok != nil {
@@ -354,7 +374,6 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
 	out.ScratchBytes = eng.ScratchBytes()
-	out.PredictedPeakBytes = eng.Footprint().DeviceBytes + out.ContextBytes + out.LoadedBytes
 	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes + out.LoadedBytes + out.ScratchBytes
 	rs := eng.Residency().Stats()
 	out.ResidentBytes, out.ResidentGroups, out.Groups = rs.ResidentBytes, rs.ResidentGroups, rs.Groups
@@ -375,7 +394,15 @@ func printRun(e *env, o runJSON) {
 		humanBytes(o.LoadedBytes), humanBytes(o.ScratchBytes))
 	fmt.Fprintf(w, "  resident: %d of %d weight groups (%s); streamed %s per token (%s)\n",
 		o.ResidentGroups, o.Groups, humanBytes(o.ResidentBytes), humanBytes(o.StreamedBytesPerToken), o.Source)
-	fmt.Fprintf(w, "  KV cache %s, activation arena %s\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes))
+	fmt.Fprintf(w, "  KV cache %s, activation arena %s; prefill in chunks of %d tokens (%s), %d staging slots (%s)\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes),
+		o.PrefillChunk, chosenOrGiven(o.ChunkChosen), o.Slots, chosenOrGiven(o.SlotsChosen))
+}
+
+func chosenOrGiven(chosen bool) string {
+	if chosen {
+		return "chosen from the budget"
+	}
+	return "given"
 }
 
 // float32Bytes is l as little-endian float32s.
@@ -421,6 +448,89 @@ func openTokenizer(m *llama.Model) (textCodec, error) {
 	return t, nil
 }
 
+// reservation is what `memwall run` reserves on a device, and what `memwall
+// fit` predicts for a Llama model: one computation for both.
+type reservation struct {
+	budget residency.Budget
+	// opts are the engine options planned: Budget is the pools' share of
+	// the budget, PrefillChunk and Slots are resolved (chosen from the
+	// budget when they were 0).
+	opts engine.Options
+	foot *engine.Footprint
+}
+
+// predictedPeak is the whole footprint the plan predicts, as nvidia-smi
+// counts it: the engine's device bytes, the context and what was loaded.
+func (rp reservation) predictedPeak() uint64 {
+	return rp.foot.DeviceBytes + rp.budget.ContextBytes + rp.budget.LoadedBytes
+}
+
+// budgetRefused is residency.PlanBudget's refusal of a --vram figure.
+type budgetRefused struct{ err error }
+
+func (b *budgetRefused) Error() string { return b.err.Error() }
+func (b *budgetRefused) Unwrap() error { return b.err }
+
+// reserveRun plans m on d for options o (MaxTokens and PromptTokens set):
+// it runs one product of every shape the chosen chunk multiplies on
+// stream st (engine.WarmProducts: a GEMM library's lazily loaded kernels
+// and per-stream workspace then count in the budget), measures the budget
+// (residency.PlanBudget with vram, 0 for the default) and plans the engine
+// under it (engine.Estimate, which chooses the chunk and slots left 0).
+// A chunk chosen under the measured budget whose shapes were not warmed
+// up is warmed and the budget measured again, at most three times. The
+// pools must not exist yet. A budget PlanBudget refuses comes back as a
+// *budgetRefused, one below the engine's minimum as an *engine.BudgetError.
+func reserveRun(ctx context.Context, d device.Device, ks *kernels.Set, m *llama.Model, vram uint64, o engine.Options) (reservation, error) {
+	var rp reservation
+	warmed := map[int]bool{}
+	chunk := o.PrefillChunk
+	if chunk == 0 {
+		chunk = min(o.PromptTokens, engine.AutoChunkLimit)
+	}
+	for range 3 {
+		var todo []int
+		for _, t := range stepTokens(o.PromptTokens, chunk) {
+			if !warmed[t] {
+				warmed[t] = true
+				todo = append(todo, t)
+			}
+		}
+		if len(todo) > 0 {
+			if err := engine.WarmProducts(d, ks, m, o.Stream, todo); err != nil {
+				return rp, err
+			}
+		}
+		b, err := residency.PlanBudget(d, vram)
+		rp.budget = b
+		if err != nil {
+			return rp, &budgetRefused{err}
+		}
+		po := o
+		po.Budget = b.PoolBytes
+		f, err := engine.Estimate(ctx, m, po, d.Info())
+		if err != nil {
+			return rp, err
+		}
+		rp.opts, rp.foot = po, f
+		chunk = f.PrefillChunk
+		if allWarmed(warmed, stepTokens(o.PromptTokens, chunk)) {
+			break
+		}
+	}
+	rp.opts.PrefillChunk, rp.opts.Slots = rp.foot.PrefillChunk, rp.foot.Slots
+	return rp, nil
+}
+
+func allWarmed(warmed map[int]bool, ts []int) bool {
+	for _, t := range ts {
+		if !warmed[t] {
+			return false
+		}
+	}
+	return true
+}
+
 // minimumError is a budget below what the run needs; Minimum is the whole
 // footprint's minimum, the context and loaded modules included.
 type minimumError struct {
@@ -432,13 +542,36 @@ type minimumError struct {
 func (m *minimumError) Error() string { return m.msg }
 func (m *minimumError) Unwrap() error { return m.err }
 
-func (g *generation) minimum(b residency.Budget, be *engine.BudgetError, maxTokens int, err error) error {
+// planError turns reserveRun's error into what run reports: a budget below
+// the engine's minimum (or one PlanBudget refuses while the engine would
+// need more anyway) states the minimum.
+func (g *generation) planError(e *env, d device.Device, o engine.Options, b residency.Budget, err error) error {
+	var be *engine.BudgetError
+	if errors.As(err, &be) {
+		return g.minimum(e, d, o, b, be, err)
+	}
+	var br *budgetRefused
+	if errors.As(err, &br) {
+		return g.belowMinimum(e, d, o, b, br.err)
+	}
+	return err
+}
+
+func (g *generation) minimum(e *env, d device.Device, o engine.Options, b residency.Budget, be *engine.BudgetError, err error) error {
 	overhead := b.ContextBytes + b.LoadedBytes + b.ReserveBytes
 	n := be.Minimum + overhead
-	return &minimumError{vram: g.vram, minimum: n, err: err,
-		msg: fmt.Sprintf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s, loaded modules' %s and a reserve of %s included): %v",
-			b.VRAMBytes, humanBytes(b.VRAMBytes), n, humanBytes(n), g.path, maxTokens, humanBytes(b.ContextBytes), humanBytes(b.LoadedBytes),
-			humanBytes(b.ReserveBytes), err)}
+	msg := fmt.Sprintf("--vram %d bytes (%s): below the minimum %d bytes (%s) for %s with %d tokens of context (the context's own %s, loaded modules' %s and a reserve of %s included)",
+		b.VRAMBytes, humanBytes(b.VRAMBytes), n, humanBytes(n), g.path, o.MaxTokens, humanBytes(b.ContextBytes), humanBytes(b.LoadedBytes),
+		humanBytes(b.ReserveBytes))
+	if o.PrefillChunk > 0 {
+		msg += fmt.Sprintf(" with --prefill-chunk %d", o.PrefillChunk)
+		auto := o
+		auto.PrefillChunk, auto.Budget = 0, be.Budget
+		if f, aerr := engine.Estimate(e.ctx, g.model, auto, d.Info()); aerr == nil {
+			msg += fmt.Sprintf("; the largest chunk this budget holds is %d tokens (leave --prefill-chunk out to have it chosen)", f.PrefillChunk)
+		}
+	}
+	return &minimumError{vram: g.vram, minimum: n, err: err, msg: msg + ": " + err.Error()}
 }
 
 // belowMinimum turns a budget PlanBudget refuses (one that does not even
@@ -455,7 +588,7 @@ func (g *generation) belowMinimum(e *env, d device.Device, o engine.Options, b r
 		return err
 	}
 	b.VRAMBytes = g.vram
-	return g.minimum(b, be, o.MaxTokens, err)
+	return g.minimum(e, d, o, b, be, eerr)
 }
 
 // demoRun generates with the tiny synthetic model on d under a budget that

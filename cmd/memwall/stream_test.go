@@ -40,7 +40,7 @@ func TestFitAndStreamJSON(t *testing.T) {
 	for _, f := range []string{synth.Safetensors, synth.GGUF} {
 		t.Run(f, func(t *testing.T) {
 			path := tinyFile(t, f)
-			code, out, errOut := runVerbSim(t, "fit", path, "--vram", "5MiB", "--ctx", "128", "--device", "sim", "--json")
+			code, out, errOut := runVerbSim(t, "fit", path, "--plain", "--vram", "5MiB", "--ctx", "128", "--device", "sim", "--json")
 			if code != 0 {
 				t.Fatalf("fit: exit %d: %s", code, errOut)
 			}
@@ -151,7 +151,7 @@ func TestFitBadInput(t *testing.T) {
 		{"truncated safetensors", []string{"fit", trunc, "--vram", "1GiB", "--device", "sim"}, 1, "trunc.safetensors"},
 		{"truncated gguf", []string{"stream", gtrunc, "--vram", "1GiB", "--device", "sim"}, 1, "trunc.gguf"},
 		{"missing file", []string{"fit", filepath.Join(t.TempDir(), "none"), "--vram", "1GiB", "--device", "sim"}, 1, "none"},
-		{"below the minimum", []string{"fit", path, "--vram", "2MiB", "--device", "sim"}, 1, "below the minimum 2907648 bytes"},
+		{"below the minimum", []string{"fit", path, "--plain", "--vram", "2MiB", "--device", "sim"}, 1, "below the minimum 2907648 bytes"},
 		{"stream below the minimum", []string{"stream", path, "--vram", "1MiB", "--device", "sim"}, 1, "try --vram 2907648"},
 		{"no vram", []string{"fit", path}, 2, "--vram is required"},
 		{"bad vram", []string{"fit", path, "--vram", "lots"}, 2, "--vram"},

@@ -45,8 +45,8 @@ fi
 # compute-sanitizer memcheck on a quick pass of the Llama kernels (compute_80:
 # one JIT under the sanitizer).
 if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 150 ]; then
-  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm80 timeout --kill-after=5 50 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$bin" -test.run 'TestCUDALlamaKernels|TestCUDAGemvVariants' -test.timeout 50s) >"$dir/memcheck.txt" 2>&1
+  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm80 timeout --kill-after=5 60 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin" -test.run 'TestCUDALlamaKernels|TestCUDAGemvVariants' -test.timeout 60s) >"$dir/memcheck.txt" 2>&1
   m=$?
   grep -q "ERROR SUMMARY: 0 errors" "$dir/memcheck.txt" && msum="0 errors" || msum="rc=$m $(grep -m1 'ERROR SUMMARY' "$dir/memcheck.txt")"
   [ $m -eq 124 ] && msum="timed out (no errors before)"

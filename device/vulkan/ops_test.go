@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/memwall/memwall/device"
@@ -276,7 +277,23 @@ func FuzzSplitSPIRV(f *testing.F) {
 // and checks every byte of the destination: the copied range equals the
 // source, the rest is untouched.
 func TestCopyDtoDRandom(t *testing.T) {
-	d := open(t)
+	for _, shader := range []string{"", "1", "0"} {
+		d := openWith(t, vulkan.Options{Getenv: func(k string) string {
+			if k == "MEMWALL_VULKAN_SHADER_COPY" {
+				return shader
+			}
+			return os.Getenv(k)
+		}})
+		t.Run("MEMWALL_VULKAN_SHADER_COPY="+shader, func(t *testing.T) {
+			if got := vulkan.ShaderCopy(d); shader != "" && got != (shader == "1") && d.Details().BufferDeviceAddress {
+				t.Fatalf("shader copy %v", got)
+			}
+			copyDtoDRandom(t, d)
+		})
+	}
+}
+
+func copyDtoDRandom(t *testing.T, d *vulkan.Device) {
 	t.Logf("shader copy: %v", vulkan.ShaderCopy(d))
 	s, err := d.NewStream()
 	if err != nil {

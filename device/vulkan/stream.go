@@ -830,9 +830,10 @@ func (d *Device) CopyDtoH(dst []byte, src device.Ptr, sid device.Stream) error {
 
 // CopyDtoD copies n bytes between device (or host-mapped) ranges.
 //
-// Between device allocations on a device with buffer device addresses, a
+// Between device allocations on a GPU with buffer device addresses, a
 // copy of 64 KiB or more with 16-byte aligned ends runs as a shader (the
 // SMs stream at memory bandwidth; vkCmdCopyBuffer's copy engine does not).
+// MEMWALL_VULKAN_SHADER_COPY=0 turns that off, =1 on for CPU devices too.
 func (d *Device) CopyDtoD(dst, src device.Ptr, n uint64, sid device.Stream) error {
 	k := d.copyKernel()
 	return d.op("CopyDtoD", sid, func(s *stream) error {

@@ -156,7 +156,7 @@ type Device struct {
 
 	copyOnce     sync.Once
 	copyK        *copyKernel // nil: CopyDtoD always uses vkCmdCopyBuffer
-	noShaderCopy bool        // MEMWALL_VULKAN_SHADER_COPY=0
+	noShaderCopy bool        // CPU devices, or MEMWALL_VULKAN_SHADER_COPY=0 (=1 forces it on)
 	copyQueues   int         // Options.CopyQueues, 1 to 8
 	splits       atomic.Uint64
 
@@ -228,7 +228,14 @@ func Open(o Options) (*Device, error) {
 	if !o.unpinned {
 		d.driverLib = pinLibraryOf(d.vk.cmdCopyBuffer)
 	}
-	d.noShaderCopy = o.Getenv("MEMWALL_VULKAN_SHADER_COPY") == "0"
+	// Shader copies pay on GPUs; a CPU driver copies faster by itself.
+	switch o.Getenv("MEMWALL_VULKAN_SHADER_COPY") {
+	case "0":
+		d.noShaderCopy = true
+	case "1":
+	default:
+		d.noShaderCopy = d.picked.props.deviceType == deviceTypeCPU
+	}
 	if o.CopyQueues <= 0 {
 		o.CopyQueues, _ = strconv.Atoi(o.Getenv("MEMWALL_VULKAN_COPY_QUEUES"))
 	}

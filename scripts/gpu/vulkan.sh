@@ -74,6 +74,7 @@ if [ -x "$bin/device_vulkan.test" ]; then
     "cd device/vulkan && MEMWALL_TEST_DEVICE=vulkan MEMWALL_VULKAN_SPARSE=1 '$bin/device_vulkan.test' -test.v -test.timeout 50s -test.run 'TestConformance\$|TestInfo|TestPoolData|TestBindLifetimes' >'$dir/sparse.txt' 2>&1; rc=\$?; tail -n 3 '$dir/sparse.txt'; exit \$rc"
 fi
 run "bench transfer --device vulkan" 60 bash -c "'$bin/memwall' bench transfer --device vulkan --size 256MiB --reps 10 --json >'$dir/transfer-vulkan.json' 2>'$dir/transfer-vulkan.err'"
+run "bench transfer --device vulkan, 2 copy queues" 60 bash -c "MEMWALL_VULKAN_COPY_QUEUES=2 '$bin/memwall' bench transfer --device vulkan --size 256MiB --reps 10 --json >'$dir/transfer-vulkan-q2.json' 2>'$dir/transfer-vulkan-q2.err'"
 run "bench transfer --device cuda" 60 bash -c "'$bin/memwall' bench transfer --device cuda --size 256MiB --reps 10 --json >'$dir/transfer-cuda.json' 2>'$dir/transfer-cuda.err'"
 run "bench alloc --device vulkan (pool vs vkAllocateMemory)" 90 bash -c \
   "'$bin/memwall' bench alloc --device vulkan --mixes random,4KiB --policies chunks --goroutines 1,4 --pairs 4000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
@@ -98,7 +99,7 @@ echo "bench alloc --device vulkan:"
 head -n 24 "$dir/alloc.txt" 2>/dev/null
 echo
 echo "bench transfer (256 MiB, median GB/s):"
-python3 - "$dir/transfer-vulkan.json" "$dir/transfer-cuda.json" "$dir/candidates.json" <<'EOF' || true
+python3 - "$dir/transfer-vulkan.json" "$dir/transfer-cuda.json" "$dir/candidates.json" "$dir/transfer-vulkan-q2.json" <<'EOF' || true
 import json, sys
 def load(p):
     try:
@@ -106,11 +107,12 @@ def load(p):
     except Exception as e:
         print(f"  {p}: {e}")
         return {}
-vk, cu = load(sys.argv[1]), load(sys.argv[2])
+vk, cu, q2 = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[4])
 for name in sorted(set(vk) | set(cu)):
-    v, c = vk.get(name), cu.get(name)
+    v, c, v2 = vk.get(name), cu.get(name), q2.get(name)
     ratio = f"{v / c:.2f}" if v and c else "-"
-    print(f"  {name:14s} vulkan {v or 0:7.2f}  cuda {c or 0:7.2f}  vulkan/cuda {ratio}")
+    ratio2 = f"{v2 / c:.2f}" if v2 and c else "-"
+    print(f"  {name:14s} vulkan {v or 0:7.2f}  cuda {c or 0:7.2f}  vulkan/cuda {ratio}   2 copy queues {v2 or 0:7.2f} ({ratio2})")
 v, c = vk.get("h2d_pinned"), cu.get("h2d_pinned")
 if v and c:
     print(f"  H2D pinned: Vulkan is {v / c:.2f} of CUDA ({'meets' if v >= 0.9 * c else 'misses'} the 0.90 goal)")

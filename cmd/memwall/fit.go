@@ -282,6 +282,12 @@ func (pl *planned) json(path string, f *planFlags) fitJSON {
 		PredictedSecondsPerStep: p.StepTime.Seconds(), PredictedCopySeconds: p.CopyTime.Seconds(),
 		PredictedComputeSeconds: p.ComputeTime.Seconds(), LinkGBps: p.LinkGBps,
 		LinkSource: pl.linkSource, ComputeSource: pl.computeSource}
+	out.addLayers(p)
+	return out
+}
+
+// addLayers lists p's groups in the JSON and counts them.
+func (out *fitJSON) addLayers(p *plan.WeightPlan) {
 	for _, g := range p.Groups {
 		if g.Resident {
 			out.ResidentLayers++
@@ -291,7 +297,6 @@ func (pl *planned) json(path string, f *planFlags) fitJSON {
 		out.Layers = append(out.Layers, layerJSON{Name: g.Name, Bytes: g.Bytes, Resident: g.Resident, Slot: g.Slot,
 			PredictedCopy: g.CopyTime.Seconds(), PredictedCompute: g.ComputeTime.Seconds()})
 	}
-	return out
 }
 
 func runFit(e *env, args []string) error {

@@ -221,15 +221,7 @@ func fitLlamaJSON(e *env, f *planFlags, g *generation, d device.Device, ch auto.
 		PredictedSecondsPerStep: p.StepTime.Seconds(), PredictedCopySeconds: p.CopyTime.Seconds(),
 		PredictedComputeSeconds: p.ComputeTime.Seconds(), LinkGBps: link, LinkSource: linkSource,
 		ComputeSource: "not modeled: the plan of memwall run, whose products `memwall run --timing` measures"}
-	for _, gp := range p.Groups {
-		if gp.Resident {
-			out.ResidentLayers++
-		} else {
-			out.StreamedLayers++
-		}
-		out.Layers = append(out.Layers, layerJSON{Name: gp.Name, Bytes: gp.Bytes, Resident: gp.Resident, Slot: gp.Slot,
-			PredictedCopy: gp.CopyTime.Seconds(), PredictedCompute: gp.ComputeTime.Seconds()})
-	}
+	out.addLayers(p)
 	b := rp.budget
 	out.Run = &fitRunJSON{PromptTokens: rp.opts.PromptTokens, MaxTokens: rp.opts.MaxTokens, PrefillChunk: foot.PrefillChunk, Slots: foot.Slots,
 		ChunkChosen: g.opts.PrefillChunk == 0, SlotsChosen: g.opts.Slots == 0, PoolBudgetBytes: b.PoolBytes,

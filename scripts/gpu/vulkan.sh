@@ -20,9 +20,9 @@
 # Run from the repository root after scripts/gpu-build.sh; logs go to
 # $OUT/vulkan/, a short table is printed last (Vulkan H2D pinned as a
 # fraction of CUDA's: the goal is >= 0.90).
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig;
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done; ldconfig
 OUT=${OUT:-$PWD/gpu-out}
 dir=$OUT/vulkan
 mkdir -p "$dir"

@@ -54,3 +54,27 @@ func Example() {
 	// [0.365 0.730 1.094 1.461 -1.000 1.000 -1.000 1.000]
 	// 1 memwall
 }
+
+// What Matmul launches for a decode step's products on a GPU of 46 SMs (the
+// simulator's default): the streamed GEMV, its grid sized to the GPU, and
+// the tiled GEMM for a prefill chunk.
+func ExampleSet_Shape() {
+	o := sim.DefaultOptions()
+	o.Kernels = kernels.Sim()
+	d := sim.New(o)
+	defer d.Close()
+	s, err := kernels.Load(d, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer s.Close()
+	for _, T := range []uint32{1, 4, 512} {
+		sh, _ := s.Shape(kernels.BF16, 14336, 4096, T)
+		fmt.Println(T, sh.Kernel, sh.Grid.X)
+	}
+	// Output:
+	// 1 memwall_gemvs1_bf16 138
+	// 4 memwall_gemvm_bf16 128
+	// 512 memwall_gemm_bf16 112
+}

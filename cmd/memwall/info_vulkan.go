@@ -35,6 +35,9 @@ func printVulkan(w io.Writer, d device.Device) error {
 	}
 	v := vd.Details()
 	fmt.Fprintf(w, "vulkan       API %s, %s device, loader %s\n", v.APIVersion, v.DeviceType, v.Loader)
+	if v.Driver != "" {
+		fmt.Fprintf(w, "driver       %s (kept loaded)\n", v.Driver)
+	}
 	fmt.Fprintf(w, "features     memory budget %s, memory priority %s, external host memory %s, buffer device address %s\n",
 		yesNo(v.MemoryBudget), yesNo(v.MemoryPriority), yesNo(v.ExternalMemoryHost), yesNo(v.BufferDeviceAddress))
 	for _, h := range v.Heaps {

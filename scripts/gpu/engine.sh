@@ -4,12 +4,17 @@
 # (bf16 GQA, f16 GQA) in safetensors and GGUF, resident and streaming, against
 # transformers, short compute-sanitizer memcheck and racecheck runs, and the
 # engine package's tests on the GPU against its Go reference (gpubin/engine.test).
-# EXTRA=full adds the Llama-7B-shaped bf16 model and the 7B-class model with 8
-# KV heads and Llama-3 rope scaling at --vram 8GiB (decode at 512 tokens of
-# context, a 2048-token prefill, nvidia-smi's memory.used sampled, memwall fit's
-# prediction), about 5 minutes more, most of it writing and loading 27 GB.
+# EXTRA=7b adds the Llama-7B-shaped bf16 model at --vram 8GiB with DEFAULT flags
+# (decode at 512 tokens of context; a 2048-token prefill with the chunk and
+# slots chosen from the budget, its device time against max(weight copies,
+# products at cuBLASLt's rate); nvidia-smi's memory.used sampled against the
+# budget and `memwall fit`'s prediction for both runs; transformers' agreement
+# and its own bf16-vs-fp32 noise): about 200 s more with the model cached
+# (KEEP_MODELS=1 MODELS=/dev/shm/mw), plus about 60 s to write it the first time.
+# EXTRA=full adds the 7B-class model with 8 KV heads and Llama-3 rope scaling
+# too (about 120 s more, and 60 s to write it).
 #
-#   OUT=/some/dir [EXTRA=full] [MODEL7B=/path/to/llama-7b-dir] scripts/gpu/engine.sh
+#   OUT=/some/dir [EXTRA=7b|full] [KEEP_MODELS=1] [MODELS=/dev/shm/mw] [MODEL7B=/path/to/llama-7b-dir] scripts/gpu/engine.sh
 #
 # Needs gpubin/memwall (scripts/gpu-build.sh) and python3 with torch and
 # transformers. Models go to /dev/shm/memwall-engine (or $MODELS). Writes under
@@ -28,9 +33,11 @@ if [ ! -x "$bin" ]; then
 fi
 models=${MODELS:-/dev/shm/memwall-engine}
 mode=quick
-[ "${EXTRA:-}" = full ] && mode=full
 limit=170
-[ "$mode" = full ] && limit=560
+case "${EXTRA:-}" in
+  7b) mode=7b; limit=420 ;;
+  full) mode=full; limit=560 ;;
+esac
 timeout --kill-after=10 "$limit" "$py" scripts/gpu/run-check.py --bin "$bin" --out "$dir" --models "$models" \
   --mode "$mode" ${MODEL7B:+--model7b "$MODEL7B"}
 rc=$?

@@ -176,8 +176,8 @@ func run(args []string, e *env) int {
 		}()
 	}
 	name := v.name
-	if v.name == "bench" && len(args) > 1 && benchVerbs[args[1]] != nil {
-		name += " " + args[1] // messages and the help hint name the benchmark
+	if v.name == "bench" && len(args) > 1 && benchVerbs[args[1]] != nil || v.name == "kv" && len(args) > 1 && args[1] == "simulate" {
+		name += " " + args[1] // messages and the help hint name the benchmark or sub-command
 	}
 	return exitStatus(e, name, v.run(e, args[1:]))
 }

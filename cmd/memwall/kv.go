@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/memwall/memwall/bench"
 	"github.com/memwall/memwall/device/sim"
@@ -316,7 +317,7 @@ func printKVSimulate(e *env, source string, r sched.Result) {
 	fmt.Fprintf(w, "%-16s %14d %14d\n", "preemptions", p.Preemptions, c.Preemptions)
 	fmt.Fprintf(w, "%-16s %14s %14s\n", "swapped_bytes", humanBytes(p.SwappedBytes), humanBytes(c.SwappedBytes))
 	fmt.Fprintf(w, "%-16s %14s %14s\n", "mean K/V held", humanBytes(uint64(p.MeanHeldBytes)), humanBytes(uint64(c.MeanHeldBytes)))
-	fmt.Fprintf(w, "%-16s %14.2f %14.2f\n", "simulated s", p.SimSeconds, c.SimSeconds)
+	fmt.Fprintf(w, "%-16s %14s %14s\n", "simulated time", simTime(p.SimSeconds), simTime(c.SimSeconds))
 	if r.ShareableBlocks > 0 {
 		fmt.Fprintf(w, "prefix_hit_rate  %s (%d of %d full shareable blocks served from the cache; %s of the %d an earlier request had)\n",
 			kvPct(r.PrefixHitRate), r.HitBlocks, r.ShareableBlocks, kvPct(r.ReusableHitRate), r.Paged.ReusableBlocks)
@@ -446,4 +447,16 @@ func printBenchKV(e *env, rep bench.KVReport) {
 			fmt.Fprintln(w, "(simulated device: times come from its model, not from hardware)")
 		}
 	}
+}
+
+// simTime formats simulated seconds to four significant digits in a unit
+// that suits them ("2.636ms", "12.5s"): a short run does not read as 0.00.
+func simTime(s float64) string {
+	d := time.Duration(s * 1e9)
+	for r := time.Nanosecond; r < time.Hour; r *= 10 {
+		if d < 10000*r {
+			return d.Round(r).String()
+		}
+	}
+	return d.Round(time.Second).String()
 }

@@ -260,7 +260,9 @@ func planLifetimes(e *env, c planConfig) error {
 		}
 	}
 	t0 := time.Now()
+	stop := ticking(e, "plan", fmt.Sprintf("%d buffers", len(bufs)), c.timeLimit)
 	l, rep, err := plan.Solve(e.ctx, bufs, c.planOptions(c.capacity))
+	stop()
 	if err != nil {
 		return err
 	}
@@ -634,7 +636,13 @@ func planModelData(e *env, c planConfig, name string, data []byte) (*planModelOu
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
+		note := "offsets, no in-place"
+		if inplace {
+			note = "offsets, in-place"
+		}
+		stop := ticking(e, "plan", note, c.timeLimit)
 		l, rep, err := plan.Solve(e.ctx, set.Buffers, c.planOptions(c.capacity))
+		stop()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}

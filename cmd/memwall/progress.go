@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"time"
 )
 
 // progress draws a one-line progress bar on stderr, only when stdout is a
@@ -43,5 +44,37 @@ func (p *progress) update(done, total float64, note string) {
 func (p *progress) done() {
 	if p.on {
 		fmt.Fprintf(p.w, "\r%-80s\r", "")
+	}
+}
+
+// ticking shows a bar that fills over limit, the most the work may take,
+// refreshed every tick while the work runs (only when stdout is a
+// terminal, like every bar); stop clears it. For work that reports no
+// progress of its own but is bounded in time, such as the offset search.
+func ticking(e *env, label, note string, limit time.Duration) (stop func()) {
+	p := newProgress(e, label)
+	if !p.on || limit <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	t0 := time.Now()
+	go func() {
+		defer close(finished)
+		tk := time.NewTicker(250 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			p.update(float64(time.Since(t0)), float64(limit), note)
+			select {
+			case <-done:
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		p.done()
 	}
 }

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runVerbTerminal runs a command line as if stdout were a terminal.
+func runVerbTerminal(t *testing.T, terminal bool, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, terminal: terminal, getenv: func(string) string { return "" }}
+	code = run(args, env)
+	return code, o.String(), e.String()
+}
+
+// TestProgressOnTerminal: the verbs that can run for seconds draw a bar
+// on stderr when stdout is a terminal, clear it at the end, and draw none
+// otherwise (the replay over every configuration, the offset search).
+func TestProgressOnTerminal(t *testing.T) {
+	trace := filepath.Join("..", "..", "testdata", "traces", "gpt2_medium_generate.csv.gz")
+	lifetimes := filepath.Join("..", "..", "testdata", "minimalloc", "A.1048576.csv")
+	cases := map[string][]string{
+		"replay": {"replay", trace, "--no-search", "--strategy", "default"},
+		"plan":   {"plan", "--lifetimes", lifetimes, "--time-limit", "600ms"},
+	}
+	for name, args := range cases {
+		t.Run(name, func(t *testing.T) {
+			code, _, stderr := runVerbTerminal(t, true, args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			if !strings.Contains(stderr, "\r"+name+" [") || !strings.Contains(stderr, "%") {
+				t.Fatalf("no progress bar on a terminal: %q", stderr)
+			}
+			if !strings.HasSuffix(stderr, "\r") {
+				t.Fatalf("the bar is not cleared at the end: %q", stderr[max(0, len(stderr)-100):])
+			}
+			if code, _, stderr := runVerbTerminal(t, false, args...); code != 0 || stderr != "" {
+				t.Fatalf("not a terminal: exit %d, stderr %q, want silence", code, stderr)
+			}
+		})
+	}
+}

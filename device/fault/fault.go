@@ -1,6 +1,6 @@
 // Package fault wraps a device.Device to inject failures for tests: fail the
-// Nth allocation, slow copies down, report less free memory, drop events,
-// fail mappings. It also counts calls per method, so tests can assert how
+// Nth allocation, fail copies (by kind, stream, call number or bytes moved),
+// slow copies down, report less free memory, drop events, fail mappings. It also counts calls per method, so tests can assert how
 // often code above reaches the driver.
 //
 // The rules live in a Config that is safe to change while the device is in
@@ -20,6 +20,72 @@ import (
 // device error it imitates (device.ErrOutOfMemory for allocations and maps),
 // so tests can tell injected failures from real ones.
 var ErrInjected = errors.New("fault injected")
+
+// ErrCopy is wrapped by a copy that Rules.FailCopies failed, next to
+// ErrInjected.
+var ErrCopy = errors.New("copy failed")
+
+// CopyKind selects copies by direction; kinds combine with |.
+type CopyKind uint8
+
+// Copy directions.
+const (
+	HtoD CopyKind = 1 << iota
+	DtoH
+	DtoD
+)
+
+func (k CopyKind) String() string {
+	switch k {
+	case HtoD:
+		return "host-to-device"
+	case DtoH:
+		return "device-to-host"
+	case DtoD:
+		return "device-to-device"
+	}
+	return fmt.Sprintf("copy kinds %#x", uint8(k))
+}
+
+// CopyRule fails copies. A copy matches when its kind is in Kinds (0: any
+// kind) and it runs on Stream (0: any stream). Matching copies are counted
+// from 1, and their bytes summed, since the rules were last Set; a
+// failed copy counts as a call and moves no bytes. A matching copy fails
+// when Call fires for its number, or, with Bytes nonzero, when the bytes
+// of the matching copies before it that moved plus its own exceed Bytes
+// (the first such copy; with AfterBytes every matching copy after it
+// too). The zero CopyRule fails nothing.
+type CopyRule struct {
+	Kinds  CopyKind
+	Stream device.Stream
+	Call   Trigger
+	Bytes  uint64
+	// AfterBytes keeps failing matching copies once Bytes has fired.
+	AfterBytes bool
+}
+
+// copyState counts the matching copies of a CopyRule since Set.
+type copyState struct {
+	calls, bytes uint64
+	fired        bool
+}
+
+func (r *CopyRule) match(k CopyKind, s device.Stream) bool {
+	return (r.Kinds == 0 || r.Kinds&k != 0) && (r.Stream == 0 || r.Stream == s)
+}
+
+// fires counts a matching copy of n bytes and says whether it fails.
+func (r *CopyRule) fires(st *copyState, n uint64) bool {
+	st.calls++
+	fail := r.Call.fires(st.calls)
+	if r.Bytes != 0 && (!st.fired && st.bytes+n > r.Bytes || st.fired && r.AfterBytes) {
+		st.fired, fail = true, true
+	}
+	if !fail {
+		st.bytes += n
+	}
+	return fail
+}
 
 // Trigger selects calls of one method by their number, counted from 1 since
 // the rules were last Set. The zero Trigger never fires.
@@ -66,6 +132,11 @@ type Rules struct {
 	SlowCopies Trigger
 	CopyDelay  time.Duration
 
+	// FailCopies fails the copies it selects (see CopyRule): the call
+	// returns an error wrapping ErrInjected and ErrCopy, and the copy is
+	// not submitted.
+	FailCopies CopyRule
+
 	// FreeLimit, when nonzero, caps the free memory MemInfo reports;
 	// HideBytes is subtracted from it (down to 0) before the cap. The total
 	// is unchanged, and allocations are not limited by either.
@@ -97,6 +168,7 @@ type Config struct {
 	rules  Rules
 	counts Counts
 	since  Counts // counts when the rules were last Set
+	copies copyState
 }
 
 // Set replaces the rules. Triggers count calls made from now on.
@@ -105,6 +177,7 @@ func (c *Config) Set(r Rules) {
 	defer c.mu.Unlock()
 	c.rules = r
 	c.since = c.counts
+	c.copies = copyState{}
 }
 
 // Rules returns the rules in force.
@@ -279,9 +352,13 @@ func (w *wrapped) Synchronize() error {
 	return w.d.Synchronize()
 }
 
-// copyCall counts a copy of one kind and applies SlowCopies to it.
-func (w *wrapped) copyCall(field func(*Counts) *uint64, s device.Stream) error {
+// copyCall counts a copy of one kind and n bytes, fails it when
+// FailCopies selects it, and applies SlowCopies to it.
+func (w *wrapped) copyCall(field func(*Counts) *uint64, k CopyKind, n uint64, s device.Stream) error {
 	w.cfg.call(field, nil)
+	if w.cfg.failCopy(k, n, s) {
+		return injected(fmt.Sprintf("%s copy of %d bytes on stream %d", k, n, s), ErrCopy)
+	}
 	r, fire := w.cfg.call(func(c *Counts) *uint64 { return &c.Copies }, func(r *Rules) *Trigger { return &r.SlowCopies })
 	if !fire || r.CopyDelay <= 0 {
 		return nil
@@ -296,22 +373,36 @@ func (w *wrapped) copyCall(field func(*Counts) *uint64, s device.Stream) error {
 	return nil
 }
 
+// failCopy applies Rules.FailCopies to a copy (counting it as injected
+// when it fails; a failed copy still counts in Counts.Copies).
+func (c *Config) failCopy(k CopyKind, n uint64, s device.Stream) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := &c.rules.FailCopies
+	if !r.match(k, s) || !r.fires(&c.copies, n) {
+		return false
+	}
+	c.counts.Injected++
+	c.counts.Copies++
+	return true
+}
+
 func (w *wrapped) CopyHtoD(dst device.Ptr, src []byte, s device.Stream) error {
-	if err := w.copyCall(func(c *Counts) *uint64 { return &c.CopyHtoD }, s); err != nil {
+	if err := w.copyCall(func(c *Counts) *uint64 { return &c.CopyHtoD }, HtoD, uint64(len(src)), s); err != nil {
 		return err
 	}
 	return w.d.CopyHtoD(dst, src, s)
 }
 
 func (w *wrapped) CopyDtoH(dst []byte, src device.Ptr, s device.Stream) error {
-	if err := w.copyCall(func(c *Counts) *uint64 { return &c.CopyDtoH }, s); err != nil {
+	if err := w.copyCall(func(c *Counts) *uint64 { return &c.CopyDtoH }, DtoH, uint64(len(dst)), s); err != nil {
 		return err
 	}
 	return w.d.CopyDtoH(dst, src, s)
 }
 
 func (w *wrapped) CopyDtoD(dst, src device.Ptr, n uint64, s device.Stream) error {
-	if err := w.copyCall(func(c *Counts) *uint64 { return &c.CopyDtoD }, s); err != nil {
+	if err := w.copyCall(func(c *Counts) *uint64 { return &c.CopyDtoD }, DtoD, n, s); err != nil {
 		return err
 	}
 	return w.d.CopyDtoD(dst, src, n, s)

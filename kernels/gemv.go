@@ -14,18 +14,19 @@ const (
 	gemvStream1        // memwall_gemvs1_*: T = 1, CUDA cores, any grid
 	gemvStream         // memwall_gemvs_*: T ≤ 8, CUDA cores, any grid
 	gemvMMA            // memwall_gemvm_*: T ≤ 8, tensor cores on compute_80, any grid
+	gemvCopy1          // memwall_gemvc1_*: T = 1, cp.async ring on compute_80, any grid
 	gemvKinds
 )
 
 // gemvPrefixes are the kernel names of the variants, less the dtype.
-var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_"}
+var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_", "memwall_gemvc1_"}
 
 // gemvName returns the kernel name of variant kind for dtype.
 func gemvName(kind int, dtype string) string { return gemvPrefixes[kind] + dtype }
 
 // gemvMaxT is the largest T variant kind computes.
 func gemvMaxT(kind int) uint32 {
-	if kind == gemvOne || kind == gemvStream1 {
+	if kind == gemvOne || kind == gemvStream1 || kind == gemvCopy1 {
 		return 1
 	}
 	return GemvMaxTokens

@@ -8,8 +8,9 @@ import (
 
 // Mirrors of kernels.cu's constants for the streamed GEMV.
 const (
-	mirrorWarps = 8
-	mirrorPart  = 4096
+	mirrorWarps    = 8
+	mirrorPart     = 4096
+	mirrorPartCopy = 2048 // kGemvcPart: gemvc's partial-sum buffer
 )
 
 // mirrorStreamed replays, in Go, the index arithmetic of the streamed GEMV
@@ -26,12 +27,14 @@ func mirrorStreamed(kind int, M, K, G uint64, elt int) error {
 	vecElts := uint64(16 / elt)
 	nvec := (K + vecElts - 1) / vecElts
 	mma := kind == gemvMMA
-	U, maxT := uint64(8), uint64(1)
+	U, maxT, partSize := uint64(8), uint64(1), uint64(mirrorPart)
 	switch kind {
 	case gemvStream:
 		U, maxT = 4, GemvMaxTokens
 	case gemvMMA:
 		U, maxT = 2, GemvMaxTokens
+	case gemvCopy1: // U: the ring's stages; a smaller partial buffer
+		partSize = mirrorPartCopy
 	}
 	rowsPerUnit, vecsPerUnit, slotsPerUnit := uint64(1), uint64(32), maxT*mirrorWarps
 	if mma {
@@ -39,7 +42,7 @@ func mirrorStreamed(kind int, M, K, G uint64, elt int) error {
 	}
 	cpr := (nvec + vecsPerUnit - 1) / vecsPerUnit
 	nUnits := (M + rowsPerUnit - 1) / rowsPerUnit // rows, or 16-row groups
-	kPer := mirrorPart / slotsPerUnit             // rows (groups) per pass
+	kPer := partSize / slotsPerUnit               // rows (groups) per pass
 	used := make([]uint8, M*nvec)                 // times each vector of W was multiplied
 	for b := range G {
 		r0, r1 := nUnits*b/G, nUnits*(b+1)/G
@@ -64,7 +67,7 @@ func mirrorStreamed(kind int, M, K, G uint64, elt int) error {
 					if cr >= nr {
 						return fmt.Errorf("block %d warp %d: flush of row %d past the pass's %d", b, w, cr, nr)
 					}
-					if (cr+1)*slotsPerUnit > mirrorPart {
+					if (cr+1)*slotsPerUnit > partSize {
 						return fmt.Errorf("block %d: partial slot of row %d past the shared buffer", b, cr)
 					}
 					if wrote[[2]uint64{cr, w}] {

@@ -572,6 +572,23 @@ __device__ __forceinline__ void gemvs_share(uint64_t n, uint64_t& a, uint64_t& b
     b = n * (blockIdx.x + 1) / gridDim.x;
 }
 
+// The combine of a pass of nr rows from rp: Y[t, rp + r] is the sum, in
+// warp order, of the partials of the warps whose run of units (unit = a row
+// times a slice, cpr slices a row) touched row r; part is [row][t][warp].
+template <int MAXT>
+__device__ __forceinline__ void gemvs_combine(const float* part, uint64_t units, uint64_t cpr, uint64_t nr,
+                                              uint64_t rp, uint32_t M, uint32_t T, float* __restrict__ Y) {
+    for (uint64_t e = threadIdx.x; e < nr * T; e += blockDim.x) {
+        const uint64_t t = e / nr, r = e % nr;
+        float s = 0.0f;
+        for (uint32_t w = 0; w < kGemvsWarps; ++w) {
+            const uint64_t wa = units * w / kGemvsWarps, wb = units * (w + 1) / kGemvsWarps;
+            if (wa < (r + 1) * cpr && wb > r * cpr) s += part[(r * MAXT + t) * kGemvsWarps + w];
+        }
+        Y[t * M + rp + r] = s;
+    }
+}
+
 // CUDA cores, T <= MAXT: a unit is one row times 32 vectors (one per lane,
 // 512 contiguous bytes per warp load for 16-bit dtypes); U units in flight.
 template <class Tr, int U, int MAXT>
@@ -645,18 +662,83 @@ __device__ __forceinline__ void gemvs(const typename Tr::S* __restrict__ W, cons
             }
         }
         __syncthreads();
-        for (uint64_t e = threadIdx.x; e < nr * T; e += blockDim.x) {
-            const uint64_t t = e / nr, r = e % nr;
-            float s = 0.0f;
-            for (uint32_t w = 0; w < kGemvsWarps; ++w) {
-                const uint64_t wa = units * w / kGemvsWarps, wb = units * (w + 1) / kGemvsWarps;
-                if (wa < (r + 1) * cpr && wb > r * cpr) s += part[(r * MAXT + t) * kGemvsWarps + w];
-            }
-            Y[t * M + rp + r] = s;
-        }
+        gemvs_combine<MAXT>(part, units, cpr, nr, rp, M, T, Y);
         __syncthreads();  // part is reused by the next pass
     }
 }
+
+#if MEMWALL_SM80
+// T = 1 on CUDA cores with the pipeline in shared memory (compute_80): as
+// gemvs<Tr, *, 1>, but each lane's S units in flight are cp.async copies
+// into its own slots of a ring (lane l reads only what it copied, so no
+// barrier), which holds no registers: more blocks fit on an SM.
+const int kGemvcStages = 8;
+const int kGemvcPart = 2048;  // floats: 256 rows per pass
+
+template <class Tr>
+__device__ __forceinline__ void gemvc(const typename Tr::S* __restrict__ W, const typename Tr::S* __restrict__ X,
+                                      float* __restrict__ Y, uint32_t M, uint32_t K) {
+    __shared__ __align__(16) uint4 ring[kGemvsWarps][kGemvcStages][32];  // 32 KiB
+    __shared__ float part[kGemvcPart];
+    constexpr uint64_t kRows = kGemvcPart / kGemvsWarps;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const bool fast = K % Tr::kVec == 0 && aligned16(W) && aligned16(X);
+    const uint64_t nvec = (K + Tr::kVec - 1) / Tr::kVec, cpr = (nvec + 31) / 32;
+    uint64_t r0, r1;
+    gemvs_share(M, r0, r1);
+    for (uint64_t rp = r0; rp < r1; rp += kRows) {
+        const uint64_t nr = min(kRows, r1 - rp), units = nr * cpr;
+        const uint64_t ua = units * warp / kGemvsWarps, ub = units * (warp + 1) / kGemvsWarps;
+        uint64_t lr = ua / cpr, lj = ua % cpr, cr = lr, cj = lj;
+        // Unit (lr, lj) into stage st: a copy when the path is fast, else a
+        // gathered vector stored by the lane itself.
+        auto issue = [&](int st) {
+            const uint64_t c = lj * 32 + lane;
+            if (c < nvec) {
+                const typename Tr::S* row = W + (rp + lr) * K;
+                if (fast)
+                    cp_async16(&ring[warp][st][lane], reinterpret_cast<const uint4*>(row) + c, 16);
+                else
+                    ring[warp][st][lane] = gemvs_gather<Tr>(row, c, K);
+            }
+            if (++lj == cpr) lj = 0, ++lr;
+        };
+        for (int st = 0; st < kGemvcStages; ++st) {
+            if (ua + st < ub) issue(st);
+            cp_async_commit();  // one group per stage, empty or not
+        }
+        float acc = 0.0f;
+        for (uint64_t i = ua; i < ub; ++i) {
+            cp_async_wait<kGemvcStages - 1>();  // the group of unit i has landed
+            const int st = (int)((i - ua) % kGemvcStages);
+            const uint64_t c = cj * 32 + lane;
+            if (c < nvec) {
+                float wf[Tr::kVec], xf[Tr::kVec];
+                Tr::unpack(ring[warp][st][lane], wf);
+                Tr::unpack(gemvs_vec<Tr>(X, c, K, fast, false), xf);
+#pragma unroll
+                for (int j = 0; j < Tr::kVec; ++j) acc = fmaf(wf[j], xf[j], acc);
+            }
+            // The slot was read above, so its next copy cannot overtake the read.
+            if (i + kGemvcStages < ub) issue(st);
+            cp_async_commit();
+            if (++cj == cpr) {
+                const float s = warp_sum(acc);
+                if (lane == 0) part[cr * kGemvsWarps + warp] = s;
+                acc = 0.0f, cj = 0, ++cr;
+            }
+        }
+        cp_async_wait<0>();
+        if (cj != 0) {
+            const float s = warp_sum(acc);
+            if (lane == 0) part[cr * kGemvsWarps + warp] = s;
+        }
+        __syncthreads();
+        gemvs_combine<1>(part, units, cpr, nr, rp, M, 1, Y);
+        __syncthreads();
+    }
+}
+#endif  // MEMWALL_SM80
 
 #if MEMWALL_SM80
 template <bool BF>
@@ -1564,6 +1646,33 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemvs1_f16(
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvs_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
     gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvc1_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemvc<F32>(W, X, Y, M, K);
+#else
+    gemvs<F32, 8, 1>(W, X, Y, M, K, T);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvc1_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemvc<BF16>(W, X, Y, M, K);
+#else
+    gemvs<BF16, 8, 1>(W, X, Y, M, K, T);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvc1_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemvc<F16>(W, X, Y, M, K);
+#else
+    gemvs<F16, 8, 1>(W, X, Y, M, K, T);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f32(

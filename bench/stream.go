@@ -57,6 +57,10 @@ type StreamOptions struct {
 	// PoolHistory is the allocations and frees each pool keeps for the
 	// snapshot of an out-of-memory error (pool.Options.History; 0: none).
 	PoolHistory int
+	// OnPoolEvent, when set, receives every allocation and free of the
+	// device pool (pool.Options.OnEvent; a pool.EventLog's Record records
+	// them for memwall replay).
+	OnPoolEvent func(pool.Event)
 	// Logger receives debug logs (nil: silent).
 	Logger *slog.Logger
 	// Progress, when set, is called after each step with the steps done
@@ -214,7 +218,7 @@ func (s *streamRun) setup(ctx context.Context) error {
 	s.baseFree = free
 	// Few blocks, most of them large: small ones among the large keep the
 	// pages mapped close to the plan's bytes.
-	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off, History: s.o.PoolHistory}); err != nil {
+	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off, History: s.o.PoolHistory, OnEvent: s.o.OnPoolEvent}); err != nil {
 		return fmt.Errorf("bench: stream: device pool: %w", err)
 	}
 	ro := s.o.Residency

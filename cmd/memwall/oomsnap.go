@@ -117,6 +117,15 @@ func (p *poolFlags) device(o *pool.Options) {
 	}
 }
 
+// onEvent is the device pool's event hook for the log, nil without
+// --pool-log.
+func (p *poolFlags) onEvent() func(pool.Event) {
+	if p.log == nil {
+		return nil
+	}
+	return p.log.Record
+}
+
 // host sets a host pool's options: the snapshot's history only (the log
 // holds device addresses alone). A nil p changes nothing.
 func (p *poolFlags) host(o *pool.Options) {

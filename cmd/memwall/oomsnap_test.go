@@ -207,6 +207,23 @@ func TestOOMSnapshotThroughLink(t *testing.T) {
 	checkSnapshotDraws(t, link)
 }
 
+// TestStreamPoolLog: memwall stream --pool-log writes the device pool's
+// log, which replay reads.
+func TestStreamPoolLog(t *testing.T) {
+	tiny, err := synth.WriteTiny(context.Background(), t.TempDir(), synth.Safetensors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "stream.jsonl")
+	if code, _, stderr := runVerbSim(t, "stream", tiny, "--vram", "12MiB", "--ctx", "128", "--steps", "1", "--device", "sim", "--pool-log", logPath); code != 0 {
+		t.Fatalf("stream --pool-log: exit %d: %s", code, stderr)
+	}
+	code, out, stderr := runVerbSim(t, "replay", logPath, "--json", "--no-search", "--strategy", "default")
+	if code != 0 || !strings.Contains(out, `"allocs"`) {
+		t.Fatalf("replay of stream's pool log: exit %d: %s%s", code, stderr, out)
+	}
+}
+
 // TestPoolLog: memwall run --pool-log writes the device pool's every
 // allocation and free, which replay reads: as many allocations as the
 // pool made; and a run that fails still leaves its log up to the failure.

@@ -19,7 +19,7 @@ func init() {
 	register(verb{name: "stream", summary: "run a model larger than its VRAM budget, streaming weights layer by layer; measure and verify", run: runStream})
 }
 
-const streamUsage = `MODEL --vram SIZE [--tokens T] [--steps N] [--slots N] [--prefetch N] [--ctx N] [--batch B] [--source S] [--link-gbps X] [--device auto|cuda|sim] [--json] [--oom-snapshot FILE]
+const streamUsage = `MODEL --vram SIZE [--tokens T] [--steps N] [--slots N] [--prefetch N] [--ctx N] [--batch B] [--source S] [--link-gbps X] [--device auto|cuda|sim] [--json] [--oom-snapshot FILE] [--pool-log FILE]
 
 The benchmark of package residency. Plans MODEL into --vram as 'memwall fit'
 does (--vram is the process's whole device footprint: the device context's own
@@ -74,8 +74,8 @@ func runStream(e *env, args []string) error {
 	steps := fs.Int("steps", 5, "timed steps (after one warm-up step)")
 	prefetch := fs.Int("prefetch", 0, "streamed groups issued ahead of the one computing (default: --slots less one)")
 	src := fs.String("source", "auto", "host side of the copies: auto, registered-mmap, pinned-copy or bounce")
-	var snap oomSnapshot
-	snap.add(fs)
+	var pf poolFlags
+	pf.add(fs)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -94,7 +94,7 @@ func runStream(e *env, args []string) error {
 	if err != nil {
 		return usagef("--source: %v", err)
 	}
-	if err := snap.check(); err != nil {
+	if err := pf.check(); err != nil {
 		return err
 	}
 	pl, err := fitModel(e.ctx, e, &f, path, budget, true)
@@ -117,13 +117,14 @@ func runStream(e *env, args []string) error {
 	out, err := streamPlanned(e.ctx, pl, bench.StreamOptions{
 		Residency:    residency.Options{Source: source, HostBytes: hostAvailable(), Prefetch: *prefetch},
 		ContextBytes: b.ContextBytes + b.LoadedBytes,
-		PoolHistory:  snap.history(),
+		PoolHistory:  pf.snap.history(),
+		OnPoolEvent:  pf.onEvent(),
 		Progress: func(done, total int) {
 			pb.update(float64(done), float64(total), fmt.Sprintf("step %d/%d", done, total))
 		}}, *steps)
 	pb.done()
-	if err != nil {
-		return snap.handle(err)
+	if err := pf.finish(err); err != nil {
+		return err
 	}
 	out.ContextBytes, out.LoadedBytes, out.ContextSource, out.PoolBudgetBytes = b.ContextBytes, b.LoadedBytes, b.ContextSource, b.PoolBytes
 	layers := out.fitJSON.Layers

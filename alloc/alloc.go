@@ -156,6 +156,20 @@ type HandleAllocator interface {
 	FreeHandle(h Handle, offset uint64) (Segment, error)
 }
 
+// PlacingAllocator is implemented by strategies ("tlsf", "bestfit") that
+// can also place a block where the caller chooses, among the free ranges
+// Walk reports: the device pool does when the strategy's own choice would
+// lie on unmapped pages and a free range over mapped pages holds the
+// block.
+type PlacingAllocator interface {
+	HandleAllocator
+	// AllocHandleAt allocates exactly [offset, offset+size), which must
+	// lie inside one free range; otherwise it returns an error wrapping
+	// ErrOutOfMemory and changes nothing but the Failures count. The
+	// block is freed with FreeHandle.
+	AllocHandleAt(offset, size uint64) (Block, Handle, error)
+}
+
 // Errors returned by allocators; match with errors.Is.
 var (
 	ErrOutOfMemory     = errors.New("out of memory")

@@ -9,13 +9,16 @@ import (
 
 // FuzzHandles drives tlsf and bestfit through blocks allocated and freed by
 // handle and by offset, mixed, with frees through wrong handles, wrong
-// offsets and stale handles, decoded from the input three bytes per
-// operation: [op, x, y]. Refused frees must change nothing, FreeHandle must
+// offsets and stale handles, and blocks placed at a chosen offset
+// (AllocHandleAt) inside a free range and over a live block, decoded from
+// the input three bytes per operation: [op, x, y]. Refused frees and
+// placements must change nothing (but the failure count), FreeHandle must
 // report the free range Walk shows, and alloc.Check runs after every
 // operation.
 func FuzzHandles(f *testing.F) {
 	f.Add([]byte{0, 10, 1, 1, 20, 2, 2, 0, 0, 3, 0, 1, 4, 0, 0})
 	f.Add([]byte{1, 28, 255, 1, 5, 9, 0, 12, 3, 5, 1, 0, 2, 1, 0, 6, 0, 0})
+	f.Add([]byte{0, 40, 3, 0, 9, 1, 2, 0, 0, 7, 0, 200, 7, 1, 17, 7, 0, 0, 2, 1, 0, 7, 5, 99})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, name := range handleStrategies {
 			a := mustNew(t, name, 64*MiB).(alloc.HandleAllocator)
@@ -42,7 +45,7 @@ func runHandleOps(t *testing.T, a alloc.HandleAllocator, ops []byte) {
 		}
 	}
 	for n := 0; len(ops) >= 3 && n < maxFuzzOps; n++ {
-		op, x, y := ops[0]%7, ops[1], ops[2]
+		op, x, y := ops[0]%8, ops[1], ops[2]
 		ops = ops[3:]
 		before := a.Stats()
 		switch {
@@ -114,6 +117,10 @@ func runHandleOps(t *testing.T, a alloc.HandleAllocator, ops []byte) {
 			}
 		case op == 6:
 			a.Walk(func(alloc.Segment) bool { return true })
+		case op == 7 && len(live) < maxFuzzLive:
+			if hb, ok := allocAt(t, a, x, y, before); ok {
+				live = append(live, hb)
+			}
 		}
 		if err := alloc.Check(a); err != nil {
 			t.Fatalf("%s after op %d: %v", a.Name(), n, err)
@@ -140,4 +147,52 @@ func freeAllHandleBlocks(t *testing.T, a alloc.HandleAllocator, blocks []handleB
 	if err := alloc.CheckEmpty(a); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// allocAt places a block with AllocHandleAt: with x odd, over the start of
+// a live block (which must fail and change nothing but the failure count);
+// otherwise inside the x-th free range at a point and size drawn from y
+// (which must succeed exactly there).
+func allocAt(t *testing.T, a alloc.HandleAllocator, x, y byte, before alloc.Stats) (handleBlock, bool) {
+	t.Helper()
+	p, ok := a.(alloc.PlacingAllocator)
+	if !ok {
+		t.Fatalf("%s is not a PlacingAllocator", a.Name())
+	}
+	var free, used []alloc.Segment
+	a.Walk(func(s alloc.Segment) bool {
+		if s.Free {
+			free = append(free, s)
+		} else {
+			used = append(used, s)
+		}
+		return true
+	})
+	if x&1 == 1 && len(used) > 0 {
+		s := used[int(x/2)%len(used)]
+		_, _, err := p.AllocHandleAt(s.Offset, 1+uint64(y))
+		if !errors.Is(err, alloc.ErrOutOfMemory) {
+			t.Fatalf("%s AllocHandleAt over the live block at %d: %v, want ErrOutOfMemory", a.Name(), s.Offset, err)
+		}
+		after := a.Stats()
+		after.Failures--
+		if after != before {
+			t.Fatalf("%s refused AllocHandleAt changed the stats: %+v -> %+v", a.Name(), before, a.Stats())
+		}
+		return handleBlock{}, false
+	}
+	if len(free) == 0 {
+		return handleBlock{}, false
+	}
+	s := free[int(x/2)%len(free)]
+	off := s.Offset + s.Size*uint64(y%16)/16
+	size := max(1, (s.Offset+s.Size-off)*uint64(1+y/16)/16)
+	b, h, err := p.AllocHandleAt(off, size)
+	if err != nil {
+		t.Fatalf("%s AllocHandleAt(%d, %d) inside the free range %+v: %v", a.Name(), off, size, s, err)
+	}
+	if b.Offset != off || b.Size != size {
+		t.Fatalf("%s AllocHandleAt(%d, %d) returned %+v", a.Name(), off, size, b)
+	}
+	return handleBlock{b: b, h: h, handle: true}, true
 }

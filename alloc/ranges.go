@@ -109,11 +109,51 @@ func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 		r.failures++
 		return nilID, r.oom(size, align)
 	}
+	r.carve(id, alignUp(r.nodes[id].off, align), size)
+	return id, nil
+}
+
+// AllocHandleAt is AllocHandle at an offset the caller chose: it carves
+// exactly [offset, offset+size) out of the free range that holds it (the
+// bytes around it stay free). It returns an error wrapping ErrOutOfMemory
+// when that range is not all free or lies past the capacity,
+// ErrInvalidArgument for size 0 and ErrTooLarge above MaxCapacity; a
+// failure changes nothing but the Failures count. It finds the range by walking the blocks in address
+// order (O(blocks)): it is meant for callers that choose a placement
+// rarely, where the alternative costs far more (a device call).
+func (r *rangeList) AllocHandleAt(offset, size uint64) (Block, Handle, error) {
+	if _, err := checkRequest(r.name, size, 1, MaxCapacity); err != nil {
+		r.failures++
+		return Block{}, 0, err
+	}
+	id := int32(nilID)
+	if offset < r.capacity && size <= r.capacity-offset {
+		for cur := r.first; cur != nilID; cur = r.nodes[cur].nextPhys {
+			if n := &r.nodes[cur]; n.off+n.size > offset {
+				if n.free && offset+size <= n.off+n.size {
+					id = cur
+				}
+				break
+			}
+		}
+	}
+	if id == nilID {
+		r.failures++
+		return Block{}, 0, fmt.Errorf("%s: [%d, %d) is not free: %w", r.name, offset, offset+size, ErrOutOfMemory)
+	}
+	r.carve(id, offset, size)
+	b := &r.nodes[id]
+	b.byHandle = true
+	return Block{Offset: b.off, Size: size}, Handle(id), nil
+}
+
+// carve turns free node id into a live node of [start, start+size), which
+// it holds, leaving free nodes for the bytes before and after.
+func (r *rangeList) carve(id int32, start, size uint64) {
 	r.idx.removeFree(id)
 	r.freeRanges--
 	n := &r.nodes[id]
-	if off := n.off; alignUp(off, align) > off {
-		start := alignUp(off, align)
+	if off := n.off; start > off {
 		pad := r.newNode(off, start-off, true)
 		n = &r.nodes[id] // newNode may have moved the nodes
 		r.linkBefore(pad, id)
@@ -133,7 +173,6 @@ func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 	r.used += size
 	r.liveBlocks++
 	r.allocs++
-	return id, nil
 }
 
 // linkBefore inserts node id into the physical list just before next.

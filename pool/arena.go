@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -50,10 +49,15 @@ type arena struct {
 }
 
 type page struct {
-	h      device.PhysMem
+	h      device.PhysMem // the physical handle mapped here (every page of it holds it)
 	mapped bool
 	busy   bool // a goroutine is mapping or unmapping it (without p.mu)
 	refs   int32
+	// head is the first page of the handle mapped here and n its length
+	// in pages: a handle is mapped, unmapped and released whole (CUDA
+	// unmaps no part of a mapping), so a run of pages goes back to the
+	// device only once every page of it is free.
+	head, n uint32
 }
 
 // pageOf returns the index of the page holding offset off (a shift for
@@ -141,105 +145,6 @@ func (p *Pool) addReserved(n uint64) {
 	updateMax(&p.peakReserved, p.reserved.Add(n))
 }
 
-// touch maps the pages under [off, off+size) of a virtual arena, whose
-// range the allocator has just handed out, and keeps them from being
-// unmapped while a block lies on them: a lean arena because the range is
-// no longer free in the allocator, others by taking a reference on each
-// page. On failure nothing stays referenced.
-//
-// Called with p.mu held, touch releases it while it waits for pages that
-// another goroutine is mapping or unmapping, and while it makes its own
-// device calls (a page map costs tens of microseconds), so that other
-// allocations go on meanwhile. Pages in flight are marked busy: nobody
-// else maps, unmaps or steals them until the caller that marked them has
-// relocked and settled them. Wait for busy pages happens before this call
-// marks any page of its own, so two callers never wait for each other.
-func (a *arena) touch(p *Pool, off, size uint64) error {
-	first, last := a.pageOf(off), a.pageOf(off+size-1)
-	if a.lean && a.allReady(first, last) {
-		a.stale = true
-		return nil
-	}
-	for a.anyBusy(first, last) {
-		p.cond.Wait()
-	}
-	// Reference the mapped pages (lean: the free set is now stale), and
-	// claim the unmapped ones.
-	a.stale = a.lean
-	need := 0
-	for i := first; i <= last; i++ {
-		pg := &a.pages[i]
-		if pg.mapped {
-			if !a.lean && a.isFree(i) {
-				a.markUsed(i)
-			}
-		} else {
-			pg.busy = true
-			a.sync(i)
-			need++
-		}
-		if !a.lean {
-			pg.refs++
-		}
-	}
-	if need == 0 {
-		return nil
-	}
-	// Plan where each page's memory comes from: above the soft target,
-	// the highest free page's (one unmap, one map); otherwise a new
-	// allocation, within the limit.
-	plan := make([]mapStep, 0, need)
-	var err error
-	moves := false
-	for i := first; i <= last && err == nil; i++ {
-		if a.pages[i].mapped {
-			continue
-		}
-		st := mapStep{page: i, from: -1}
-		if src, ok := a.stealSource(p); ok {
-			st.from, moves = int64(src), true
-		} else if err = a.makeRoom(p); err == nil {
-			p.inflight += a.pageBytes
-		}
-		if err == nil {
-			plan = append(plan, st)
-		}
-	}
-	if err == nil {
-		if moves {
-			p.moving++
-		}
-		p.mu.Unlock()
-		for k := range plan {
-			a.runStep(p, &plan[k])
-		}
-		p.mu.Lock()
-		if moves {
-			p.moving--
-		}
-	}
-	failed := err != nil
-	for k := range plan {
-		if !a.settle(p, &plan[k]) && !failed {
-			failed, err = true, plan[k].err
-		}
-	}
-	for i := first; i <= last; i++ {
-		a.pages[i].busy = false
-		a.sync(i)
-	}
-	p.cond.Broadcast()
-	if failed {
-		// Lean arenas hold no references: the caller frees the range
-		// (placeFree), which leaves the free set stale.
-		for i := first; i <= last && !a.lean; i++ {
-			a.unref(p, i)
-		}
-		return err
-	}
-	return nil
-}
-
 // sync updates page i's bit in the ready set after its mapped or busy
 // state changed.
 func (a *arena) sync(i uint64) {
@@ -318,18 +223,6 @@ func (a *arena) addFree(first, end uint64) {
 	}
 }
 
-// mapStep is one page to map: with memory stolen from page from (≥ 0), or
-// with a new physical allocation (from < 0).
-type mapStep struct {
-	page     uint64
-	from     int64
-	h        device.PhysMem
-	unmapped bool // the stolen page was unmapped
-	created  bool // h was created here
-	mapped   bool
-	err      error
-}
-
 func (a *arena) va(i uint64) device.Ptr { return a.base + device.Ptr(i*a.pageBytes) }
 
 // anyBusy reports whether a page in [first, last] is being mapped or
@@ -341,142 +234,6 @@ func (a *arena) anyBusy(first, last uint64) bool {
 		}
 	}
 	return false
-}
-
-// stealSource picks the page whose memory a new mapping takes when the
-// pool is at its soft target: the highest free page, marked busy. Called
-// with p.mu held.
-func (a *arena) stealSource(p *Pool) (uint64, bool) {
-	r := p.opts.TargetRatio
-	if r <= 0 {
-		return 0, false
-	}
-	// Memory reserved by the warm-up is never counted against the target.
-	target := max(uint64(r*float64(p.peakUsed.Load())), p.opts.Warmup)
-	if p.reserved.Load()+p.inflight+a.pageBytes <= target {
-		return 0, false
-	}
-	if p.moving > 0 {
-		// Another goroutine is moving pages now, outside the lock. The
-		// driver serializes such calls, and goroutines that queued
-		// behind each other's moves made the default pool collapse
-		// under concurrent load of random sizes (BENCHMARKS.md). Take
-		// new memory instead, within the limit: the pool then grows
-		// toward what the concurrent load needs and stops mapping. One
-		// goroutine alone never gets here, so sequential workloads (the
-		// replays) are unchanged.
-		return 0, false
-	}
-	if a.freshen(); a.freePages == 0 {
-		return 0, false
-	}
-	i, ok := a.highestFree()
-	if !ok {
-		return 0, false
-	}
-	a.markUsed(i)
-	a.pages[i].busy = true
-	a.sync(i)
-	return i, true
-}
-
-// makeRoom makes sure one more page fits under the limit, unmapping free
-// pages if it must. Called with p.mu held.
-func (a *arena) makeRoom(p *Pool) error {
-	if p.reserved.Load()+p.inflight+a.pageBytes <= p.opts.Limit {
-		return nil
-	}
-	a.shrink(p, 0)
-	if p.reserved.Load()+p.inflight+a.pageBytes > p.opts.Limit {
-		return errLimit
-	}
-	return nil
-}
-
-// runStep makes the device calls of one step. Called without p.mu: the
-// pages involved are busy, so only this goroutine touches them.
-func (a *arena) runStep(p *Pool, st *mapStep) {
-	if st.from >= 0 {
-		src := uint64(st.from)
-		if err := p.dev.Unmap(a.va(src), a.pageBytes); err != nil {
-			st.err = fmt.Errorf("unmap page at %#x: %w", uint64(a.va(src)), err)
-			return
-		}
-		st.unmapped, st.h = true, a.pages[src].h
-	} else {
-		h, err := p.dev.CreatePhysical(a.pageBytes)
-		if err != nil {
-			st.err = fmt.Errorf("create %d-byte page: %w", a.pageBytes, err)
-			return
-		}
-		st.h, st.created = h, true
-	}
-	if err := p.dev.Map(a.va(st.page), a.pageBytes, st.h); err != nil {
-		st.err = fmt.Errorf("map page at %#x: %w", uint64(a.va(st.page)), err)
-		return
-	}
-	st.mapped = true
-}
-
-// settle records the outcome of a step (with p.mu held again) and reports
-// whether its page is mapped. A page whose new allocation the device
-// refused gets one more try after unmapping the free pages, as before
-// growth failed.
-func (a *arena) settle(p *Pool, st *mapStep) bool {
-	pg := &a.pages[st.page]
-	if st.from >= 0 {
-		src := uint64(st.from)
-		sp := &a.pages[src]
-		sp.busy = false
-		a.sync(src)
-		if !st.unmapped {
-			if st.err == nil {
-				st.err = errLimit // planned, never run: another step failed first
-			}
-			if a.lean {
-				a.stale = true // still mapped: free again, unless a block now lies on it
-			} else {
-				a.markFree(src) // still mapped: free again
-			}
-			return false
-		}
-		p.unmaps.Add(1)
-		*sp = page{}
-		a.sync(src)
-		a.mapped -= a.pageBytes
-		p.reserved.Add(^(a.pageBytes - 1))
-	} else {
-		p.inflight -= a.pageBytes
-		if st.created {
-			p.devAllocs.Add(1)
-		}
-	}
-	if !st.mapped {
-		if st.unmapped || st.created {
-			_ = p.dev.ReleasePhysical(st.h)
-			p.devFrees.Add(1)
-		}
-		if st.from < 0 && !st.created && errors.Is(st.err, device.ErrOutOfMemory) {
-			// The device refused a new page: try once more, after
-			// unmapping free pages, synchronously (this is the
-			// out-of-memory path).
-			a.shrink(p, 0)
-			if a.newPage(p, st.page) == nil {
-				return true
-			}
-		}
-		if st.err == nil {
-			st.err = errLimit
-		}
-		return false
-	}
-	p.maps.Add(1)
-	pg.h, pg.mapped = st.h, true
-	a.sync(st.page)
-	a.mappedTop = max(a.mappedTop, st.page+1)
-	a.mapped += a.pageBytes
-	p.addReserved(a.pageBytes)
-	return true
 }
 
 func (a *arena) unref(p *Pool, i uint64) {
@@ -501,87 +258,6 @@ func (a *arena) markFree(i uint64) {
 func (a *arena) markUsed(i uint64) {
 	a.freeSet[i/64] &^= 1 << (i % 64)
 	a.freePages -= a.pageBytes
-}
-
-// highestFree returns the highest free page, scanning down from freeTop.
-func (a *arena) highestFree() (uint64, bool) {
-	for w := int((a.freeTop+63)/64) - 1; w >= 0; w-- {
-		if x := a.freeSet[w]; x != 0 {
-			i := uint64(w)*64 + uint64(63-bits.LeadingZeros64(x))
-			a.freeTop = i + 1
-			return i, true
-		}
-	}
-	a.freeTop = 0
-	return 0, false
-}
-
-// newPage maps a newly allocated physical page at page i, within the
-// limit; when the device refuses the allocation, free pages are unmapped
-// and it is tried once more. Called with p.mu held (warm-up, and the
-// out-of-memory retry of touch).
-func (a *arena) newPage(p *Pool, i uint64) error {
-	if err := a.makeRoom(p); err != nil {
-		return err
-	}
-	h, err := p.dev.CreatePhysical(a.pageBytes)
-	if err != nil {
-		a.shrink(p, 0)
-		if h, err = p.dev.CreatePhysical(a.pageBytes); err != nil {
-			return fmt.Errorf("create %d-byte page: %w", a.pageBytes, err)
-		}
-	}
-	p.devAllocs.Add(1)
-	return a.mapHandle(p, i, h)
-}
-
-// mapHandle maps the physical page h at page i. On failure h is released.
-func (a *arena) mapHandle(p *Pool, i uint64, h device.PhysMem) error {
-	va := a.base + device.Ptr(i*a.pageBytes)
-	if err := p.dev.Map(va, a.pageBytes, h); err != nil {
-		_ = p.dev.ReleasePhysical(h)
-		p.devFrees.Add(1)
-		return fmt.Errorf("map page at %#x: %w", uint64(va), err)
-	}
-	p.maps.Add(1)
-	pg := &a.pages[i]
-	pg.h, pg.mapped = h, true
-	a.sync(i)
-	a.mappedTop = max(a.mappedTop, i+1)
-	a.mapped += a.pageBytes
-	p.addReserved(a.pageBytes)
-	return nil
-}
-
-// shrink unmaps free pages, highest address first, until at most keep bytes
-// of free mapped pages remain.
-func (a *arena) shrink(p *Pool, keep uint64) uint64 {
-	var released uint64
-	a.freshen()
-	for a.freePages > keep {
-		i, ok := a.highestFree()
-		if !ok {
-			break
-		}
-		a.markUsed(i)
-		pg := &a.pages[i]
-		va := a.base + device.Ptr(i*a.pageBytes)
-		if err := p.dev.Unmap(va, a.pageBytes); err != nil {
-			p.logf("unmap page at %#x: %v", uint64(va), err)
-			continue
-		}
-		p.unmaps.Add(1)
-		if err := p.dev.ReleasePhysical(pg.h); err != nil {
-			p.logf("release page at %#x: %v", uint64(va), err)
-		}
-		p.devFrees.Add(1)
-		*pg = page{}
-		a.sync(i)
-		a.mapped -= a.pageBytes
-		p.reserved.Add(^(a.pageBytes - 1))
-		released += a.pageBytes
-	}
-	return released
 }
 
 // place allocates size bytes at the alignment from the arena's
@@ -637,19 +313,21 @@ func (a *arena) destroy(p *Pool) error {
 		}
 	}
 	if a.virtual {
-		for i := range a.pages {
+		for i := uint64(0); i < uint64(len(a.pages)); i++ {
 			pg := &a.pages[i]
-			if !pg.mapped {
+			if !pg.mapped || uint64(pg.head) != i {
 				continue
 			}
-			va := a.base + device.Ptr(uint64(i)*a.pageBytes)
-			keep(p.dev.Unmap(va, a.pageBytes))
+			n := uint64(pg.n)
+			keep(p.dev.Unmap(a.va(i), n*a.pageBytes))
 			keep(p.dev.ReleasePhysical(pg.h))
 			p.unmaps.Add(1)
 			p.devFrees.Add(1)
-			p.reserved.Add(^(a.pageBytes - 1))
-			*pg = page{}
-			a.sync(uint64(i))
+			p.reserved.Add(^(n*a.pageBytes - 1))
+			for j := i; j < i+n; j++ {
+				a.pages[j] = page{}
+				a.sync(j)
+			}
 		}
 		a.mapped = 0
 		keep(p.dev.Unreserve(a.base, a.size))
@@ -679,4 +357,84 @@ func (a *arena) keepBytes(p *Pool) uint64 {
 		return math.MaxUint64
 	}
 	return p.opts.KeepFreeBytes
+}
+
+// unready counts the pages of [first, last] that are not mapped and idle:
+// the pages a block there would have to map (or wait for).
+func (a *arena) unready(first, last uint64) uint64 {
+	var n uint64
+	for w := first / 64; w <= last/64; w++ {
+		m := wordMask(w, first, last)
+		n += uint64(bits.OnesCount64(m &^ a.ready[w]))
+	}
+	return n
+}
+
+// preferMapped is called for a lean virtual arena when the strategy placed
+// b (handle h; size bytes at align) over pages that are not all mapped. It
+// looks, among all free ranges, for a place for the block that needs fewer
+// pages mapped, and moves the block there: the fewest unmapped pages
+// first, then the strategy's own choice, then the smallest free range,
+// then the lowest offset. Best fit alone puts a block of a new size in the
+// free range that fits it most tightly, wherever its pages are; when the
+// sizes change from call to call (a batch or a sequence length per
+// request) that is, more often than not, a range over pages unmapped
+// earlier while free mapped pages lie elsewhere, and each such placement
+// costs a page map (above the soft target, a move: an unmap and a map).
+// The search walks the free ranges (O(blocks + pages in free ranges)):
+// it runs only where the pool would otherwise call the driver. Called with
+// p.mu held.
+func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) (alloc.Block, alloc.Handle, error) {
+	pa, ok := a.ha.(alloc.PlacingAllocator)
+	if !ok {
+		return b, h, nil
+	}
+	best := b.Offset
+	bestCost := a.unready(a.pageOf(b.Offset), a.pageOf(b.Offset+size-1))
+	bestRange := uint64(math.MaxUint64) // the strategy's own choice
+	try := func(off, s, e uint64) {
+		if off < s || off+size > e || off == b.Offset {
+			return
+		}
+		c := a.unready(a.pageOf(off), a.pageOf(off+size-1))
+		if c < bestCost || c == bestCost && bestRange != math.MaxUint64 &&
+			(e-s < bestRange || e-s == bestRange && off < best) {
+			best, bestCost, bestRange = off, c, e-s
+		}
+	}
+	a.alloc.Walk(func(seg alloc.Segment) bool {
+		if !seg.Free || seg.Size < size {
+			return true
+		}
+		s, e := seg.Offset, seg.Offset+seg.Size
+		try((s+align-1)&^(align-1), s, e)
+		try((e-size)&^(align-1), s, e)
+		// The fewest unmapped pages under a window slid over the range
+		// lie with the window's start at the start of a run of ready
+		// pages, or its end at the end of one.
+		for i := a.pageOf(s) + 1; i <= a.pageOf(e-1); i++ {
+			was, is := a.ready[(i-1)/64]&(1<<((i-1)%64)) != 0, a.ready[i/64]&(1<<(i%64)) != 0
+			switch {
+			case !was && is:
+				try((i*a.pageBytes+align-1)&^(align-1), s, e)
+			case was && !is && i*a.pageBytes >= size:
+				try((i*a.pageBytes-size)&^(align-1), s, e)
+			}
+		}
+		return true
+	})
+	if best == b.Offset {
+		return b, h, nil
+	}
+	if err := a.placeFree(b.Offset, h); err != nil {
+		return b, h, err
+	}
+	nb, nh, err := pa.AllocHandleAt(best, size)
+	if err != nil {
+		// best lay in a free range while b was live, and freeing b only
+		// merged free space: this does not happen. Place as before.
+		nb, nh, err = a.place(size, align)
+	}
+	a.stale = true
+	return nb, nh, err
 }

@@ -210,6 +210,10 @@ type Options struct {
 	// small and cached blocks pin no pages between large ones; Off places
 	// small blocks among the large ones.
 	SmallMax uint64
+	// Placement is how a GrowVirtual pool over "bestfit" or "tlsf" places
+	// a block whose strategy's choice lies on pages not mapped (default
+	// PlaceMapped: a free range over mapped pages, when one holds it).
+	Placement Placement
 	// Logger receives debug logs of growth and trims; nil is silent.
 	Logger *slog.Logger
 	// OnEvent, when set, is called (under the pool's lock) for every
@@ -241,6 +245,29 @@ func (c CacheMode) String() string {
 		return "off"
 	}
 	return fmt.Sprintf("cache(%d)", uint8(c))
+}
+
+// Placement selects Options.Placement.
+type Placement uint8
+
+// Placements.
+const (
+	// PlaceMapped (the default): when the strategy's choice for a block
+	// would need pages mapped, the block goes to the free range that
+	// needs the fewest (none, where a free range over mapped pages holds
+	// it), the strategy's choice among equals. The search walks the
+	// arena's free ranges, and runs only where the pool would otherwise
+	// call the driver.
+	PlaceMapped Placement = iota
+	// PlaceStrategy keeps the strategy's choice, mapping what it needs.
+	PlaceStrategy
+)
+
+func (pl Placement) String() string {
+	if pl == PlaceStrategy {
+		return "strategy"
+	}
+	return "mapped"
 }
 
 // Off, as Options.SmallMax, turns the separate range of small blocks off.

@@ -57,12 +57,23 @@ type propConfig struct {
 	// limit, when set, is the pool's Limit (and so its reservation):
 	// requests are then drawn below it and running out is allowed.
 	limit uint64
+	// place is the pool's Placement; keepFree its KeepFreeBytes.
+	place    pool.Placement
+	keepFree uint64
 }
 
 func (c propConfig) String() string {
 	s := fmt.Sprintf("%s-%s-%s", c.growth, c.strategy, c.cache)
 	if c.target < 0 {
 		s += "-keep"
+	} else if c.target > 0 {
+		s += fmt.Sprintf("-target%.2f", c.target)
+	}
+	if c.place != pool.PlaceMapped {
+		s += "-place-" + c.place.String()
+	}
+	if c.keepFree > 0 {
+		s += fmt.Sprintf("-keepfree%dM", c.keepFree>>20)
 	}
 	if c.mixSmall {
 		s += "-mixsmall"
@@ -80,7 +91,8 @@ func (c propConfig) String() string {
 }
 
 func (c propConfig) options() pool.Options {
-	o := pool.Options{Name: c.String(), Growth: c.growth, Strategy: c.strategy, TargetRatio: c.target, Limit: c.limit}
+	o := pool.Options{Name: c.String(), Growth: c.growth, Strategy: c.strategy, TargetRatio: c.target, Limit: c.limit,
+		Placement: c.place, KeepFreeBytes: c.keepFree}
 	if c.mixSmall {
 		o.SmallMax = pool.Off
 	}
@@ -125,6 +137,24 @@ func propConfigs() []propConfig {
 			cs = append(cs, propConfig{growth: g, strategy: []string{"bestfit", "tlsf", "buddy", "bestfit"}[j], cache: "per-processor", limit: limit})
 			// The same over shards: a shard's failure tries the others.
 			cs = append(cs, propConfig{growth: g, strategy: []string{"tlsf", "bestfit", "bestfit", "buddy"}[j], cache: "sharded", limit: limit})
+		}
+		if g == pool.GrowVirtual {
+			// Placement and handle lengths: the strategy's own placement;
+			// loose targets, whose slack lets a handle span pages (moved
+			// and released whole above the target); kept pages capped by
+			// KeepFreeBytes; kept pages under limits (handles up to a
+			// sixteenth of the limit).
+			cs = append(cs,
+				propConfig{growth: g, strategy: "bestfit", cache: "single", place: pool.PlaceStrategy},
+				propConfig{growth: g, strategy: "tlsf", cache: "none", target: -1, place: pool.PlaceStrategy, preReserve: 1},
+				propConfig{growth: g, strategy: "bestfit", cache: "none", target: 1.2},
+				propConfig{growth: g, strategy: "tlsf", cache: "per-processor", target: 1.5, preReserve: 3},
+				propConfig{growth: g, strategy: "bestfit", cache: "sharded", target: 2},
+				propConfig{growth: g, strategy: "bestfit", cache: "single", target: -1, keepFree: 4 << 20},
+				propConfig{growth: g, strategy: "bestfit", cache: "none", target: -1, limit: 64 << 20},
+				propConfig{growth: g, strategy: "tlsf", cache: "sharded", target: -1, limit: 256 << 20},
+				propConfig{growth: g, strategy: "bestfit", cache: "per-processor", target: 1.5, limit: 128 << 20},
+			)
 		}
 	}
 	return cs
@@ -465,6 +495,9 @@ func (st *propState) check(op int) {
 		st.t.Fatalf("op %d: pool counts %d bytes in %d blocks, the test holds %d (+ up to %d of slack) in %d", op, s.UsedBytes, s.LiveBlocks, st.bytes, st.slack, len(st.live))
 	}
 	if err := pool.CheckPages(st.p); err != nil {
+		st.t.Fatalf("op %d: %v", op, err)
+	}
+	if err := pool.CheckHandles(st.p); err != nil {
 		st.t.Fatalf("op %d: %v", op, err)
 	}
 }

@@ -164,6 +164,11 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 			return nil, err
 		}
 		if a.virtual {
+			if a.lean && p.opts.Placement == PlaceMapped && !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
+				if b, h, err = a.preferMapped(b, h, size+slack, want); err != nil {
+					return nil, err
+				}
+			}
 			if err := a.touch(p, b.Offset, b.Size); err != nil {
 				_ = a.placeFree(b.Offset, h)
 				return nil, err
@@ -194,6 +199,11 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 		return nil, nil
 	}
 	if !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
+		if p.opts.Placement == PlaceMapped {
+			if b, h, err = a.preferMapped(b, h, size, p.opts.Alignment); err != nil {
+				return nil, err
+			}
+		}
 		if err := a.touch(p, b.Offset, b.Size); err != nil {
 			_ = a.placeFree(b.Offset, h)
 			return nil, err
@@ -481,10 +491,12 @@ func (p *Pool) warmup(n uint64) error {
 	}
 	a := p.arenas[0]
 	pages := min(roundUp(n, a.pageBytes)/a.pageBytes, uint64(len(a.pages)))
-	for i := uint64(0); i < pages; i++ {
-		if err := a.newPage(p, i); err != nil {
+	if pages > 0 {
+		if err := a.newRun(p, 0, pages); err != nil {
 			return err
 		}
+	}
+	for i := uint64(0); i < pages; i++ {
 		a.markFree(i)
 	}
 	// A cap on kept free pages (0 = keep all) must not undo the warm-up.

@@ -101,11 +101,16 @@ type Result struct {
 // calls (the simulator counts calls; these say what they would cost).
 type Costs struct {
 	// Alloc and Free: cuMemAlloc and cuMemFree (a chunk), or cuMemCreate
-	// and cuMemRelease (a page's physical memory).
+	// and cuMemRelease of one 2 MiB page's physical memory.
 	Alloc, Free time.Duration
-	// Map is mapping a page and setting its access (cuMemMap +
+	// Map is mapping one 2 MiB page and setting its access (cuMemMap +
 	// cuMemSetAccess); Unmap unmapping one (cuMemUnmap).
 	Map, Unmap time.Duration
+	// CreatePage, ReleasePage, MapPage and UnmapPage are what each 2 MiB
+	// page past the first adds to one call on a multi-page handle
+	// (cuMemCreate, cuMemRelease, cuMemMap + cuMemSetAccess, cuMemUnmap of
+	// the whole handle).
+	CreatePage, ReleasePage, MapPage, UnmapPage time.Duration
 	// SegmentMap is PyTorch's expandable segments growing by one 2 MiB
 	// page (segment_map events count pages' bytes, charged per page).
 	SegmentMap time.Duration
@@ -115,14 +120,73 @@ type Costs struct {
 // (BENCHMARKS.md): cuMemAlloc p50 34 µs, cuMemFree 30 µs; mapping a 2 MiB
 // page and setting its access about 55 µs; unmapping and remapping a
 // 32 MiB chunk 0.33 ms, which charges an unmap of a page 0.33 ms / 16
-// ≈ 21 µs (its remap is a Map of its own).
+// ≈ 21 µs (its remap is a Map of its own). Each page past the first of a
+// multi-page handle is charged as much again (as if mapped alone): an
+// upper bound until the per-size figures of pool's TestMapCost replace it.
 var H200Costs = Costs{Alloc: 34 * time.Microsecond, Free: 30 * time.Microsecond,
-	Map: 55 * time.Microsecond, Unmap: 21 * time.Microsecond, SegmentMap: 55 * time.Microsecond}
+	Map: 55 * time.Microsecond, Unmap: 21 * time.Microsecond,
+	CreatePage: 34 * time.Microsecond, ReleasePage: 30 * time.Microsecond,
+	MapPage: 55 * time.Microsecond, UnmapPage: 21 * time.Microsecond,
+	SegmentMap: 55 * time.Microsecond}
 
-// Pool is the driver time of a pool's device calls.
+// Pool is the driver time of a pool's device calls, each charged as one
+// page (the replay itself charges multi-page calls by their size: meter).
 func (c Costs) Pool(st pool.Stats) time.Duration {
 	return time.Duration(st.DeviceAllocs)*c.Alloc + time.Duration(st.DeviceFrees)*c.Free +
 		time.Duration(st.Maps)*c.Map + time.Duration(st.Unmaps)*c.Unmap
+}
+
+// meter is the replay's device: it charges every driver call the pool
+// makes its cost at c, by the call's size (a multi-page handle costs a
+// call plus its extra pages).
+type meter struct {
+	device.Device
+	c     Costs
+	total time.Duration
+	sizes map[device.PhysMem]uint64
+}
+
+// extra is the pages of size bytes past the first.
+func extra(size uint64) time.Duration {
+	if size <= 2<<20 {
+		return 0
+	}
+	return time.Duration((size+2<<20-1)/(2<<20) - 1)
+}
+
+func (m *meter) Alloc(size uint64) (device.Ptr, error) {
+	m.total += m.c.Alloc
+	return m.Device.Alloc(size)
+}
+
+func (m *meter) Free(p device.Ptr) error {
+	m.total += m.c.Free
+	return m.Device.Free(p)
+}
+
+func (m *meter) CreatePhysical(size uint64) (device.PhysMem, error) {
+	m.total += m.c.Alloc + extra(size)*m.c.CreatePage
+	h, err := m.Device.CreatePhysical(size)
+	if err == nil {
+		m.sizes[h] = size
+	}
+	return h, err
+}
+
+func (m *meter) ReleasePhysical(h device.PhysMem) error {
+	m.total += m.c.Free + extra(m.sizes[h])*m.c.ReleasePage
+	delete(m.sizes, h)
+	return m.Device.ReleasePhysical(h)
+}
+
+func (m *meter) Map(va device.Ptr, size uint64, h device.PhysMem) error {
+	m.total += m.c.Map + extra(size)*m.c.MapPage
+	return m.Device.Map(va, size, h)
+}
+
+func (m *meter) Unmap(va device.Ptr, size uint64) error {
+	m.total += m.c.Unmap + extra(size)*m.c.UnmapPage
+	return m.Device.Unmap(va, size)
 }
 
 // OpError is a replay step the pool refused.
@@ -173,8 +237,9 @@ func (o Options) withDefaults(t *Trace) Options {
 func Run(t *Trace, c Config, o Options) (*Result, error) {
 	o = o.withDefaults(t)
 	res := &Result{Config: c.Name, PeakLive: t.PeakLive}
-	d := NewDevice(o.TotalBytes)
-	defer d.Close()
+	md := &meter{Device: NewDevice(o.TotalBytes), c: H200Costs, sizes: map[device.PhysMem]uint64{}}
+	defer md.Close()
+	var d device.Device = md
 	po := c.Options
 	if po.Name == "" {
 		po.Name = c.Name
@@ -246,7 +311,7 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 	res.PeakReserved = st.PeakReservedBytes
 	res.DeviceAllocs, res.DeviceFrees, res.Maps, res.Unmaps = st.DeviceAllocs, st.DeviceFrees, st.Maps, st.Unmaps
 	res.DeviceCalls = st.DeviceCalls()
-	res.DriverTime = H200Costs.Pool(st)
+	res.DriverTime = md.total
 	if res.PeakLive > 0 {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakLive)
 	}

@@ -1,0 +1,86 @@
+package replay
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memwall/memwall/pool"
+)
+
+// policyConfigs are the pool configurations TestPolicyTable compares: the
+// default, then the mechanisms measured for issue 13 one at a time.
+func policyConfigs() []Config {
+	return []Config{
+		{Name: "default", Options: pool.Options{}},
+		{Name: "strategy-place", Options: pool.Options{Placement: pool.PlaceStrategy}},
+		{Name: "keep-pages", Options: pool.Options{TargetRatio: -1}},
+		{Name: "keep-strategy", Options: pool.Options{TargetRatio: -1, Placement: pool.PlaceStrategy}},
+		{Name: "target1.05", Options: pool.Options{TargetRatio: 1.05}},
+		{Name: "target1.10", Options: pool.Options{TargetRatio: 1.10}},
+		{Name: "target1.20", Options: pool.Options{TargetRatio: 1.20}},
+		{Name: "unmap-all", Options: pool.Options{TargetRatio: -1, KeepFreeBytes: 1}},
+		{Name: "page4M", Options: pool.Options{PageBytes: 4 << 20}},
+		{Name: "mixsmall", Options: pool.Options{SmallMax: pool.Off}},
+	}
+}
+
+// TestPolicyTable replays every trace in testdata/traces through
+// policyConfigs and prints peak reserved / peak live, device calls per
+// allocation and driver time per 1,000 allocations at the H200's costs
+// (the table of docs/pool-policy.md). It runs only when
+// MEMWALL_POLICY_TABLE is set (to a comma-separated list of trace names
+// or config names to restrict it, or to 1 for all): a full table takes
+// about a minute.
+func TestPolicyTable(t *testing.T) {
+	sel := os.Getenv("MEMWALL_POLICY_TABLE")
+	if sel == "" {
+		t.Skip("set MEMWALL_POLICY_TABLE=1 (or trace/config names) to print the policy table")
+	}
+	want := map[string]bool{}
+	for _, s := range strings.Split(sel, ",") {
+		want[s] = true
+	}
+	files, _ := filepath.Glob(tracesDir + "*.csv.gz")
+	var out strings.Builder
+	fmt.Fprintf(&out, "%-22s %-14s %8s %8s %10s %s\n", "trace", "config", "ratio", "calls%", "drv µs/1k", "goal")
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
+		cs := policyConfigs()
+		if !want["1"] && !want[name] {
+			var keep []Config
+			for _, c := range cs {
+				if want[c.Name] {
+					keep = append(keep, c)
+				}
+			}
+			if len(keep) == 0 {
+				continue
+			}
+			cs = keep
+		}
+		tr, err := Load(f, LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs := float64(tr.Allocs)
+		for _, c := range cs {
+			r, err := Run(tr, c, Options{Samples: -1})
+			if err != nil {
+				fmt.Fprintf(&out, "%-22s %-14s error: %v\n", name, c.Name, err)
+				continue
+			}
+			calls := float64(r.DeviceCalls) / allocs
+			goal := ""
+			if r.Ratio <= GoalRatio && calls <= GoalCallsPerAlloc {
+				goal = "✓"
+			}
+			fmt.Fprintf(&out, "%-22s %-14s %8.3f %7.2f%% %10.0f %s\n", name, c.Name, r.Ratio, 100*calls,
+				float64(r.DriverTime/time.Microsecond)*1000/allocs, goal)
+		}
+	}
+	t.Log("\n" + out.String())
+}

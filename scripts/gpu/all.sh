@@ -8,7 +8,7 @@
 #
 # OUT (default ./gpu-out) receives one results-<area>.tar.gz per area and
 # summary.txt; every area runs under its own time limit (LIMIT_<area>
-# seconds, default 240) so one hang does not cost the others.
+# seconds, with - in the area name written _, default 240) so one hang does not cost the others.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final=${OUT:-$PWD/gpu-out}
@@ -25,7 +25,7 @@ for area in ${AREAS:-tokenizer kernels}; do
   script=scripts/gpu/$area.sh
   mkdir -p "$work/$area"
   if [ ! -f "$script" ]; then summary+=("$(printf '%-12s %s' "$area" "no script")"); continue; fi
-  lim_var=LIMIT_$area; lim=${!lim_var:-240}
+  lim_var=LIMIT_${area//-/_}; lim=${!lim_var:-240}
   t0=$(date +%s)
   timeout --kill-after=10 "$lim" bash "$script" >"$work/$area/console.txt" 2>&1
   rc=$?

@@ -1,8 +1,10 @@
 package pool_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/memwall/memwall/pool"
@@ -148,5 +150,104 @@ func BenchmarkStats(b *testing.B) {
 	defer p.Close()
 	for i := 0; i < b.N; i++ {
 		_ = p.Stats()
+	}
+}
+
+// BenchmarkParallelPair is BenchmarkPair on 1, 4 and 16 goroutines at
+// once, each with its own working set of 32 blocks (log-uniform
+// 512 B–64 MiB, as memwall bench alloc's random mix) and its own request
+// stream: the default (shards), the default with one set of arenas, and
+// both keeping every page. ns/op is wall time per pair over all
+// goroutines; pairs/s is its inverse.
+func BenchmarkParallelPair(b *testing.B) {
+	for _, o := range []pool.Options{
+		{Name: "default"},
+		{Name: "oneshard", Shards: 1},
+		{Name: "keep", TargetRatio: -1},
+		{Name: "keep-oneshard", TargetRatio: -1, Shards: 1},
+	} {
+		for _, g := range []int{1, 4, 16} {
+			b.Run(fmt.Sprintf("%s/g%d", o.Name, g), func(b *testing.B) {
+				benchParallelPairs(b, o, g)
+			})
+		}
+	}
+}
+
+func benchParallelPairs(b *testing.B, o pool.Options, goroutines int) {
+	d := newSim(b, false, 64<<30)
+	p, err := pool.New(d, o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	const n, live = 1 << 12, 32
+	lo, hi := math.Log(512), math.Log(64<<20)
+	type stream struct {
+		sizes   [n]uint64
+		victims [n]int
+		live    [live]pool.Block
+	}
+	ss := make([]*stream, goroutines)
+	for gi := range ss {
+		s := &stream{}
+		r := rand.New(rand.NewPCG(uint64(gi)+1, 2))
+		for i := range s.sizes {
+			s.sizes[i] = uint64(math.Exp(lo + r.Float64()*(hi-lo)))
+			s.victims[i] = r.IntN(live)
+		}
+		for i := range s.live {
+			if s.live[i], err = p.Alloc(s.sizes[n-1-i], pool.AllocOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		ss[gi] = s
+	}
+	run := func(s *stream, from, pairs int) error {
+		for i := from; i < from+pairs; i++ {
+			k := s.victims[i&(n-1)]
+			if err := p.Free(s.live[k]); err != nil {
+				return err
+			}
+			var err error
+			if s.live[k], err = p.Alloc(s.sizes[i&(n-1)], pool.AllocOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	all := func(pairs int) {
+		var wg sync.WaitGroup
+		errs := make([]error, goroutines)
+		for gi, s := range ss {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[gi] = run(s, gi*977, pairs)
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	all(2000) // warm: the pool's footprint and its shards settle
+	calls := p.Stats().DeviceCalls()
+	per := max(1, b.N/goroutines)
+	b.ResetTimer()
+	all(per)
+	b.StopTimer()
+	total := float64(per * goroutines)
+	b.ReportMetric(float64(p.Stats().DeviceCalls()-calls)/total, "calls/op")
+	b.ReportMetric(total/b.Elapsed().Seconds(), "pairs/s")
+	b.ReportMetric(float64(pool.ShardsMade(p)), "shards")
+	for _, s := range ss {
+		for _, x := range s.live {
+			if err := p.Free(x); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }

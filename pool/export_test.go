@@ -107,3 +107,33 @@ func ArenaAllocs(p *Pool) uint64 {
 	}
 	return n
 }
+
+// NextShard makes the next central entry of p, whose shards are spread
+// (SpreadShards), go to shard k.
+func NextShard(p *Pool, k int) {
+	n := len(p.shards.list)
+	p.shards.turn.Store(uint32((k + n - 1) % n))
+}
+
+// LockShard locks shard k of p (made now if need be) and returns the
+// function that unlocks it.
+func LockShard(p *Pool, k int) func() {
+	s := p
+	if k != 0 {
+		s = p.makeShard(k)
+	}
+	s.mu.Lock()
+	return s.mu.Unlock
+}
+
+// QueuedFrees counts the blocks waiting in p's shards' queues. Call it
+// while nothing else uses p.
+func QueuedFrees(p *Pool) int {
+	n := 0
+	for _, s := range allShards(p) {
+		for m := s.remote.Load(); m != nil; m = m.next {
+			n++
+		}
+	}
+	return n
+}

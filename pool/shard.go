@@ -236,18 +236,9 @@ func (p *Pool) rescue(size, align uint64, home *Pool) (*meta, *Pool, error) {
 		s.mu.Unlock()
 	}
 	for _, s := range shards {
-		if s == home {
-			continue
+		if s != home {
+			s.giveBackLocking()
 		}
-		s.mu.Lock()
-		s.drainRemote()
-		s.trimChunks()
-		for _, a := range s.arenas {
-			if a.virtual {
-				a.shrink(s, 0)
-			}
-		}
-		s.mu.Unlock()
 	}
 	home.mu.Lock()
 	home.drainRemote()
@@ -309,18 +300,20 @@ func (p *Pool) destroyArenas() error {
 
 // trimShards is Trim for the shards but the root. Called with the root's
 // lock held.
-func (p *Pool) trimShards() {
-	p.eachShard(func(s *Pool) {
-		s.mu.Lock()
-		s.drainRemote()
-		s.trimChunks()
-		for _, a := range s.arenas {
-			if a.virtual {
-				a.shrink(s, 0)
-			}
+func (p *Pool) trimShards() { p.eachShard((*Pool).giveBackLocking) }
+
+// giveBackLocking returns shard p's free memory to the device, under its
+// lock: its queued frees, empty chunks and free mapped pages.
+func (p *Pool) giveBackLocking() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drainRemote()
+	p.trimChunks()
+	for _, a := range p.arenas {
+		if a.virtual {
+			a.shrink(p, 0)
 		}
-		s.mu.Unlock()
-	})
+	}
 }
 
 // shardArenaStats adds the shards' free space to st. Called with the

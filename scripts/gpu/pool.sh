@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # The pool on the GPU (issue 13). Expected time on an NVIDIA H200: about
-# 130-200 s: the pool suite with MEMWALL_TEST_DEVICE=cuda (-short; the
-# property test over every configuration on the GPU's own memory
-# included, ~70 s), then `memwall bench alloc` on the random mix against
-# cuMemAlloc and cuMemAllocAsync on 1, 4 and 16 goroutines (~60 s).
-# (Replays need no GPU: they run on the simulator with the H200's driver
-# costs.) Run from the repository root after scripts/gpu-build.sh; logs
-# go to $OUT/pool/, a short table is printed last; each step is under
-# timeout. Also cuda.Wrap's test (a pool on an adopted context and stream, ~2 s).
+# 150 s (each step under its own timeout):
+#  1. the shard tests and the property test over every configuration on
+#     the GPU's own memory (pool.test -test.short, MEMWALL_TEST_DEVICE=cuda;
+#     POOL_SUITE=full runs the whole pool suite instead), ~75 s;
+#  2. BenchmarkParallelPair on the GPU: the default (a shard per contending
+#     processor) against one set of arenas, and both keeping every page, on
+#     1/4/16 goroutines, then the default's 16-goroutine run again with a
+#     CPU and a mutex profile (cpu16.pprof, mutex16.pprof), ~20 s;
+#  3. memwall bench alloc --device cuda --mixes random --policies
+#     virtual,virtual-keep --strategies bestfit --goroutines 1,4,16 against
+#     cuMemAlloc and cuMemAllocAsync in the same run, ~50 s;
+#  4. a table of pairs/s, p50, p99 and the ratios to cuMemAllocAsync
+#     (scripts/gpu/pool-table.py), printed last.
+# Also cuda.Wrap's test (a pool on an adopted context and stream, ~2 s).
+# Replays need no GPU: they run on the simulator with the H200's driver
+# costs. Run from the repository root after scripts/gpu-build.sh; logs go
+# to $OUT/pool/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -24,24 +33,31 @@ run() { # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
   t0=$(date +%s.%N)
   if timeout -k 5 "$limit" "$@" >>"$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
   t1=$(date +%s.%N)
-  status+=("$(printf '%-40s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
+  status+=("$(printf '%-44s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
 }
 
 if [ -x "$bin/pool.test" ]; then
-  run "pool suite (cuda)" 210 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.short -test.v -test.timeout 200s >'$dir/suite.txt' 2>&1; rc=\$?; tail -n 5 '$dir/suite.txt'; exit \$rc"
+  sel=(-test.run 'TestShard|TestPropertyBlocks$')
+  [ "${POOL_SUITE:-}" = full ] && sel=()
+  run "pool tests (cuda) ${POOL_SUITE:-shards+property}" 200 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.short -test.v -test.timeout 190s ${sel[*]@Q} >'$dir/suite.txt' 2>&1; rc=\$?; tail -n 5 '$dir/suite.txt'; exit \$rc"
+  run "BenchmarkParallelPair (cuda)" 60 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 100000x -test.timeout 55s >'$dir/parallel.txt' 2>&1"
+  run "profile: default, 16 goroutines (cuda)" 40 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g16\$' -test.benchtime 400000x -test.timeout 35s -test.cpuprofile '$dir/cpu16.pprof' -test.mutexprofile '$dir/mutex16.pprof' >'$dir/profile.txt' 2>&1"
 else
-  status+=("$(printf '%-40s %-9s' "pool suite (cuda)" "MISSING")")
+  status+=("$(printf '%-44s %-9s' "pool.test" "MISSING")")
 fi
 if [ -x "$bin/device_cuda.test" ]; then
   run "cuda.Wrap runs the pool (cuda)" 60 bash -c "cd device/cuda && '$bin/device_cuda.test' -test.run 'TestWrap' -test.v -test.timeout 50s >'$dir/wrap.txt' 2>&1"
 fi
-run "bench alloc (random mix, 1/4/16 goroutines)" 150 bash -c \
-  "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual,virtual-keep --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
+run "bench alloc (random mix, 1/4/16 goroutines)" 120 bash -c \
+  "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual,virtual-keep --strategies bestfit --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
 echo
-echo "pool suite failures (if any):"
+echo "pool test failures (if any):"
 grep -E '^(--- FAIL|FAIL|panic)' "$dir/suite.txt" 2>/dev/null | head -n 10
 echo
-echo "bench alloc (random mix):"
-head -n 40 "$dir/alloc.txt" 2>/dev/null
+echo "BenchmarkParallelPair (cuda; pairs/s over all goroutines):"
+grep -E '^Benchmark' "$dir/parallel.txt" "$dir/profile.txt" 2>/dev/null | sed 's/^[^:]*://' | awk '{printf "%-48s %s %s  %s %s  %s %s\n", $1, $5, $6, $7, $8, $9, $10}'
+echo
+echo "bench alloc (random mix), ratios to cuMemAllocAsync:"
+python3 scripts/gpu/pool-table.py "$dir/alloc.json" 2>&1 | head -n 20
 echo
 printf '%s\n' "${status[@]}"

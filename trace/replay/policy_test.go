@@ -25,6 +25,14 @@ func policyConfigs() []Config {
 		{Name: "unmap-all", Options: pool.Options{TargetRatio: -1, KeepFreeBytes: 1}},
 		{Name: "page4M", Options: pool.Options{PageBytes: 4 << 20}},
 		{Name: "mixsmall", Options: pool.Options{SmallMax: pool.Off}},
+		{Name: "small64k", Options: pool.Options{SmallMax: 64 << 10}},
+		{Name: "cache16k", Options: pool.Options{CacheMax: 16 << 10}},
+		{Name: "cache4k", Options: pool.Options{CacheMax: 4 << 10, SmallMax: 64 << 10}},
+		{Name: "small128k", Options: pool.Options{SmallMax: 128 << 10}},
+		{Name: "small32k", Options: pool.Options{SmallMax: 32 << 10}},
+		{Name: "c16-s64", Options: pool.Options{CacheMax: 16 << 10, SmallMax: 64 << 10}},
+		{Name: "c32-s64", Options: pool.Options{CacheMax: 32 << 10, SmallMax: 64 << 10}},
+		{Name: "c16-s128", Options: pool.Options{CacheMax: 16 << 10, SmallMax: 128 << 10}},
 	}
 }
 

@@ -46,6 +46,9 @@ func ConfigName(o pool.Options) string {
 	if o.SmallMax == pool.Off {
 		b.WriteString("-mixsmall")
 	}
+	if o.Placement == pool.PlaceStrategy {
+		b.WriteString("-strategyplace")
+	}
 	return b.String()
 }
 
@@ -72,6 +75,7 @@ func Configs() []Config {
 	for _, s := range []string{"tlsf", "buddy"} {
 		add(pool.Options{Strategy: s})
 	}
+	add(pool.Options{Strategy: "bestfit", Placement: pool.PlaceStrategy})       // best fit's own placement (before issue 13)
 	add(pool.Options{Strategy: "bestfit", TargetRatio: -1})                     // keep every page: the previous default
 	add(pool.Options{Strategy: "bestfit", TargetRatio: -1, SmallMax: pool.Off}) // ... with small blocks among large
 	add(pool.Options{Strategy: "bestfit", TargetRatio: 1.2})                    // a looser target

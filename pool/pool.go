@@ -37,35 +37,46 @@
 //
 // DefaultOptions picks GrowVirtual with address-ordered best fit, small
 // blocks (≤ SmallMax, 256 KiB) in a virtual range of their own, 2 MiB
-// pages, and TargetRatio 1.02: while the pool holds 1.02 × its peak used
-// bytes, a page it must map takes the physical memory of its highest free
-// page (unmap + map, no new allocation) instead of growing. Replaying the
-// two PyTorch traces of testdata/traces through the pool (memwall replay,
-// trace/replay; BENCHMARKS.md has the full table, docs/pool-policy.md the
-// reasoning), peak reserved over peak live bytes and driver calls per
-// allocation were:
+// pages, TargetRatio 1.02 and Placement PlaceMapped:
 //
-//	                                  GPT-2 generate     BERT varlen
-//	PyTorch caching allocator         1.26×  (51 calls)  2.33×  (15 calls)
-//	default (bestfit, target 1.02)    1.022× 0.57%       1.037× 18.8%
-//	keep every page (before)          1.051× 0.19%       1.389× 0.87%
-//	... and small blocks among large  1.147× 0.20%       1.609× 1.01%
-//	tlsf, target 1.02                 1.033× 0.68%       1.055× 35.1%
-//	4 MiB pages, target 1.02          1.018× 0.27%       1.055× 8.5%
-//	8 MiB pages, target 1.02          1.040× 0.11%       1.125× 2.9%
-//	unmap every free page             1.008× 37%         1.029× 737%
-//	chunks (bestfit)                  1.055× 0.01%       2.180× 0.02%
+//   - a block whose best-fit place would need pages mapped goes instead
+//     to the free range that needs the fewest (none where a free range
+//     over mapped pages holds it);
+//   - each run of unmapped pages under a block is mapped as one physical
+//     handle (one create and one map), which goes back to the device only
+//     whole; under the target a handle stays within half the target's
+//     slack (a single page below about 200 MiB of use), with pages kept
+//     (TargetRatio -1) it covers the whole run, up to a sixteenth of the
+//     limit;
+//   - while the pool holds 1.02 × its peak used bytes, the pages a block
+//     needs come from free handles elsewhere (moved: one unmap and one map
+//     each, or released to pay for a new one) instead of new memory.
 //
-// Best fit keeps the fewest pages touched; separating small blocks stops
-// cached small blocks from pinning pages between large ones; the soft
-// target keeps reserved memory within a few percent of the peak. On the
-// GPT-2 trace that meets both goals (≤ 1.05×, ≤ 1% calls). On the BERT
-// trace (about ten live blocks whose sizes change with every call) no
-// configuration measured meets both: memory within 1.05× costs 8.5–19%
-// calls, calls within 1% cost 1.39× memory. The default takes the memory
-// side, since running out of memory is what the pool exists to prevent; a
-// workload that prefers fewer calls sets TargetRatio -1 (keep every page)
-// or larger PageBytes.
+// Replaying PyTorch traces through the pool (memwall replay, trace/replay;
+// docs/pool-policy.md has the reasoning and every configuration), peak
+// reserved over peak live bytes, driver calls per allocation, and driver
+// time per 1,000 allocations at the H200's costs:
+//
+//	trace             PyTorch          default                 keep every page
+//	GPT-2 generate    1.26×   6 µs     1.029×  0.28%    129 µs  1.051× 0.04%   82 µs
+//	BERT varlen       2.33×  14 µs     1.046× 11.4%   4,362 µs  1.292× 0.09%  362 µs
+//	Llama generate    1.32×   5 µs     1.167×  0.09%     37 µs  1.146× 0.04%   34 µs
+//	UNet denoise      1.64×  10 µs     1.227×  1.10%    432 µs  1.431× 0.11%  118 µs
+//	ViT varbatch      1.79× 116 µs     1.067× 32.7%  12,742 µs  1.411× 1.00% 2,968 µs
+//	encoder varlen    2.46×  21 µs     1.036× 28.8%  11,000 µs  1.290× 0.25%  624 µs
+//
+// The default beats PyTorch's memory on every trace and meets both goals
+// (≤ 1.05×, ≤ 1% calls) on GPT-2, whose sizes repeat across decode steps.
+// Where shapes change from call to call (BERT, the encoder, ViT), memory
+// within 1.05× costs a page move on a tenth to a third of the allocations
+// (best fit's own placement: a fifth to two thirds), and calls within 1%
+// cost 1.29–1.41× memory; no configuration measured meets both. On the
+// small traces (Llama 92.5 MiB, UNet 48.9 MiB of peak live) 2 MiB pages
+// leave 1.10–1.15× even when every free page is unmapped. The default
+// takes the memory side, since running out of memory is what the pool
+// exists to prevent; a workload that prefers fewer calls sets TargetRatio
+// -1 (keep every page: no driver call in steady state, pages go back under
+// the limit's pressure, on device OOM, or on Trim).
 //
 // Page moves run outside the lock, but the driver serializes them: while
 // one goroutine moves a page, another that needs one takes new memory

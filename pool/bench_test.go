@@ -156,8 +156,9 @@ func BenchmarkStats(b *testing.B) {
 // BenchmarkParallelPair is BenchmarkPair on 1, 4 and 16 goroutines at
 // once, each with its own working set of 32 blocks (log-uniform
 // 512 B–64 MiB, as memwall bench alloc's random mix) and its own request
-// stream: the default (shards), the default with one set of arenas, and
-// both keeping every page. ns/op is wall time per pair over all
+// stream: the default (shards), the default with one set of arenas, both
+// keeping every page, and both with 16 KiB cached classes and a 64 KiB
+// small-block range. ns/op is wall time per pair over all
 // goroutines; pairs/s is its inverse.
 func BenchmarkParallelPair(b *testing.B) {
 	for _, o := range []pool.Options{
@@ -165,6 +166,9 @@ func BenchmarkParallelPair(b *testing.B) {
 		{Name: "oneshard", Shards: 1},
 		{Name: "keep", TargetRatio: -1},
 		{Name: "keep-oneshard", TargetRatio: -1, Shards: 1},
+		// Smaller cached classes and small-block range, which replays favour.
+		{Name: "cache16k", CacheMax: 16 << 10, SmallMax: 64 << 10},
+		{Name: "keep-cache16k", TargetRatio: -1, CacheMax: 16 << 10, SmallMax: 64 << 10},
 	} {
 		for _, g := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("%s/g%d", o.Name, g), func(b *testing.B) {

@@ -100,7 +100,7 @@ fi
 
 # 4. A run's pool log, replayed.
 model=$dir/tiny
-rm -rf "$model"
+rm -rf "$model"; mkdir -p "$model"
 run "run --pool-log on cuda, replay reads the log" 60 bash -c "
   '$mw' gen-model --preset tiny --out '$model/model.safetensors' >/dev/null &&
   '$mw' run '$model' --device cuda --prompt-ids 1,2,3,4,5 --max-new 8 --pool-log '$dir/run-pool.jsonl' --json >'$dir/run.json' &&

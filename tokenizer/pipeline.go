@@ -198,14 +198,16 @@ func (m metaspace) split(s string, first bool, out []string) []string {
 	return splitPre{literal: m.replacement, behavior: splitMergedWithNext}.split(s, false, out)
 }
 
-// digits is HF's Digits pre-tokenizer: runs of digits (or single digits)
-// apart from the rest.
+// digits is HF's Digits pre-tokenizer: runs of numeric characters (or
+// single ones) apart from the rest. Numeric is Rust's char::is_numeric: the
+// categories Nd, Nl and No (so Ⅳ and ² too, not only 0-9 and other decimal
+// digits).
 type digits struct{ individual bool }
 
 func (d digits) split(s string, _ bool, out []string) []string {
 	isDigit := func(s string, i int) (int, bool) {
 		r, w := utf8.DecodeRuneInString(s[i:])
-		return w, unicode.IsDigit(r)
+		return w, unicode.In(r, unicode.Nd, unicode.Nl, unicode.No)
 	}
 	start := 0
 	for i := 0; i < len(s); {

@@ -546,3 +546,19 @@ func TestSubwordAffixes(t *testing.T) {
 		t.Errorf("BPEDecoder: %q", got)
 	}
 }
+
+// TestDigitsNumeric: HF's Digits pre-tokenizer splits on Rust's
+// char::is_numeric, which is Nd, Nl and No, not decimal digits alone.
+func TestDigitsNumeric(t *testing.T) {
+	for _, c := range []struct {
+		individual bool
+		want       []string
+	}{
+		{false, []string{"a", "12Ⅳ²", "b", "٣"}},
+		{true, []string{"a", "1", "2", "Ⅳ", "²", "b", "٣"}},
+	} {
+		if got := (digits{individual: c.individual}).split("a12Ⅳ²b٣", false, nil); !slices.Equal(got, c.want) {
+			t.Errorf("individual %v: %q, want %q", c.individual, got, c.want)
+		}
+	}
+}

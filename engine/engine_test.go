@@ -102,13 +102,19 @@ type rig struct {
 	dev, host *pool.Pool
 }
 
-func newRig(t testing.TB, d device.Device) *rig {
+func newRig(t testing.TB, d device.Device) *rig { return newLimitedRig(t, d, 0) }
+
+// newLimitedRig is newRig with the device pool limited to limit bytes (0:
+// no limit), as memwall run limits it to the budget.
+func newLimitedRig(t testing.TB, d device.Device, limit uint64) *rig {
 	t.Helper()
 	ks, err := kernels.Load(d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := pool.New(d, pool.DefaultOptions(d))
+	po := pool.DefaultOptions(d)
+	po.Limit = limit
+	dev, err := pool.New(d, po)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -568,8 +574,8 @@ func pagedSim() *sim.Device {
 
 // TestRandomBudgets: any budget from below the minimum to above the model,
 // with random slots, chunk and context, is refused with the minimum or
-// runs: the plan's slack covers the pool's page rounding and holes (64 KiB
-// pages here, so that the slack is small).
+// runs in a pool limited to it: the plan's slack covers the pool's page
+// rounding and holes (64 KiB pages here, so that the slack is small).
 func TestRandomBudgets(t *testing.T) {
 	if onGPU() {
 		t.Skip("a simulated device with 64 KiB pages")
@@ -578,16 +584,18 @@ func TestRandomBudgets(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for _, preset := range []string{"tiny", "tiny-f16"} {
 		m := open(t, modelPath(t, preset, []string{synth.Safetensors, synth.GGUF}[rng.IntN(2)]))
-		for range 12 {
-			r := newRig(t, pagedSim())
+		for range 40 {
+			d := pagedSim()
 			opts := engine.Options{MaxTokens: 24 + rng.IntN(100), PrefillChunk: 1 + rng.IntN(64), Slots: 2 + rng.IntN(3), WholeLayers: rng.IntN(4) == 0}
 			opts.Budget = 1
-			_, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, opts)
+			_, err := engine.Estimate(ctx, m, opts, d.Info())
 			var be *engine.BudgetError
 			if !errors.As(err, &be) {
 				t.Fatalf("%+v: %v", opts, err)
 			}
 			opts.Budget = be.Minimum + rng.Uint64N(m.Weights.DataBytes+1)
+			// The pool is limited to the budget, as memwall run limits it.
+			r := newLimitedRig(t, d, opts.Budget)
 			e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, opts)
 			if err != nil {
 				t.Fatalf("%s, minimum %d, %+v: %v", preset, be.Minimum, opts, err)
@@ -656,7 +664,7 @@ func TestAutoChunk(t *testing.T) {
 					t.Fatalf("%+v: chose chunk %d but %d fits too (%v)", opts, f.PrefillChunk, T, err)
 				}
 			}
-			r := newRig(t, d)
+			r := newLimitedRig(t, d, opts.Budget)
 			e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, opts)
 			if err != nil {
 				t.Fatalf("%+v: %v", opts, err)

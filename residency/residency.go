@@ -55,10 +55,12 @@
 package residency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/memwall/memwall/device"
@@ -362,28 +364,51 @@ func (r *Residency) newEvent(timing bool) (device.Event, error) {
 	return e, nil
 }
 
-// allocate takes the resident regions and the slots from the device pool,
-// and the events.
+// allocate takes the staging slots and the resident regions from the
+// device pool, and the events. The slots, the largest blocks of equal
+// size, come first, so that the many resident regions of other sizes pack
+// after them instead of leaving holes a slot cannot use.
 func (r *Residency) allocate() error {
+	if len(r.streamed) > 0 {
+		for i := range r.p.Slots {
+			b, err := r.dev.Alloc(r.p.SlotBytes, pool.AllocOptions{Purpose: pool.Staging, Stream: r.copyS})
+			if err != nil {
+				return fmt.Errorf("residency: staging slot %d of %d (%d bytes): %w", i+1, r.p.Slots, r.p.SlotBytes, err)
+			}
+			r.slots = append(r.slots, slot{block: b, occupant: -1})
+			ev, err := r.newEvent(false)
+			if err != nil {
+				return err
+			}
+			r.slots[i].ready = ev
+		}
+	}
 	for i := range r.groups {
 		g := &r.groups[i]
-		if !g.resident {
-			if r.o.Timing {
-				for k := range 2 {
-					for j := range 2 {
-						e, err := r.newEvent(true)
-						if err != nil {
-							return err
-						}
-						g.timing[k][j] = e
+		if !g.resident && r.o.Timing {
+			for k := range 2 {
+				for j := range 2 {
+					e, err := r.newEvent(true)
+					if err != nil {
+						return err
 					}
+					g.timing[k][j] = e
 				}
 			}
-			continue
 		}
-		if g.plan.Region == 0 {
-			continue // a group of empty tensors: nothing to place
+	}
+	// The largest regions first: the small ones then fill what the page
+	// rounding of the large ones leaves, where the last large one placed
+	// could find only scattered free pages.
+	order := make([]int, 0, len(r.groups))
+	for i := range r.groups {
+		if r.groups[i].resident && r.groups[i].plan.Region > 0 {
+			order = append(order, i)
 		}
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(r.groups[b].plan.Region, r.groups[a].plan.Region) })
+	for _, i := range order {
+		g := &r.groups[i]
 		b, err := r.dev.Alloc(g.plan.Region, pool.AllocOptions{Purpose: pool.Weights})
 		if err != nil {
 			return fmt.Errorf("residency: resident group %s (%d bytes): %w", g.plan.Name, g.plan.Region, err)
@@ -391,21 +416,6 @@ func (r *Residency) allocate() error {
 		g.block = b
 		r.stats.ResidentBytes += b.Size
 		g.place(b.Ptr)
-	}
-	if len(r.streamed) == 0 {
-		return nil
-	}
-	for i := range r.p.Slots {
-		b, err := r.dev.Alloc(r.p.SlotBytes, pool.AllocOptions{Purpose: pool.Staging, Stream: r.copyS})
-		if err != nil {
-			return fmt.Errorf("residency: staging slot %d of %d (%d bytes): %w", i+1, r.p.Slots, r.p.SlotBytes, err)
-		}
-		r.slots = append(r.slots, slot{block: b, occupant: -1})
-		ev, err := r.newEvent(false)
-		if err != nil {
-			return err
-		}
-		r.slots[i].ready = ev
 	}
 	return nil
 }

@@ -56,6 +56,9 @@ func runPoolOps(t *testing.T, data []byte) {
 		if cfg&32 != 0 {
 			o.Limit = 256 << 20
 		}
+		if cfg&128 != 0 {
+			o.Placement = pool.PlaceStrategy
+		}
 		p, err := pool.New(d, o)
 		if err != nil {
 			t.Fatal(err)

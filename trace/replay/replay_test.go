@@ -241,15 +241,20 @@ func TestMinCapacity(t *testing.T) {
 // side of the trade-off (few calls, more memory) must exist.
 func TestDefaultAgainstGoal(t *testing.T) {
 	if testing.Short() {
-		t.Skip("replays two traces through every configuration")
+		t.Skip("replays six traces through every configuration")
 	}
 	for _, tc := range []struct {
 		name      string
 		callsMeet bool
+		maxRatio  float64 // a regression bound for the default's peak reserved / peak live
 		maxCalls  float64 // a regression bound for the default's calls per alloc
 	}{
-		{"gpt2_medium_generate", true, 0.01},
-		{"bert_base_varlen", false, 0.20},
+		{"gpt2_medium_generate", true, GoalRatio, 0.004},
+		{"bert_base_varlen", false, GoalRatio, 0.12},
+		{"encoder_varlen", false, GoalRatio, 0.30},
+		{"vit_varbatch", false, 1.07, 0.34},
+		{"llama_generate", false, 1.17, 0.0015},
+		{"unet_denoise", false, 1.23, 0.012},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, err := Load(tracesDir+tc.name+".csv.gz", LoadOptions{})
@@ -264,8 +269,8 @@ func TestDefaultAgainstGoal(t *testing.T) {
 			if def.Config != rep.Default {
 				t.Fatalf("first result %q, default %q", def.Config, rep.Default)
 			}
-			if def.Ratio > GoalRatio || def.Ratio < 1 {
-				t.Errorf("default reserves %.3f× peak live, goal %.2f×", def.Ratio, GoalRatio)
+			if def.Ratio > tc.maxRatio || def.Ratio < 1 {
+				t.Errorf("default reserves %.3f× peak live, bound %.2f×", def.Ratio, tc.maxRatio)
 			}
 			if *rep.PyTorchRatio <= def.Ratio {
 				t.Errorf("PyTorch %.3f× beats the default %.3f×", *rep.PyTorchRatio, def.Ratio)
@@ -277,17 +282,24 @@ func TestDefaultAgainstGoal(t *testing.T) {
 				t.Errorf("default meets goal = %v, want %v (%+v)", def.MeetsGoal, tc.callsMeet, def)
 			}
 			if !tc.callsMeet {
-				if def.CallsToGoal <= 1 {
-					t.Errorf("report does not show how far the calls are from the goal: %+v", def)
+				if def.CallsToGoal <= 1 && def.RatioToGoal <= 1 {
+					t.Errorf("report does not show how far the default is from the goal: %+v", def)
 				}
-				frugal := false
+				// The other side of the trade-off: calls within 1% for
+				// more memory, or (where memory misses) less memory for
+				// more calls.
+				other := false
 				for _, r := range rep.Results {
-					if r.Error == "" && r.CallsPerAlloc <= GoalCallsPerAlloc && r.Ratio > def.Ratio {
-						frugal = true
+					if r.Error != "" {
+						continue
+					}
+					if def.CallsToGoal > 1 && r.CallsPerAlloc <= GoalCallsPerAlloc && r.Ratio > def.Ratio ||
+						def.RatioToGoal > 1 && r.Ratio < def.Ratio && r.CallsPerAlloc > def.CallsPerAlloc {
+						other = true
 					}
 				}
-				if !frugal {
-					t.Error("no configuration shows the other side of the trade-off (calls within 1%, more memory)")
+				if !other {
+					t.Error("no configuration shows the other side of the trade-off")
 				}
 			}
 		})

@@ -63,9 +63,9 @@ if [ -z "$model" ]; then
 fi
 echo "model $model" | tee -a "$log"
 
-# fit: the prediction for the same budget (fit_peak + context is what
+# fit --plain: the generic plan memwall stream runs, for the same budget (fit_peak + context is what
 # nvidia-smi should show).
-step fit 40 bash -c "'$bindir/memwall' fit '$model' --vram $VRAM --json >'$dir/fit-7b.json'"
+step fit 40 bash -c "'$bindir/memwall' fit '$model' --plain --vram $VRAM --json >'$dir/fit-7b.json'"
 
 # stream, with nvidia-smi sampling memory in the background.
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 100 >"$dir/smi.csv" 2>/dev/null &

@@ -70,7 +70,7 @@ for f in safetensors gguf; do
 	file=$MODEL_DIR/$PRESET.$f
 	for t in 1 4096; do
 		tag=$f-t$t
-		step "fit $tag" bash -c "'$bin/memwall' fit '$file' --vram $VRAM --tokens $t --json >'$OUT/fit-$tag.json'"
+		step "fit $tag" bash -c "'$bin/memwall' fit '$file' --plain --vram $VRAM --tokens $t --json >'$OUT/fit-$tag.json'"
 		step "stream $tag" bash -c "'$bin/memwall' stream '$file' --vram $VRAM --tokens $t --steps $STEPS --json >'$OUT/stream-$tag.json'"
 		runs+=("$tag")
 	done

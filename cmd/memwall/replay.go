@@ -111,13 +111,17 @@ func runReplay(e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "\nwrote %s\n", *html)
 	}
 	var failed []string
+	first := ""
 	for _, r := range rep.Results {
 		if r.Error != "" {
 			failed = append(failed, r.Config)
+			if first == "" {
+				first = tidyMessage("replay", r.Error)
+			}
 		}
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("%d of %d configurations could not replay the trace: %s", len(failed), len(rep.Results), strings.Join(failed, ", "))
+		return fmt.Errorf("%d of %d configurations could not replay the trace: %s; the first: %s", len(failed), len(rep.Results), strings.Join(failed, ", "), first)
 	}
 	return nil
 }

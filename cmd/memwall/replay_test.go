@@ -130,10 +130,12 @@ func TestReplayErrors(t *testing.T) {
 
 func TestReplayCapacity(t *testing.T) {
 	// Far below the peak live bytes: every configuration fails, says so
-	// in the report, and the run fails (exit 1).
+	// in the report, and the run fails (exit 1) saying why on stderr too
+	// (a --json report on stdout may go to a file).
 	code, out, errOut := runReplayVerb(t, bertTrace, "--capacity", "64MiB", "--strategy", "default")
 	if code != 1 || !strings.Contains(out, "failed") || !strings.Contains(out, "cannot allocate 14066688 bytes") ||
-		!strings.Contains(errOut, "1 of 1 configurations could not replay the trace") {
+		!strings.Contains(errOut, "1 of 1 configurations could not replay the trace") ||
+		!strings.Contains(errOut, "the first: ") || !strings.Contains(errOut, "cannot allocate 14066688 bytes") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -175,6 +176,30 @@ func TestOOMSnapshotChecked(t *testing.T) {
 	code, _, stderr := runVerbFault(t, failFirstMap(), base...)
 	if code != exitFail || !strings.Contains(stderr, "give --oom-snapshot FILE") {
 		t.Errorf("an OOM without the flag: exit %d, %s", code, stderr)
+	}
+}
+
+// TestPoolFlagsCheckedFirst: every verb that takes --oom-snapshot (and
+// --pool-log) refuses a file it could not write before opening a device.
+func TestPoolFlagsCheckedFirst(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "missing", "x.jsonl")
+	cases := map[string][]string{"demo --oom-snapshot": {"demo", "--device", "sim", "--oom-snapshot", bad}}
+	for name, args := range oomCases(t) {
+		cases[name+" --oom-snapshot"] = append(slices.Clip(args), "--oom-snapshot", bad)
+		if name == "run" || name == "stream" {
+			cases[name+" --pool-log"] = append(slices.Clip(args), "--pool-log", bad)
+		}
+	}
+	for name, args := range cases {
+		flag := args[len(args)-2]
+		var cfg fault.Config
+		code, _, stderr := runVerbFault(t, &cfg, args...)
+		if code != exitFail || !strings.Contains(stderr, flag+" "+bad) {
+			t.Errorf("%s: exit %d, %s", name, code, stderr)
+		}
+		if c := cfg.Counts(); c.Alloc+c.Map+c.MemInfo != 0 {
+			t.Errorf("%s: the device was used before the refusal (%+v)", name, c)
+		}
 	}
 }
 

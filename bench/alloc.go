@@ -115,7 +115,11 @@ type LatencyResult struct {
 	TotalPairs   int     `json:"total_pairs,omitempty"`
 	DeviceCalls  uint64  `json:"device_calls,omitempty"`
 	ReservedPeak uint64  `json:"peak_reserved_bytes,omitempty"`
-	Note         string  `json:"note,omitempty"`
+	// VsAnchor is BatchP50ns over the anchor's on one goroutine and the
+	// same mix (cuMemAllocAsync; vkAllocateMemory on Vulkan), the ratio
+	// the goals are stated in; 0 without an anchor row.
+	VsAnchor float64 `json:"vs_anchor,omitempty"`
+	Note     string  `json:"note,omitempty"`
 }
 
 // AllocReport is the whole benchmark.
@@ -264,6 +268,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 			}
 		}
 	}
+	rep.fillRatios()
 	return rep, nil
 }
 

@@ -170,3 +170,20 @@ func timePairs(w AllocWorkload, allocOne func(uint64) (uint64, error), freeOne f
 	}
 	return alloc, free, live, nil
 }
+
+// fillRatios sets every row's VsAnchor: its batch p50 over the anchor row's
+// (DriverAsync, or DriverVulkan, on one goroutine) of the same mix.
+func (rep *AllocReport) fillRatios() {
+	anchor := map[string]float64{}
+	for _, r := range rep.Results {
+		if (r.Allocator == DriverAsync || r.Allocator == DriverVulkan) && r.Goroutines == 1 && r.Live > 0 {
+			anchor[r.Mix] = r.BatchP50ns
+		}
+	}
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		if a := anchor[r.Mix]; a > 0 && r.BatchP50ns > 0 {
+			r.VsAnchor = r.BatchP50ns / a
+		}
+	}
+}

@@ -151,6 +151,14 @@ func TestAllocDriverRows(t *testing.T) {
 			t.Fatalf("%s on 4 goroutines: %.0f pairs/s, more than the 4e6 its pairs allow", name, r.PairsPerSec)
 		}
 	}
+	// Every row with a batch p50 carries its ratio to the async anchor's
+	// on one goroutine (what "vs async" prints), the anchor itself 1.
+	async := rows["cuMemAllocAsync/1/32"].BatchP50ns
+	for key, r := range rows {
+		if want := r.BatchP50ns / async; r.BatchP50ns > 0 && math.Abs(r.VsAnchor-want) > 1e-12*want {
+			t.Fatalf("row %s: vs anchor %v, want %v", key, r.VsAnchor, want)
+		}
+	}
 	if m := d.most.Load(); m != 4 {
 		t.Fatalf("at most %d driver timings ran at once, want the 4 goroutines'", m)
 	}

@@ -100,8 +100,8 @@ func printBenchAlloc(e *env, rep bench.AllocReport) {
 	}
 	for _, r := range rep.Results {
 		vs := "-"
-		if a := anchor[r.Mix]; a > 0 && r.BatchP50ns > 0 {
-			vs = fmt.Sprintf("%.3f×", r.BatchP50ns/a)
+		if r.VsAnchor > 0 {
+			vs = fmt.Sprintf("%.3f×", r.VsAnchor)
 		}
 		fmt.Fprintf(w, "%-32s %-18s %3d %5d %7.0fns %7.0fns %7.0fns %12.0f %10s %s\n", r.Allocator, r.Mix, r.Goroutines, r.Live, r.BatchP50ns, r.P50ns, r.P99ns, r.PairsPerSec, vs, r.Note)
 	}

@@ -191,6 +191,10 @@ func exitStatus(e *env, verb string, err error) int {
 	case errors.As(err, &u):
 		fmt.Fprintf(e.stderr, "memwall %s: %s\n(run 'memwall help %s' for its flags)\n", verb, tidyMessage(verb, err.Error()), verb)
 		return exitUsage
+	case errors.Is(err, context.Canceled) && e.ctx != nil && e.ctx.Err() != nil:
+		// SIGINT or SIGTERM: say so rather than "context canceled".
+		fmt.Fprintf(e.stderr, "memwall %s: interrupted before the work was done\n", verb)
+		return exitFail
 	default:
 		fmt.Fprintf(e.stderr, "memwall %s: %s\n", verb, tidyMessage(verb, err.Error()))
 		return exitFail

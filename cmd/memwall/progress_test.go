@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,5 +44,23 @@ func TestProgressOnTerminal(t *testing.T) {
 				t.Fatalf("not a terminal: exit %d, stderr %q, want silence", code, stderr)
 			}
 		})
+	}
+}
+
+// TestInterrupted: a verb stopped by SIGINT or SIGTERM (its context
+// cancelled) exits 1 saying it was interrupted, not "context canceled",
+// and writes no output file.
+func TestInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out := filepath.Join(t.TempDir(), "alloc.json")
+	var o, e bytes.Buffer
+	env := &env{ctx: ctx, stdout: &o, stderr: &e, getenv: func(string) string { return "" }}
+	code := run([]string{"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB", "--out", out}, env)
+	if code != exitFail || !strings.Contains(e.String(), "memwall bench alloc: interrupted") {
+		t.Fatalf("exit %d, stderr %q", code, e.String())
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("an interrupted run wrote its --out file")
 	}
 }

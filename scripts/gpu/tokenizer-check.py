@@ -3,7 +3,7 @@
 
 Expected run time: about 15 s (training three small BPE tokenizers on a ~1 MB
 corpus, then encoding 1,300 strings and decoding 300 id lists with each of
-the twelve files).
+the fifteen files).
 
 The Go package tokenizer/ must give the same ids as HF `tokenizers` for the
 same tokenizer.json. Go does not run where `tokenizers` does, so this script
@@ -23,10 +23,11 @@ Go does:
                  Llama-2-family tokenizers have
     gpt2-added, llama2-added  a few added tokens with lstrip, rstrip,
                  single_word, normalized
-    <kind>-flags for gpt2, gpt2-prefix, llama3, llama2, llama2-metaspace: 64
-                 added tokens, two for each combination of lstrip, rstrip,
-                 single_word, normalized and special (flag_tokens), and 1,300
-                 strings dense with them (flag_tests)
+    <kind>-flags for gpt2, gpt2-prefix, llama3, llama2, llama2-metaspace,
+                 and gpt2-digits, llama2-gemma, llama2-metaspace-always
+                 (flag_pipelines): 64 added tokens, two for each combination
+                 of lstrip, rstrip, single_word, normalized and special
+                 (flag_tokens), and 1,300 strings dense with them (flag_tests)
   OUT/expected.jsonl.gz, one JSON object a line:
     {"file": "<kind>/tokenizer.json", "text": s, "ids": [...]  (add_special_tokens=True),
      "ids_plain": [...] (add_special_tokens=False), "decode": ..., "decode_skip": ...}
@@ -476,10 +477,37 @@ def flag_tests(contents, seed):
     return out
 
 
-def flag_variants(name, d, others):
-    """(name, file, tests) with flag_tokens added to the file and to each variant in others."""
+def flag_pipelines(name, d):
+    """Pipelines checked only with flag_tokens: GPT-2 with Digits before
+    ByteLevel (HF's Digits splits on Rust's is_numeric: Nd, Nl, No), a
+    Gemma-style normalizer (Replace only, no Prepend), and Metaspace that
+    always prepends and splits."""
     out = []
-    files = [(name, d)] + [(vn, vd) for vn, vd, _ in others if not vn.endswith("-added")]
+    if name == "gpt2":
+        v = copy.deepcopy(d)
+        v["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, bytelevel()]}
+        out.append(("gpt2-digits", v))
+    if name == "llama2":
+        v = copy.deepcopy(d)
+        v["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+        v["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]}
+        out.append(("llama2-gemma", v))
+        v = copy.deepcopy(d)
+        v["normalizer"] = None
+        v["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+        v["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "ByteFallback"},
+            {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}]}
+        out.append(("llama2-metaspace-always", v))
+    return out
+
+
+def flag_variants(name, d, others):
+    """(name, file, tests) with flag_tokens added to the file, to each variant in others and to flag_pipelines."""
+    out = []
+    files = [(name, d)] + [(vn, vd) for vn, vd, _ in others if not vn.endswith("-added")] + flag_pipelines(name, d)
     for k, (vn, vd) in enumerate(files):
         seed = TEST_SEED + 100 + k + len(vn)
         toks = flag_tokens(seed)

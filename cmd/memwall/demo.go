@@ -7,6 +7,7 @@ import (
 
 	"github.com/memwall/memwall/bench"
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/pool"
 )
 
@@ -18,17 +19,20 @@ func init() {
 type demoStep struct {
 	title string
 	run   func(e *env, d device.Device) error
+	// kernels marks a step that runs memwall's kernels (PTX on CUDA, Go on
+	// the simulator): skipped on a backend without them.
+	kernels bool
 }
 
 // demoSteps lists the demo's parts in order.
 func demoSteps() []demoStep {
 	return []demoStep{
-		{"the link: host↔device bandwidth", demoTransfer},
-		{"a pool under load, next to the driver", demoPool},
-		{"activations of a real ONNX model packed by liveness", func(e *env, _ device.Device) error { return planDemo(e) }},
-		{"a PyTorch trace replayed through the pool", demoReplay},
-		{"a model larger than its VRAM budget, streamed", demoStream},
-		{"a Llama model generates tokens: weights placed by the plan, KV paged, activations planned", demoRun},
+		{"the link: host↔device bandwidth", demoTransfer, false},
+		{"a pool under load, next to the driver", demoPool, false},
+		{"activations of a real ONNX model packed by liveness", func(e *env, _ device.Device) error { return planDemo(e) }, false},
+		{"a PyTorch trace replayed through the pool", demoReplay, false},
+		{"a model larger than its VRAM budget, streamed", demoStream, true},
+		{"a Llama model generates tokens: weights placed by the plan, KV paged, activations planned", demoRun, true},
 	}
 }
 
@@ -58,6 +62,10 @@ func runDemo(e *env, args []string) error {
 	steps := demoSteps()
 	for i, s := range steps {
 		fmt.Fprintf(w, "\n[%d/%d] %s\n", i+1, len(steps), s.title)
+		if s.kernels && !hasKernels(in.Backend) {
+			fmt.Fprintf(w, "  skipped: the %s backend has no kernels for it yet (they are PTX and Go only; --device cuda or sim runs it)\n", in.Backend)
+			continue
+		}
 		t0 := time.Now()
 		if err := s.run(e, d); err != nil {
 			return snap.handle(fmt.Errorf("demo step %q: %w", s.title, err))
@@ -130,3 +138,7 @@ func demoTransfer(e *env, d device.Device) error {
 		ratio(pin.GBps, pag.GBps), pin.GBps)
 	return nil
 }
+
+// hasKernels reports whether memwall's kernels run on the backend: PTX on
+// CUDA, their Go twins on the simulator; Vulkan has none yet.
+func hasKernels(backend string) bool { return backend == auto.CUDA || backend == auto.Sim }

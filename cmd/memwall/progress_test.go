@@ -64,3 +64,18 @@ func TestInterrupted(t *testing.T) {
 		t.Fatal("an interrupted run wrote its --out file")
 	}
 }
+
+// TestVulkanKernelsSaysWhy: stream on the Vulkan backend, which has no
+// kernels for its products, says so before opening anything, not a PTX
+// error; the demo skips its kernel steps there (and only there).
+func TestVulkanKernelsSaysWhy(t *testing.T) {
+	code, _, stderr := runVerbSim(t, "stream", filepath.Join(t.TempDir(), "m.safetensors"), "--vram", "12MiB", "--device", "vulkan")
+	if code != exitFail || !strings.Contains(stderr, "the vulkan backend has no kernels") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	for b, want := range map[string]bool{"cuda": true, "sim": true, "vulkan": false} {
+		if hasKernels(b) != want {
+			t.Errorf("hasKernels(%q) = %v", b, !want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/memwall/memwall/bench"
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
@@ -83,6 +84,9 @@ func runStream(e *env, args []string) error {
 	path, budget, err := f.check(pos)
 	if err != nil {
 		return err
+	}
+	if f.df.backend == auto.Vulkan {
+		return fmt.Errorf("the vulkan backend has no kernels for the products stream runs yet (they are PTX and Go only): use --device cuda or --device sim")
 	}
 	if *steps < 1 || *steps > 100000 {
 		return usagef("--steps must be 1..100000")

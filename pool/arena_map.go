@@ -99,11 +99,12 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 
 // mapStep is one handle's worth of device calls: map n pages at first
 // with a new handle (from < 0), or with the free handle whose first page
-// is from (moved: unmapped there, mapped here); or, with release, unmap
-// and release the free handle at first.
+// is from in arena src (moved: unmapped there, mapped here); or, with
+// release, unmap and release the free handle at first in src.
 type mapStep struct {
 	first, n uint64
 	from     int64
+	src      *arena
 	release  bool
 	h        device.PhysMem
 	unmapped bool // the moved or released handle was unmapped
@@ -153,11 +154,11 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 	pb := a.pageBytes
 	for n > 0 {
 		for n > 0 && a.overTarget(p, pl.peak, pb, pl.releasing) {
-			src, k, ok := a.takeFree(p, n, false)
+			sa, src, k, ok := takeFree(p, a, n, false)
 			if !ok {
 				break
 			}
-			pl.steps = append(pl.steps, mapStep{first: first, n: k, from: int64(src)})
+			pl.steps = append(pl.steps, mapStep{first: first, n: k, from: int64(src), src: sa})
 			pl.moves = true
 			first, n = first+k, n-k
 		}
@@ -166,8 +167,8 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 		}
 		c := min(n, a.maxRun(p, pl.peak))
 		if a.overTarget(p, pl.peak, c*pb, pl.releasing) {
-			if src, k, ok := a.takeFree(p, c, true); ok {
-				pl.steps = append(pl.steps, mapStep{first: src, n: k, from: -1, release: true})
+			if sa, src, k, ok := takeFree(p, a, c, true); ok {
+				pl.steps = append(pl.steps, mapStep{first: src, n: k, from: -1, src: sa, release: true})
 				pl.releasing += k * pb
 				pl.moves = true
 			}
@@ -217,11 +218,14 @@ func (a *arena) overTarget(p *Pool, peak, extra, releasing uint64) bool {
 	return p.reserved.Load()+p.inflight+extra-releasing > target
 }
 
-// takeFree picks a free handle for a step above the soft target and marks
-// its pages used and busy: to move, the longest of at most n pages; to
-// release, the shortest of at least n pages (the highest among equals).
-// Called with p.mu held.
-func (a *arena) takeFree(p *Pool, n uint64, release bool) (head, k uint64, ok bool) {
+// takeFree picks a free handle for a step above the soft target, in
+// arena a or another virtual arena of the pool (physical memory moves
+// between the ranges: the small-block range's pages pay for the main
+// range's and the other way round), and marks its pages used and busy: to
+// move, the longest of at most n pages; to release, the shortest of at
+// least n pages (a's first, then the highest among equals). Called with
+// p.mu held.
+func takeFree(p *Pool, a *arena, n uint64, release bool) (sa *arena, head, k uint64, ok bool) {
 	if p.moving > 0 {
 		// Another goroutine is moving pages now, outside the lock. The
 		// driver serializes such calls, and goroutines that queued
@@ -231,26 +235,37 @@ func (a *arena) takeFree(p *Pool, n uint64, release bool) (head, k uint64, ok bo
 		// toward what the concurrent load needs and stops mapping. One
 		// goroutine alone never gets here, so sequential workloads (the
 		// replays) are unchanged.
-		return 0, 0, false
+		return nil, 0, 0, false
 	}
-	if a.freshen(); a.freePages == 0 {
-		return 0, 0, false
-	}
-	a.freeHandles(func(h, hk uint64) bool {
-		if release && hk >= n && (!ok || hk < k) || !release && hk <= n && hk > k {
-			head, k, ok = h, hk, true
+	look := func(b *arena) {
+		if !b.virtual || b.pageBytes != a.pageBytes {
+			return
 		}
-		return release || k < n
-	})
+		if b.freshen(); b.freePages == 0 {
+			return
+		}
+		b.freeHandles(func(h, hk uint64) bool {
+			if release && hk >= n && (!ok || hk < k) || !release && hk <= n && hk > k {
+				sa, head, k, ok = b, h, hk, true
+			}
+			return release || k < n
+		})
+	}
+	look(a)
+	for _, b := range p.arenas {
+		if b != a && (release || k < n) {
+			look(b)
+		}
+	}
 	if !ok {
-		return 0, 0, false
+		return nil, 0, 0, false
 	}
 	for j := head; j < head+k; j++ {
-		a.markUsed(j)
-		a.pages[j].busy = true
-		a.sync(j)
+		sa.markUsed(j)
+		sa.pages[j].busy = true
+		sa.sync(j)
 	}
-	return head, k, true
+	return sa, head, k, true
 }
 
 // freeHandles calls fn with the first page and length of each handle
@@ -306,9 +321,10 @@ func (a *arena) runStep(p *Pool, st *mapStep) {
 	size := st.n * a.pageBytes
 	switch {
 	case st.release:
-		h := a.pages[st.first].h
-		if err := p.dev.Unmap(a.va(st.first), size); err != nil {
-			st.err = fmt.Errorf("unmap %d bytes at %#x: %w", size, uint64(a.va(st.first)), err)
+		sa := st.src
+		h := sa.pages[st.first].h
+		if err := p.dev.Unmap(sa.va(st.first), size); err != nil {
+			st.err = fmt.Errorf("unmap %d bytes at %#x: %w", size, uint64(sa.va(st.first)), err)
 			return
 		}
 		st.unmapped = true
@@ -317,12 +333,12 @@ func (a *arena) runStep(p *Pool, st *mapStep) {
 		}
 		return
 	case st.from >= 0:
-		src := uint64(st.from)
-		if err := p.dev.Unmap(a.va(src), size); err != nil {
-			st.err = fmt.Errorf("unmap %d bytes at %#x: %w", size, uint64(a.va(src)), err)
+		sa, src := st.src, uint64(st.from)
+		if err := p.dev.Unmap(sa.va(src), size); err != nil {
+			st.err = fmt.Errorf("unmap %d bytes at %#x: %w", size, uint64(sa.va(src)), err)
 			return
 		}
-		st.unmapped, st.h = true, a.pages[src].h
+		st.unmapped, st.h = true, sa.pages[src].h
 	default:
 		h, err := p.dev.CreatePhysical(size)
 		if err != nil {
@@ -344,22 +360,22 @@ func (a *arena) runStep(p *Pool, st *mapStep) {
 // one more try after releasing the free handles, as before growth failed.
 func (a *arena) settle(p *Pool, st *mapStep) bool {
 	if st.release || st.from >= 0 {
-		src := st.first
+		sa, src := st.src, st.first
 		if !st.release {
 			src = uint64(st.from)
 		}
 		for j := src; j < src+st.n; j++ {
-			a.pages[j].busy = false
-			a.sync(j)
+			sa.pages[j].busy = false
+			sa.sync(j)
 		}
 		if !st.unmapped {
 			// Still mapped: free again, unless (lean) a block now lies
 			// on it.
-			if a.lean {
-				a.stale = true
+			if sa.lean {
+				sa.stale = true
 			} else {
 				for j := src; j < src+st.n; j++ {
-					a.markFree(j)
+					sa.markFree(j)
 				}
 			}
 			if st.release {
@@ -371,7 +387,7 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 			return false
 		}
 		p.unmaps.Add(1)
-		a.clearPages(p, src, st.n)
+		sa.clearPages(p, src, st.n)
 		if st.release {
 			p.devFrees.Add(1)
 			return true

@@ -120,13 +120,18 @@ type Costs struct {
 // (BENCHMARKS.md): cuMemAlloc p50 34 µs, cuMemFree 30 µs; mapping a 2 MiB
 // page and setting its access about 55 µs; unmapping and remapping a
 // 32 MiB chunk 0.33 ms, which charges an unmap of a page 0.33 ms / 16
-// ≈ 21 µs (its remap is a Map of its own). Each page past the first of a
-// multi-page handle is charged as much again (as if mapped alone): an
-// upper bound until the per-size figures of pool's TestMapCost replace it.
+// ≈ 21 µs (its remap is a Map of its own). A physical handle's create and
+// release are charged as cuMemAlloc and cuMemFree. A multi-page handle
+// costs one call and a little per page: pool's TestMapCost on the H200
+// (2026-12-01, median of 12 calls at 2 MiB-256 MiB) fitted each extra page
+// at 0.39% of a one-page call for cuMemCreate, 0.54% for cuMemMap +
+// cuMemSetAccess, 0.34% for cuMemUnmap and 6.4% for cuMemRelease (a
+// 256 MiB handle: 1.5×, 1.6×, 1.4× and 9.0× a 2 MiB one), applied to the
+// one-page costs above.
 var H200Costs = Costs{Alloc: 34 * time.Microsecond, Free: 30 * time.Microsecond,
 	Map: 55 * time.Microsecond, Unmap: 21 * time.Microsecond,
-	CreatePage: 34 * time.Microsecond, ReleasePage: 30 * time.Microsecond,
-	MapPage: 55 * time.Microsecond, UnmapPage: 21 * time.Microsecond,
+	CreatePage: 133 * time.Nanosecond, ReleasePage: 1930 * time.Nanosecond,
+	MapPage: 297 * time.Nanosecond, UnmapPage: 71 * time.Nanosecond,
 	SegmentMap: 55 * time.Microsecond}
 
 // Pool is the driver time of a pool's device calls, each charged as one

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Pool policy (issue 13, item 2) on the GPU. Expected time on an NVIDIA H200:
-# about 70-90 s: the driver's cost of one growth step at handle sizes of
+# about 60-80 s: the driver's cost of one growth step at handle sizes of
 # 2-256 MiB (cuMemCreate, cuMemMap+SetAccess, cuMemUnmap, cuMemRelease of
-# one multi-page handle; pool.test -test.run TestMapCost, ~5 s), then four
-# more allocation traces recorded from PyTorch (scripts/gpu/record-traces.py:
-# t5_generate, gpt2_varbatch, unet_sd, moe_generate; 10 s of calls each,
-# ~60-80 s with model builds). Run from the repository root after
+# one multi-page handle; pool.test -test.run TestMapCost, ~1 s), then more
+# allocation traces recorded from PyTorch (scripts/gpu/record-traces.py,
+# 10 s of calls each, ~20 s per workload with its model build; run 1
+# recorded t5_generate, gpt2_varbatch, unet_sd, moe_generate, in
+# testdata/traces now; this records resnet_varbatch, whisper_generate,
+# llama_long, or the workloads in $TRACES). Run from the repository root after
 # scripts/gpu-build.sh. Logs and traces go to $OUT/pool-policy/; a short
 # table is printed last; every step is under timeout.
 set -uo pipefail
@@ -31,9 +33,9 @@ if [ -x "$bin/pool.test" ]; then
 else
   status+=("$(printf '%-36s %-9s' "map cost per handle size (cuda)" "MISSING")")
 fi
-step "record traces (4 workloads)" 170 "$dir/record.txt" \
+step "record traces" 150 "$dir/record.txt" \
   "$py" scripts/gpu/record-traces.py --out-dir "$dir/traces" --seconds 10 \
-  --only t5_generate,gpt2_varbatch,unet_sd,moe_generate
+  --only "${TRACES:-resnet_varbatch,whisper_generate,llama_long}"
 echo "map cost (median µs per call):"
 grep -E 'MiB|handle' "$dir/mapcost.txt" 2>/dev/null | sed 's/^ *mapcost_test.go:[0-9]*: //'
 echo

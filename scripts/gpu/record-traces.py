@@ -36,6 +36,14 @@ the shared traces):
                   at 64 and 96 latents (512 and 768 px), batch 1-4, 6 steps.
   moe_generate    MixtralForCausalLM (8 layers, width 1024, 8 experts, top 2)
                   generate() with batch 1-8, prompts of 16-600 tokens.
+  resnet_varbatch transformers ResNetModel (ResNet-50's stages), 224 px,
+                  batch 1-64 varying per call.
+  whisper_generate WhisperForConditionalGeneration (12+12 layers, width 768)
+                  generate() from 30 s of random log-mel features, batch
+                  1-8, 24-96 new tokens.
+  llama_long      LlamaForCausalLM (8 layers, width 2048, GQA 16/4 heads)
+                  generate() with prompts of 600-2,000 tokens, batch 1-3,
+                  128 new tokens.
 
 For each NAME it writes NAME.csv.gz and NAME.json: calls, events, peak live
 bytes and peak reserved bytes computed from the trace (segment events),
@@ -53,7 +61,8 @@ import sys
 import time
 
 WORKLOADS = ["llama_generate", "unet_denoise", "vit_varbatch", "encoder_varlen",
-             "t5_generate", "gpt2_varbatch", "unet_sd", "moe_generate"]
+             "t5_generate", "gpt2_varbatch", "unet_sd", "moe_generate",
+             "resnet_varbatch", "whisper_generate", "llama_long"]
 
 
 def parse_args():
@@ -299,10 +308,75 @@ def moe_workload(torch, dev):
     return model, calls()
 
 
+def resnet_workload(torch, dev):
+    # A CNN with batch varying per call (ResNet-50's stages: 3/4/6/3
+    # bottleneck blocks, widths 256-2048, 224 px).
+    from transformers import ResNetConfig, ResNetModel
+
+    cfg = ResNetConfig(depths=[3, 4, 6, 3], hidden_sizes=[256, 512, 1024, 2048], layer_type="bottleneck")
+    model = ResNetModel(cfg).to(dev, dtype=torch.float16).eval()
+    batches = [1, 16, 4, 64, 32, 8, 48, 2, 24, 12, 56, 6, 40, 3, 20, 10]
+
+    def calls():
+        for b in batches:
+            px = torch.randn(b, 3, 224, 224, device=dev, dtype=torch.float16)
+            yield lambda px=px: model(pixel_values=px).pooler_output
+    return model, calls()
+
+
+def whisper_workload(torch, dev):
+    # Speech-to-text: a fixed-length audio encoder (1,500 frames) and a
+    # decoder whose caches grow with the tokens generated.
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    from transformers.generation import GenerationMixin
+
+    cfg = WhisperConfig(vocab_size=51865, d_model=768, encoder_layers=12, decoder_layers=12,
+                        encoder_attention_heads=12, decoder_attention_heads=12, encoder_ffn_dim=3072,
+                        decoder_ffn_dim=3072, num_mel_bins=80, max_source_positions=1500,
+                        max_target_positions=448, decoder_start_token_id=50258, pad_token_id=50257,
+                        eos_token_id=None, bos_token_id=50257)
+    model = WhisperForConditionalGeneration(cfg).to(dev, dtype=torch.float16).eval()
+    model.generation_config.forced_decoder_ids = None
+    shapes = [(1, 48), (4, 32), (2, 64), (8, 24), (1, 96), (3, 40), (6, 32), (2, 80)]
+
+    def calls():
+        for batch, new in shapes:
+            feats = torch.randn(batch, 80, 3000, device=dev, dtype=torch.float16)
+            start = torch.full((batch, 1), cfg.decoder_start_token_id, device=dev, dtype=torch.long)
+            # The plain generate loop: Whisper's own (language detection,
+            # timestamps) needs a tokenizer's generation config.
+            yield lambda feats=feats, new=new, start=start: GenerationMixin.generate(
+                model, input_features=feats, decoder_input_ids=start, max_new_tokens=new,
+                min_new_tokens=new, do_sample=False, use_cache=True)
+    return model, calls()
+
+
+def llama_long_workload(torch, dev):
+    # Long prompts: prefill of 600-2,000 tokens and a KV cache that grows
+    # for 128 steps, batch 1-3.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
+                      num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096,
+                      bos_token_id=1, eos_token_id=None, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).to(dev, dtype=torch.float16).eval()
+    shapes = [(1, 2000), (2, 900), (3, 600), (1, 1500), (2, 1200), (1, 700)]
+
+    def calls():
+        for batch, length in shapes:
+            ids = torch.randint(2, cfg.vocab_size, (batch, length), device=dev)
+            yield lambda ids=ids: model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=128, min_new_tokens=128,
+                do_sample=False, use_cache=True, pad_token_id=0)
+    return model, calls()
+
+
 BUILDERS = {"llama_generate": llama_workload, "unet_denoise": unet_workload,
             "vit_varbatch": vit_workload, "encoder_varlen": encoder_workload,
             "t5_generate": t5_workload, "gpt2_varbatch": gpt2_varbatch_workload,
-            "unet_sd": unet_sd_workload, "moe_generate": moe_workload}
+            "unet_sd": unet_sd_workload, "moe_generate": moe_workload,
+            "resnet_varbatch": resnet_workload, "whisper_generate": whisper_workload,
+            "llama_long": llama_long_workload}
 
 
 # ---------------------------------------------------------------- recording

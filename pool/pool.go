@@ -543,7 +543,7 @@ const latencySample = 256
 // Called with p.mu held.
 func (p *Pool) totals() (c counters, cached uint64) {
 	c = p.central
-	p.shardTotals(&c)
+	defer p.lockShards(&c)()
 	if len(p.procs) == 0 {
 		return c, 0
 	}

@@ -21,8 +21,10 @@ import (
 // releases the block in its home at once if that shard's lock is free,
 // and otherwise pushes it onto the home's queue (remote, a lock-free
 // stack), which the home empties on its next entry to the central path.
-// Locks are taken one at a time (TryLock only while another is held), and
-// only the root's before a shard's, so shards cannot deadlock.
+// Locks are taken one at a time (TryLock only while another is held),
+// except by Stats and Close, which take the root's, then the table's
+// (shardSet.mu), then the shards' in order; making a shard takes the
+// table's lock with no other held. So shards cannot deadlock.
 
 // ledger is the accounting a pool shares with its shards.
 type ledger struct {
@@ -258,14 +260,32 @@ func (p *Pool) rescue(size, align uint64, home *Pool) (*meta, *Pool, error) {
 	return m, home, nil
 }
 
-// shardTotals adds the central counters of the shards to c. Called with
-// the root's lock held.
-func (p *Pool) shardTotals(c *counters) {
+// lockShards adds the central counters of the shards to c and returns
+// with every shard's lock held, for the caller to read the processor
+// caches before it calls unlock. Called with the root's lock held. A block
+// may be counted allocated in one shard and freed in another or in a
+// cache, so no shard may count anything until all, and the caches, are
+// read, as the root's lock alone made the sum consistent without shards.
+// The locks are taken in shard order, after the table's (no shard is made
+// meanwhile); nobody else waits for a second shard's lock while holding
+// one.
+func (p *Pool) lockShards(c *counters) (unlock func()) {
+	if p.shards == nil {
+		return func() {}
+	}
+	p.shards.mu.Lock()
+	var locked []*Pool
 	p.eachShard(func(s *Pool) {
 		s.mu.Lock()
+		locked = append(locked, s)
 		c.plus(&s.central)
-		s.mu.Unlock()
 	})
+	return func() {
+		for _, s := range locked {
+			s.mu.Unlock()
+		}
+		p.shards.mu.Unlock()
+	}
 }
 
 // closeShards frees the memory of every shard but the root; blocks still

@@ -56,8 +56,9 @@ func Example() {
 }
 
 // What Matmul launches for a decode step's products on a GPU of 46 SMs (the
-// simulator's default): the streamed GEMV, its grid sized to the GPU, and
-// the tiled GEMM for a prefill chunk.
+// simulator's default): the one-row-per-warp GEMV for one token, the
+// tensor-core GEMV with its grid sized to the GPU for four, and the tiled
+// GEMM for a prefill chunk.
 func ExampleSet_Shape() {
 	o := sim.DefaultOptions()
 	o.Kernels = kernels.Sim()
@@ -74,7 +75,7 @@ func ExampleSet_Shape() {
 		fmt.Println(T, sh.Kernel, sh.Grid.X)
 	}
 	// Output:
-	// 1 memwall_gemvs1_bf16 138
+	// 1 memwall_gemv1_bf16 1792
 	// 4 memwall_gemvm_bf16 128
 	// 512 memwall_gemm_bf16 112
 }

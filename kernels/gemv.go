@@ -15,18 +15,20 @@ const (
 	gemvStream         // memwall_gemvs_*: T ≤ 8, CUDA cores, any grid
 	gemvMMA            // memwall_gemvm_*: T ≤ 8, tensor cores on compute_80, any grid
 	gemvCopy1          // memwall_gemvc1_*: T = 1, cp.async ring on compute_80, any grid
+	gemvRows1          // memwall_gemvr1_*: memwall_gemv1_'s compute_70 code over any grid, rows strided
+	gemvRows           // memwall_gemvr_*: memwall_gemv_ over any grid, row pairs strided
 	gemvKinds
 )
 
 // gemvPrefixes are the kernel names of the variants, less the dtype.
-var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_", "memwall_gemvc1_"}
+var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_", "memwall_gemvc1_", "memwall_gemvr1_", "memwall_gemvr_"}
 
 // gemvName returns the kernel name of variant kind for dtype.
 func gemvName(kind int, dtype string) string { return gemvPrefixes[kind] + dtype }
 
 // gemvMaxT is the largest T variant kind computes.
 func gemvMaxT(kind int) uint32 {
-	if kind == gemvOne || kind == gemvStream1 || kind == gemvCopy1 {
+	if kind == gemvOne || kind == gemvStream1 || kind == gemvCopy1 || kind == gemvRows1 {
 		return 1
 	}
 	return GemvMaxTokens
@@ -36,11 +38,17 @@ func gemvMaxT(kind int) uint32 {
 // share of the rows follows from the grid size).
 func gemvStreamed(kind int) bool { return kind >= gemvStream1 }
 
-// gemvUnits is how many shares of work the streamed variant kind can split
-// into: rows for the CUDA-core kernels, 16-row groups for the tensor-core
-// one.
+// gemvUnits is how many shares of work the any-grid variant kind can split
+// into: rows for the streamed CUDA-core kernels, 16-row groups for the
+// tensor-core one, and for the strided ones a round of their 8 warps (8
+// rows, or 8 row pairs).
 func gemvUnits(kind int, M uint32) uint32 {
-	if kind == gemvMMA {
+	switch kind {
+	case gemvMMA:
+		return ceilDiv(M, 16)
+	case gemvRows1:
+		return ceilDiv(M, 8)
+	case gemvRows:
 		return ceilDiv(M, 16)
 	}
 	return M
@@ -74,22 +82,27 @@ func gemvGrid(kind int, M, sms, perSM uint32) uint32 {
 // Load's self-test turned off. sms == 0 (a GPU of unknown size) keeps to
 // the row-per-warp variants, whose grid follows from M alone.
 //
-// The rule comes from the H200 sweep (TestCUDAGemvSweep, BENCHMARKS.md):
-// the streamed kernels with every block resident at once beat the
-// row-per-warp ones, whose last wave of blocks leaves most of the GPU idle.
+// The rule comes from the H200 sweep (TestCUDAGemvSweep, bf16, weights
+// cold; % of a device-to-device copy in the same run):
+//   - T = 1: memwall_gemv1_* everywhere; 104% at 128256×4096, 95% at
+//     32000×4096, 85-90% at 14336×4096 and 4096×14336, 80-84% at the
+//     11008 shapes, 62% at 4096² and 31% at 1024×4096 (products under
+//     ~40 MB pay a fixed ~5 µs per launch: ramp-up and drain). The
+//     streamed kernels reach 68-81% at their best grid: their 64-80
+//     registers or 40 KiB ring per block keep fewer bytes in flight per SM
+//     than memwall_gemv1_'s 7 blocks of 32 KiB rings (compute_80) or its
+//     full occupancy at 32 registers (compute_70).
+//   - T = 2..8, bf16/f16 on compute_80: memwall_gemvm_* at 3 blocks per SM,
+//     77-78% on the MLP shapes and 62% at 4096² at every T, where
+//     memwall_gemv_* falls from 69% (T = 2) to 37% (T = 8).
+//   - else memwall_gemv_*, the fastest at T ≥ 2 on compute_70.
 func planGemv(dtype string, M, K, T, sms uint32, tensor bool, off *[gemvKinds]bool) gemvPlan {
 	want := gemvTwo
 	switch {
-	case sms == 0:
-		if T == 1 {
-			want = gemvOne
-		}
 	case T == 1:
-		want = gemvStream1
-	case tensor && dtype != F32:
+		want = gemvOne
+	case sms > 0 && tensor && dtype != F32:
 		want = gemvMMA
-	default:
-		want = gemvStream
 	}
 	if off != nil && off[want] {
 		want = gemvTwo

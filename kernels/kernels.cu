@@ -167,11 +167,10 @@ __device__ __forceinline__ void gemv_vec_step(const uint4 (&wv)[R], const typena
 }
 
 template <class Tr, int R, int MAXT>
-__device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
-                                     const typename Tr::S* __restrict__ X, float* __restrict__ Y,
-                                     uint32_t M, uint32_t K, uint32_t T) {
+__device__ __forceinline__ void gemv_at(const typename Tr::S* __restrict__ W,
+                                        const typename Tr::S* __restrict__ X, float* __restrict__ Y,
+                                        uint32_t M, uint32_t K, uint32_t T, uint64_t m0) {
     const uint32_t lane = threadIdx.x & 31u;
-    const uint64_t m0 = ((uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     if (m0 >= M) return;  // whole warp leaves together; no block barrier follows
     if (T > (uint32_t)MAXT) T = MAXT;  // the launcher never asks for more
     // Rows past M repeat the last row (valid memory) and are not written.
@@ -234,6 +233,27 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
             }
         }
     }
+}
+
+// gemv_at for the R rows of this warp: warp w of the grid takes rows
+// w·R .. w·R+R-1 (grid ceil(M / (8R)) blocks of 8 warps).
+template <class Tr, int R, int MAXT>
+__device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
+                                     const typename Tr::S* __restrict__ X, float* __restrict__ Y,
+                                     uint32_t M, uint32_t K, uint32_t T) {
+    const uint64_t w = (uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    gemv_at<Tr, R, MAXT>(W, X, Y, M, K, T, w * R);
+}
+
+// The same over any grid: warp w takes rows w·R, (w + W)·R, ... for the
+// grid's W warps, one group of R after the other (memwall_gemvr*_*).
+template <class Tr, int R, int MAXT>
+__device__ __forceinline__ void gemv_strided(const typename Tr::S* __restrict__ W,
+                                             const typename Tr::S* __restrict__ X, float* __restrict__ Y,
+                                             uint32_t M, uint32_t K, uint32_t T) {
+    const uint64_t warps = (uint64_t)gridDim.x * (blockDim.x >> 5);
+    for (uint64_t w = (uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w * R < M; w += warps)
+        gemv_at<Tr, R, MAXT>(W, X, Y, M, K, T, w * R);
 }
 
 // ---------------------------------------------------------------------------
@@ -1673,6 +1693,36 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemvc1_f16(
 #else
     gemvs<F16, 8, 1>(W, X, Y, M, K, T);
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvr1_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv_strided<F32, 1, 1>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvr1_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv_strided<BF16, 1, 1>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvr1_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv_strided<F16, 1, 1>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv_strided<F32, 2, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv_strided<BF16, 2, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemv_strided<F16, 2, kGemvMaxT>(W, X, Y, M, K, T);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f32(

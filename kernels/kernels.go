@@ -539,9 +539,9 @@ func ShapeFor(dtype string, M, K, T uint32) (MatmulShape, error) {
 // Shape returns the launch Matmul uses on s for a product of memwall's own
 // kernels (products the GEMM library takes are not described): for T ≤
 // GemvMaxTokens the GEMV variant and grid of the selection rule for s's GPU
-// (gemv.go: memwall_gemvs1_<dtype> for T = 1, memwall_gemvm_<dtype> for
-// bf16/f16 on compute_80 else memwall_gemvs_<dtype> above, grids a multiple
-// of the multiprocessor count), above as ShapeFor. Errors as ShapeFor's.
+// (gemv.go: memwall_gemv1_<dtype> for T = 1; above, memwall_gemvm_<dtype>
+// with a grid sized to the multiprocessor count for bf16/f16 on compute_80,
+// else memwall_gemv_<dtype>), above as ShapeFor. Errors as ShapeFor's.
 func (s *Set) Shape(dtype string, M, K, T uint32) (MatmulShape, error) {
 	return shapeFor(dtype, M, K, T, s.sms, s.tensor, &s.gemvOff)
 }

@@ -421,9 +421,8 @@ func TestSetLaunches(t *testing.T) {
 		{"spin", func() error { return s.Spin(1500*time.Microsecond, st) },
 			&launch{NameSpin, one, one, st, []any{uint64(1500000)}}},
 		{"gemv", func() error { return s.Matmul(BF16, p, p+256, p+512, 1003, 999, 8, st) },
-			// A GPU of 132 SMs without the compute_80 module: the streamed
-			// CUDA-core GEMV, 1003 rows in 335 shares of 3 (⌈1003/(132·3)⌉).
-			&launch{gemvName(gemvStream, BF16), device.Dim3{X: 335, Y: 1, Z: 1}, blockDim(), st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8)}}},
+			// A GPU without the compute_80 module: the two-row GEMV.
+			&launch{GemvName(BF16), device.Dim3{X: 63, Y: 1, Z: 1}, blockDim(), st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8)}}},
 		{"gemm", func() error { return s.Matmul(F32, p, p+4, p+8, 65, 3, 4096, st) },
 			&launch{GemmName(F32), device.Dim3{X: 2, Y: 64, Z: 1}, blockDim(), st, []any{p, p + 4, p + 8, uint32(65), uint32(3), uint32(4096)}}},
 		{"matmul empty", func() error { return s.Matmul(F16, p, p, p, 0, 3, 4, st) }, nil},
@@ -474,9 +473,9 @@ func TestSetArgumentErrors(t *testing.T) {
 		{"check counter", func() error { return s.Check(p, 10, 0, p+4, st) }, device.ErrInvalid, NameCheck},
 		{"spin negative", func() error { return s.Spin(-time.Second, st) }, device.ErrInvalid, NameSpin},
 		{"dtype", func() error { return s.Matmul("fp8", p, p, p, 1, 1, 1, st) }, ErrDType, "fp8"},
-		{"W misaligned", func() error { return s.Matmul(F32, p+2, p, p, 1, 1, 1, st) }, device.ErrInvalid, gemvName(gemvStream1, F32)},
+		{"W misaligned", func() error { return s.Matmul(F32, p+2, p, p, 1, 1, 1, st) }, device.ErrInvalid, Gemv1Name(F32)},
 		{"X misaligned", func() error { return s.Matmul(BF16, p, p+1, p, 1, 1, 9, st) }, device.ErrInvalid, GemmName(BF16)},
-		{"Y misaligned", func() error { return s.Matmul(F16, p, p, p+2, 1, 1, 1, st) }, device.ErrInvalid, gemvName(gemvStream1, F16)},
+		{"Y misaligned", func() error { return s.Matmul(F16, p, p, p+2, 1, 1, 1, st) }, device.ErrInvalid, Gemv1Name(F16)},
 		{"grid too tall", func() error { return s.Matmul(F32, p, p, p, 1, 1, 1<<31, st) }, ErrShape, "grid"},
 	}
 	for _, tc := range tests {

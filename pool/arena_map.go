@@ -64,7 +64,7 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 	err := pl.plan(p, a, first, last)
 	if err == nil {
 		if pl.moves {
-			p.moving++
+			p.moving.Add(1)
 		}
 		p.mu.Unlock()
 		for k := range pl.steps {
@@ -72,7 +72,7 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 		}
 		p.mu.Lock()
 		if pl.moves {
-			p.moving--
+			p.moving.Add(-1)
 		}
 	}
 	failed := err != nil
@@ -176,7 +176,7 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 		if err := a.makeRoom(p, c*pb); err != nil {
 			return err
 		}
-		p.inflight += c * pb
+		p.inflight.Add(c * pb)
 		pl.steps = append(pl.steps, mapStep{first: first, n: c, from: -1})
 		first, n = first+c, n-c
 	}
@@ -215,7 +215,7 @@ func (a *arena) overTarget(p *Pool, peak, extra, releasing uint64) bool {
 		return false
 	}
 	target := max(uint64(r*float64(peak)), p.opts.Warmup)
-	return p.reserved.Load()+p.inflight+extra-releasing > target
+	return p.reserved.Load()+p.inflight.Load()+extra-releasing > target
 }
 
 // takeFree picks a free handle for a step above the soft target, in
@@ -226,7 +226,7 @@ func (a *arena) overTarget(p *Pool, peak, extra, releasing uint64) bool {
 // least n pages (a's first, then the highest among equals). Called with
 // p.mu held.
 func takeFree(p *Pool, a *arena, n uint64, release bool) (sa *arena, head, k uint64, ok bool) {
-	if p.moving > 0 {
+	if p.moving.Load() > 0 {
 		// Another goroutine is moving pages now, outside the lock. The
 		// driver serializes such calls, and goroutines that queued
 		// behind each other's moves made the default pool collapse
@@ -305,11 +305,11 @@ func (a *arena) allFree(first, last uint64) bool {
 // makeRoom makes sure bytes more fit under the limit, releasing free
 // handles if it must. Called with p.mu held.
 func (a *arena) makeRoom(p *Pool, bytes uint64) error {
-	if p.reserved.Load()+p.inflight+bytes <= p.opts.Limit {
+	if p.reserved.Load()+p.inflight.Load()+bytes <= p.opts.Limit {
 		return nil
 	}
 	a.shrink(p, 0)
-	if p.reserved.Load()+p.inflight+bytes > p.opts.Limit {
+	if p.reserved.Load()+p.inflight.Load()+bytes > p.opts.Limit {
 		return errLimit
 	}
 	return nil
@@ -393,7 +393,7 @@ func (a *arena) settle(p *Pool, st *mapStep) bool {
 			return true
 		}
 	} else {
-		p.inflight -= st.n * a.pageBytes
+		p.inflight.Add(^(st.n*a.pageBytes - 1))
 		if st.created {
 			p.devAllocs.Add(1)
 		}

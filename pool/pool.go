@@ -464,17 +464,13 @@ type Pool struct {
 	central counters // slow-path accounting, guarded by mu
 	lat     []latency.Histogram
 
-	// held is the bytes of blocks taken out of the arenas (live, cached,
-	// parked or pending); inflight the bytes of pages being created and
-	// mapped without mu (arena.touch). Both guarded by mu; cond (on mu)
-	// wakes goroutines waiting for pages in flight.
-	held     uint64
-	inflight uint64
-	cond     *sync.Cond
-	// moving counts goroutines moving pages (unmap one, map it elsewhere)
-	// outside the lock; while one does, no other starts a move (see
-	// stealSource). Guarded by mu.
-	moving int
+	// held is the bytes of blocks taken out of this shard's arenas
+	// (live, cached, parked or pending; ledger.taken sums every shard's),
+	// guarded by mu; cond (on mu) wakes goroutines waiting for pages in
+	// flight. The bytes of pages in flight and the goroutines moving
+	// pages are pool-wide: ledger.inflight and ledger.moving.
+	held uint64
+	cond *sync.Cond
 
 	// Pool-wide accounting, updated on the slow path, shared with the
 	// pool's shards (shard.go).

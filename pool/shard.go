@@ -34,6 +34,14 @@ type ledger struct {
 	ooms                   atomic.Uint64
 	devAllocs, devFrees    atomic.Uint64
 	maps, unmaps           atomic.Uint64
+	// inflight is the bytes of pages being created and mapped outside
+	// any lock (arena.touch); moving counts the goroutines moving pages
+	// (unmap one, map it elsewhere) outside any lock: while one does, no
+	// other starts a move (see takeFree). Pool-wide, so that the limit
+	// counts every shard's pages in flight and shards do not queue moves
+	// behind each other in the driver.
+	inflight atomic.Uint64
+	moving   atomic.Int32
 	// taken is the bytes of blocks out of the arenas of every shard
 	// (live, cached, parked, pending or queued): the sum of the shards'
 	// held. Every central allocation and free writes it, so it has a

@@ -41,7 +41,7 @@ if [ -x "$bin/pool.test" ]; then
   [ "${POOL_SUITE:-}" = full ] && sel=()
   run "pool tests (cuda) ${POOL_SUITE:-shards+property}" 200 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.short -test.v -test.timeout 190s ${sel[*]@Q} >'$dir/suite.txt' 2>&1; rc=\$?; tail -n 5 '$dir/suite.txt'; exit \$rc"
   run "BenchmarkParallelPair (cuda)" 60 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 100000x -test.timeout 55s >'$dir/parallel.txt' 2>&1"
-  run "profile: default, 16 goroutines (cuda)" 40 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g16\$' -test.benchtime 400000x -test.timeout 35s -test.cpuprofile '$dir/cpu16.pprof' -test.mutexprofile '$dir/mutex16.pprof' >'$dir/profile.txt' 2>&1"
+  run "profile: default, 16 goroutines (cuda)" 40 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g16\$' -test.benchtime 3000000x -test.timeout 35s -test.cpuprofile '$dir/cpu16.pprof' -test.mutexprofile '$dir/mutex16.pprof' >'$dir/profile.txt' 2>&1"
 else
   status+=("$(printf '%-44s %-9s' "pool.test" "MISSING")")
 fi

@@ -564,6 +564,14 @@ func TestTiming(t *testing.T) {
 	}
 }
 
+// short is n with -short (the race detector's run), else long.
+func short(n, long int) int {
+	if testing.Short() {
+		return n
+	}
+	return long
+}
+
 // pagedSim is a simulated device of 1 GiB with 64 KiB pages, so that the
 // pools' page rounding leaves a small budget little slack.
 func pagedSim() *sim.Device {
@@ -584,7 +592,7 @@ func TestRandomBudgets(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for _, preset := range []string{"tiny", "tiny-f16"} {
 		m := open(t, modelPath(t, preset, []string{synth.Safetensors, synth.GGUF}[rng.IntN(2)]))
-		for range 40 {
+		for range short(12, 40) {
 			d := pagedSim()
 			opts := engine.Options{MaxTokens: 24 + rng.IntN(100), PrefillChunk: 1 + rng.IntN(64), Slots: 2 + rng.IntN(3), WholeLayers: rng.IntN(4) == 0}
 			opts.Budget = 1
@@ -625,7 +633,7 @@ func TestAutoChunk(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 3))
 	for _, preset := range []string{"tiny", "tiny-f16"} {
 		m := open(t, modelPath(t, preset, []string{synth.Safetensors, synth.GGUF}[rng.IntN(2)]))
-		for i := range 10 {
+		for i := range short(4, 10) {
 			d := pagedSim()
 			opts := engine.Options{MaxTokens: 24 + rng.IntN(100), Slots: []int{0, 2, 3}[rng.IntN(3)], WholeLayers: rng.IntN(4) == 0}
 			opts.PromptTokens = 1 + rng.IntN(opts.MaxTokens-1)

@@ -134,7 +134,7 @@ func TestFaultMidRun(t *testing.T) {
 		if k.calls == 0 {
 			continue
 		}
-		for range 6 {
+		for range short(2, 6) {
 			n := 1 + rng.Uint64N(k.calls)
 			t.Run(fmt.Sprintf("%s/%d", k.name, n), func(t *testing.T) {
 				d := newSim()

@@ -43,7 +43,7 @@ func runShaped(ctx context.Context, d *sim.Device, w *fault.Config, m *llama.Mod
 		return devStats, hostStats, err
 	}
 	defer host.Close()
-	e, err := engine.New(ctx, fd, ks, dev, host, m, engine.Options{Budget: budget, MaxTokens: len(prompt) + 8, PromptTokens: 8, Slots: 2})
+	e, err := engine.New(ctx, fd, ks, dev, host, m, engine.Options{Budget: budget, MaxTokens: len(prompt) + 8, PromptTokens: 48, Slots: 2})
 	if err == nil {
 		_, err = e.Generate(ctx, prompt, engine.Sampling{MaxNew: 6, IgnoreEOS: true}, nil)
 		err = errors.Join(err, e.Close())
@@ -52,7 +52,8 @@ func runShaped(ctx context.Context, d *sim.Device, w *fault.Config, m *llama.Mod
 }
 
 // TestFaultMidRun: a copy (of any kind, then host-to-device only, then by
-// bytes moved) or an allocation (device memory, physical pages, mappings,
+// bytes moved) or an allocation (device memory — the attention kernel's
+// scratch, taken on the first decode step —, physical pages, mappings,
 // pinned host memory) fails at a random point of a streaming run: the run
 // ends with an error naming the injected failure, within a time limit (no
 // hang, no panic), and every byte is given back — the device and host
@@ -65,7 +66,10 @@ func TestFaultMidRun(t *testing.T) {
 	}
 	ctx := context.Background()
 	m := open(t, modelPath(t, "tiny", synth.Safetensors))
-	p := prompt(21, m.Config.Vocab, 5)
+	// Past 128 positions the attention kernel splits its work and takes a
+	// scratch buffer from the device on the first decode step: an
+	// allocation in the middle of the run.
+	p := prompt(130, m.Config.Vocab, 5)
 	newSim := func() *sim.Device {
 		o := sim.DefaultOptions()
 		o.TotalBytes, o.Kernels, o.Granularity, o.Shuffle = 1<<30, kernels.Sim(), 64<<10, true
@@ -74,7 +78,7 @@ func TestFaultMidRun(t *testing.T) {
 	// The budget streams most blocks: the minimum plus one block.
 	var budget uint64
 	{
-		o := engine.Options{Budget: 1, MaxTokens: len(p) + 8, PromptTokens: 8, Slots: 2}
+		o := engine.Options{Budget: 1, MaxTokens: len(p) + 8, PromptTokens: 48, Slots: 2}
 		_, err := engine.Estimate(ctx, m, o, newSim().Info())
 		var be *engine.BudgetError
 		if !errors.As(err, &be) {
@@ -89,7 +93,7 @@ func TestFaultMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := clean.Counts()
-	if c.Copies == 0 || c.CopyHtoD == 0 || c.CreatePhysical == 0 || c.HostAlloc == 0 {
+	if c.Copies == 0 || c.CopyHtoD == 0 || c.Alloc == 0 || c.CreatePhysical == 0 || c.HostAlloc == 0 {
 		t.Fatalf("clean run: %+v", c)
 	}
 	var totalBytes uint64
@@ -123,7 +127,7 @@ func TestFaultMidRun(t *testing.T) {
 		{"copy past bytes", totalBytes, func(n uint64) fault.Rules {
 			return fault.Rules{FailCopies: fault.CopyRule{Bytes: n - 1}}
 		}, "copy of", true},
-		{"alloc", c.Alloc, func(n uint64) fault.Rules { return fault.Rules{Alloc: fault.Nth(n)} }, "alloc", false},
+		{"alloc", c.Alloc, func(n uint64) fault.Rules { return fault.Rules{Alloc: fault.Nth(n)} }, "alloc", true},
 		{"physical from", c.CreatePhysical, func(n uint64) fault.Rules { return fault.Rules{CreatePhysical: fault.From(n)} }, "physical", false},
 		{"physical", c.CreatePhysical, func(n uint64) fault.Rules { return fault.Rules{CreatePhysical: fault.Nth(n)} }, "physical", false},
 		{"map", c.Map, func(n uint64) fault.Rules { return fault.Rules{Map: fault.Nth(n)} }, "map", false},

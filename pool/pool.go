@@ -433,10 +433,43 @@ func (m *meta) ptr() device.Ptr {
 
 // Pool is a device (or pinned host) memory pool.
 type Pool struct {
+	// Read on every allocation and free by every processor, written only
+	// by New and Close (revoked also while the caches are stopped): kept
+	// apart from the fields the central path writes (below the padding),
+	// so that a processor working under the lock does not take these
+	// cache lines from all the others.
 	dev  device.Device
 	opts Options
 	host bool
 	info device.Info
+	// procs are the per-processor caches (nil with CacheOff); revoked
+	// sends fast paths to the central path while another goroutine has
+	// the caches stopped, and for good once the pool is closed.
+	procs  []procCache
+	single bool // Options.Cache is CacheShared
+	// cacheMax and smallMax are Options.CacheMax and SmallMax in effect:
+	// 0 when the caches or the small range are off.
+	cacheMax, smallMax uint64
+	// plain: per-processor caches (CachePerProcessor) and no event hook,
+	// so Alloc may take allocPlain.
+	plain   bool
+	revoked atomic.Bool
+	lat     []latency.Histogram
+	hist    *history // Options.History; guarded by mu
+	// Pool-wide accounting, updated on the slow path, shared with the
+	// pool's shards (shard.go).
+	*ledger
+	// root is the pool callers hold: the pool itself, or the pool a shard
+	// belongs to. shards (root only; nil with one shard) are the sets of
+	// arenas processors spread their central work over.
+	root   *Pool
+	shards *shardSet
+	// direct is the main range of a virtual pool over a handle
+	// allocator whose base is aligned to Options.Alignment: tryArenas
+	// places large blocks there without the general loop. Nil otherwise.
+	direct *arena
+
+	_ [64]byte
 
 	mu       sync.Mutex // guards everything below that is not atomic
 	closed   bool
@@ -445,48 +478,19 @@ type Pool struct {
 	pending  map[device.Stream]*pendingList
 	awaiting []awaitBatch
 	tenants  map[string]*Tenant
-
-	// procs are the per-processor caches (nil with CacheOff); revoked
-	// sends fast paths to the central path while another goroutine has
-	// the caches stopped, and for good once the pool is closed.
-	// direct is the main range of a virtual pool over a handle
-	// allocator whose base is aligned to Options.Alignment: tryArenas
-	// places large blocks there without the general loop. Nil otherwise.
-	direct *arena
-
-	procs  []procCache
-	single bool // Options.Cache is CacheShared
-	// cacheMax and smallMax are Options.CacheMax and SmallMax in effect:
-	// 0 when the caches or the small range are off.
-	cacheMax, smallMax uint64
-	hist               *history // Options.History; guarded by mu
-	// plain: per-processor caches (CachePerProcessor) and no event hook,
-	// so Alloc may take allocPlain.
-	plain   bool
-	revoked atomic.Bool
-	slowN   atomic.Uint32 // allocations that bypass the caches, for latency sampling
-
-	central counters // slow-path accounting, guarded by mu
-	lat     []latency.Histogram
-
+	central  counters // slow-path accounting
 	// held is the bytes of blocks taken out of this shard's arenas
-	// (live, cached, parked or pending; ledger.taken sums every shard's),
-	// guarded by mu; cond (on mu) wakes goroutines waiting for pages in
-	// flight. The bytes of pages in flight and the goroutines moving
-	// pages are pool-wide: ledger.inflight and ledger.moving.
+	// (live, cached, parked or pending; ledger.taken sums every shard's);
+	// cond (on mu) wakes goroutines waiting for pages in flight. The
+	// bytes of pages in flight and the goroutines moving pages are
+	// pool-wide: ledger.inflight and ledger.moving.
 	held uint64
 	cond *sync.Cond
-
-	// Pool-wide accounting, updated on the slow path, shared with the
-	// pool's shards (shard.go).
-	*ledger
-	// root is the pool callers hold: the pool itself, or the pool a shard
-	// belongs to. shards (root only; nil with one shard) are the sets of
-	// arenas processors spread their central work over; remote holds
-	// this shard's blocks freed where its lock was not held.
-	root   *Pool
-	shards *shardSet
+	// remote holds this shard's blocks freed where its lock was not held.
 	remote atomic.Pointer[meta]
+	slowN  atomic.Uint32 // allocations that bypass the caches, for latency sampling
+
+	_ [64]byte
 }
 
 // counters is per-operation accounting. The pool keeps one set for the

@@ -51,3 +51,30 @@ func Example() {
 	fmt.Println(len(res.Tokens), "tokens, stop:", res.Stop, "- all resident:", len(e.Plan().Streamed()) == 0)
 	// Output: 6 tokens, stop: max_new - all resident: true
 }
+
+// Estimate plans a model without touching a device: with PrefillChunk and
+// Slots left 0 it chooses them from the budget. Here a 64 MiB budget holds
+// the tiny model and its whole 300-token prompt in one chunk; in 4 MiB the
+// weights stream and the largest chunk that still fits is 144 tokens.
+func ExampleEstimate() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "engine-example")
+	defer os.RemoveAll(dir)
+	synth.Generate(ctx, synth.Tiny(), filepath.Join(dir, "model.safetensors"), synth.Options{})
+	m, _ := llama.Open(dir)
+	defer m.Close()
+	o := sim.DefaultOptions()
+	o.Granularity = 64 << 10
+	info := sim.New(o).Info()
+	for _, budget := range []uint64{64 << 20, 4 << 20} {
+		f, err := engine.Estimate(ctx, m, engine.Options{Budget: budget, MaxTokens: 332, PromptTokens: 300}, info)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("budget %d MiB: chunk %d, %d slots, %d of %d weight groups stream\n", budget>>20, f.PrefillChunk, f.Slots, len(f.Plan.Streamed()), len(f.Plan.Groups))
+	}
+	// Output:
+	// budget 64 MiB: chunk 300, 2 slots, 0 of 31 weight groups stream
+	// budget 4 MiB: chunk 144, 2 slots, 30 of 31 weight groups stream
+}

@@ -412,15 +412,14 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 		// The fewest unmapped pages under a window slid over the range
 		// lie with the window's start at the start of a run of ready
 		// pages, or its end at the end of one.
-		for i := a.pageOf(s) + 1; i <= a.pageOf(e-1); i++ {
-			was, is := a.ready[(i-1)/64]&(1<<((i-1)%64)) != 0, a.ready[i/64]&(1<<(i%64)) != 0
+		a.readyEdges(a.pageOf(s)+1, a.pageOf(e-1), func(i uint64, starts bool) {
 			switch {
-			case !was && is:
+			case starts:
 				try((i*a.pageBytes+align-1)&^(align-1), s, e)
-			case was && !is && i*a.pageBytes >= size:
+			case i*a.pageBytes >= size:
 				try((i*a.pageBytes-size)&^(align-1), s, e)
 			}
-		}
+		})
 		return true
 	})
 	if best == b.Offset {
@@ -437,4 +436,26 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 	}
 	a.stale = true
 	return nb, nh, err
+}
+
+// readyEdges calls fn for each page i in [first, last] whose ready bit
+// differs from page i-1's: starts says a run of ready pages starts at i
+// (else one ended at i). It reads the ready set a word at a time, so
+// long runs cost little. first must be at least 1.
+func (a *arena) readyEdges(first, last uint64, fn func(i uint64, starts bool)) {
+	if first > last {
+		return
+	}
+	for w := first / 64; w <= last/64; w++ {
+		x := a.ready[w]
+		// prev holds, at bit k, the ready bit of page 64w+k-1.
+		prev := x << 1
+		if w > 0 {
+			prev |= a.ready[w-1] >> 63
+		}
+		for d := (x ^ prev) & wordMask(w, first, last); d != 0; d &= d - 1 {
+			k := uint64(bits.TrailingZeros64(d))
+			fn(w*64+k, x&(1<<k) != 0)
+		}
+	}
 }

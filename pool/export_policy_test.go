@@ -1,6 +1,10 @@
 package pool
 
-import "fmt"
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
 
 // CheckHandles verifies the physical handles of every virtual arena: each
 // mapped page belongs to exactly one handle, a run of pages [head,
@@ -51,4 +55,45 @@ func checkHandles(p *Pool) error {
 		}
 	}
 	return nil
+}
+
+// TestReadyEdges: the word-at-a-time scan of the ready set reports exactly
+// the pages whose ready bit differs from the page before, over random sets
+// and ranges.
+func TestReadyEdges(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 2000; trial++ {
+		n := 1 + r.IntN(300)
+		a := &arena{ready: make([]uint64, (n+63)/64)}
+		run := r.IntN(8) + 1 // runs of similar bits, as mapped pages come
+		bit := false
+		for i := 0; i < n; i++ {
+			if r.IntN(run) == 0 {
+				bit = !bit
+			}
+			if bit {
+				a.ready[i/64] |= 1 << (i % 64)
+			}
+		}
+		first := 1 + uint64(r.IntN(n))
+		last := first + uint64(r.IntN(n+1-int(first)))
+		if last >= uint64(n) {
+			last = uint64(n) - 1
+		}
+		var got, want []uint64
+		a.readyEdges(first, last, func(i uint64, starts bool) {
+			if starts != (a.ready[i/64]&(1<<(i%64)) != 0) {
+				t.Fatalf("page %d: starts %v, bit %v", i, starts, !starts)
+			}
+			got = append(got, i)
+		})
+		for i := first; i <= last; i++ {
+			if (a.ready[i/64]>>(i%64))&1 != (a.ready[(i-1)/64]>>((i-1)%64))&1 {
+				want = append(want, i)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("trial %d [%d, %d]: edges %v, want %v", trial, first, last, got, want)
+		}
+	}
 }

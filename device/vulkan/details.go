@@ -36,8 +36,9 @@ type QueueFamily struct {
 // Details is what `memwall info --device vulkan` shows beyond device.Info.
 type Details struct {
 	Loader string `json:"loader"`
-	// Driver is the driver's shared object, which Open keeps loaded for
-	// the rest of the process ("" when it could not be found).
+	// Driver is the shared object that holds the driver's commands (""
+	// when it could not be found). Open keeps the driver's libraries
+	// loaded for the rest of the process (see Open).
 	Driver     string        `json:"driver,omitempty"`
 	APIVersion string        `json:"api_version"`
 	DeviceType string        `json:"device_type"`

@@ -57,3 +57,6 @@ func ShaderCopy(d *Device) bool { return d.copyKernel() != nil }
 
 // SplitCopies counts the copies d split over several copy queues.
 func SplitCopies(d *Device) uint64 { return d.splits.Load() }
+
+// Pinned is how many shared objects d's Open kept loaded.
+func Pinned(d *Device) int { return d.pinned }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"unsafe"
@@ -346,16 +347,9 @@ func (pn *pinned) cstr(s string) uintptr {
 
 func (pn *pinned) release() { pn.p.Unpin() }
 
-// pinLibraryOf keeps the shared object that holds the code at fn loaded
-// for the rest of the process, and returns its path ("" when it cannot
-// tell). The Vulkan loader dlopens the driver in every vkCreateInstance
-// (and in vkEnumerateInstanceExtensionProperties) and dlcloses it in
-// vkDestroyInstance, so a process that opens and closes devices loads and
-// unloads the driver each time; NVIDIA's refuses vkCreateInstance with
-// VK_ERROR_INCOMPATIBLE_DRIVER after enough such cycles, for good. One
-// extra reference, never dropped, keeps the driver mapped and initialized
-// once.
-func pinLibraryOf(fn uintptr) string {
+// libraryOf returns the path of the shared object that holds the code at
+// fn ("" when it cannot tell): for a device command, the driver's.
+func libraryOf(fn uintptr) string {
 	if fn == 0 {
 		return ""
 	}
@@ -367,14 +361,55 @@ func pinLibraryOf(fn uintptr) string {
 	if r, _, _ := purego.SyscallN(dladdr, fn, uintptr(unsafe.Pointer(&info))); r == 0 || info.fname == 0 {
 		return ""
 	}
-	path := cStringAt(info.fname)
-	if path == "" {
-		return ""
+	return cStringAt(info.fname)
+}
+
+// mappedLibraries returns the paths of the shared objects mapped into the
+// process, from /proc/self/maps (nil where there is no such file).
+func mappedLibraries() map[string]bool {
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return nil
 	}
-	if _, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL); err != nil {
-		return ""
+	out := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		i := strings.IndexByte(line, '/')
+		if i < 0 || strings.HasSuffix(line, " (deleted)") {
+			continue
+		}
+		p := line[i:]
+		if base := filepath.Base(p); strings.HasSuffix(base, ".so") || strings.Contains(base, ".so.") {
+			out[p] = true
+		}
 	}
-	return path
+	return out
+}
+
+// pinNewLibraries keeps loaded, for the rest of the process, every shared
+// object mapped now that was not in before (the driver the loader opened
+// for this instance and what the driver loaded), and returns how many it
+// pinned. The loader dlopens the driver in every vkCreateInstance (and in
+// vkEnumerateInstanceExtensionProperties) and dlcloses it in
+// vkDestroyInstance; NVIDIA's driver takes glibc's static TLS space each
+// time it is loaded (libnvidia-tls), which runs out after about 30 opens,
+// and vkCreateInstance then finds no driver (VK_ERROR_INCOMPATIBLE_DRIVER)
+// for good. Keeping a part of the driver loaded is no cure (its other
+// libraries are unloaded and reloaded around it, which corrupted the
+// heap): the whole set stays, by one reference each that is never dropped.
+func pinNewLibraries(before map[string]bool) int {
+	if before == nil {
+		return 0
+	}
+	n := 0
+	for p := range mappedLibraries() {
+		if before[p] {
+			continue
+		}
+		if _, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL); err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // cStringAt copies the NUL-terminated string at p (at most 4 KiB).

@@ -90,6 +90,7 @@ func measureFamily(f int, n uint64) ([]xferResult, error) {
 		return nil, err
 	}
 	defer d.Close()
+	d.copyQueues = 1 // the plain streams copy on one queue; CopyQueues streams below
 	flags := strings.Join(flagNames(d.picked.queues[f].flags, queueFlagNames), "|")
 	devA, err := d.Alloc(n)
 	if err != nil {

@@ -22,6 +22,25 @@ type hfLine struct {
 	DecodeSkip string   `json:"decode_skip"`
 	DecodeIDs  []int    `json:"decode_ids"`
 	Pre        []string `json:"pre"`
+	// Stream is what HF's DecodeStream(skip_special_tokens=True) gave at
+	// each of IDs (null: no text yet), or {"error": ...} where it raised.
+	Stream json.RawMessage `json:"stream"`
+}
+
+// streamSteps reads l.Stream as one string a step ("" for null); ok is
+// false when the line has no steps (older data, or HF raised).
+func (l *hfLine) streamSteps() ([]string, bool) {
+	var steps []*string
+	if len(l.Stream) == 0 || json.Unmarshal(l.Stream, &steps) != nil {
+		return nil, false
+	}
+	out := make([]string, len(steps))
+	for i, p := range steps {
+		if p != nil {
+			out[i] = *p
+		}
+	}
+	return out, true
 }
 
 func readHF(t *testing.T) []hfLine { return readHFDir(t, "testdata/hf") }
@@ -75,7 +94,7 @@ func TestHF(t *testing.T) { checkHF(t, "testdata/hf") }
 func checkHF(t *testing.T, dir string) {
 	lines := readHFDir(t, dir)
 	toks := map[string]*Tokenizer{}
-	type count struct{ strings, ids, bad, decodes, badDecode int }
+	type count struct{ strings, ids, bad, decodes, badDecode, streamed int }
 	counts := map[string]*count{}
 	for _, l := range lines {
 		tok, ok := toks[l.File]
@@ -146,6 +165,19 @@ func checkHF(t *testing.T, dir string) {
 				}
 			}
 		}
+		if steps, ok := l.streamSteps(); ok {
+			c.streamed++
+			d := tok.NewDecoder()
+			for i, id := range l.IDs {
+				if got := d.Add(id); i < len(steps) && got != steps[i] {
+					bad = true
+					if c.bad < 8 {
+						t.Errorf("%s: stream of %v: step %d (id %d) gave %q, HF's DecodeStream %q", l.File, l.IDs, i, id, got, steps[i])
+					}
+					break
+				}
+			}
+		}
 		if bad {
 			c.bad++
 		}
@@ -154,7 +186,7 @@ func checkHF(t *testing.T, dir string) {
 		t.Fatal("no lines")
 	}
 	for file, c := range counts {
-		t.Logf("%-30s %5d strings, %6d ids, %d differ; %d id lists decoded, %d differ", file, c.strings, c.ids, c.bad, c.decodes, c.badDecode)
+		t.Logf("%-30s %5d strings, %6d ids, %d differ (%d streamed step by step); %d id lists decoded, %d differ", file, c.strings, c.ids, c.bad, c.streamed, c.decodes, c.badDecode)
 		if c.strings < 1000 {
 			t.Errorf("%s: %d strings, want ≥ 1000", file, c.strings)
 		}

@@ -30,7 +30,8 @@ Go does:
                  (flag_tokens), and 1,300 strings dense with them (flag_tests)
   OUT/expected.jsonl.gz, one JSON object a line:
     {"file": "<kind>/tokenizer.json", "text": s, "ids": [...]  (add_special_tokens=True),
-     "ids_plain": [...] (add_special_tokens=False), "decode": ..., "decode_skip": ...}
+     "ids_plain": [...] (add_special_tokens=False), "decode": ..., "decode_skip": ...,
+     "stream": [what DecodeStream(skip_special_tokens=True).step gives for each of ids, null for nothing]}
     and for id lists drawn at random (decode only):
     {"file": ..., "decode_ids": [...], "decode": ..., "decode_skip": ...}
   OUT/transformers-gguf.jsonl.gz (optional, when transformers' GGUF converter
@@ -532,6 +533,23 @@ def decode_lists(r, vocab_size, special_ids, n):
     return lists
 
 
+def stream_chunks(tok, ids):
+    """What HF's DecodeStream(skip_special_tokens=True) gives at each id (None
+    for no text yet), or {"error": ...} when it raises (its prefix check)."""
+    try:
+        from tokenizers.decoders import DecodeStream
+    except ImportError:
+        return None
+    ds = DecodeStream(skip_special_tokens=True)
+    out = []
+    try:
+        for i in ids:
+            out.append(ds.step(tok, i))
+    except BaseException as e:
+        return {"error": repr(e)[:200], "at": len(out)}
+    return out
+
+
 def check(name, path, tests, specials, out_lines):
     from tokenizers import Tokenizer
 
@@ -556,6 +574,7 @@ def check(name, path, tests, specials, out_lines):
                 line["pre"] = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(s)]
             except Exception:
                 pass
+        line["stream"] = stream_chunks(tok, ids)
         out_lines.append(line)
         n_ids += len(ids)
         if dec != s:

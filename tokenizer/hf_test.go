@@ -90,6 +90,17 @@ func (t *Tokenizer) tokensOf(ids []int) []string {
 // decoder's pieces adding up to the decode.
 func TestHF(t *testing.T) { checkHF(t, "testdata/hf") }
 
+// TestHFDir runs TestHF's comparison on another directory laid out as
+// testdata/hf, named by MEMWALL_HF_DIR: the output of tokenizer-check.py
+// (from the GPU machine, or from testdata/hfnode) before it is copied here.
+func TestHFDir(t *testing.T) {
+	dir := os.Getenv("MEMWALL_HF_DIR")
+	if dir == "" {
+		t.Skip("MEMWALL_HF_DIR is not set")
+	}
+	checkHF(t, dir)
+}
+
 // checkHF runs TestHF's comparison on the files and lines of dir.
 func checkHF(t *testing.T, dir string) {
 	lines := readHFDir(t, dir)

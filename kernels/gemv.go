@@ -129,3 +129,74 @@ func (s *Set) launchGemv(p gemvPlan, dtype string, W, X, Y device.Ptr, M, K, T u
 	}
 	return nil
 }
+
+// MatmulOp is one product of a MatmulGroup: Y (T×M float32) = X·Wᵀ for W
+// (M×K).
+type MatmulOp struct {
+	W, Y device.Ptr
+	M    uint32
+}
+
+// MatmulGroupMax is the most products one grouped launch takes.
+const MatmulGroupMax = 3
+
+// gemvGroupName is the grouped single-token GEMV kernel for dtype.
+func gemvGroupName(dtype string) string { return "memwall_gemvg1_" + dtype }
+
+// MatmulGroup queues ops[i].Y = X·ops[i].Wᵀ for products that share X (T×K
+// in dtype), such as a layer's q, k and v or its gate and up: with T = 1
+// and at most MatmulGroupMax products, one launch of memwall_gemvg1_<dtype>
+// (each product as memwall_gemv1_<dtype> computes it, its blocks after the
+// previous product's), which pays the per-launch ramp-up once; otherwise one
+// Matmul per product. Each product's result equals what Matmul gives with
+// the same arguments bit for bit when T = 1 (the same kernel code). Products
+// with M = 0 are skipped; arguments are checked as Matmul checks them,
+// before anything is launched.
+func (s *Set) MatmulGroup(dtype string, X device.Ptr, K, T uint32, ops []MatmulOp, st device.Stream) error {
+	elt, err := ElemSize(dtype)
+	if err != nil {
+		return fmt.Errorf("kernels: matmul group: %w", err)
+	}
+	var live []MatmulOp
+	var blocks uint64
+	for i, op := range ops {
+		if op.M == 0 || T == 0 {
+			continue
+		}
+		for _, p := range []struct {
+			name  string
+			v     device.Ptr
+			align uint64
+		}{{"W", op.W, uint64(elt)}, {"X", X, uint64(elt)}, {"Y", op.Y, 4}} {
+			if p.v == 0 || uint64(p.v)%p.align != 0 {
+				return fmt.Errorf("kernels: matmul group %s product %d: %s %#x is not a %d-byte aligned address: %w", dtype, i, p.name, uint64(p.v), p.align, device.ErrInvalid)
+			}
+		}
+		live = append(live, op)
+		blocks += uint64(ceilDiv(op.M, gemvRowsPerBlock(1)))
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	if T != 1 || len(live) > MatmulGroupMax || blocks > maxGridX || s.gemvOff[gemvOne] {
+		for _, op := range live {
+			if err := s.Matmul(dtype, op.W, X, op.Y, op.M, K, T, st); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	args := []any{X, K}
+	for i := range MatmulGroupMax {
+		op := MatmulOp{W: live[0].W, Y: live[0].Y} // M = 0: never read
+		if i < len(live) {
+			op = live[i]
+		}
+		args = append(args, op.W, op.Y, op.M)
+	}
+	g := device.Dim3{X: uint32(blocks), Y: 1, Z: 1}
+	if err := s.d.Launch(s.gemvg[dtype], g, blockDim(), 0, st, args...); err != nil {
+		return fmt.Errorf("kernels: %s K=%d, %d products: %w", gemvGroupName(dtype), K, len(live), err)
+	}
+	return nil
+}

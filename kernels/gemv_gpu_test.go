@@ -128,14 +128,68 @@ func TestCUDAGemvVariants(t *testing.T) {
 				}
 			}
 		}
-		for kind := range gemvKinds {
+		gemvGroupCheck(t, r, rng, per)
+		for kind := range gemvKinds + 1 {
 			for _, dt := range DTypes() {
-				if a := per[gemvName(kind, dt)]; a != nil {
-					fmt.Printf("KCHECK %s %s %.3g %.3g %d\n", gemvName(kind, dt), target, a.twin, a.ref, a.n)
+				name := gemvGroupName(dt)
+				if kind < gemvKinds {
+					name = gemvName(kind, dt)
+				}
+				if a := per[name]; a != nil {
+					fmt.Printf("KCHECK %s %s %.3g %.3g %d\n", name, target, a.twin, a.ref, a.n)
 				}
 			}
 		}
 	}
+}
+
+// gemvGroupCheck runs random MatmulGroups (1-3 products, T = 1) and
+// checks each product against Matmul's own launch (the same kernel code:
+// bit for bit), the Go twin and the float64 reference.
+func gemvGroupCheck(t *testing.T, r *rig, rng *rand.Rand, per map[string]*errAgg) {
+	for i := range 6 {
+		dt := DTypes()[i%3]
+		K := pick(rng, 4096, 1+rng.IntN(3000), 8*(1+rng.IntN(400)))
+		_, X := randMatrices(t, dt, 1, K, 1, uint64(i))
+		px := r.upload(X)
+		var ops []MatmulOp
+		var Ws [][]byte
+		for j := range 1 + rng.IntN(MatmulGroupMax) {
+			M := pick(rng, 1+rng.IntN(40), 1+rng.IntN(3000), 1024)
+			W, _ := randMatrices(t, dt, M, K, 1, uint64(10*i+j))
+			Ws = append(Ws, W)
+			ops = append(ops, MatmulOp{W: r.upload(W), Y: r.nans(uint64(4 * M)), M: uint32(M)})
+		}
+		must(t, r.s.MatmulGroup(dt, px, uint32(K), 1, ops, r.st))
+		for j, op := range ops {
+			alone := r.nans(uint64(4 * op.M))
+			must(t, r.s.Matmul(dt, op.W, px, alone, op.M, uint32(K), 1, r.st))
+			gb, ab := r.read(op.Y, uint64(4*op.M)), r.read(alone, uint64(4*op.M))
+			if string(gb) != string(ab) {
+				t.Errorf("%s K=%d product %d/%d M=%d: grouped result differs from Matmul's", gemvGroupName(dt), K, j, len(ops), op.M)
+			}
+			y, _ := Decode(F32, gb)
+			twin := make([]float32, op.M)
+			must(t, HostMatmul(dt, Ws[j], X, twin, int(op.M), K, 1))
+			if err := CheckMatmul(dt, Ws[j], X, y, int(op.M), K, 1, 500, 1); err != nil {
+				t.Errorf("%s: %v", gemvGroupName(dt), err)
+			}
+			errAggAdd(per, gemvGroupName(dt), relErr32(y, twin), matmulSampleErr(dt, Ws[j], X, y, int(op.M), K))
+		}
+	}
+}
+
+// matmulSampleErr is the relative error of y against float64 over 200
+// sampled outputs of a T = 1 product.
+func matmulSampleErr(dt string, W, X []byte, y []float32, M, K int) float64 {
+	var num, den float64
+	for i := range 200 {
+		m := (i * 7919) % M
+		ref := ReferenceRow(dt, W, X, M, K, 1, 0, m)
+		d := float64(y[m]) - ref
+		num, den = num+d*d, den+ref*ref
+	}
+	return math.Sqrt(num / max(den, 1e-300))
 }
 
 // The decode shapes of 7B/8B Llama models (q/o, 8-KV k/v, Llama-2 and -3
@@ -177,6 +231,89 @@ func TestCUDAGemvSweep(t *testing.T) {
 	for _, sh := range sweepShapes {
 		sweepShape(t, d, sets, tm, sh.M, sh.K, sh.T, sms, copyGBs)
 	}
+	for _, g := range [][]uint32{{4096, 1024, 1024}, {14336, 14336}, {11008, 11008}, {4096, 4096, 4096}} {
+		sweepGroup(t, d, sets, tm, g, 4096, copyGBs)
+	}
+}
+
+// sweepGroup times the T = 1 products of Ms (K columns, sharing X) cold as
+// one MatmulGroup launch and as one Matmul each, back to back. Prints
+//
+//	KFUSE <target> <M1+M2+...,K> <grouped GB/s> <separate GB/s> <grouped % of copy> <separate % of copy>
+func sweepGroup(t *testing.T, d device.Device, sets []*Set, tm *timer, Ms []uint32, K uint32, copyGBs float64) {
+	var total uint64
+	for _, M := range Ms {
+		total += uint64(M) * uint64(K) * 2
+	}
+	copies := min(64, max(1, int((768<<20)/total)))
+	type prod struct{ w, y device.Ptr }
+	sets3 := make([][]prod, copies)
+	var all []device.Ptr
+	for c := range sets3 {
+		for _, M := range Ms {
+			w, y := rawAlloc(t, d, uint64(M)*uint64(K)*2), rawAlloc(t, d, 4*uint64(M))
+			must(t, d.Memset8(w, 0x3c, uint64(M)*uint64(K)*2, tm.st))
+			sets3[c] = append(sets3[c], prod{w, y})
+			all = append(all, w, y)
+		}
+	}
+	x := rawAlloc(t, d, uint64(K)*2)
+	all = append(all, x)
+	defer func() {
+		for _, p := range all {
+			d.Free(p)
+		}
+	}()
+	must(t, d.Memset8(x, 0x3c, uint64(K)*2, tm.st))
+	bytes := float64(total + uint64(K)*2)
+	var shape []string
+	for _, M := range Ms {
+		shape = append(shape, fmt.Sprint(M))
+	}
+	for _, s := range sets {
+		target := strings.TrimSuffix(strings.TrimPrefix(s.Source(), "embedded kernels_"), ".ptx")
+		var gbs [2]float64
+		for mode := range 2 {
+			i := 0
+			f := func() error {
+				c := sets3[i%copies]
+				i++
+				if mode == 0 {
+					ops := make([]MatmulOp, len(Ms))
+					for j, M := range Ms {
+						ops[j] = MatmulOp{W: c[j].w, Y: c[j].y, M: M}
+					}
+					return s.MatmulGroup(BF16, x, K, 1, ops, tm.st)
+				}
+				for j, M := range Ms {
+					if err := s.Matmul(BF16, c[j].w, x, c[j].y, M, K, 1, tm.st); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			gbs[mode] = bytes / queued(t, s, tm, f).Seconds() / 1e9
+		}
+		fmt.Printf("KFUSE %s %s,%d %.0f %.0f %.1f %.1f\n", target, strings.Join(shape, "+"), K, gbs[0], gbs[1], 100*gbs[0]/copyGBs, 100*gbs[1]/copyGBs)
+	}
+}
+
+// queued returns the GPU time per call of f over 20 calls queued behind a
+// 1 ms spin kernel (so the host has queued them all before the first runs),
+// after one call to warm up.
+func queued(t *testing.T, s *Set, tm *timer, f func() error) time.Duration {
+	const n = 20
+	must(t, f())
+	must(t, s.Spin(time.Millisecond, tm.st))
+	must(t, tm.d.EventRecord(tm.e0, tm.st))
+	for range n {
+		must(t, f())
+	}
+	must(t, tm.d.EventRecord(tm.e1, tm.st))
+	must(t, tm.d.EventSynchronize(tm.e1))
+	el, err := tm.d.EventElapsed(tm.e0, tm.e1)
+	must(t, err)
+	return el / n
 }
 
 func copySpeed(t *testing.T, d device.Device, tm *timer) float64 {
@@ -213,7 +350,6 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 	bytes := float64(wBytes + uint64(T)*uint64(K)*2 + 4*uint64(T)*uint64(M))
 	shape := fmt.Sprintf("%d,%d,%d", M, K, T)
 	measure := func(s *Set, p gemvPlan) (cold, hot float64) {
-		const n = 20
 		i := 0
 		run := func(rotate bool) func() error {
 			return func() error {
@@ -226,18 +362,7 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 			}
 		}
 		for _, rotate := range []bool{true, false} {
-			f := run(rotate)
-			must(t, f())
-			must(t, s.Spin(time.Millisecond, tm.st)) // the queue fills while the GPU spins
-			must(t, d.EventRecord(tm.e0, tm.st))
-			for range n {
-				must(t, f())
-			}
-			must(t, d.EventRecord(tm.e1, tm.st))
-			must(t, d.EventSynchronize(tm.e1))
-			el, err := d.EventElapsed(tm.e0, tm.e1)
-			must(t, err)
-			gbs := bytes * n / el.Seconds() / 1e9
+			gbs := bytes / queued(t, s, tm, run(rotate)).Seconds() / 1e9
 			if rotate {
 				cold = gbs
 			} else {

@@ -1,9 +1,12 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/memwall/memwall/device"
 )
 
 // Mirrors of kernels.cu's constants for the streamed GEMV.
@@ -207,6 +210,66 @@ func TestPlanGemv(t *testing.T) {
 		}
 		if sms > 0 && gemvStreamed(p.kind) && p.grid > max(1, sms*gemvBlocksPerSM) {
 			t.Errorf("%s %d×%d: grid %d exceeds the %d resident blocks", dt, M, K, p.grid, sms*gemvBlocksPerSM)
+		}
+	}
+}
+
+// MatmulGroup on the simulator: every random group (0-4 products, some
+// empty, T 1-3) gives each product what Matmul gives alone, bit for bit,
+// and bad arguments fail before anything runs.
+func TestMatmulGroup(t *testing.T) {
+	d := newSim(t)
+	s, err := Load(d, nil)
+	must(t, err)
+	defer s.Close()
+	r := newRig(t, d, s)
+	rng := rand.New(rand.NewPCG(7, 15))
+	for i := range 40 {
+		dt := pick(rng, DTypes()...)
+		K, T := 1+rng.IntN(300), 1+rng.IntN(3)
+		if rng.IntN(2) == 0 {
+			T = 1
+		}
+		n := rng.IntN(MatmulGroupMax + 2)
+		var ops, alone []MatmulOp
+		var Ws [][]byte
+		_, X := randMatrices(t, dt, 1, K, T, uint64(i))
+		px := r.upload(X)
+		for j := range n {
+			M := rng.IntN(70)
+			W, _ := randMatrices(t, dt, M, K, 1, uint64(100*i+j))
+			pw := r.upload(W)
+			Ws = append(Ws, W)
+			ops = append(ops, MatmulOp{W: pw, Y: r.nans(uint64(4 * max(M*T, 1))), M: uint32(M)})
+			alone = append(alone, MatmulOp{W: pw, Y: r.nans(uint64(4 * max(M*T, 1))), M: uint32(M)})
+		}
+		must(t, s.MatmulGroup(dt, px, uint32(K), uint32(T), ops, r.st))
+		for j, op := range alone {
+			if op.M == 0 {
+				continue
+			}
+			must(t, s.Matmul(dt, op.W, px, op.Y, op.M, uint32(K), uint32(T), r.st))
+			n := uint64(4 * int(op.M) * T)
+			if g, w := r.read(ops[j].Y, n), r.read(op.Y, n); string(g) != string(w) {
+				t.Errorf("%s K=%d T=%d product %d of %d (M=%d): grouped result differs from Matmul's", dt, K, T, j, len(ops), op.M)
+			}
+			y, _ := Decode(F32, r.read(ops[j].Y, n))
+			must(t, CheckMatmul(dt, Ws[j], X, y, int(op.M), K, T, 0, 1))
+		}
+	}
+	p := r.nans(64)
+	for _, tc := range []struct {
+		name string
+		ops  []MatmulOp
+		dt   string
+		want error
+	}{
+		{"bad dtype", []MatmulOp{{p, p, 1}}, "f8", ErrDType},
+		{"W misaligned", []MatmulOp{{p, p, 1}, {p + 1, p, 1}}, BF16, device.ErrInvalid},
+		{"Y null", []MatmulOp{{p, 0, 1}}, F32, device.ErrInvalid},
+	} {
+		if err := s.MatmulGroup(tc.dt, p, 4, 1, tc.ops, r.st); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
 	}
 }

@@ -495,17 +495,18 @@ __device__ __forceinline__ void gemm_wmma(const uint16_t* __restrict__ W,
 // so no barrier is needed); grid and result as gemv<Tr, 1, 1>.
 const int kGemv1Stages = 8;
 
+// Block blk of the product (rows 8·blk .. 8·blk+7).
 template <class Tr>
-__device__ __forceinline__ void gemv1_async(const typename Tr::S* __restrict__ W,
-                                            const typename Tr::S* __restrict__ X,
-                                            float* __restrict__ Y, uint32_t M, uint32_t K) {
+__device__ __forceinline__ void gemv1_async_at(const typename Tr::S* __restrict__ W,
+                                               const typename Tr::S* __restrict__ X,
+                                               float* __restrict__ Y, uint32_t M, uint32_t K, uint64_t blk) {
     __shared__ __align__(16) uint4 ring[8][kGemv1Stages][32];  // [warp][stage][lane]: 32 KiB
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     if (K % Tr::kVec != 0 || !aligned16(W) || !aligned16(X) || blockDim.x != 256) {
-        gemv<Tr, 1, 1>(W, X, Y, M, K, 1);
+        gemv_at<Tr, 1, 1>(W, X, Y, M, K, 1, blk * 8 + warp);
         return;
     }
-    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const uint64_t m = (uint64_t)blockIdx.x * 8 + warp;
+    const uint64_t m = blk * 8 + warp;
     if (m >= M) return;
     const uint64_t nvec = K / Tr::kVec;
     const uint4* w4 = reinterpret_cast<const uint4*>(W + m * K);
@@ -533,6 +534,13 @@ __device__ __forceinline__ void gemv1_async(const typename Tr::S* __restrict__ W
     cp_async_wait<0>();
     acc = warp_sum(acc);
     if (lane == 0) Y[m] = acc;
+}
+
+template <class Tr>
+__device__ __forceinline__ void gemv1_async(const typename Tr::S* __restrict__ W,
+                                            const typename Tr::S* __restrict__ X,
+                                            float* __restrict__ Y, uint32_t M, uint32_t K) {
+    gemv1_async_at<Tr>(W, X, Y, M, K, blockIdx.x);
 }
 #endif  // MEMWALL_SM80
 
@@ -1723,6 +1731,48 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_bf16(
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
     gemv_strided<F16, 2, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+// Up to three T = 1 products that share X, in one launch (q, k and v; gate
+// and up): blocks 0 .. ceil(M0/8)-1 take product 0 as memwall_gemv1_* would,
+// the next ceil(M1/8) product 1, then product 2; grid: the sum.
+template <class Tr>
+__device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K, const typename Tr::S* W0,
+                                            float* Y0, uint32_t M0, const typename Tr::S* W1, float* Y1,
+                                            uint32_t M1, const typename Tr::S* W2, float* Y2, uint32_t M2) {
+    uint64_t blk = blockIdx.x;
+    const uint64_t b0 = ((uint64_t)M0 + 7) / 8, b1 = ((uint64_t)M1 + 7) / 8;
+    const typename Tr::S* W = W0;
+    float* Y = Y0;
+    uint32_t M = M0;
+    if (blk >= b0 + b1) {
+        blk -= b0 + b1, W = W2, Y = Y2, M = M2;
+    } else if (blk >= b0) {
+        blk -= b0, W = W1, Y = Y1, M = M1;
+    }
+#if MEMWALL_SM80
+    gemv1_async_at<Tr>(W, X, Y, M, K, blk);
+#else
+    gemv_at<Tr, 1, 1>(W, X, Y, M, K, 1, blk * 8 + (threadIdx.x >> 5));
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvg1_f32(
+    const float* X, uint32_t K, const float* W0, float* Y0, uint32_t M0, const float* W1, float* Y1,
+    uint32_t M1, const float* W2, float* Y2, uint32_t M2) {
+    gemv1_group<F32>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvg1_bf16(
+    const uint16_t* X, uint32_t K, const uint16_t* W0, float* Y0, uint32_t M0, const uint16_t* W1, float* Y1,
+    uint32_t M1, const uint16_t* W2, float* Y2, uint32_t M2) {
+    gemv1_group<BF16>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2);
+}
+
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvg1_f16(
+    const uint16_t* X, uint32_t K, const uint16_t* W0, float* Y0, uint32_t M0, const uint16_t* W1, float* Y1,
+    uint32_t M1, const uint16_t* W2, float* Y2, uint32_t M2) {
+    gemv1_group<F16>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f32(

@@ -116,6 +116,7 @@ func Names() []string {
 		for k := gemvStream1; k < gemvKinds; k++ {
 			n = append(n, gemvName(k, dt))
 		}
+		n = append(n, gemvGroupName(dt))
 	}
 	return append(n, llamaNames()...)
 }
@@ -235,6 +236,7 @@ type Set struct {
 	check     device.Function
 	spin      device.Function
 	gemvk     [gemvKinds]map[string]device.Function // by variant (gemv.go), then dtype
+	gemvg     map[string]device.Function            // MatmulGroup's kernel by dtype
 	gemm      map[string]device.Function
 	llama     llamaFuncs
 	blocks    uint32               // grid cap for the grid-stride kernels
@@ -329,7 +331,7 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		return nil, fmt.Errorf("kernels: load %s: %w", source, err)
 	}
 	s := &Set{d: d, mod: mod, source: source,
-		gemm: map[string]device.Function{}, scratch: map[device.Stream]scratchBuf{}}
+		gemm: map[string]device.Function{}, gemvg: map[string]device.Function{}, scratch: map[device.Stream]scratchBuf{}}
 	for k := range s.gemvk {
 		s.gemvk[k] = map[string]device.Function{}
 	}
@@ -376,6 +378,9 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 			}
 		}
 		if s.gemm[dt], err = resolve(GemmName(dt)); err != nil {
+			return fail(err)
+		}
+		if s.gemvg[dt], err = resolve(gemvGroupName(dt)); err != nil {
 			return fail(err)
 		}
 	}

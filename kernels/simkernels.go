@@ -48,6 +48,7 @@ func goKernels() []goKernel {
 		for k := gemvStream1; k < gemvKinds; k++ {
 			ks = append(ks, goKernel{name: gemvName(k, dt), run: runMatmul(dt, matStream+k), cost: costMatmul(dt)})
 		}
+		ks = append(ks, goKernel{name: gemvGroupName(dt), run: runGemvGroup(dt), cost: costGemvGroup(dt)})
 	}
 	return append(ks, llamaGoKernels()...)
 }
@@ -354,5 +355,77 @@ func costMatmul(dtype string) func(grid, block device.Dim3, args []any) (goCost,
 		M, K, T := float64(a.M), float64(a.K), float64(a.T)
 		e := float64(elt)
 		return goCost{flops: 2 * M * K * T, bytes: M*K*e + T*K*e + T*M*4}, true
+	}
+}
+
+// gemvGroupKinds are memwall_gemvg1_*'s arguments: X, K, then W, Y, M of
+// each of the MatmulGroupMax products.
+const gemvGroupKinds = "pu" + "ppu" + "ppu" + "ppu"
+
+// runGemvGroup computes each product of a grouped launch with HostMatmul
+// (T = 1), after checking that the grid covers every product's blocks.
+func runGemvGroup(dtype string) func(mem memory, grid, block device.Dim3, args []any) error {
+	name := gemvGroupName(dtype)
+	elt, _ := ElemSize(dtype)
+	return func(mem memory, grid, block device.Dim3, args []any) error {
+		a, err := parseArgs(name, gemvGroupKinds, args)
+		if err != nil {
+			return err
+		}
+		if block != blockDim() {
+			return fmt.Errorf("kernels: %s: block %v, want %v: %w", name, block, blockDim(), device.ErrInvalid)
+		}
+		K := uint64(a.u[0])
+		var blocks uint64
+		for i := range MatmulGroupMax {
+			blocks += (uint64(a.u[1+i]) + 7) / 8
+		}
+		if grid.Y != 1 || grid.Z != 1 || uint64(grid.X) < blocks {
+			return fmt.Errorf("kernels: %s: grid %v does not cover the %d blocks of the products: %w", name, grid, blocks, device.ErrInvalid)
+		}
+		xb, err := mem.Bytes(a.p[0], K*uint64(elt))
+		if err != nil {
+			return fmt.Errorf("kernels: %s: X: %w", name, err)
+		}
+		for i := range MatmulGroupMax {
+			M := uint64(a.u[1+i])
+			if M == 0 {
+				continue
+			}
+			wb, err := mem.Bytes(a.p[1+2*i], M*K*uint64(elt))
+			if err != nil {
+				return fmt.Errorf("kernels: %s: W%d: %w", name, i, err)
+			}
+			yb, err := mem.Bytes(a.p[2+2*i], M*4)
+			if err != nil {
+				return fmt.Errorf("kernels: %s: Y%d: %w", name, i, err)
+			}
+			y := make([]float32, M)
+			if err := HostMatmul(dtype, wb, xb, y, int(M), int(K), 1); err != nil {
+				return fmt.Errorf("kernels: %s: %w", name, err)
+			}
+			for j, v := range y {
+				binary.LittleEndian.PutUint32(yb[4*j:], math.Float32bits(v))
+			}
+		}
+		return nil
+	}
+}
+
+func costGemvGroup(dtype string) func(grid, block device.Dim3, args []any) (goCost, bool) {
+	elt, _ := ElemSize(dtype)
+	return func(_, _ device.Dim3, args []any) (goCost, bool) {
+		a, err := parseArgs("", gemvGroupKinds, args)
+		if err != nil {
+			return goCost{}, false
+		}
+		K, e := float64(a.u[0]), float64(elt)
+		c := goCost{bytes: K * e}
+		for i := range MatmulGroupMax {
+			M := float64(a.u[1+i])
+			c.flops += 2 * M * K
+			c.bytes += M*K*e + 4*M
+		}
+		return c, true
 	}
 }

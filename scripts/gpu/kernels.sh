@@ -67,6 +67,9 @@ awk '$1=="KSWEEP" { k=$2" "$3; if (!(k in b) || $6+0 > bc[k]) { b[k]=$4" "$5; bc
      $1=="KSEL" { k=$2" "$3; s[k]=$4" "$5; sc[k]=$6; sp[k]=$8; order[++n]=k }
      END { for (i=1;i<=n;i++) { k=order[i]; split(k,a," "); split(b[k],x," "); split(s[k],y," ");
        printf "%-6s %-14s %-20s %6s %6.0f %6s %6s | %-20s %6s %6s %6s\n", a[1], a[2], x[1], x[2], bc[k], bh[k], bp[k], y[1], y[2], sc[k], sp[k] } }' "$dir/sweep.txt"
+echo "== kernels: T = 1 products sharing X, cold: one MatmulGroup launch vs one Matmul each"
+printf '%-6s %-22s %9s %9s %7s %7s\n' target M+..,K grouped separate %copy %copy
+grep -h '^KFUSE' "$dir/sweep.txt" | awk '{printf "%-6s %-22s %9s %9s %7s %7s\n", $2, $3, $4, $5, $6, $7}'
 grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/sweep.txt" "$dir/speed.txt" | head -20
 echo "cublaslt: $(grep -m1 -o 'cuBLASLt [0-9]* from .*' "$dir/cublaslt.txt" 2>/dev/null || grep -m1 -i 'skip' "$dir/cublaslt.txt" 2>/dev/null) $(grep -c -- '--- PASS' "$dir/cublaslt.txt" 2>/dev/null) passed, $(grep -c -- '--- FAIL' "$dir/cublaslt.txt" 2>/dev/null) failed"
 echo "memcheck: $msum"

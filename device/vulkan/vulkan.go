@@ -197,7 +197,7 @@ type Device struct {
 // The shared objects of the driver stay loaded after Close, for the rest
 // of the process (on Linux): the loader would unload and reload them with
 // every instance, which some drivers (NVIDIA's) survive only a few dozen
-// times.
+// times. MEMWALL_VULKAN_KEEP_DRIVER=0 leaves them to the loader.
 func Open(o Options) (*Device, error) {
 	if o.Getenv == nil {
 		o.Getenv = os.Getenv
@@ -223,7 +223,7 @@ func Open(o Options) (*Device, error) {
 	}
 	d.space.next = spaceBase
 	var before map[string]bool
-	if !o.unpinned {
+	if !o.unpinned && o.Getenv("MEMWALL_VULKAN_KEEP_DRIVER") != "0" {
 		before = mappedLibraries()
 	}
 	if err := d.createInstance(); err != nil {

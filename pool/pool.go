@@ -480,12 +480,13 @@ type Pool struct {
 	tenants  map[string]*Tenant
 	central  counters // slow-path accounting
 	// held is the bytes of blocks taken out of this shard's arenas
-	// (live, cached, parked or pending; ledger.taken sums every shard's);
+	// (live, cached, parked or pending; takenNow sums every shard's);
 	// cond (on mu) wakes goroutines waiting for pages in flight. The
 	// bytes of pages in flight and the goroutines moving pages are
 	// pool-wide: ledger.inflight and ledger.moving.
-	held uint64
-	cond *sync.Cond
+	held    uint64
+	heldPub atomic.Uint64 // held, for readers without mu (takenNow)
+	cond    *sync.Cond
 	// remote holds this shard's blocks freed where its lock was not held.
 	remote atomic.Pointer[meta]
 	slowN  atomic.Uint32 // allocations that bypass the caches, for latency sampling
@@ -1110,7 +1111,7 @@ func (p *Pool) release(m *meta) {
 		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
 	}
 	a.released(p, m.off, m.size)
-	p.taken.Add(^(m.size - 1))
+	p.noteHeld()
 	p.putMeta(m)
 }
 

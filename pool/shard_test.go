@@ -323,3 +323,45 @@ func TestShardOOMTriesOthers(t *testing.T) {
 		})
 	}
 }
+
+// TestShardPeakUsed: with the root alone the peak of use is exact at every
+// placement, even a peak no Stats call saw; over shards it is the peak of
+// the sum of every shard's blocks at the points where the sum is taken
+// (Stats, and every page mapping).
+func TestShardPeakUsed(t *testing.T) {
+	d := newSim(t, false, 8<<30)
+	for _, spread := range []bool{false, true} {
+		p, err := pool.New(d, pool.Options{Shards: 4, TargetRatio: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spread {
+			pool.SpreadShards(p)
+		}
+		var bs []pool.Block
+		var sum uint64
+		for i := 0; i < 6; i++ {
+			b, err := p.Alloc(uint64(3+i)<<20, pool.AllocOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, b)
+			sum += b.Size
+		}
+		if spread {
+			if s := p.Stats(); s.PeakUsedBytes < sum || s.UsedBytes != sum {
+				t.Fatalf("spread: %d bytes live in %d shards, Stats says used %d, peak %d", sum, pool.ShardsMade(p), s.UsedBytes, s.PeakUsedBytes)
+			}
+		}
+		for _, b := range bs {
+			if err := p.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p.Trim()
+		if s := p.Stats(); s.PeakUsedBytes < sum || (!spread && s.PeakUsedBytes != sum) {
+			t.Fatalf("spread %v: peak used %d after %d bytes were live at once", spread, s.PeakUsedBytes, sum)
+		}
+		p.Close()
+	}
+}

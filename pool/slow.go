@@ -256,7 +256,7 @@ func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *me
 	a.live++
 	a.held += b.Size
 	p.held += b.Size
-	updateMax(&p.peakUsed, p.taken.Add(b.Size))
+	p.noteHeld()
 	return m
 }
 

@@ -76,7 +76,7 @@ type TenantStats struct {
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	c, cached := p.totals()
-	free := p.reserved.Load() - min(p.reserved.Load(), p.taken.Load())
+	free := p.reserved.Load() - min(p.reserved.Load(), p.takenNow())
 	p.mu.Unlock()
 	return p.stats(c, cached, free)
 }

@@ -206,7 +206,10 @@ func measureFamily(f int, n uint64) ([]xferResult, error) {
 	if err != nil {
 		return out, err
 	}
-	for _, g := range []uint32{264, 1056, 4224} {
+	if err := add("", "CopyDtoD (the default)", "d2d", func() error { return d.CopyDtoD(devB, devA, n, s) }, false); err != nil {
+		return out, err
+	}
+	for _, g := range []uint32{1056, 4224, 16896, 65536} {
 		op := func() error {
 			return d.Launch(fn, device.Dim3{X: g, Y: 1, Z: 1}, device.Dim3{X: 256, Y: 1, Z: 1}, 0, s, devB, devA, n/16)
 		}

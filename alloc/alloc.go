@@ -168,6 +168,10 @@ type PlacingAllocator interface {
 	// ErrOutOfMemory and changes nothing but the Failures count. The
 	// block is freed with FreeHandle.
 	AllocHandleAt(offset, size uint64) (Block, Handle, error)
+	// WalkFree calls fn for each free range of at least min bytes, in an
+	// order of the strategy's (by size), until fn returns false: the free
+	// ranges Walk reports, without visiting the blocks.
+	WalkFree(min uint64, fn func(Segment) bool)
 }
 
 // Errors returned by allocators; match with errors.Is.

@@ -193,6 +193,41 @@ func (b *BestFit) findIn(root int32, size, align uint64) int32 {
 	return found
 }
 
+// WalkFree calls fn for each free range of at least min bytes, smallest
+// first (ties by offset), until fn returns false. It visits only those
+// ranges (through the size classes), not the blocks.
+func (b *BestFit) WalkFree(min uint64, fn func(Segment) bool) {
+	fl, sl := tlsfMapping(max(min, 1))
+	if fl >= tlsfFLCount {
+		return
+	}
+	ok := b.slBitmap[fl]&(1<<sl) != 0
+	for {
+		if ok && !b.walkTreap(*b.root(fl, sl), min, fn) {
+			return
+		}
+		if fl, sl, ok = b.above(fl, sl); !ok {
+			return
+		}
+	}
+}
+
+// walkTreap visits the ranges of one treap of at least min bytes in
+// order; it returns false once fn did.
+func (b *BestFit) walkTreap(id int32, min uint64, fn func(Segment) bool) bool {
+	if id == nilID {
+		return true
+	}
+	n := &b.nodes[id]
+	if n.size >= min && !b.walkTreap(n.left, min, fn) {
+		return false
+	}
+	if n.size >= min && !fn(Segment{Offset: n.off, Size: n.size, Free: true}) {
+		return false
+	}
+	return b.walkTreap(n.right, min, fn)
+}
+
 // resetIndex empties the treaps.
 func (b *BestFit) resetIndex() { b.reset() }
 

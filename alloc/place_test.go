@@ -12,7 +12,8 @@ import (
 // and splits its free range around it; a placement that overlaps a live
 // block, lies past the capacity or has size 0 fails and changes nothing
 // but the failure count; random placements among random blocks keep every
-// invariant (alloc.Check) and free back to an empty allocator.
+// invariant (alloc.Check), WalkFree agrees with Walk, and everything frees
+// back to an empty allocator.
 func TestAllocHandleAt(t *testing.T) {
 	for _, name := range handleStrategies {
 		t.Run(name, func(t *testing.T) {
@@ -79,8 +80,42 @@ func TestAllocHandleAt(t *testing.T) {
 				if err := alloc.Check(a); err != nil {
 					t.Fatalf("op %d: %v", op, err)
 				}
+				if op%50 == 0 {
+					checkWalkFree(t, a, 1+r.Uint64N(2*MiB))
+				}
 			}
 			freeAllHandleBlocks(t, a, live)
 		})
+	}
+}
+
+// checkWalkFree: WalkFree(min) visits exactly the free ranges of at least
+// min bytes that Walk reports, each once, and stops when fn says so.
+func checkWalkFree(t *testing.T, a alloc.PlacingAllocator, min uint64) {
+	t.Helper()
+	want := map[alloc.Segment]bool{}
+	a.Walk(func(s alloc.Segment) bool {
+		if s.Free && s.Size >= min {
+			want[s] = true
+		}
+		return true
+	})
+	got := map[alloc.Segment]bool{}
+	a.WalkFree(min, func(s alloc.Segment) bool {
+		if got[s] || !want[s] {
+			t.Fatalf("%s WalkFree(%d) visited %+v (again, or not a free range of that size)", a.Name(), min, s)
+		}
+		got[s] = true
+		return true
+	})
+	if len(got) != len(want) {
+		t.Fatalf("%s WalkFree(%d) visited %d ranges, Walk shows %d", a.Name(), min, len(got), len(want))
+	}
+	if len(want) > 1 {
+		n := 0
+		a.WalkFree(min, func(alloc.Segment) bool { n++; return false })
+		if n != 1 {
+			t.Fatalf("%s WalkFree went on after fn returned false (%d calls)", a.Name(), n)
+		}
 	}
 }

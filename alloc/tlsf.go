@@ -111,6 +111,27 @@ func (t *TLSF) removeFree(id int32) {
 	}
 }
 
+// WalkFree calls fn for each free range of at least min bytes, by size
+// class (smallest first), until fn returns false. It visits only those
+// ranges, not the blocks.
+func (t *TLSF) WalkFree(min uint64, fn func(Segment) bool) {
+	fl, sl := tlsfMapping(max(min, 1))
+	if fl >= tlsfFLCount {
+		return
+	}
+	ok := t.slBitmap[fl]&(1<<sl) != 0
+	for {
+		for id := t.roots[fl][sl]; ok && id != nilID; id = t.nodes[id].nextFree {
+			if n := &t.nodes[id]; n.size >= min && !fn(Segment{Offset: n.off, Size: n.size, Free: true}) {
+				return
+			}
+		}
+		if fl, sl, ok = t.above(fl, sl); !ok {
+			return
+		}
+	}
+}
+
 func (t *TLSF) fits(id int32, size, align uint64) bool {
 	n := &t.nodes[id]
 	return alignUp(n.off, align)-n.off+size <= n.size

@@ -196,12 +196,18 @@ func (a *arena) freshen() {
 	clear(a.freeSet[:(a.mappedTop+63)/64])
 	a.freePages, a.freeTop = 0, 0
 	pb := a.pageBytes
-	a.alloc.Walk(func(s alloc.Segment) bool {
+	add := func(s alloc.Segment) bool {
 		if s.Free {
 			a.addFree(a.pageOf(s.Offset+pb-1), a.pageOf(s.Offset+s.Size))
 		}
 		return true
-	})
+	}
+	// Only free ranges of a page or more can hold a whole page.
+	if pa, ok := a.ha.(alloc.PlacingAllocator); ok {
+		pa.WalkFree(pb, add)
+	} else {
+		a.alloc.Walk(add)
+	}
 	a.addFree(a.pageOf(a.alloc.Capacity()+pb-1), a.mappedTop)
 }
 
@@ -381,8 +387,10 @@ func (a *arena) unready(first, last uint64) uint64 {
 // request) that is, more often than not, a range over pages unmapped
 // earlier while free mapped pages lie elsewhere, and each such placement
 // costs a page map (above the soft target, a move: an unmap and a map).
-// The search walks the free ranges (O(blocks + pages in free ranges)):
-// it runs only where the pool would otherwise call the driver. Called with
+// The search visits the free ranges that can hold the block (through the
+// strategy's size classes, not the blocks) and their runs of mapped pages
+// a bitset word at a time; it runs only where best fit's choice needs
+// pages. Called with
 // p.mu held.
 func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) (alloc.Block, alloc.Handle, error) {
 	pa, ok := a.ha.(alloc.PlacingAllocator)
@@ -402,10 +410,7 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 			best, bestCost, bestRange = off, c, e-s
 		}
 	}
-	a.alloc.Walk(func(seg alloc.Segment) bool {
-		if !seg.Free || seg.Size < size {
-			return true
-		}
+	pa.WalkFree(size, func(seg alloc.Segment) bool {
 		s, e := seg.Offset, seg.Offset+seg.Size
 		try((s+align-1)&^(align-1), s, e)
 		try((e-size)&^(align-1), s, e)

@@ -167,10 +167,17 @@ func workload(mix Mix, seed uint64, live, warm, pairs int) AllocWorkload {
 }
 
 // liveBlocks is the working set per goroutine: o.Live, fewer when the
-// working sets of all goroutines would pass a third of the device's memory.
+// working sets of all goroutines would pass a third of the device's memory
+// or most of what is free.
 func liveBlocks(d device.Device, mix Mix, goroutines int, o AllocOptions) int {
 	n := o.Live
-	if budget := float64(d.Info().TotalBytes) / 3; float64(goroutines*n)*mix.mean() > budget {
+	budget := float64(d.Info().TotalBytes) / 3
+	if free, _, err := d.MemInfo(); err == nil {
+		// Another process may hold most of the device: a third of the
+		// total would not fit then (on an idle device this changes nothing).
+		budget = min(budget, 0.8*float64(free))
+	}
+	if float64(goroutines*n)*mix.mean() > budget {
 		n = max(2, int(budget/(float64(goroutines)*mix.mean())))
 	}
 	return n

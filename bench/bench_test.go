@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/device/fault"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/pool"
 )
@@ -161,5 +162,38 @@ func TestAllocDriverRows(t *testing.T) {
 	}
 	if m := d.most.Load(); m != 4 {
 		t.Fatalf("at most %d driver timings ran at once, want the 4 goroutines'", m)
+	}
+}
+
+// TestAllocBusyDevice: on a device another process mostly holds (little
+// free memory, the total unchanged) the working sets shrink to fit what is
+// free, so the benchmark runs instead of running out of memory.
+func TestAllocBusyDevice(t *testing.T) {
+	o := sim.DefaultOptions()
+	o.Backing = false
+	var cfg fault.Config
+	d := fault.Wrap(sim.New(o), &cfg)
+	rep, err := bench.Alloc(context.Background(), d, bench.AllocOptions{
+		Mixes:      []bench.Mix{{Name: "fixed 64MiB", Min: 64 << 20, Max: 64 << 20}},
+		Strategies: []string{"bestfit"},
+		Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
+		Goroutines: []int{1}, Pairs: 200,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := rep.Results[0].Live
+	cfg.Set(fault.Rules{FreeLimit: 512 << 20}) // 8 blocks of 64 MiB free
+	rep, err = bench.Alloc(context.Background(), d, bench.AllocOptions{
+		Mixes:      []bench.Mix{{Name: "fixed 64MiB", Min: 64 << 20, Max: 64 << 20}},
+		Strategies: []string{"bestfit"},
+		Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
+		Goroutines: []int{1}, Pairs: 200,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy := rep.Results[0].Live; busy >= idle || busy*(64<<20) > 512<<20 {
+		t.Fatalf("working set %d blocks with 512 MiB free (%d on the idle device)", busy, idle)
 	}
 }

@@ -13,6 +13,8 @@
 #      4GiB --oom-snapshot FILE` runs (it needs 8 GiB of device memory): exit
 #      1, the message names the file, `memwall replay --html` draws it
 #      (~15 s, most of it importing torch);
+#      then, the GPU still held, `memwall bench alloc` on 64 MiB blocks runs
+#      (exit 0) with working sets sized to the free memory (~5 s);
 #   4. `memwall run --pool-log FILE` on a generated tiny Llama on cuda, and
 #      `memwall replay FILE` reads the log (~5 s).
 # Run from the repository root after scripts/gpu-build.sh (gpubin/); logs go
@@ -87,6 +89,9 @@ if [ -f "$dir/hog.ready" ]; then
   run "bench kv OOM: exit 1, message names the snapshot" 40 bash -c "
     '$mw' bench kv --device cuda --blocks 1000 --ops 1000 --reps 1 --swap-bytes 4GiB --oom-snapshot '$snap' >'$dir/kv-oom.out' 2>'$dir/kv-oom.err'; rc=\$?
     cat '$dir/kv-oom.err'; [ \$rc -eq 1 ] && [ -s '$snap' ] && grep -q 'snapshot at the failure is in $snap' '$dir/kv-oom.err'"
+  run "bench alloc on the busy GPU: runs, sized to what is free" 40 bash -c "
+    '$mw' bench alloc --device cuda --mixes 64MiB --policies virtual --strategies bestfit --goroutines 1,4 --pairs 500 --json >'$dir/alloc-busy.json' 2>'$dir/alloc-busy.err'; rc=\$?
+    cat '$dir/alloc-busy.err'; python3 -c 'import json,sys; [print(r[\"allocator\"], r[\"goroutines\"], \"live\", r[\"live\"], r.get(\"note\", \"\")) for r in json.load(open(sys.argv[1]))[\"results\"]]' '$dir/alloc-busy.json'; exit \$rc"
 else
   status+=("$(printf '%-52s %-9s' "bench kv OOM (torch could not hold the GPU)" "SKIPPED")")
 fi

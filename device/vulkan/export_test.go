@@ -60,3 +60,7 @@ func SplitCopies(d *Device) uint64 { return d.splits.Load() }
 
 // Pinned is how many shared objects d's Open kept loaded.
 func Pinned(d *Device) int { return d.pinned }
+
+// SetSplitMin sets the smallest copy d splits over its copy queues, so
+// that tests split small copies too.
+func SetSplitMin(d *Device, n uint64) { d.splitMin = n }

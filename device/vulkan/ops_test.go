@@ -164,11 +164,22 @@ func (r *opRunner) step(i int, op byte, x *rand.Rand) {
 		for j := range words {
 			binary.LittleEndian.PutUint32(b[off+4*j:], v)
 		}
-	case 7: // read back a range and compare
+	case 7: // read back a range, into pageable or pinned memory, and compare
 		p, b, off, n := r.pick(x)
 		got := make([]byte, n)
+		if x.IntN(2) == 0 {
+			for _, st := range []device.Stream{r.s[(i+1)%2], s} { // an H2D may still read the pinned buffer
+				if err := d.StreamSynchronize(st); err != nil {
+					r.fatalf("op %d: %v", i, err)
+				}
+			}
+			got = r.pinned.Bytes[:n]
+		}
 		if err := d.CopyDtoH(got, p.Add(off), s); err != nil {
 			r.fatalf("op %d: CopyDtoH: %v", i, err)
+		}
+		if err := d.StreamSynchronize(s); err != nil { // a copy into pinned memory is asynchronous
+			r.fatalf("op %d: %v", i, err)
 		}
 		if !bytes.Equal(got, b[off:off+n]) {
 			r.fatalf("op %d: %d bytes at +%d of a %d-byte allocation differ from the model", i, n, off, len(b))
@@ -200,14 +211,29 @@ func (r *opRunner) checkAll(i int) {
 // TestRandomOps runs long random sequences of allocations, frees, copies
 // of every kind and memsets at every alignment on two event-ordered
 // streams, checking each read against a host model and every allocation
-// at intervals.
+// at intervals; three sequences on the default device, two with copies
+// split over queues and D2D by shader.
 func TestRandomOps(t *testing.T) {
 	d := open(t)
+	// Copies between host-visible memory and the device split over three
+	// queues from 4 KiB up, and device-to-device copies as shaders even on
+	// a CPU driver.
+	split := openWith(t, vulkan.Options{CopyQueues: 3, Getenv: func(k string) string {
+		if k == "MEMWALL_VULKAN_SHADER_COPY" {
+			return "1"
+		}
+		return os.Getenv(k)
+	}})
+	vulkan.SetSplitMin(split, 4096)
 	steps := 600
 	if testing.Short() {
 		steps = 200
 	}
-	for seed := range uint64(3) {
+	for seed := range uint64(5) {
+		d := d
+		if seed >= 3 {
+			d = split
+		}
 		r := newRunner(t, d)
 		x := rand.New(rand.NewPCG(seed, 99))
 		for i := range steps {
@@ -219,6 +245,10 @@ func TestRandomOps(t *testing.T) {
 		r.checkAll(steps)
 		r.close()
 	}
+	if vulkan.SplitCopies(split) == 0 {
+		t.Error("no copy was split over the copy queues")
+	}
+	t.Logf("%d copies split", vulkan.SplitCopies(split))
 }
 
 // FuzzOps decodes the fuzzer's bytes as an operation sequence (one byte

@@ -494,7 +494,9 @@ func (d *Device) record(s *stream, q *queue, rec func(cb uintptr)) (uintptr, err
 	return cb, nil
 }
 
-// splitMinBytes is the smallest copy split over the stream's copy queues.
+// splitMinBytes is the smallest copy split over the stream's copy queues
+// (below it the second submission costs more than the second engine
+// saves).
 const splitMinBytes = 32 << 20
 
 // submitCopy submits a copy of n bytes between host memory and the device:
@@ -508,7 +510,7 @@ const splitMinBytes = 32 << 20
 // covers the queue's earlier submissions). s.mu is held.
 func (d *Device) submitCopy(s *stream, src, dst, so, do, n uint64) error {
 	k := uint64(len(s.tqs))
-	if k < 2 || n < splitMinBytes || d.deferring.Load() {
+	if k < 2 || n < d.splitMin || d.deferring.Load() {
 		_, err := d.submit(s, s.tq, d.copyCmd(src, dst, so, do, n))
 		return err
 	}

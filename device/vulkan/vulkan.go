@@ -162,6 +162,7 @@ type Device struct {
 	copyK        *copyKernel // nil: CopyDtoD always uses vkCmdCopyBuffer
 	noShaderCopy bool        // CPU devices, or MEMWALL_VULKAN_SHADER_COPY=0 (=1 forces it on)
 	copyQueues   int         // Options.CopyQueues, 1 to 8
+	splitMin     uint64      // the smallest copy split over copyQueues
 	splits       atomic.Uint64
 
 	// memset byte table: bytes 4v..4v+3 equal v, for the unaligned ends of
@@ -255,6 +256,7 @@ func Open(o Options) (*Device, error) {
 		o.CopyQueues = 2 // two copy engines: 0.93 of CUDA's pinned H2D on an H200, one gives 0.89
 	}
 	d.copyQueues = min(max(o.CopyQueues, 1), 8)
+	d.splitMin = splitMinBytes
 	if err := d.initMemory(); err != nil {
 		d.Close()
 		return nil, err

@@ -30,12 +30,15 @@
 // waits for the stream's previous value (and for the events the stream was
 // told to wait on) and signals the next, so work on a stream runs in order
 // with full memory dependencies between operations, whichever queue runs
-// it: copies and memsets go to a transfer-only queue family when the device
-// has one, kernels and timestamps to a compute queue. An event captures
+// it: copies that touch host memory go to a transfer-only queue family when
+// the device has one (the copy engines; a large one is split over two of
+// its queues, see Options.CopyQueues), kernels, memsets and device-to-device
+// copies to a compute queue (a device-to-device copy as a shader on GPUs:
+// the copy engines do not reach memory bandwidth). An event captures
 // (semaphore, value) of the stream it was recorded on; a timing event also
-// writes a timestamp query. StreamWaitEvent adds a semaphore wait to the
-// stream's next submission: the GPU waits for the GPU, the host is never in
-// the loop.
+// writes a timestamp query, on the queue that ran the stream's last work.
+// StreamWaitEvent adds a semaphore wait to the stream's next submission:
+// the GPU waits for the GPU, the host is never in the loop.
 //
 // # Kernels
 //
@@ -53,8 +56,9 @@
 // (AllocPriority for weights at 1.0); HostAlloc host-visible coherent
 // memory, mapped, which copies use in place; HostRegister imports existing
 // host memory with VK_EXT_external_memory_host. Copies from and to
-// ordinary Go memory go through per-stream staging buffers; a copy into
-// pageable memory returns once the bytes are there, as CUDA's does.
+// ordinary Go memory go through per-stream staging buffers (the host side
+// copied on up to four goroutines); a copy into pageable memory returns
+// once the bytes are there, as CUDA's does.
 // Virtual memory (Reserve, Map) is sparse residency binding, opt-in with
 // Options.Sparse or MEMWALL_VULKAN_SPARSE=1; without it pools grow in
 // chunks. Info.Disabled says which optional feature is off and why.

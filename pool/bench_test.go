@@ -156,14 +156,18 @@ func BenchmarkStats(b *testing.B) {
 // BenchmarkParallelPair is BenchmarkPair on 1, 4 and 16 goroutines at
 // once, each with its own working set of 32 blocks (log-uniform
 // 512 B–64 MiB, as memwall bench alloc's random mix) and its own request
-// stream: the default (shards), the default with one set of arenas, both
-// keeping every page, and both with 16 KiB cached classes and a 64 KiB
-// small-block range. ns/op is wall time per pair over all
+// stream: the default (shards), the default with one set of arenas and
+// with 4 and 8 shards, both keeping every page, and both with 16 KiB
+// cached classes and a 64 KiB small-block range. peak-GiB and peak/used
+// are the pool's peak reserved bytes and their ratio to its peak used
+// bytes: what the shards cost in memory. ns/op is wall time per pair over all
 // goroutines; pairs/s is its inverse.
 func BenchmarkParallelPair(b *testing.B) {
 	for _, o := range []pool.Options{
 		{Name: "default"},
 		{Name: "oneshard", Shards: 1},
+		{Name: "shards4", Shards: 4}, // processors share shards: memory against speed
+		{Name: "shards8", Shards: 8},
 		{Name: "keep", TargetRatio: -1},
 		{Name: "keep-oneshard", TargetRatio: -1, Shards: 1},
 		// Smaller cached classes and small-block range, which replays favour.
@@ -247,6 +251,9 @@ func benchParallelPairs(b *testing.B, o pool.Options, goroutines int) {
 	b.ReportMetric(float64(p.Stats().DeviceCalls()-calls)/total, "calls/op")
 	b.ReportMetric(total/b.Elapsed().Seconds(), "pairs/s")
 	b.ReportMetric(float64(pool.ShardsMade(p)), "shards")
+	st := p.Stats()
+	b.ReportMetric(float64(st.PeakReservedBytes)/(1<<30), "peak-GiB")
+	b.ReportMetric(float64(st.PeakReservedBytes)/float64(max(1, st.PeakUsedBytes)), "peak/used")
 	for _, s := range ss {
 		for _, x := range s.live {
 			if err := p.Free(x); err != nil {

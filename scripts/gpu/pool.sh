@@ -62,7 +62,7 @@ echo "pool test failures (if any):"
 grep -E '^(--- FAIL|FAIL|panic)' "$dir/suite.txt" 2>/dev/null | head -n 10
 echo
 echo "BenchmarkParallelPair (cuda; pairs/s over all goroutines):"
-grep -E '^Benchmark' "$dir/parallel.txt" "$dir/profile.txt" "$dir/profile-keep.txt" 2>/dev/null | sed 's/^[^:]*://' | awk '{printf "%-48s %s %s  %s %s  %s %s\n", $1, $5, $6, $7, $8, $9, $10}'
+grep -E '^Benchmark' "$dir/parallel.txt" "$dir/profile.txt" "$dir/profile-keep.txt" 2>/dev/null | sed 's/^[^:]*://' | awk '{printf "%-46s %s %s  %s %s  %s %s  %s %s  %s %s\n", $1, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14}'
 echo
 echo "bench alloc (random mix), ratios to cuMemAllocAsync:"
 python3 scripts/gpu/pool-table.py "$dir/alloc.json" 2>&1 | head -n 20

@@ -180,3 +180,66 @@ func TestCopyRuleExamples(t *testing.T) {
 		})
 	}
 }
+
+// FuzzCopyRules: any rule over any sequence of copies fails exactly the
+// copies the model says, each with an error wrapping ErrInjected and
+// ErrCopy, and counts them as injected. The input's first bytes are the
+// rule (kinds, stream, call trigger, byte threshold); each later pair a
+// copy (kind and stream, size).
+func FuzzCopyRules(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 0, 0, 0}, []byte{0, 10, 1, 20, 2, 30})
+	f.Add([]byte{1, 1, 3, 0, 0, 0}, []byte{0, 10, 3, 20, 0, 30, 4, 40})
+	f.Add([]byte{7, 0, 2, 1, 0, 0}, []byte{1, 1, 2, 2, 1, 3, 5, 4})
+	f.Add([]byte{6, 2, 0, 0, 100, 1}, []byte{2, 60, 5, 60, 1, 60, 2, 60, 5, 1})
+	f.Add([]byte{2, 0, 0, 0, 1, 0}, []byte{1, 0, 1, 1, 1, 255})
+	f.Fuzz(func(t *testing.T, rule, ops []byte) {
+		if len(rule) < 6 || len(ops) > 400 {
+			return
+		}
+		d := newSim(t, nil)
+		cfg := &fault.Config{}
+		w := fault.Wrap(d, cfg)
+		s1, _ := w.NewStream()
+		s2, _ := w.NewStream()
+		streams := []device.Stream{s1, s2}
+		a, _ := w.Alloc(1024)
+		b, _ := w.Alloc(1024)
+		r := fault.CopyRule{Kinds: fault.CopyKind(rule[0] & 7), Call: fault.Trigger{Nth: uint64(rule[2] % 16), AndAfter: rule[3]&1 == 1},
+			Bytes: uint64(rule[4]) * 4, AfterBytes: rule[5]&1 == 1}
+		if rule[1]%3 != 0 {
+			r.Stream = streams[rule[1]%3-1]
+		}
+		cfg.Set(fault.Rules{FailCopies: r})
+		m := copyModel{r: r}
+		var failed uint64
+		buf := make([]byte, 1024)
+		for i := 0; i+1 < len(ops); i += 2 {
+			k := fault.CopyKind(1 << (ops[i] % 3))
+			s := streams[(ops[i]/3)%2]
+			n := uint64(ops[i+1]) + 1
+			var err error
+			switch k {
+			case fault.HtoD:
+				err = w.CopyHtoD(a, buf[:n], s)
+			case fault.DtoH:
+				err = w.CopyDtoH(buf[:n], a, s)
+			default:
+				err = w.CopyDtoD(a, b, n, s)
+			}
+			want := m.fails(k, s, n)
+			if (err != nil) != want {
+				t.Fatalf("copy %d (%s, %d bytes, stream %d), rule %+v: error %v, want failure %v", i/2, k, n, s, r, err, want)
+			}
+			if err != nil {
+				failed++
+				if !errors.Is(err, fault.ErrInjected) || !errors.Is(err, fault.ErrCopy) {
+					t.Fatalf("error %v", err)
+				}
+			}
+		}
+		if c := cfg.Counts(); c.Injected != failed {
+			t.Fatalf("Injected %d, %d failed", c.Injected, failed)
+		}
+		w.Synchronize()
+	})
+}

@@ -89,8 +89,8 @@ func (t *Tokenizer) BOS() (int, bool) { return t.bos, t.bos >= 0 }
 func (t *Tokenizer) EOS() (int, bool) { return t.eos, t.eos >= 0 }
 
 // Token is the text of token id as the vocabulary spells it (byte-level
-// tokens in their mapped alphabet, SentencePiece ones with ▁), and whether
-// the id is a token.
+// tokens in their mapped alphabet, SentencePiece ones with ▁; an added
+// token's content as the file writes it), and whether the id is a token.
 func (t *Tokenizer) Token(id int) (string, bool) {
 	if id < 0 || id >= len(t.pieces) || !t.has[id] {
 		return "", false
@@ -184,7 +184,9 @@ func (t *Tokenizer) decodeText(id int) string {
 }
 
 // Decode returns the text of ids, as HF's decode does: ids that are no token
-// are left out, special tokens too when skipSpecial, and the rest go through
+// are left out, special tokens too when skipSpecial (IsSpecial says which),
+// a normalized added token is read as its normalizers write it ("▁<x>" for
+// "<x>" after Llama-2's Prepend), and the rest go through
 // the file's decoders (byte-level bytes, ▁ to space, <0xNN> bytes, the
 // leading space). Bytes that do not form UTF-8 become U+FFFD.
 func (t *Tokenizer) Decode(ids []int, skipSpecial bool) string {

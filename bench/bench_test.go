@@ -173,27 +173,21 @@ func TestAllocBusyDevice(t *testing.T) {
 	o.Backing = false
 	var cfg fault.Config
 	d := fault.Wrap(sim.New(o), &cfg)
-	rep, err := bench.Alloc(context.Background(), d, bench.AllocOptions{
-		Mixes:      []bench.Mix{{Name: "fixed 64MiB", Min: 64 << 20, Max: 64 << 20}},
-		Strategies: []string{"bestfit"},
-		Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
-		Goroutines: []int{1}, Pairs: 200,
-	})
-	if err != nil {
-		t.Fatal(err)
+	live := func() int {
+		rep, err := bench.Alloc(context.Background(), d, bench.AllocOptions{
+			Mixes:      []bench.Mix{{Name: "fixed 64MiB", Min: 64 << 20, Max: 64 << 20}},
+			Strategies: []string{"bestfit"},
+			Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
+			Goroutines: []int{1}, Pairs: 200,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.Results[0].Live
 	}
-	idle := rep.Results[0].Live
+	idle := live()
 	cfg.Set(fault.Rules{FreeLimit: 512 << 20}) // 8 blocks of 64 MiB free
-	rep, err = bench.Alloc(context.Background(), d, bench.AllocOptions{
-		Mixes:      []bench.Mix{{Name: "fixed 64MiB", Min: 64 << 20, Max: 64 << 20}},
-		Strategies: []string{"bestfit"},
-		Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
-		Goroutines: []int{1}, Pairs: 200,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if busy := rep.Results[0].Live; busy >= idle || busy*(64<<20) > 512<<20 {
+	if busy := live(); busy >= idle || busy*(64<<20) > 512<<20 {
 		t.Fatalf("working set %d blocks with 512 MiB free (%d on the idle device)", busy, idle)
 	}
 }

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -16,10 +14,7 @@ import (
 
 func runGen(t *testing.T, terminal bool, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var o, e bytes.Buffer
-	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, terminal: terminal, getenv: func(string) string { return "" }}
-	code = run(append([]string{"gen-model"}, args...), env)
-	return code, o.String(), e.String()
+	return runVerbTerminal(t, terminal, append([]string{"gen-model"}, args...)...)
 }
 
 func TestGenModel(t *testing.T) {

@@ -20,11 +20,7 @@ import (
 // runVerbFault runs a command line on devices wrapped with cfg's faults.
 func runVerbFault(t *testing.T, cfg *fault.Config, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var o, e bytes.Buffer
-	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, getenv: func(string) string { return "" },
-		wrapDevice: func(d device.Device) device.Device { return fault.Wrap(d, cfg) }}
-	code = run(args, env)
-	return code, o.String(), e.String()
+	return runEnv(t, func(e *env) { e.wrapDevice = func(d device.Device) device.Device { return fault.Wrap(d, cfg) } }, args...)
 }
 
 // oomCases are the verbs that allocate through a pool, each a small run on

@@ -9,13 +9,23 @@ import (
 	"testing"
 )
 
+// runEnv runs a command line on an env over buffers that tweak (nil: none)
+// may change first: the one helper the other runVerb* variants use.
+func runEnv(t *testing.T, tweak func(*env), args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, getenv: func(string) string { return "" }}
+	if tweak != nil {
+		tweak(env)
+	}
+	code = run(args, env)
+	return code, o.String(), e.String()
+}
+
 // runVerbTerminal runs a command line as if stdout were a terminal.
 func runVerbTerminal(t *testing.T, terminal bool, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var o, e bytes.Buffer
-	env := &env{ctx: context.Background(), stdout: &o, stderr: &e, terminal: terminal, getenv: func(string) string { return "" }}
-	code = run(args, env)
-	return code, o.String(), e.String()
+	return runEnv(t, func(e *env) { e.terminal = terminal }, args...)
 }
 
 // TestProgressOnTerminal: the verbs that can run for seconds draw a bar
@@ -26,7 +36,7 @@ func TestProgressOnTerminal(t *testing.T) {
 	lifetimes := filepath.Join("..", "..", "testdata", "minimalloc", "A.1048576.csv")
 	cases := map[string][]string{
 		"replay": {"replay", trace, "--no-search", "--strategy", "default"},
-		"plan":   {"plan", "--lifetimes", lifetimes, "--time-limit", "600ms"},
+		"plan":   {"plan", "--lifetimes", lifetimes, "--capacity", "4MiB", "--time-limit", "600ms"},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -54,11 +64,10 @@ func TestInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	out := filepath.Join(t.TempDir(), "alloc.json")
-	var o, e bytes.Buffer
-	env := &env{ctx: ctx, stdout: &o, stderr: &e, getenv: func(string) string { return "" }}
-	code := run([]string{"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB", "--out", out}, env)
-	if code != exitFail || !strings.Contains(e.String(), "memwall bench alloc: interrupted") {
-		t.Fatalf("exit %d, stderr %q", code, e.String())
+	code, _, stderr := runEnv(t, func(e *env) { e.ctx = ctx },
+		"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB", "--out", out)
+	if code != exitFail || !strings.Contains(stderr, "memwall bench alloc: interrupted") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}
 	if _, err := os.Stat(out); err == nil {
 		t.Fatal("an interrupted run wrote its --out file")

@@ -1,6 +1,7 @@
 package pool_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -78,4 +79,14 @@ func TestPriorityReachesDevice(t *testing.T) {
 	if pool.PurposePriority(pool.Weights) != 1 || pool.PurposePriority(pool.Activations) != 0.5 || pool.PurposePriority(pool.KV) != 0.5 {
 		t.Error("PurposePriority: want weights 1.0, the rest 0.5")
 	}
+}
+
+// A pool of weights on a Vulkan device takes its chunks at memory priority
+// 1.0: under memory pressure the driver keeps them resident before the
+// chunks of an activations pool (0.5, the default).
+func ExamplePurposePriority() {
+	weights := pool.Options{Name: "weights", Growth: pool.GrowChunks, Priority: pool.PurposePriority(pool.Weights)}
+	activations := pool.Options{Name: "activations", Growth: pool.GrowChunks, Priority: pool.PurposePriority(pool.Activations)}
+	fmt.Println(weights.Priority, activations.Priority)
+	// Output: 1 0.5
 }

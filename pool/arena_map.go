@@ -60,7 +60,7 @@ func (a *arena) touch(p *Pool, off, size uint64) error {
 	}
 	// The soft target and the handles' length count the block being
 	// placed in the peak of use.
-	pl := planner{peak: max(p.peakUsed.Load(), p.takenNow()+size)}
+	pl := planner{peak: p.peakWith(size)}
 	err := pl.plan(p, a, first, last)
 	if err == nil {
 		if pl.moves {

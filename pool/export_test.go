@@ -137,3 +137,6 @@ func QueuedFrees(p *Pool) int {
 	}
 	return n
 }
+
+// Unbalanced turns off p's balancing of free pages across shards.
+func Unbalanced(p *Pool) { p.shards.unbalanced.Store(true) }

@@ -51,6 +51,9 @@ type ledger struct {
 	// central allocation and free of every processor wrote was where 16
 	// goroutines queued (one cache line, 14 M writes a second).
 	spread atomic.Bool
+	// balanced is the reserved bytes when balance last ran: it runs
+	// again only once the pool has grown past them.
+	balanced atomic.Uint64
 }
 
 // shardSet is the root's table of shards.
@@ -64,6 +67,8 @@ type shardSet struct {
 	// in turn, so that one goroutine exercises remote frees.
 	spread atomic.Bool
 	turn   atomic.Uint32
+	// unbalanced (set by benchmarks) turns balance off.
+	unbalanced atomic.Bool
 }
 
 // procShard is one processor's choice of shard.
@@ -169,6 +174,15 @@ func (p *Pool) takenNow() uint64 {
 	return n
 }
 
+// peakWith returns the peak of use counting a block of size bytes about
+// to be placed beside what every shard holds now, and records it: the
+// soft target's measure where pages are mapped.
+func (p *Pool) peakWith(size uint64) uint64 {
+	n := p.takenNow() + size
+	updateMax(&p.peakUsed, n)
+	return p.peakUsed.Load()
+}
+
 // noteHeld publishes p.held after it changed, and, while the root is the
 // only shard, records it in the peak of use. Called with p.mu held.
 func (p *Pool) noteHeld() {
@@ -239,6 +253,7 @@ func (p *Pool) shardAlloc(size, align uint64, parked *meta) (*meta, *Pool, error
 	s.releaseList(parked)
 	m, err := s.arenaAlloc(size, align, 0)
 	if err == nil {
+		p.balance(s)
 		return m, s, nil
 	}
 	if p.shards == nil || !errors.Is(err, ErrOutOfMemory) {
@@ -247,6 +262,43 @@ func (p *Pool) shardAlloc(size, align uint64, parked *meta) (*meta, *Pool, error
 	}
 	s.mu.Unlock()
 	return p.rescue(size, align, s)
+}
+
+// balance keeps a pool with shards near its soft target: a shard maps
+// pages only from its own free pages (or new memory), so free pages other
+// shards hold, such as those of the root that every processor allocated
+// from before moving to a shard of its own, would otherwise stay mapped
+// beside the new ones. When the pool has grown above TargetRatio × peak
+// use since the last time, balance gives back the excess from the free
+// pages of the other shards whose locks are free. Called with home's lock
+// held (the others are only tried).
+func (p *Pool) balance(home *Pool) {
+	r := p.opts.TargetRatio
+	if r <= 0 || !p.spread.Load() || p.shards.unbalanced.Load() {
+		return
+	}
+	res := p.reserved.Load()
+	target := max(uint64(r*float64(p.peakUsed.Load())), p.opts.Warmup)
+	if res <= target || res <= p.balanced.Load() {
+		return
+	}
+	excess := res - target
+	give := func(s *Pool) {
+		if excess == 0 || s == home || !s.mu.TryLock() {
+			return
+		}
+		for _, a := range s.arenas {
+			if a.virtual && excess > 0 {
+				if a.freshen(); a.freePages > 0 {
+					excess -= min(excess, a.shrink(s, a.freePages-min(excess, a.freePages)))
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	give(p.root)
+	p.root.eachShard(give)
+	p.balanced.Store(p.reserved.Load())
 }
 
 // rescue is the out-of-memory path of a pool with shards, after shard

@@ -365,3 +365,49 @@ func TestShardPeakUsed(t *testing.T) {
 		p.Close()
 	}
 }
+
+// TestShardBalance: free pages one shard keeps do not stay mapped beside
+// the pages another shard maps for the same use: above the soft target
+// the pool gives them back (and, with balancing off, keeps both).
+func TestShardBalance(t *testing.T) {
+	for _, unbalanced := range []bool{false, true} {
+		d := newSim(t, false, 8<<30)
+		p, err := pool.New(d, pool.Options{Shards: 4, Limit: 512 << 20}) // blocks above 8 MiB go back at once
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool.SpreadShards(p)
+		if unbalanced {
+			pool.Unbalanced(p)
+		}
+		const size, n = 16 << 20, 4
+		use := func(shard int) {
+			var bs []pool.Block
+			for i := 0; i < n; i++ {
+				pool.NextShard(p, shard)
+				b, err := p.Alloc(size, pool.AllocOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				bs = append(bs, b)
+			}
+			for _, b := range bs {
+				pool.NextShard(p, shard)
+				if err := p.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		use(1)
+		use(2)
+		s := p.Stats()
+		ratio := float64(s.PeakReservedBytes) / float64(s.PeakUsedBytes)
+		if !unbalanced && s.ReservedBytes > s.PeakUsedBytes*21/20 {
+			t.Fatalf("balanced: %d bytes reserved after two shards in turn used %d (peak reserved %.2fx)", s.ReservedBytes, s.PeakUsedBytes, ratio)
+		}
+		if unbalanced && s.ReservedBytes < 2*size*n {
+			t.Fatalf("unbalanced: %d bytes reserved, want both shards' %d", s.ReservedBytes, 2*size*n)
+		}
+		p.Close()
+	}
+}

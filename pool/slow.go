@@ -241,6 +241,7 @@ func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, 
 			return nil, err
 		}
 	}
+	p.balance(s)
 	m.assign(size, purpose, nil)
 	s.central.add(m)
 	return m, nil

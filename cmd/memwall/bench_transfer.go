@@ -38,6 +38,9 @@ func runBenchTransfer(e *env, args []string) error {
 		return err
 	}
 	defer d.Close()
+	if free, _, err := d.MemInfo(); err == nil && 2*n > free {
+		return fmt.Errorf("--size %s: the copies need two device buffers of it, %s, and %s has %s free", *size, humanBytes(2*n), d.Info().Name, humanBytes(free))
+	}
 	pb := newProgress(e, "transfer")
 	rep, err := bench.Transfer(e.ctx, d, bench.TransferOptions{Bytes: n, Reps: *reps,
 		Progress: func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})

@@ -36,6 +36,7 @@ func TestExitCodes(t *testing.T) {
 		{"bench alloc empty strategy", []string{"bench", "alloc", "--device", "sim", "--strategies", ","}, 2, `no ""`},
 		{"bench transfer zero", []string{"bench", "transfer", "--device", "sim", "--size", "0"}, 2, `--size "0": want a size above zero`},
 		{"bench transfer bad size", []string{"bench", "transfer", "--device", "sim", "--size", "1PiBB"}, 2, "KiB, MiB, GiB, TiB, PiB"},
+		{"bench transfer above free", []string{"bench", "transfer", "--device", "sim", "--size", "5GiB"}, 1, "--size 5GiB: the copies need two device buffers of it, 10.0 GiB, and memwall-sim (8 GiB discrete, PCIe 4.0 x16) has 8.0 GiB free"},
 		{"bench unknown", []string{"bench", "nothing"}, 2, `unknown benchmark "nothing"`},
 		{"bench none", []string{"bench"}, 2, "want a benchmark"},
 		{"bench alloc out missing dir", []string{"bench", "alloc", "--device", "sim", "--out", "/nonexistent/x.json"}, 1, "--out /nonexistent/x.json"},

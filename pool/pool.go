@@ -12,7 +12,9 @@
 //     own offset allocator; large requests get a chunk of their own.
 //
 // Offsets inside the arenas come from package alloc (Options.Strategy),
-// under the pool's lock. In front of it, each processor has a cache that
+// under the pool's lock; processors that find it taken by each other move
+// to shards, sets of arenas under locks of their own (Options.Shards), so
+// that concurrent goroutines do not queue on one lock. In front of it, each processor has a cache that
 // its goroutines reach without any lock (pinned to the processor, as
 // sync.Pool does): small blocks (≤ Options.CacheMax) rounded to size
 // classes, and the last large blocks freed there, which serve a request of

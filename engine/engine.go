@@ -23,10 +23,12 @@
 // bf16 or f16 model: the products Q, K, V, O, gate, up and down are rounded
 // to the model dtype, the residual stream after each add, RMSNorm's
 // normalized value and its product with the weight (kernel), SiLU(gate)
-// and its product with up (kernel), Q and K after RoPE (RoPE itself
-// computes cos, sin and the rotation in float32, where transformers rounds
-// cos and sin and each product: a difference of one rounding), attention's
-// output (kernel; scores and softmax in float32), and the logits. The KV
+// and its product with up (kernel), RoPE in transformers' order (x, cos
+// and sin rounded, each product and the sum rounded: kernels.Set.RoPEIn),
+// attention's output (kernel; scores and softmax in float32), and the
+// logits. On the simulator a bf16 model's logits are then bit-identical to
+// a float32 reference of the HF forward that rounds where transformers
+// does (engine/internal/reference). The KV
 // cache holds the model dtype. Matmul inputs are the model dtype and
 // accumulate in float32.
 package engine

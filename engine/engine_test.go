@@ -238,8 +238,14 @@ func TestAgainstReference(t *testing.T) {
 					// Rounding to bf16 at slightly different points (RoPE)
 					// moves logits by a few units in the last place.
 					tol := 0.03 * maxAbs(rl[len(p)-1])
-					if m.Config.DType == "F32" {
+					switch {
+					case m.Config.DType == "F32":
 						tol = 1e-4 * maxAbs(rl[len(p)-1])
+					case !onGPU():
+						// The same roundings in the same order as the
+						// reference (RoPE included): bf16 bit for bit, f16
+						// within a unit in the last place or two.
+						tol = 2e-3 * maxAbs(rl[len(p)-1])
 					}
 					if diff > tol || cos < 0.999 {
 						t.Errorf("first logits: max abs diff %.4g, cosine %.6f", diff, cos)
@@ -399,9 +405,9 @@ func TestSampledSteps(t *testing.T) {
 	for i, got := range res.Logits {
 		w := want[len(p)-1+i]
 		diff, cos := compare(got, w)
-		// RoPE rounds once where transformers rounds cos, sin and each
-		// product (see the package documentation): a few units in the last
-		// place of bf16 that grow over the sequence.
+		// The products sum in another order than the reference (on the GPU,
+		// and in the simulator's GEMV twins for chunks of up to 8 tokens):
+		// a few units in the last place of bf16 that grow over the sequence.
 		if diff > 0.06*maxAbs(w) || cos < 0.998 {
 			t.Errorf("step %d (position %d): max abs diff %.4g, cosine %.6f", i, len(p)+i, diff, cos)
 		}

@@ -315,6 +315,15 @@ func (e *Engine) embed(c *cursor, T int) error {
 	return c.settle()
 }
 
+// roundDType is the dtype activations are rounded to: the model's, or
+// "f32" with Options.Exact or an f32 model.
+func (e *Engine) roundDType() string {
+	if e.opt.Exact {
+		return "f32"
+	}
+	return e.dt
+}
+
 // round keeps n float32 values at the model dtype's precision, like
 // transformers (no-op with Options.Exact or an f32 model).
 func (e *Engine) round(b int, n int) error {
@@ -401,7 +410,7 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		b     int
 		heads uint32
 	}{{bQ, nq}, {bK, nkv}} {
-		if err := ks.RoPE(B[r.b], B[bPos], t, r.heads, hd, e.invFreq.Ptr, false, cs); err != nil {
+		if err := ks.RoPEIn(B[r.b], B[bPos], t, r.heads, hd, e.invFreq.Ptr, false, e.roundDType(), cs); err != nil {
 			return fail("rope", err)
 		}
 		if err := e.round(r.b, T*int(r.heads*hd)); err != nil {

@@ -17,11 +17,12 @@ const (
 	gemvCopy1          // memwall_gemvc1_*: T = 1, cp.async ring on compute_80, any grid
 	gemvRows1          // memwall_gemvr1_*: memwall_gemv1_'s compute_70 code over any grid, rows strided
 	gemvRows           // memwall_gemvr_*: memwall_gemv_ over any grid, row pairs strided
+	gemvMMARing        // memwall_gemvq_*: memwall_gemvm_ with a cp.async ring, any grid
 	gemvKinds
 )
 
 // gemvPrefixes are the kernel names of the variants, less the dtype.
-var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_", "memwall_gemvc1_", "memwall_gemvr1_", "memwall_gemvr_"}
+var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_", "memwall_gemvc1_", "memwall_gemvr1_", "memwall_gemvr_", "memwall_gemvq_"}
 
 // gemvName returns the kernel name of variant kind for dtype.
 func gemvName(kind int, dtype string) string { return gemvPrefixes[kind] + dtype }
@@ -44,7 +45,7 @@ func gemvStreamed(kind int) bool { return kind >= gemvStream1 }
 // rows, or 8 row pairs).
 func gemvUnits(kind int, M uint32) uint32 {
 	switch kind {
-	case gemvMMA:
+	case gemvMMA, gemvMMARing:
 		return ceilDiv(M, 16)
 	case gemvRows1:
 		return ceilDiv(M, 8)

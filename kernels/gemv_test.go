@@ -29,13 +29,15 @@ const (
 func mirrorStreamed(kind int, M, K, G uint64, elt int) error {
 	vecElts := uint64(16 / elt)
 	nvec := (K + vecElts - 1) / vecElts
-	mma := kind == gemvMMA
+	mma := kind == gemvMMA || kind == gemvMMARing
 	U, maxT, partSize := uint64(8), uint64(1), uint64(mirrorPart)
 	switch kind {
 	case gemvStream:
 		U, maxT = 4, GemvMaxTokens
 	case gemvMMA:
 		U, maxT = 2, GemvMaxTokens
+	case gemvMMARing: // half the partial-sum buffer
+		U, maxT, partSize = 2, GemvMaxTokens, mirrorPart/2
 	case gemvCopy1: // U: the ring's stages; a smaller partial buffer
 		partSize = mirrorPartCopy
 	}
@@ -143,7 +145,7 @@ func TestStreamedGemvPartition(t *testing.T) {
 			t.Errorf("%s M=%d K=%d grid=%d: %v", gemvName(kind, map[int]string{2: BF16, 4: F32}[elt]), M, K, G, err)
 		}
 	}
-	for _, kind := range []int{gemvStream1, gemvStream, gemvMMA, gemvCopy1} {
+	for _, kind := range []int{gemvStream1, gemvStream, gemvMMA, gemvCopy1, gemvMMARing} {
 		for _, elt := range []int{2, 4} {
 			check(kind, 1, 1, 1, elt)
 			check(kind, 3000, 4096, 1, elt) // passes
@@ -165,7 +167,7 @@ func FuzzStreamedGemvPartition(f *testing.F) {
 	f.Add(uint8(0), uint16(3000), uint16(4096), uint16(1))
 	f.Add(uint8(2), uint16(17), uint16(13), uint16(40))
 	f.Fuzz(func(t *testing.T, kind uint8, M, K, G uint16) {
-		k := []int{gemvStream1, gemvStream, gemvMMA, gemvCopy1}[kind%4]
+		k := []int{gemvStream1, gemvStream, gemvMMA, gemvCopy1, gemvMMARing}[kind%5]
 		if M == 0 || G == 0 || uint64(M)*uint64(K) > 1<<22 {
 			return
 		}

@@ -795,11 +795,18 @@ __device__ __forceinline__ void gemvm_mma(float (&d)[4], uint32_t a0, uint32_t a
 // its A slots (row g and g+8, k 2q..2q+1 and 2q+8..2q+9) of two mmas, and
 // its B slots with X at the same k. T = 1..8 costs the same bytes; the
 // tensor cores idle.
-template <bool BF, int U>
+//
+// RING (memwall_gemvq_*): the U units in flight are cp.async copies into
+// the lane's own slots of a shared ring instead of registers (lane l reads
+// only what it copied: no barrier), and the partial-sum buffer is halved,
+// so that more blocks fit on an SM.
+template <bool BF, int U, bool RING>
 __device__ __forceinline__ void gemvm(const uint16_t* __restrict__ W, const uint16_t* __restrict__ X,
                                       float* __restrict__ Y, uint32_t M, uint32_t K, uint32_t T) {
-    __shared__ float part[kGemvsPart];  // [group][warp][t][16 rows]
-    constexpr uint64_t kGroups = kGemvsPart / (kGemvsWarps * 128);
+    constexpr int kPart = RING ? kGemvsPart / 2 : kGemvsPart;
+    __shared__ float part[kPart];  // [group][warp][t][16 rows]
+    __shared__ __align__(16) uint4 ring[RING ? kGemvsWarps : 1][RING ? U : 1][4][32];
+    constexpr uint64_t kGroups = kPart / (kGemvsWarps * 128);
     typedef BF16 Tr;  // loads only: both 16-bit dtypes load alike
     if (T == 0) return;
     if (T > 8u) T = 8u;
@@ -813,22 +820,39 @@ __device__ __forceinline__ void gemvm(const uint16_t* __restrict__ W, const uint
         const uint64_t ng = min(kGroups, g1 - gp), units = ng * cpr;
         const uint64_t ua = units * warp / kGemvsWarps, ub = units * (warp + 1) / kGemvsWarps;
         uint64_t lr = ua / cpr, lj = ua % cpr, cr = lr, cj = lj;
-        uint4 v[U][4];  // [unit][row g c0, row g c1, row g+8 c0, row g+8 c1]
-        auto load = [&](uint4(&dst)[4]) {
+        uint4 v[RING ? 1 : U][4];  // [unit][row g c0, row g c1, row g+8 c0, row g+8 c1]
+        auto load = [&](int u) {
             const uint64_t m = (gp + lr) * 16 + g;
             const uint16_t* ra = W + min(m, (uint64_t)M - 1) * K;
             const uint16_t* rb = W + min(m + 8, (uint64_t)M - 1) * K;
             const uint64_t c = lj * 8 + 2 * q;
+            if (RING) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                dst[h] = c + h < nvec ? gemvs_vec<Tr>(ra, c + h, K, fast, true) : make_uint4(0, 0, 0, 0);
-                dst[2 + h] = c + h < nvec ? gemvs_vec<Tr>(rb, c + h, K, fast, true) : make_uint4(0, 0, 0, 0);
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const uint16_t* row = r ? rb : ra;
+                        uint4* slot = &ring[warp][u][2 * r + h][lane];
+                        if (c + h < nvec && fast)
+                            cp_async16(slot, reinterpret_cast<const uint4*>(row) + c + h, 16);
+                        else
+                            *slot = c + h < nvec ? gemvs_gather<Tr>(row, c + h, K) : make_uint4(0, 0, 0, 0);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    v[u][h] = c + h < nvec ? gemvs_vec<Tr>(ra, c + h, K, fast, true) : make_uint4(0, 0, 0, 0);
+                    v[u][2 + h] = c + h < nvec ? gemvs_vec<Tr>(rb, c + h, K, fast, true) : make_uint4(0, 0, 0, 0);
+                }
             }
             if (++lj == cpr) lj = 0, ++lr;
         };
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (ua + u < ub) load(v[u]);
+        for (int u = 0; u < U; ++u) {
+            if (ua + u < ub) load(u);
+            if (RING) cp_async_commit();  // one group per stage, empty or not
+        }
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         auto flush = [&]() {
             float* p = part + (cr * kGemvsWarps + warp) * 128;
@@ -848,13 +872,17 @@ __device__ __forceinline__ void gemvm(const uint16_t* __restrict__ W, const uint
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
                         x[h] = g < T && c + h < nvec ? gemvs_vec<Tr>(xg, c + h, K, fast, false) : make_uint4(0, 0, 0, 0);
+                    if (RING) cp_async_wait<U - 1>();  // the group of this unit has landed
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const uint4 a = v[u][h], b = v[u][2 + h];
+                        const uint4 a = RING ? ring[warp][u][h][lane] : v[RING ? 0 : u][h];
+                        const uint4 b = RING ? ring[warp][u][2 + h][lane] : v[RING ? 0 : u][2 + h];
                         gemvm_mma<BF>(d, a.x, b.x, a.y, b.y, x[h].x, x[h].y);
                         gemvm_mma<BF>(d, a.z, b.z, a.w, b.w, x[h].z, x[h].w);
                     }
-                    if (i + u + U < ub) load(v[u]);
+                    // The slots were read above, so their next copies cannot overtake the reads.
+                    if (i + u + U < ub) load(u);
+                    if (RING) cp_async_commit();
                     if (++cj == cpr) {
                         flush();
                         cj = 0, ++cr;
@@ -862,6 +890,7 @@ __device__ __forceinline__ void gemvm(const uint16_t* __restrict__ W, const uint
                 }
             }
         }
+        if (RING) cp_async_wait<0>();
         if (cj != 0) flush();
         __syncthreads();
         for (uint64_t e = threadIdx.x; e < ng * 128; e += blockDim.x) {
@@ -1775,6 +1804,29 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemvg1_f16(
     gemv1_group<F16>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2);
 }
 
+extern "C" __global__ void __launch_bounds__(256) memwall_gemvq_f32(
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    gemvs<F32, 4, kGemvMaxT>(W, X, Y, M, K, T);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 5) memwall_gemvq_bf16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemvm<true, 2, true>(W, X, Y, M, K, T);
+#else
+    gemvs<BF16, 4, kGemvMaxT>(W, X, Y, M, K, T);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256, 5) memwall_gemvq_f16(
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+#if MEMWALL_SM80
+    gemvm<false, 2, true>(W, X, Y, M, K, T);
+#else
+    gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f32(
     const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
     gemvs<F32, 4, kGemvMaxT>(W, X, Y, M, K, T);
@@ -1783,7 +1835,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f32(
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_bf16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
 #if MEMWALL_SM80
-    gemvm<true, 2>(W, X, Y, M, K, T);
+    gemvm<true, 2, false>(W, X, Y, M, K, T);
 #else
     gemvs<BF16, 4, kGemvMaxT>(W, X, Y, M, K, T);
 #endif
@@ -1792,7 +1844,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_bf16(
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
 #if MEMWALL_SM80
-    gemvm<false, 2>(W, X, Y, M, K, T);
+    gemvm<false, 2, false>(W, X, Y, M, K, T);
 #else
     gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
 #endif

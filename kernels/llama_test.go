@@ -802,7 +802,7 @@ func TestLlamaCosts(t *testing.T) {
 func TestSelfTest(t *testing.T) {
 	brokens := []string{"", NameAttnFlash, NameAttnDecode}
 	gemvKind := map[string]int{}
-	for _, k := range []int{gemvOne, gemvStream1, gemvStream, gemvMMA, gemvCopy1, gemvRows1, gemvRows} {
+	for _, k := range []int{gemvOne, gemvStream1, gemvStream, gemvMMA, gemvCopy1, gemvRows1, gemvRows, gemvMMARing} {
 		brokens = append(brokens, gemvName(k, BF16))
 		gemvKind[gemvName(k, BF16)] = k
 	}

@@ -323,7 +323,7 @@ func checkMatLaunch(name, dtype string, kind int, a matArgs, grid, block device.
 	var rowsX, rowsY uint64
 	switch kind {
 	case matStream + gemvStream1, matStream + gemvStream, matStream + gemvMMA, matStream + gemvCopy1,
-		matStream + gemvRows1, matStream + gemvRows:
+		matStream + gemvRows1, matStream + gemvRows, matStream + gemvMMARing:
 		// Any grid: each block takes its share of the rows.
 		if grid.X == 0 || grid.Y != 1 || grid.Z != 1 {
 			return fmt.Errorf("kernels: %s: grid %v, want X ≥ 1, Y = Z = 1: %w", name, grid, device.ErrInvalid)

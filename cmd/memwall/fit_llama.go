@@ -220,7 +220,7 @@ func fitLlamaJSON(e *env, f *planFlags, g *generation, d device.Device, ch auto.
 		MinimumBytes: minimum, PredictedPeakBytes: rp.predictedPeak(),
 		PredictedSecondsPerStep: p.StepTime.Seconds(), PredictedCopySeconds: p.CopyTime.Seconds(),
 		PredictedComputeSeconds: p.ComputeTime.Seconds(), LinkGBps: link, LinkSource: linkSource,
-		ComputeSource: "not modeled: the plan of memwall run, whose products `memwall run --timing` measures"}
+		ComputeSource: "the weight plan's default model, not measured (memwall run --timing measures the prefill's products)"}
 	out.addLayers(p)
 	b := rp.budget
 	out.Run = &fitRunJSON{PromptTokens: rp.opts.PromptTokens, MaxTokens: rp.opts.MaxTokens, PrefillChunk: foot.PrefillChunk, Slots: foot.Slots,

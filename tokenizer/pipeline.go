@@ -148,23 +148,32 @@ func (p splitPre) split(s string, _ bool, out []string) []string {
 			emit(sp.a, sp.b)
 		}
 	case splitMergedWithPrevious:
-		start := 0
-		for _, sp := range spans {
-			if sp.match {
-				emit(start, sp.b)
-				start = sp.b
+		// As HF folds the spans: a match right after a non-match joins the
+		// piece before it; every other span starts a piece.
+		start := -1
+		for i, sp := range spans {
+			if sp.match && i > 0 && !spans[i-1].match {
+				continue
 			}
-		}
-		emit(start, len(s))
-	case splitMergedWithNext:
-		start := 0
-		for _, sp := range spans {
-			if sp.match {
+			if start >= 0 {
 				emit(start, sp.a)
-				start = sp.a
 			}
+			start = sp.a
 		}
-		emit(start, len(s))
+		if start >= 0 {
+			emit(start, len(s))
+		}
+	case splitMergedWithNext:
+		// The mirror image: a match right before a non-match joins the piece
+		// after it; every other span ends a piece.
+		start := 0
+		for i, sp := range spans {
+			if sp.match && i+1 < len(spans) && !spans[i+1].match {
+				continue
+			}
+			emit(start, sp.b)
+			start = sp.b
+		}
 	case splitContiguous:
 		start := 0
 		for i, sp := range spans {

@@ -562,3 +562,26 @@ func TestDigitsNumeric(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitMerged holds the Merged behaviours to HF's fold over the spans:
+// its documented example, and the inverted case where non-matches (each
+// "a" here) stand next to each other and stay apart.
+func TestSplitMerged(t *testing.T) {
+	for _, c := range []struct {
+		text, lit string
+		behavior  splitBehavior
+		invert    bool
+		want      []string
+	}{
+		{"the-final--countdown", "-", splitMergedWithPrevious, false, []string{"the-", "final-", "-", "countdown"}},
+		{"the-final--countdown", "-", splitMergedWithNext, false, []string{"the", "-final", "-", "-countdown"}},
+		{"xaab", "a", splitMergedWithNext, true, []string{"xa", "a", "b"}},
+		{"xaab", "a", splitMergedWithPrevious, true, []string{"x", "a", "ab"}},
+		{"xaab", "a", splitContiguous, true, []string{"x", "aa", "b"}},
+	} {
+		got := (splitPre{literal: c.lit, behavior: c.behavior, invert: c.invert}).split(c.text, false, nil)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%q on %q (behavior %d, invert %v) = %q, want %q", c.text, c.lit, c.behavior, c.invert, got, c.want)
+		}
+	}
+}

@@ -217,7 +217,10 @@ type Options struct {
 	// where its set's lock is held by another goroutine waits in that
 	// set's queue for the set's next allocation; an allocation that fails
 	// in one set drains every queue and tries every set before it fails.
-	// Limit and TargetRatio count the memory of all sets together.
+	// Limit and TargetRatio count the memory of all sets together. More
+	// than GOMAXPROCS at New counts as GOMAXPROCS. Each set reserves its
+	// own address space, and its page table costs about 24 bytes of host
+	// memory per page of the reservation (2 MB for 141 GB of 2 MiB pages).
 	Shards int
 	// CacheMax is the largest block served from the caches' small-block
 	// classes (default 64 KiB, at most 1 MiB, the largest size class).
@@ -591,8 +594,14 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		o.Limit = in.TotalBytes
 	}
 	nproc := runtime.GOMAXPROCS(0)
-	if o.Shards == 0 {
-		o.Shards = nproc
+	if o.Shards < 0 {
+		return nil, fmt.Errorf("pool %s: Shards %d is negative (0 = one per processor, 1 = none)", o.Name, o.Shards)
+	}
+	if o.Shards == 0 || o.Shards > nproc {
+		o.Shards = nproc // processors beyond GOMAXPROCS at New share shards
+	}
+	if o.Cache != CachePerProcessor || host {
+		o.Shards = 1 // shards serve processors that would share a lock
 	}
 	p := &Pool{dev: d, opts: o, host: host, info: in,
 		pending: map[device.Stream]*pendingList{},
@@ -634,7 +643,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		p.Close()
 		return nil, fmt.Errorf("pool %s: %w", o.Name, err)
 	}
-	if o.Shards > 1 && o.Cache == CachePerProcessor && !host {
+	if o.Shards > 1 {
 		p.shards = newShardSet(p, o.Shards, nproc)
 	}
 	if o.Warmup > 0 {

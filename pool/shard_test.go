@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -409,5 +410,22 @@ func TestShardBalance(t *testing.T) {
 			t.Fatalf("unbalanced: %d bytes reserved, want both shards' %d", s.ReservedBytes, 2*size*n)
 		}
 		p.Close()
+	}
+}
+
+// TestShardsOption: a negative Shards is refused naming the field; more
+// shards than processors count as one per processor.
+func TestShardsOption(t *testing.T) {
+	d := newSim(t, false, 1<<30)
+	if _, err := pool.New(d, pool.Options{Shards: -1}); err == nil || !strings.Contains(err.Error(), "Shards -1") {
+		t.Fatalf("Shards -1: %v, want an error naming it", err)
+	}
+	p, err := pool.New(d, pool.Options{Shards: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if got, want := p.Options().Shards, runtime.GOMAXPROCS(0); got != want {
+		t.Fatalf("Shards 1<<30 in effect: %d, want GOMAXPROCS %d", got, want)
 	}
 }

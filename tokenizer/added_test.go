@@ -57,6 +57,9 @@ func TestAddedTokensAsHF(t *testing.T) {
 			t.Errorf("Token(%d) = %q %v, want %q", id, got, ok, want)
 		}
 	}
+	if !tok.IsSpecial(3001) || tok.IsSpecial(3005) {
+		t.Errorf("IsSpecial(<dup>) %v, IsSpecial(\" x\") %v; HF: <dup> stays special after a non-special repeat", tok.IsSpecial(3001), tok.IsSpecial(3005))
+	}
 	for _, id := range []int{3010, 3050} {
 		if _, ok := tok.Token(id); ok {
 			t.Errorf("Token(%d) exists; HF gives no token the file's id", id)

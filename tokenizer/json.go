@@ -404,10 +404,11 @@ func (t *Tokenizer) setAdded(name string, added []addedJSON, vocab map[string]in
 				t.decodeAs[at.id] = n // kept even if a later repeat is not normalized, as HF's cache is
 			}
 		}
-		if at.special {
-			specials[at.content] = true
-		}
 		t.grow(at.id + 1)
+		if at.special { // for good: a later repeat that is not special does not undo it, as in HF
+			specials[at.content] = true
+			t.special[at.id] = true
+		}
 		t.pieces[at.id], t.has[at.id] = at.content, true
 		if dup {
 			t.added[k] = at
@@ -428,7 +429,6 @@ func (t *Tokenizer) setAdded(name string, added []addedJSON, vocab map[string]in
 		} else {
 			raw = append(raw, a)
 		}
-		t.special[a.id] = t.special[a.id] || a.special
 	}
 	t.rawMatch, t.normMatch = newMatcher(raw), newMatcher(norm)
 	t.skip = t.skipTable(specials)

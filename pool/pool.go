@@ -217,8 +217,10 @@ type Options struct {
 	// where its set's lock is held by another goroutine waits in that
 	// set's queue for the set's next allocation; an allocation that fails
 	// in one set drains every queue and tries every set before it fails.
-	// Limit and TargetRatio count the memory of all sets together. More
-	// than GOMAXPROCS at New counts as GOMAXPROCS. Each set reserves its
+	// Limit and TargetRatio count the memory of all sets together.
+	// Processor i allocates from set i mod Shards, so sets beyond
+	// GOMAXPROCS are made only by processors added later; at most
+	// 256 count (maxShards). Each set reserves its
 	// own address space, and its page table costs about 24 bytes of host
 	// memory per page of the reservation (2 MB for 141 GB of 2 MiB pages).
 	Shards int
@@ -597,9 +599,10 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	if o.Shards < 0 {
 		return nil, fmt.Errorf("pool %s: Shards %d is negative (0 = one per processor, 1 = none)", o.Name, o.Shards)
 	}
-	if o.Shards == 0 || o.Shards > nproc {
-		o.Shards = nproc // processors beyond GOMAXPROCS at New share shards
+	if o.Shards == 0 {
+		o.Shards = nproc
 	}
+	o.Shards = min(o.Shards, maxShards)
 	if o.Cache != CachePerProcessor || host {
 		o.Shards = 1 // shards serve processors that would share a lock
 	}

@@ -78,6 +78,9 @@ type procShard struct {
 	_         [56]byte      // keep processors' entries on separate cache lines
 }
 
+// maxShards caps Options.Shards.
+const maxShards = 256
+
 // switchAfter is how many times a processor finds the root's lock taken
 // before it moves to a shard of its own.
 const switchAfter = 8

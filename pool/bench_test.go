@@ -166,7 +166,7 @@ func BenchmarkParallelPair(b *testing.B) {
 	for _, o := range []pool.Options{
 		{Name: "default"},
 		{Name: "oneshard", Shards: 1},
-		{Name: "unbalanced"}, // shards that never give back each other's free pages
+		{Name: "unbalanced"},         // shards that never give back each other's free pages
 		{Name: "shards4", Shards: 4}, // processors share shards: memory against speed
 		{Name: "shards8", Shards: 8},
 		{Name: "keep", TargetRatio: -1},

@@ -378,40 +378,44 @@ func (a *arena) unready(first, last uint64) uint64 {
 
 // preferMapped is called for a lean virtual arena when the strategy placed
 // b (handle h; size bytes at align) over pages that are not all mapped. It
-// looks, among all free ranges, for a place for the block that needs fewer
-// pages mapped, and moves the block there: the fewest unmapped pages
-// first, then the strategy's own choice, then the smallest free range,
-// then the lowest offset. Best fit alone puts a block of a new size in the
-// free range that fits it most tightly, wherever its pages are; when the
-// sizes change from call to call (a batch or a sequence length per
-// request) that is, more often than not, a range over pages unmapped
-// earlier while free mapped pages lie elsewhere, and each such placement
-// costs a page map (above the soft target, a move: an unmap and a map).
-// The search visits the free ranges that can hold the block (through the
-// strategy's size classes, not the blocks) and their runs of mapped pages
-// a bitset word at a time; it runs only where best fit's choice needs
-// pages. Called with
-// p.mu held.
+// gives b's range back and looks, among all free ranges (b's own, merged
+// with its free neighbours, included), for the place that needs the fewest
+// pages mapped: the fewest unmapped pages first, then the strategy's own
+// choice, then the smallest free range, then the lowest offset. Best fit
+// alone puts a block of a new size in the free range that fits it most
+// tightly, wherever its pages are; when the sizes change from call to call
+// (a batch or a sequence length per request) that is, more often than
+// not, a range over pages unmapped earlier while free mapped pages lie
+// elsewhere, and each such placement costs a page map (above the soft
+// target, a move: an unmap and a map). The search visits the free ranges
+// that can hold the block (through the strategy's size classes, not the
+// blocks) and their runs of mapped pages a bitset word at a time; it runs
+// only where best fit's choice needs pages. Called with p.mu held.
 func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) (alloc.Block, alloc.Handle, error) {
 	pa, ok := a.ha.(alloc.PlacingAllocator)
 	if !ok {
 		return b, h, nil
 	}
-	best := b.Offset
-	bestCost := a.unready(a.pageOf(b.Offset), a.pageOf(b.Offset+size-1))
-	bestRange := uint64(math.MaxUint64) // the strategy's own choice
+	if err := a.placeFree(b.Offset, h); err != nil {
+		return b, h, err
+	}
+	orig := b.Offset
+	best, bestCost, bestRange := orig, uint64(math.MaxUint64), uint64(0)
 	try := func(off, s, e uint64) {
-		if off < s || off+size > e || off == b.Offset {
+		if off < s || off+size > e {
 			return
 		}
 		c := a.unready(a.pageOf(off), a.pageOf(off+size-1))
-		if c < bestCost || c == bestCost && bestRange != math.MaxUint64 &&
-			(e-s < bestRange || e-s == bestRange && off < best) {
+		if c < bestCost || c == bestCost && best != orig &&
+			(off == orig || e-s < bestRange || e-s == bestRange && off < best) {
 			best, bestCost, bestRange = off, c, e-s
 		}
 	}
 	pa.WalkFree(size, func(seg alloc.Segment) bool {
 		s, e := seg.Offset, seg.Offset+seg.Size
+		if s <= orig && orig+size <= e {
+			try(orig, s, e)
+		}
 		try((s+align-1)&^(align-1), s, e)
 		try((e-size)&^(align-1), s, e)
 		// The fewest unmapped pages under a window slid over the range
@@ -427,16 +431,10 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 		})
 		return true
 	})
-	if best == b.Offset {
-		return b, h, nil
-	}
-	if err := a.placeFree(b.Offset, h); err != nil {
-		return b, h, err
-	}
 	nb, nh, err := pa.AllocHandleAt(best, size)
 	if err != nil {
-		// best lay in a free range while b was live, and freeing b only
-		// merged free space: this does not happen. Place as before.
+		// best lies in a free range (orig did a moment ago): this does
+		// not happen. Place as the strategy would.
 		nb, nh, err = a.place(size, align)
 	}
 	a.stale = true

@@ -40,7 +40,7 @@ run() { # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
 }
 
 if [ -x "$bin/pool.test" ]; then
-  run "BenchmarkParallelPair (cuda)" 60 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 300000x -test.timeout 55s >'$dir/parallel.txt' 2>&1"
+  run "BenchmarkParallelPair (cuda)" 90 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 200000x -test.timeout 85s >'$dir/parallel.txt' 2>&1"
   run "profile: default, 16 goroutines (cuda)" 40 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g16\$' -test.benchtime 3000000x -test.timeout 35s -test.cpuprofile '$dir/cpu16.pprof' -test.mutexprofile '$dir/mutex16.pprof' >'$dir/profile.txt' 2>&1"
   run "profile: keep, 16 goroutines (cuda)" 40 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/keep/g16\$' -test.benchtime 8000000x -test.timeout 35s -test.cpuprofile '$dir/cpu16keep.pprof' >'$dir/profile-keep.txt' 2>&1"
 else

@@ -139,4 +139,8 @@ func QueuedFrees(p *Pool) int {
 }
 
 // Unbalanced turns off p's balancing of free pages across shards.
-func Unbalanced(p *Pool) { p.shards.unbalanced.Store(true) }
+func Unbalanced(p *Pool) {
+	if p.shards != nil {
+		p.shards.unbalanced.Store(true)
+	}
+}

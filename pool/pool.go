@@ -61,22 +61,22 @@
 // time per 1,000 allocations at the H200's costs:
 //
 //	trace              PyTorch         default                keep every page
-//	GPT-2 generate     1.26×   6 µs    1.026×  0.28%   117 µs  1.051× 0.04%  18 µs
-//	GPT-2 batch/req    1.16×  10 µs    1.021×  0.82%   344 µs  1.077× 0.14%  63 µs
-//	BERT varlen        2.33×  14 µs    1.037× 11.9%  4,553 µs  1.292× 0.09%  41 µs
-//	encoder varlen     2.46×  21 µs    1.036× 28.8% 11,000 µs  1.290× 0.25% 115 µs
-//	ViT varbatch       1.79× 116 µs    1.067× 32.7% 12,762 µs  1.411× 1.00% 456 µs
-//	UNet, SD widths    1.82×  19 µs    1.044×  4.36% 1,718 µs  1.342× 0.20%  92 µs
-//	T5 generate        1.30×   3 µs    1.074×  0.25%   104 µs  1.116× 0.03%  12 µs
-//	MoE generate       1.73×   6 µs    1.085×  0.66%   275 µs  1.190× 0.05%  21 µs
-//	Llama generate     1.32×   5 µs    1.146×  0.09%    37 µs  1.146× 0.04%  18 µs
-//	UNet denoise       1.64×  10 µs    1.186×  1.11%   437 µs  1.431× 0.11%  48 µs
+//	GPT-2 generate     1.26×   6 µs    1.018×  0.24%   102 µs  1.051× 0.04%  18 µs
+//	GPT-2 batch/req    1.16×  10 µs    1.038×  0.95%   394 µs  1.077× 0.14%  63 µs
+//	BERT varlen        2.33×  14 µs    1.046× 10.9%  4,185 µs  1.292× 0.09%  41 µs
+//	encoder varlen     2.46×  21 µs    1.036× 27.6% 10,545 µs  1.290× 0.25% 115 µs
+//	ViT varbatch       1.79× 116 µs    1.056× 31.8% 12,399 µs  1.411× 1.00% 456 µs
+//	UNet, SD widths    1.82×  19 µs    1.044×  1.51%   634 µs  1.342× 0.20%  92 µs
+//	T5 generate        1.30×   3 µs    1.067×  0.33%   135 µs  1.116× 0.03%  12 µs
+//	MoE generate       1.73×   6 µs    1.085×  0.61%   256 µs  1.190× 0.05%  21 µs
+//	Llama generate     1.32×   5 µs    1.124×  0.08%    35 µs  1.146× 0.04%  18 µs
+//	UNet denoise       1.64×  10 µs    1.145×  1.04%   408 µs  1.431× 0.11%  48 µs
 //
 // The default beats PyTorch's memory on every trace and meets both goals
 // (≤ 1.05×, ≤ 1% calls) on the two GPT-2 traces. Where shapes change from
 // call to call (BERT, the encoder, ViT, the UNet at two resolutions),
-// memory within 1.05× costs a page move on 4–33% of the allocations (best
-// fit's own placement: 10–68%), and calls within 1% cost 1.29–1.41×
+// memory within 1.05× costs a page move on 1.5–32% of the allocations
+// (best fit's own placement: 10–68%), and calls within 1% cost 1.29–1.41×
 // memory; no configuration measured meets both. On the small traces
 // (Llama 92.5 MiB, UNet 48.9 MiB of peak live) 2 MiB pages leave 1.10–1.15×
 // even when every free page is unmapped; T5 and the MoE reach 1.05× only so.

@@ -405,7 +405,7 @@ func TestRefillBatches(t *testing.T) {
 		}
 	}
 	r := rand.New(rand.NewPCG(5, 6))
-	lo, hi := math.Log(512), math.Log(64<<10)
+	lo, hi := math.Log(512), math.Log(float64(p.Options().CacheMax)) // the cached classes
 	size := func() uint64 { return uint64(math.Exp(lo + r.Float64()*(hi-lo))) }
 	live = live[:0]
 	for i := 0; i < 32; i++ {

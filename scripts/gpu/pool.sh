@@ -2,9 +2,10 @@
 # The pool on the GPU (issue 13). Expected time on an NVIDIA H200: about
 # 160 s (each step under its own timeout; give the area 260 s):
 #  1. BenchmarkParallelPair on the GPU: the default (a shard per contending
-#     processor) against one set of arenas, both keeping every page, and
-#     both with 16 KiB cached classes, on 1/4/16 goroutines, then the
-#     default's and keep's 16-goroutine runs again with CPU profiles
+#     processor) against one set of arenas, 4 and 8 shards, and shards that
+#     do not balance free pages, keeping every page, and the 64 KiB cached
+#     classes of before, on 1/4/16 goroutines, then the default's and
+#     keep's 16-goroutine runs again with CPU profiles
 #     (cpu16.pprof with mutex16.pprof, cpu16keep.pprof), ~30 s;
 #  2. memwall bench alloc --device cuda --mixes random --policies
 #     virtual,virtual-keep --strategies bestfit --goroutines 1,4,16 against

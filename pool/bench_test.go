@@ -158,8 +158,8 @@ func BenchmarkStats(b *testing.B) {
 // 512 B–64 MiB, as memwall bench alloc's random mix) and its own request
 // stream: the default (shards), the default with one set of arenas, with
 // 4 and 8 shards, and without balancing free pages across shards, both
-// keeping every page, and both with the 64 KiB cached classes and 256 KiB
-// small-block range of before. peak-GiB and peak/used are the pool's peak
+// keeping every page, and both with 16 KiB cached classes and a 64 KiB
+// small-block range. peak-GiB and peak/used are the pool's peak
 // reserved bytes and their ratio to its peak used bytes: what the shards
 // cost in memory. ns/op is wall time per pair over all goroutines;
 // pairs/s is its inverse.
@@ -172,10 +172,10 @@ func BenchmarkParallelPair(b *testing.B) {
 		{Name: "shards8", Shards: 8},
 		{Name: "keep", TargetRatio: -1},
 		{Name: "keep-oneshard", TargetRatio: -1, Shards: 1},
-		// The cached classes and small-block range before they shrank to
-		// the 16 KiB and 64 KiB replays favour.
-		{Name: "cache64k", CacheMax: 64 << 10, SmallMax: 256 << 10},
-		{Name: "keep-cache64k", TargetRatio: -1, CacheMax: 64 << 10, SmallMax: 256 << 10},
+		// Smaller cached classes and small-block range, which some
+		// replays favour and others do not.
+		{Name: "cache16k", CacheMax: 16 << 10, SmallMax: 64 << 10},
+		{Name: "keep-cache16k", TargetRatio: -1, CacheMax: 16 << 10, SmallMax: 64 << 10},
 	} {
 		for _, g := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("%s/g%d", o.Name, g), func(b *testing.B) {

@@ -38,7 +38,7 @@
 // # The default configuration, and why
 //
 // DefaultOptions picks GrowVirtual with address-ordered best fit, small
-// blocks (≤ SmallMax, 64 KiB) in a virtual range of their own, 2 MiB
+// blocks (≤ SmallMax, 256 KiB) in a virtual range of their own, 2 MiB
 // pages, TargetRatio 1.02 and Placement PlaceMapped:
 //
 //   - a block whose best-fit place would need pages mapped goes instead
@@ -225,11 +225,11 @@ type Options struct {
 	// memory per page of the reservation (2 MB for 141 GB of 2 MiB pages).
 	Shards int
 	// CacheMax is the largest block served from the caches' small-block
-	// classes (default 16 KiB, at most 1 MiB, the largest size class).
+	// classes (default 64 KiB, at most 1 MiB, the largest size class).
 	// Blocks up to it are rounded to a size class.
 	CacheMax uint64
 	// SmallMax is the largest block a GrowVirtual pool places in a
-	// separate virtual range for small blocks (default 64 KiB), so that
+	// separate virtual range for small blocks (default 256 KiB), so that
 	// small and cached blocks pin no pages between large ones; Off places
 	// small blocks among the large ones.
 	SmallMax uint64
@@ -348,14 +348,14 @@ func (o Options) withDefaults(in device.Info) Options {
 		o.Alignment = 256
 	}
 	if o.CacheMax == 0 {
-		o.CacheMax = 16 << 10
+		o.CacheMax = 64 << 10
 	}
 	o.CacheMax = min(o.CacheMax, maxClassBytes)
 	if o.TargetRatio == 0 {
 		o.TargetRatio = DefaultTargetRatio
 	}
 	if o.SmallMax == 0 {
-		o.SmallMax = 64 << 10
+		o.SmallMax = 256 << 10
 	}
 	if o.Growth != GrowVirtual {
 		o.SmallMax = Off

@@ -3,8 +3,8 @@
 # 160 s (each step under its own timeout; give the area 260 s):
 #  1. BenchmarkParallelPair on the GPU: the default (a shard per contending
 #     processor) against one set of arenas, 4 and 8 shards, and shards that
-#     do not balance free pages, keeping every page, and the 64 KiB cached
-#     classes of before, on 1/4/16 goroutines, then the default's and
+#     do not balance free pages, keeping every page, and 16 KiB cached
+#     classes with a 64 KiB small-block range, on 1/4/16 goroutines, then the default's and
 #     keep's 16-goroutine runs again with CPU profiles
 #     (cpu16.pprof with mutex16.pprof, cpu16keep.pprof), ~30 s;
 #  2. memwall bench alloc --device cuda --mixes random --policies

@@ -225,7 +225,7 @@ type Options struct {
 	// memory per page of the reservation (2 MB for 141 GB of 2 MiB pages).
 	Shards int
 	// CacheMax is the largest block served from the caches' small-block
-	// classes (default 64 KiB, at most 1 MiB, the largest size class).
+	// classes (default 16 KiB, at most 1 MiB, the largest size class).
 	// Blocks up to it are rounded to a size class.
 	CacheMax uint64
 	// SmallMax is the largest block a GrowVirtual pool places in a
@@ -348,7 +348,7 @@ func (o Options) withDefaults(in device.Info) Options {
 		o.Alignment = 256
 	}
 	if o.CacheMax == 0 {
-		o.CacheMax = 64 << 10
+		o.CacheMax = 16 << 10
 	}
 	o.CacheMax = min(o.CacheMax, maxClassBytes)
 	if o.TargetRatio == 0 {

@@ -236,7 +236,7 @@ func TestMinCapacity(t *testing.T) {
 // TestDefaultAgainstGoal holds the pool's default to what the pool's
 // documentation claims on the ten traces of testdata/traces: under
 // PyTorch's memory on each, peak reserved and device calls per allocation
-// within the bounds below (both goals met on GPT-2). Where a trace misses
+// within the bounds below (both goals met on the GPT-2 traces and T5). Where a trace misses
 // a goal the report must say how far, and a configuration on the other
 // side of the trade-off must exist.
 func TestDefaultAgainstGoal(t *testing.T) {
@@ -250,13 +250,13 @@ func TestDefaultAgainstGoal(t *testing.T) {
 		maxCalls  float64 // a regression bound for the default's calls per alloc
 	}{
 		{"gpt2_medium_generate", true, GoalRatio, 0.004},
-		{"bert_base_varlen", false, GoalRatio, 0.12},
-		{"encoder_varlen", false, GoalRatio, 0.29},
-		{"vit_varbatch", false, 1.06, 0.33},
+		{"bert_base_varlen", false, GoalRatio, 0.08},
+		{"encoder_varlen", false, GoalRatio, 0.25},
+		{"vit_varbatch", false, 1.06, 0.26},
 		{"llama_generate", false, 1.13, 0.0015},
 		{"unet_denoise", false, 1.15, 0.012},
 		{"gpt2_varbatch", true, GoalRatio, 0.01},
-		{"t5_generate", false, 1.07, 0.004},
+		{"t5_generate", true, GoalRatio, 0.004},
 		{"moe_generate", false, 1.09, 0.007},
 		{"unet_sd", false, GoalRatio, 0.02},
 	} {

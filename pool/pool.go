@@ -38,8 +38,9 @@
 // # The default configuration, and why
 //
 // DefaultOptions picks GrowVirtual with address-ordered best fit, small
-// blocks (≤ SmallMax, 256 KiB) in a virtual range of their own, 2 MiB
-// pages, TargetRatio 1.02 and Placement PlaceMapped:
+// blocks (≤ SmallMax, 256 KiB) in a virtual range of their own (those up
+// to CacheMax, 16 KiB, rounded to size classes and cached per processor),
+// 2 MiB pages, TargetRatio 1.02 and Placement PlaceMapped:
 //
 //   - a block whose best-fit place would need pages mapped goes instead
 //     to the free range that needs the fewest (none where a free range
@@ -61,25 +62,26 @@
 // time per 1,000 allocations at the H200's costs:
 //
 //	trace              PyTorch         default                keep every page
-//	GPT-2 generate     1.26×   6 µs    1.018×  0.24%   102 µs  1.051× 0.04%  18 µs
-//	GPT-2 batch/req    1.16×  10 µs    1.038×  0.95%   394 µs  1.077× 0.14%  63 µs
-//	BERT varlen        2.33×  14 µs    1.046× 10.9%  4,185 µs  1.292× 0.09%  41 µs
-//	encoder varlen     2.46×  21 µs    1.036× 27.6% 10,545 µs  1.290× 0.25% 115 µs
-//	ViT varbatch       1.79× 116 µs    1.056× 31.8% 12,399 µs  1.411× 1.00% 456 µs
+//	GPT-2 generate     1.26×   6 µs    1.015×  0.24%   102 µs  1.048× 0.04%  18 µs
+//	GPT-2 batch/req    1.16×  10 µs    1.034×  0.96%   398 µs  1.074× 0.14%  62 µs
+//	T5 generate        1.30×   3 µs    1.046×  0.33%   135 µs  1.109× 0.03%  11 µs
+//	BERT varlen        2.33×  14 µs    1.046×  7.06% 2,726 µs  1.292× 0.09%  41 µs
+//	encoder varlen     2.46×  21 µs    1.022× 24.0%  9,199 µs  1.283× 0.22% 101 µs
+//	ViT varbatch       1.79× 116 µs    1.056× 25.4%  9,964 µs  1.411× 1.00% 456 µs
 //	UNet, SD widths    1.82×  19 µs    1.044×  1.51%   634 µs  1.342× 0.20%  92 µs
-//	T5 generate        1.30×   3 µs    1.067×  0.33%   135 µs  1.116× 0.03%  12 µs
-//	MoE generate       1.73×   6 µs    1.085×  0.61%   256 µs  1.190× 0.05%  21 µs
-//	Llama generate     1.32×   5 µs    1.124×  0.08%    35 µs  1.146× 0.04%  18 µs
-//	UNet denoise       1.64×  10 µs    1.145×  1.04%   408 µs  1.431× 0.11%  48 µs
+//	MoE generate       1.73×   6 µs    1.085×  0.61%   255 µs  1.184× 0.04%  20 µs
+//	Llama generate     1.32×   5 µs    1.124×  0.08%    35 µs  1.124× 0.04%  18 µs
+//	UNet denoise       1.64×  10 µs    1.145×  1.13%   443 µs  1.431× 0.11%  48 µs
 //
 // The default beats PyTorch's memory on every trace and meets both goals
-// (≤ 1.05×, ≤ 1% calls) on the two GPT-2 traces. Where shapes change from
-// call to call (BERT, the encoder, ViT, the UNet at two resolutions),
-// memory within 1.05× costs a page move on 1.5–32% of the allocations
-// (best fit's own placement: 10–68%), and calls within 1% cost 1.29–1.41×
-// memory; no configuration measured meets both. On the small traces
-// (Llama 92.5 MiB, UNet 48.9 MiB of peak live) 2 MiB pages leave 1.10–1.15×
-// even when every free page is unmapped; T5 and the MoE reach 1.05× only so.
+// (≤ 1.05×, ≤ 1% calls) on the two GPT-2 traces and T5. Where shapes
+// change from call to call (BERT, the encoder, ViT, the UNet at two
+// resolutions), memory within 1.05× costs a page move on 1.5–25% of the
+// allocations (best fit's own placement: 10–74%), and calls within 1% cost
+// 1.28–1.41× memory; no configuration measured meets both. On the small
+// traces (Llama 92.5 MiB, UNet 48.9 MiB of peak live) 2 MiB pages leave
+// 1.10–1.15× even when every free page is unmapped; the MoE reaches 1.05×
+// only so.
 // The default takes the memory side, since running out of memory is what
 // the pool exists to prevent; a workload that prefers fewer calls sets
 // TargetRatio -1 (keep every page: no driver call in steady state, pages

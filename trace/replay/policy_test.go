@@ -19,6 +19,8 @@ func policyConfigs() []Config {
 		{Name: "strategy-place", Options: pool.Options{Placement: pool.PlaceStrategy}},
 		{Name: "keep-pages", Options: pool.Options{TargetRatio: -1}},
 		{Name: "keep-strategy", Options: pool.Options{TargetRatio: -1, Placement: pool.PlaceStrategy}},
+		{Name: "target1.01", Options: pool.Options{TargetRatio: 1.01}},
+		{Name: "target1.03", Options: pool.Options{TargetRatio: 1.03}},
 		{Name: "target1.05", Options: pool.Options{TargetRatio: 1.05}},
 		{Name: "target1.10", Options: pool.Options{TargetRatio: 1.10}},
 		{Name: "target1.20", Options: pool.Options{TargetRatio: 1.20}},

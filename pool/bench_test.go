@@ -157,7 +157,7 @@ func BenchmarkStats(b *testing.B) {
 // once, each with its own working set of 32 blocks (log-uniform
 // 512 B–64 MiB, as memwall bench alloc's random mix) and its own request
 // stream: the default (shards), the default with one set of arenas, with
-// 4 and 8 shards, and without balancing free pages across shards, both
+// 4 and 8 shards, and balancing free pages across shards, both
 // keeping every page, and both with 16 KiB cached classes and a 64 KiB
 // small-block range. peak-GiB and peak/used are the pool's peak
 // reserved bytes and their ratio to its peak used bytes: what the shards
@@ -167,7 +167,7 @@ func BenchmarkParallelPair(b *testing.B) {
 	for _, o := range []pool.Options{
 		{Name: "default"},
 		{Name: "oneshard", Shards: 1},
-		{Name: "unbalanced"},         // shards that never give back each other's free pages
+		{Name: "balanced"}, // shards give back each other's free pages above the target
 		{Name: "shards4", Shards: 4}, // processors share shards: memory against speed
 		{Name: "shards8", Shards: 8},
 		{Name: "keep", TargetRatio: -1},
@@ -192,8 +192,8 @@ func benchParallelPairs(b *testing.B, o pool.Options, goroutines int) {
 		b.Fatal(err)
 	}
 	defer p.Close()
-	if o.Name == "unbalanced" {
-		pool.Unbalanced(p)
+	if o.Name == "balanced" {
+		pool.Balanced(p)
 	}
 	const n, live = 1 << 12, 32
 	lo, hi := math.Log(512), math.Log(64<<20)

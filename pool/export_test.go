@@ -138,9 +138,9 @@ func QueuedFrees(p *Pool) int {
 	return n
 }
 
-// Unbalanced turns off p's balancing of free pages across shards.
-func Unbalanced(p *Pool) {
+// Balanced turns on p's balancing of free pages across shards.
+func Balanced(p *Pool) {
 	if p.shards != nil {
-		p.shards.unbalanced.Store(true)
+		p.shards.balancing.Store(true)
 	}
 }

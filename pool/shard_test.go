@@ -377,8 +377,8 @@ func TestShardBalance(t *testing.T) {
 			t.Fatal(err)
 		}
 		pool.SpreadShards(p)
-		if unbalanced {
-			pool.Unbalanced(p)
+		if !unbalanced {
+			pool.Balanced(p)
 		}
 		const size, n = 16 << 20, 4
 		use := func(shard int) {

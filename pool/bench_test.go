@@ -167,7 +167,7 @@ func BenchmarkParallelPair(b *testing.B) {
 	for _, o := range []pool.Options{
 		{Name: "default"},
 		{Name: "oneshard", Shards: 1},
-		{Name: "balanced"}, // shards give back each other's free pages above the target
+		{Name: "balanced"},           // shards give back each other's free pages above the target
 		{Name: "shards4", Shards: 4}, // processors share shards: memory against speed
 		{Name: "shards8", Shards: 8},
 		{Name: "keep", TargetRatio: -1},

@@ -143,6 +143,7 @@ def export(args):
                 torch.onnx.export(m, ex, path, dynamo=True, external_data=True, dynamic_shapes=dyn)
             data = [f for f in os.listdir(work) if f.startswith(name + ".onnx") and f != name + ".onnx"]
             full = onnx.load(path)  # reads the external data beside it
+            strip_traces(full)
             inline = os.path.join(ship, name + ".inline.onnx")
             onnx.save_model(full, inline, save_as_external_data=False)
             # Without data: every initializer, however small (the shape
@@ -160,6 +161,22 @@ def export(args):
         print(json.dumps({k: entry.get(k) for k in ("name", "ok", "seconds", "params", "nodes", "value_info", "error")}), flush=True)
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
+
+
+def strip_traces(model):
+    """Drops what the exporter records about the Python that ran it (each
+    node's doc_string and metadata_props, the graph's metadata_props: stack
+    traces naming this machine's file paths); the graph is unchanged."""
+    graphs = [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.HasField("g")]
+    for g in graphs:
+        del g.metadata_props[:]
+        for n in g.node:
+            n.doc_string = ""
+            del n.metadata_props[:]
+    for f in model.functions:
+        for n in f.node:
+            n.doc_string = ""
+            del n.metadata_props[:]
 
 
 def strip_data(model, location):

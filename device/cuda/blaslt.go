@@ -87,7 +87,8 @@ type ltPlan struct {
 // getenv(EnvLibCublasLt) when set; else the sonames (13, 12, unversioned)
 // through the dynamic linker, the directories of LD_LIBRARY_PATH, the CUDA
 // toolkit and distribution directories, and pip's nvidia wheels
-// (site-packages/nvidia/{cublas,cu13,...}/lib) under the usual Python
+// (site-packages/nvidia/{cublas,cu13,...}/lib) under $VIRTUAL_ENV,
+// $CONDA_PREFIX, virtual environments in /opt/*/ and the system Python
 // prefixes. glob lists the paths matching a pattern (filepath.Glob; nil
 // skips the pip directories).
 func CublasLtCandidates(getenv func(string) string, glob func(string) ([]string, error)) []string {
@@ -109,12 +110,21 @@ func CublasLtCandidates(getenv func(string) string, glob func(string) ([]string,
 	dirs = append(dirs, "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
 		"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
 	if glob != nil {
-		for _, pat := range []string{
-			"/opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib",
+		var pats []string
+		if getenv != nil {
+			for _, v := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
+				if p := getenv(v); p != "" {
+					pats = append(pats, filepath.Join(p, "lib/python3*/site-packages/nvidia/*/lib"))
+				}
+			}
+		}
+		for _, pat := range append(pats,
+			"/opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib",
+			"/opt/*/venv/lib/python3*/site-packages/nvidia/*/lib",
 			"/usr/local/lib/python3*/dist-packages/nvidia/*/lib",
 			"/usr/local/lib/python3*/site-packages/nvidia/*/lib",
 			"/usr/lib/python3/dist-packages/nvidia/*/lib",
-		} {
+		) {
 			m, _ := glob(pat)
 			sort.Strings(m)
 			dirs = append(dirs, m...)

@@ -19,18 +19,20 @@ func TestCublasLtCandidates(t *testing.T) {
 		t.Errorf("with %s set: %v, want only it", cuda.EnvLibCublasLt, got)
 	}
 	globbed := map[string][]string{
-		"/opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib": {"/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib", "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cublas/lib"},
+		"/opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib": {"/opt/app/.venv/lib/python3.12/site-packages/nvidia/cu13/lib", "/opt/app/.venv/lib/python3.12/site-packages/nvidia/cublas/lib"},
+		"/env/lib/python3*/site-packages/nvidia/*/lib":         {"/env/lib/python3.11/site-packages/nvidia/cublas/lib"},
 	}
 	glob := func(p string) ([]string, error) { return globbed[p], nil }
-	got := cuda.CublasLtCandidates(env(map[string]string{"LD_LIBRARY_PATH": "/a/lib::/b"}), glob)
+	got := cuda.CublasLtCandidates(env(map[string]string{"LD_LIBRARY_PATH": "/a/lib::/b", "VIRTUAL_ENV": "/env"}), glob)
 	if !slices.Equal(got[:3], []string{"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"}) {
 		t.Errorf("first candidates %v: want the sonames through the dynamic linker", got[:3])
 	}
 	idx := func(p string) int { return slices.Index(got, p) }
 	for _, p := range []string{"/a/lib/libcublasLt.so.13", "/b/libcublasLt.so.12", "/usr/local/cuda/lib64/libcublasLt.so.13",
 		"/usr/lib/x86_64-linux-gnu/libcublasLt.so.12",
-		"/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcublasLt.so.13",
-		"/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cublas/lib/libcublasLt.so.12"} {
+		"/opt/app/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcublasLt.so.13",
+		"/opt/app/.venv/lib/python3.12/site-packages/nvidia/cublas/lib/libcublasLt.so.12",
+		"/env/lib/python3.11/site-packages/nvidia/cublas/lib/libcublasLt.so.13"} {
 		if idx(p) < 0 {
 			t.Errorf("%s not among the candidates %v", p, got)
 		}

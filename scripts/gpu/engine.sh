@@ -26,7 +26,7 @@ OUT=${OUT:-$PWD/gpu-out}
 dir=$OUT/engine
 mkdir -p "$dir"
 py=python3
-[ -x /opt/torch/.venv/bin/python3 ] && py=/opt/torch/.venv/bin/python3
+for c in /opt/*/.venv/bin/python3; do [ -x "$c" ] && py=$c; done
 bin=$PWD/${BIN:-gpubin}/memwall
 if [ ! -x "$bin" ]; then
   echo "engine: $bin missing (run scripts/gpu-build.sh)"; exit 1

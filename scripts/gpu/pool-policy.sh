@@ -17,7 +17,7 @@ dir=$OUT/pool-policy
 mkdir -p "$dir/traces"
 bin=$PWD/${BIN:-gpubin}
 py=python3
-[ -x /opt/torch/.venv/bin/python3 ] && py=/opt/torch/.venv/bin/python3
+for c in /opt/*/.venv/bin/python3; do [ -x "$c" ] && py=$c; done
 status=()
 step() { # step NAME SECONDS LOG CMD...
   local name=$1 limit=$2 log=$3; shift 3

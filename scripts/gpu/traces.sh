@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT/traces"
 py=python3
-[ -x /opt/torch/.venv/bin/python3 ] && py=/opt/torch/.venv/bin/python3
+for c in /opt/*/.venv/bin/python3; do [ -x "$c" ] && py=$c; done
 timeout --kill-after=10 150 "$py" scripts/gpu/record-traces.py --out-dir "$OUT/traces"
 rc=$?
 ls -la "$OUT/traces"

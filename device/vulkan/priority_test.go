@@ -42,7 +42,10 @@ func spyAllocations(t *testing.T, d *Device) (spy *allocSpy, forced bool) {
 	cb := purego.NewCallback(func(dev uintptr, info *memoryAllocateInfo, alloc, mem uintptr) uintptr {
 		prio := float32(-1)
 		for p := info.pNext; p != 0; {
-			hdr := (*memoryPriorityAllocateInfo)(unsafe.Add(unsafe.Pointer(nil), p)) // sType and pNext lead every chain structure
+			// sType and pNext lead every chain structure. p is the address of
+			// a pinned Go value; its bits are read as a pointer (not made by
+			// arithmetic, which the race detector's checkptr refuses).
+			hdr := *(**memoryPriorityAllocateInfo)(unsafe.Pointer(&p))
 			if hdr.sType == stMemoryPriorityAllocateInfo {
 				prio = hdr.priority
 			}

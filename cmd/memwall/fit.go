@@ -16,7 +16,6 @@ import (
 	"github.com/memwall/memwall/format/weights"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
-	"github.com/memwall/memwall/stream"
 )
 
 func init() {
@@ -117,7 +116,7 @@ type planned struct {
 	linkSource    string
 	computeSource string
 	pinnedGBps    float64 // the pinned H2D figure measured, 0 if given
-	timings       []stream.MatmulTiming
+	timings       []bench.MatmulTiming
 }
 
 func (p *planned) close() {
@@ -185,7 +184,7 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	switch {
 	case kerr == nil:
 		pl.kernels = ks
-		ts, cost, err := stream.MeasureMatmuls(ctx, d, ks, groups, f.tokens, 3)
+		ts, cost, err := bench.MeasureMatmuls(ctx, d, ks, groups, f.tokens, 3)
 		if err != nil {
 			return fail(fmt.Errorf("measure the products: %w", err))
 		}

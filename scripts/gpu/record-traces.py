@@ -79,6 +79,23 @@ def parse_args():
 # ---------------------------------------------------------------- workloads
 
 
+def generate_calls(torch, dev, model, shapes, lo, hi, new, pad):
+    # One greedy generate per (batch, prompt length): ids drawn from
+    # [lo, hi), exactly new tokens, the KV cache growing each step.
+    for batch, length in shapes:
+        ids = torch.randint(lo, hi, (batch, length), device=dev)
+        yield lambda ids=ids: model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+            do_sample=False, use_cache=True, pad_token_id=pad)
+
+
+def image_calls(torch, dev, model, batches):
+    # One forward per batch size of 224 px images, pooled output kept.
+    for b in batches:
+        px = torch.randn(b, 3, 224, 224, device=dev, dtype=torch.float16)
+        yield lambda px=px: model(pixel_values=px).pooler_output
+
+
 def llama_workload(torch, dev):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -87,14 +104,7 @@ def llama_workload(torch, dev):
                       bos_token_id=1, eos_token_id=None, pad_token_id=0)
     model = LlamaForCausalLM(cfg).to(dev, dtype=torch.float16).eval()
     shapes = [(1, 16), (4, 128), (2, 512), (8, 64), (1, 1000), (3, 300), (6, 200), (2, 48), (5, 700), (1, 256)]
-
-    def calls():
-        for batch, length in shapes:
-            ids = torch.randint(2, cfg.vocab_size, (batch, length), device=dev)
-            yield lambda ids=ids: model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, min_new_tokens=64,
-                do_sample=False, use_cache=True, pad_token_id=0)
-    return model, calls()
+    return model, generate_calls(torch, dev, model, shapes, 2, cfg.vocab_size, 64, 0)
 
 
 def unet_workload(torch, dev):
@@ -221,12 +231,7 @@ def vit_workload(torch, dev):
                     image_size=224, patch_size=16)
     model = ViTModel(cfg, add_pooling_layer=True).to(dev, dtype=torch.float16).eval()
     batches = [1, 8, 3, 32, 16, 5, 48, 12, 24, 2, 40, 7, 20, 1, 36, 10]
-
-    def calls():
-        for b in batches:
-            px = torch.randn(b, 3, 224, 224, device=dev, dtype=torch.float16)
-            yield lambda px=px: model(pixel_values=px).pooler_output
-    return model, calls()
+    return model, image_calls(torch, dev, model, batches)
 
 
 def encoder_workload(torch, dev):
@@ -276,14 +281,7 @@ def gpt2_varbatch_workload(torch, dev):
     model = GPT2LMHeadModel(cfg).to(dev, dtype=torch.float16).eval()
     rng = random.Random(7)
     shapes = [(rng.randint(1, 16), rng.randint(8, 480)) for _ in range(40)]
-
-    def calls():
-        for batch, length in shapes:
-            ids = torch.randint(0, 50000, (batch, length), device=dev)
-            yield lambda ids=ids: model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
-                do_sample=False, use_cache=True, pad_token_id=50256)
-    return model, calls()
+    return model, generate_calls(torch, dev, model, shapes, 0, 50000, 32, 50256)
 
 
 def moe_workload(torch, dev):
@@ -298,14 +296,7 @@ def moe_workload(torch, dev):
     model = MixtralForCausalLM(cfg).to(dev, dtype=torch.float16).eval()
     rng = random.Random(11)
     shapes = [(rng.randint(1, 8), rng.randint(16, 600)) for _ in range(40)]
-
-    def calls():
-        for batch, length in shapes:
-            ids = torch.randint(2, cfg.vocab_size, (batch, length), device=dev)
-            yield lambda ids=ids: model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
-                do_sample=False, use_cache=True, pad_token_id=0)
-    return model, calls()
+    return model, generate_calls(torch, dev, model, shapes, 2, cfg.vocab_size, 32, 0)
 
 
 def resnet_workload(torch, dev):
@@ -316,12 +307,7 @@ def resnet_workload(torch, dev):
     cfg = ResNetConfig(depths=[3, 4, 6, 3], hidden_sizes=[256, 512, 1024, 2048], layer_type="bottleneck")
     model = ResNetModel(cfg).to(dev, dtype=torch.float16).eval()
     batches = [1, 16, 4, 64, 32, 8, 48, 2, 24, 12, 56, 6, 40, 3, 20, 10]
-
-    def calls():
-        for b in batches:
-            px = torch.randn(b, 3, 224, 224, device=dev, dtype=torch.float16)
-            yield lambda px=px: model(pixel_values=px).pooler_output
-    return model, calls()
+    return model, image_calls(torch, dev, model, batches)
 
 
 def whisper_workload(torch, dev):
@@ -361,14 +347,7 @@ def llama_long_workload(torch, dev):
                       bos_token_id=1, eos_token_id=None, pad_token_id=0)
     model = LlamaForCausalLM(cfg).to(dev, dtype=torch.float16).eval()
     shapes = [(1, 2000), (2, 900), (3, 600), (1, 1500), (2, 1200), (1, 700)]
-
-    def calls():
-        for batch, length in shapes:
-            ids = torch.randint(2, cfg.vocab_size, (batch, length), device=dev)
-            yield lambda ids=ids: model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=128, min_new_tokens=128,
-                do_sample=False, use_cache=True, pad_token_id=0)
-    return model, calls()
+    return model, generate_calls(torch, dev, model, shapes, 2, cfg.vocab_size, 128, 0)
 
 
 BUILDERS = {"llama_generate": llama_workload, "unet_denoise": unet_workload,

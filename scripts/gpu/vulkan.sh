@@ -30,16 +30,7 @@ mkdir -p "$dir"
 bin=$PWD/${BIN:-gpubin}
 log=$dir/log.txt
 : >"$log"
-status=()
-run() { # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
-  local name=$1 limit=$2; shift 2
-  echo "=== $name: $*" >>"$log"
-  local t0 t1 r
-  t0=$(date +%s.%N)
-  if timeout -k 5 "$limit" "$@" >>"$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
-  t1=$(date +%s.%N)
-  status+=("$(printf '%-44s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
-}
+. scripts/gpu/lib.sh
 
 # A driver? The loader finds ICDs in the standard places; NVIDIA's
 # container toolkit may put its manifest elsewhere.

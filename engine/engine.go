@@ -102,6 +102,14 @@ type Options struct {
 	// Exact keeps every activation in float32 instead of rounding like
 	// transformers (see the package documentation).
 	Exact bool
+	// Ungrouped runs each of a layer's matrix products in a launch of its
+	// own. By default the products that share an input (q, k and v; gate
+	// and up) are one kernels.Set.MatmulGroup call, one launch in decode,
+	// when their weights are resident or in one streamed group (never two
+	// streamed groups held at once, so the staging ring's order and
+	// pressure stay as they are). The results are the same bit for bit;
+	// the option exists to measure the difference.
+	Ungrouped bool
 	// Logger receives debug logs; nil is silent.
 	Logger *slog.Logger
 }
@@ -177,9 +185,15 @@ type Engine struct {
 	unpermute pool.Block
 	events    []device.Event
 	groups    []groupUse
-	foot      *Footprint
-	seq       kvcache.SeqID
-	scratch   uint64 // the attention kernel's scratch at the longest context
+	// where is the plan group holding each weight the pass reads.
+	where map[roleKey]int
+	// grouped says, per layer, which products run as one MatmulGroup.
+	grouped []layerGroups
+	// at is the current step's buffer addresses (addrs).
+	at      [numBufs]device.Ptr
+	foot    *Footprint
+	seq     kvcache.SeqID
+	scratch uint64 // the attention kernel's scratch at the longest context
 	// embedding is the embedding matrix's device address as of the last
 	// step (the tied LM head; resident then).
 	embedding device.Ptr
@@ -411,6 +425,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	if err := e.mapGroups(); err != nil {
 		return e, err
 	}
+	e.groupProducts()
 	for range e.plan.Groups {
 		ev, err := d.NewEvent(false)
 		if err != nil {
@@ -624,7 +639,8 @@ func (e *Engine) rank(k roleKey) int {
 // up, down, then the final norm and the LM head.
 func (e *Engine) mapGroups() error {
 	prev := -1
-	for _, g := range e.plan.Groups {
+	e.where = map[roleKey]int{}
+	for gi, g := range e.plan.Groups {
 		var u groupUse
 		lo, hi := math.MaxInt, -1
 		for _, t := range g.Tensors {
@@ -635,6 +651,7 @@ func (e *Engine) mapGroups() error {
 			k := roleKey{layer, role}
 			u.roles = append(u.roles, k)
 			if role != llama.RoleNone {
+				e.where[k] = gi
 				u.needed++
 				lo, hi = min(lo, e.rank(k)), max(hi, e.rank(k))
 			}
@@ -657,6 +674,37 @@ func (e *Engine) mapGroups() error {
 		}
 	}
 	return nil
+}
+
+// layerGroups says which of a layer's products run as one MatmulGroup.
+type layerGroups struct{ qkv, gateUp bool }
+
+// groupProducts decides, per layer, whether q, k, v and gate, up run as
+// one MatmulGroup: when Options.Ungrouped is off and at most one of the
+// plan groups holding the roles streams. The cursor then holds that
+// streamed group together with resident ones only, as it holds one
+// streamed group at a time when the products run one by one.
+func (e *Engine) groupProducts() {
+	e.grouped = make([]layerGroups, e.cfg.Layers)
+	if e.opt.Ungrouped {
+		return
+	}
+	ok := func(l int, roles ...llama.Role) bool {
+		streamed := map[int]bool{}
+		for _, r := range roles {
+			gi, found := e.where[roleKey{l, r}]
+			if !found {
+				return false
+			}
+			if !e.plan.Groups[gi].Resident {
+				streamed[gi] = true
+			}
+		}
+		return len(streamed) <= 1
+	}
+	for l := range e.grouped {
+		e.grouped[l] = layerGroups{qkv: ok(l, llama.RoleQ, llama.RoleK, llama.RoleV), gateUp: ok(l, llama.RoleGate, llama.RoleUp)}
+	}
 }
 
 // prepareHost allocates the pinned staging buffer and uploads RoPE's

@@ -2,12 +2,13 @@ package engine
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
 	"github.com/memwall/memwall/residency"
 )
@@ -38,6 +39,15 @@ const (
 
 var bufNames = [numBufs]string{"ids", "pos", "table", "x", "h", "q", "k", "v", "attn", "o", "h2", "gate", "up", "silu_up", "down", "final_norm", "logits", "q_raw", "k_raw"}
 
+// regions are buffers laid out back to back in one plan buffer, the
+// first's, each as long as the step's T rows make it (a part starts 256-byte
+// aligned after the one before): a layer's Q, K and V, its gate and up, and
+// GGUF's raw Q and K. When the parts touch (the sizes are multiples of 256
+// bytes, as in 7B-class models, or T = 1 in small ones), one launch rounds,
+// rotates or permutes two of them: rope over Q and K at once (T = 1), one
+// Round over gate and up, one permutation product over raw Q and K.
+var regions = [][]int{{bQ, bK, bV}, {bG, bU}, {bQRaw, bKRaw}}
+
 // op is one entry of the step's op list: the buffers it reads and writes.
 type op struct {
 	name          string
@@ -46,46 +56,44 @@ type op struct {
 
 // opList returns the forward pass of one step, top to bottom, and the
 // range [layerStart, layerEnd) of ops that run once per block. permuted
-// (GGUF) adds the op that puts Q and K rows back in HF order.
+// (GGUF) adds the op that puts Q and K rows back in HF order. The products
+// that share an input are one op each (q, k, v; gate, up): MatmulGroup runs
+// them in one launch when it can, and when they run one by one their
+// outputs are written later than the op says, within their lifetimes.
 func opList(permuted bool) (ops []op, layerStart, layerEnd int) {
-	ops = slices.Clone(allOps)
-	if !permuted {
-		ops[3].writes, ops[4].writes = []int{bQ}, []int{bK}
-		ops = slices.Delete(ops, 6, 7)
+	qkv := op{"q, k, v = h·Wq, Wk, Wv", []int{bH}, []int{bQ, bK, bV}}
+	if permuted {
+		qkv.writes = []int{bQRaw, bKRaw, bV}
 	}
+	ops = []op{
+		{"upload ids, positions, block table", nil, []int{bIDs, bPos, bTable}},
+		{"embed", []int{bIDs}, []int{bX}},
+		{"attention norm", []int{bX}, []int{bH}},
+		qkv,
+	}
+	if permuted {
+		ops = append(ops, op{"q, k to HF row order (GGUF)", []int{bQRaw, bKRaw}, []int{bQ, bK}})
+	}
+	ops = append(ops, []op{
+		{"rope q, k", []int{bPos, bQ, bK}, []int{bQ, bK}},
+		{"write k, v to the cache", []int{bK, bV, bTable}, nil},
+		{"attention", []int{bQ, bTable}, []int{bA}},
+		{"o = attn·Wo", []int{bA}, []int{bO}},
+		{"x += o", []int{bX, bO}, []int{bX}},
+		{"mlp norm", []int{bX}, []int{bH2}},
+		{"gate, up = h2·Wgate, Wup", []int{bH2}, []int{bG, bU}},
+		{"m = silu(gate)·up", []int{bG, bU}, []int{bM}},
+		{"down = m·Wdown", []int{bM}, []int{bD}},
+		{"x += down", []int{bX, bD}, []int{bX}},
+		{"final norm", []int{bX}, []int{bHF}},
+		{"logits = last row·Whead", []int{bHF}, []int{bLogits}},
+		{"download logits", []int{bLogits}, nil},
+	}...)
 	return ops, 2, len(ops) - 3
 }
 
-var allOps = []op{
-	{"upload ids, positions, block table", nil, []int{bIDs, bPos, bTable}},
-	{"embed", []int{bIDs}, []int{bX}},
-	{"attention norm", []int{bX}, []int{bH}},
-	{"q = h·Wq", []int{bH}, []int{bQRaw}},
-	{"k = h·Wk", []int{bH}, []int{bKRaw}},
-	{"v = h·Wv", []int{bH}, []int{bV}},
-	{"q, k to HF row order (GGUF)", []int{bQRaw, bKRaw}, []int{bQ, bK}},
-	{"rope q, k", []int{bPos, bQ, bK}, []int{bQ, bK}},
-	{"write k, v to the cache", []int{bK, bV, bTable}, nil},
-	{"attention", []int{bQ, bTable}, []int{bA}},
-	{"o = attn·Wo", []int{bA}, []int{bO}},
-	{"x += o", []int{bX, bO}, []int{bX}},
-	{"mlp norm", []int{bX}, []int{bH2}},
-	{"gate = h2·Wgate", []int{bH2}, []int{bG}},
-	{"up = h2·Wup", []int{bH2}, []int{bU}},
-	{"m = silu(gate)·up", []int{bG, bU}, []int{bM}},
-	{"down = m·Wdown", []int{bM}, []int{bD}},
-	{"x += down", []int{bX, bD}, []int{bX}},
-	{"final norm", []int{bX}, []int{bHF}},
-	{"logits = last row·Whead", []int{bHF}, []int{bLogits}},
-	{"download logits", []int{bLogits}, nil},
-}
-
-// buffers returns the step's buffers for T tokens with their lifetimes
-// over the op list: from the first op that touches a buffer to one past
-// the last. A buffer that exists before the blocks and is used inside them
-// (the residual stream, positions, the block table) lives until the last
-// block's last op, since every block reads it again.
-func (e *Engine) buffers(T int) []plan.Buffer {
+// sizes returns each buffer's bytes for a step of T tokens.
+func (e *Engine) sizes(T int) [numBufs]uint64 {
 	c := e.cfg
 	t, H, I := uint64(T), uint64(c.Hidden), uint64(c.Intermediate)
 	qd, kvd := uint64(c.Heads*c.HeadDim), uint64(c.KVHeads*c.HeadDim)
@@ -99,14 +107,58 @@ func (e *Engine) buffers(T int) []plan.Buffer {
 	if c.PermutedQK {
 		size[bQRaw], size[bKRaw] = size[bQ], size[bK]
 	}
-	ops, opLayer, opLayerEnd := opList(c.PermutedQK)
+	return size
+}
+
+func align256(n uint64) uint64 { return (n + 255) &^ 255 }
+
+// addrs returns every buffer's device address for a step of T tokens (at
+// most the planned chunk): a region's parts follow its first.
+func (e *Engine) addrs(T int) [numBufs]device.Ptr {
+	var a [numBufs]device.Ptr
+	copy(a[:], e.bufs)
+	size := e.sizes(T)
+	for _, r := range regions {
+		off := uint64(0)
+		for _, b := range r {
+			a[b] = e.bufs[r[0]].Add(off)
+			off += align256(size[b])
+		}
+	}
+	return a
+}
+
+// buffers returns the step's buffers for T tokens with their lifetimes
+// over the op list: from the first op that touches a buffer to one past
+// the last. A buffer that exists before the blocks and is used inside them
+// (the residual stream, positions, the block table) lives until the last
+// block's last op, since every block reads it again. A region's first
+// buffer holds all its parts for their joint lifetime; the other parts
+// have size 0 here (addrs places them).
+func (e *Engine) buffers(T int) []plan.Buffer {
+	size := e.sizes(T)
+	ops, opLayer, opLayerEnd := opList(e.cfg.PermutedQK)
 	first, last := [numBufs]int{}, [numBufs]int{}
 	inLayer := [numBufs]bool{}
 	for i := range first {
 		first[i] = -1
 	}
+	head := [numBufs]int{}
+	for b := range head {
+		head[b] = b
+	}
+	for _, r := range regions {
+		total := uint64(0)
+		for _, b := range r {
+			head[b] = r[0]
+			total += align256(size[b])
+			size[b] = 0
+		}
+		size[r[0]] = total
+	}
 	for i, o := range ops {
 		for _, b := range append(append([]int(nil), o.reads...), o.writes...) {
+			b = head[b]
 			if first[b] < 0 {
 				first[b] = i
 			}
@@ -159,6 +211,7 @@ func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (s
 			return stepOut{}, fmt.Errorf("engine: upload step inputs: %w", err)
 		}
 	}
+	e.at = e.addrs(T)
 	c := &cursor{e: e}
 	var out stepOut
 	err := e.pass(c, T, start, wantLogits)
@@ -324,22 +377,91 @@ func (e *Engine) roundDType() string {
 	return e.dt
 }
 
-// round keeps n float32 values at the model dtype's precision, like
-// transformers (no-op with Options.Exact or an f32 model).
+// round keeps n float32 values of buffer b (named in errors) at the model
+// dtype's precision, like transformers (no-op with Options.Exact or an f32
+// model).
 func (e *Engine) round(b int, n int) error {
 	if e.opt.Exact || e.dt == "f32" {
 		return nil
 	}
-	if err := e.ks.Round(e.bufs[b], e.dt, uint64(n), e.compute); err != nil {
+	if err := e.ks.Round(e.at[b], e.dt, uint64(n), e.compute); err != nil {
 		return fmt.Errorf("engine: round %s: %w", bufNames[b], err)
 	}
 	return nil
 }
 
+// touching reports whether buffer b ends where buffer next begins in this
+// step (parts of a region whose sizes are multiples of 256 bytes).
+func (e *Engine) touching(b, next int, bytes uint64) bool {
+	return e.at[b].Add(bytes) == e.at[next]
+}
+
+// product is one matrix product of a layer: role's weight times buffer x
+// into y, M rows.
+type product struct {
+	role llama.Role
+	y    int
+	M    uint32
+}
+
+// products queues the products ps of layer l, which all read x (K
+// columns, T rows): one MatmulGroup launch (one kernel for T = 1) when the
+// layer's plan allows it (e.grouped), the weights share the model's dtype
+// and Options.Ungrouped is off, else one Matmul each as the weights come.
+// Both give the same bits. The weights' groups are acquired in plan order
+// either way and released once the launch that reads them is queued.
+func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, group bool, ps ...product) error {
+	fail := func(err error) error { return fmt.Errorf("engine: block %d: %s: %w", l, what, err) }
+	if !group {
+		for _, p := range ps {
+			w, _, err := c.use(l, p.role)
+			if err != nil {
+				return err
+			}
+			if err := e.ks.Matmul(e.dt, w, e.at[x], e.at[p.y], p.M, K, T, e.compute); err != nil {
+				return fail(err)
+			}
+			if err := c.settle(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ops := make([]kernels.MatmulOp, 0, len(ps))
+	same := true
+	for _, p := range ps {
+		w, dt, err := c.use(l, p.role)
+		if err != nil {
+			return err
+		}
+		same = same && dt == e.dt
+		ops = append(ops, kernels.MatmulOp{W: w, Y: e.at[p.y], M: p.M})
+	}
+	var err error
+	if same {
+		err = e.ks.MatmulGroup(e.dt, e.at[x], K, T, ops, e.compute)
+	} else { // a mixed-dtype file: one product each, in the model dtype as always
+		for _, o := range ops {
+			if err = e.ks.Matmul(e.dt, o.W, e.at[x], o.Y, o.M, K, T, e.compute); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return c.settle()
+}
+
 // block runs transformer block l over T tokens at positions start.., in
 // the op list's order (the activation arena's lifetimes assume it).
+//
+// Rounding as transformers does costs no launch of its own for Q, K and
+// V: RoPEIn rounds its input and its output to the model dtype, and KVWrite
+// stores K and V in it (round to nearest even, the same conversion as
+// Round), so a Round before or after them would change no bit.
 func (e *Engine) block(c *cursor, l, T, start int) error {
-	cfg, ks, cs, B := e.cfg, e.ks, e.compute, e.bufs
+	cfg, ks, cs, B := e.cfg, e.ks, e.compute, &e.at
 	t, H, I := uint32(T), uint32(cfg.Hidden), uint32(cfg.Intermediate)
 	nq, nkv, hd := uint32(cfg.Heads), uint32(cfg.KVHeads), uint32(cfg.HeadDim)
 	layer := uint32(l)
@@ -357,65 +479,28 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		}
 		return c.settle()
 	}
-	mm := func(what string, r llama.Role, x, y int, M, K uint32) error {
-		w, _, err := c.use(l, r)
-		if err != nil {
-			return err
-		}
-		if err := ks.Matmul(e.dt, w, B[x], B[y], M, K, t, cs); err != nil {
-			return fail(what, err)
-		}
-		if err := c.settle(); err != nil {
-			return err
-		}
-		if y == bQRaw || y == bKRaw {
-			return nil // rounded once in HF order
-		}
-		return e.round(y, T*int(M))
-	}
+	qBytes := 4 * uint64(T) * uint64(nq*hd)
 	// Q and K of a GGUF file come out in llama.cpp's row order and are put
-	// back in HF's by an exact permutation product (after V, as the op
-	// list says), so that both formats run the same arithmetic from there.
+	// back in HF's by an exact permutation product, so that both formats
+	// run the same arithmetic from there.
 	qOut, kOut := bQ, bK
 	if cfg.PermutedQK {
 		qOut, kOut = bQRaw, bKRaw
 	}
-	unpermute := func(raw, y int, heads uint32) error {
-		if err := ks.Matmul("f32", e.unpermute.Ptr, B[raw], B[y], hd, hd, t*heads, cs); err != nil {
-			return fail("q/k to HF row order", err)
-		}
-		return e.round(y, T*int(heads*hd))
-	}
 	if err := norm("attention norm", llama.RoleAttnNorm, bH); err != nil {
 		return err
 	}
-	if err := mm("q", llama.RoleQ, bH, qOut, nq*hd, H); err != nil {
-		return err
-	}
-	if err := mm("k", llama.RoleK, bH, kOut, nkv*hd, H); err != nil {
-		return err
-	}
-	if err := mm("v", llama.RoleV, bH, bV, nkv*hd, H); err != nil {
+	if err := e.products(c, l, "q, k, v", bH, H, t, e.grouped[l].qkv,
+		product{llama.RoleQ, qOut, nq * hd}, product{llama.RoleK, kOut, nkv * hd}, product{llama.RoleV, bV, nkv * hd}); err != nil {
 		return err
 	}
 	if cfg.PermutedQK {
-		if err := unpermute(bQRaw, bQ, nq); err != nil {
-			return err
-		}
-		if err := unpermute(bKRaw, bK, nkv); err != nil {
-			return err
+		if err := e.unpermuteQK(t, qBytes); err != nil {
+			return fail("q/k to HF row order", err)
 		}
 	}
-	for _, r := range []struct {
-		b     int
-		heads uint32
-	}{{bQ, nq}, {bK, nkv}} {
-		if err := ks.RoPEIn(B[r.b], B[bPos], t, r.heads, hd, e.invFreq.Ptr, false, e.roundDType(), cs); err != nil {
-			return fail("rope", err)
-		}
-		if err := e.round(r.b, T*int(r.heads*hd)); err != nil {
-			return err
-		}
+	if err := e.rope(t, qBytes); err != nil {
+		return fail("rope", err)
 	}
 	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
 		return fail("kv write", err)
@@ -424,7 +509,10 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 	if err := ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
 		return fail("attention", err)
 	}
-	if err := mm("o", llama.RoleO, bA, bO, H, nq*hd); err != nil {
+	if err := e.products(c, l, "o", bA, nq*hd, t, false, product{llama.RoleO, bO, H}); err != nil {
+		return err
+	}
+	if err := e.round(bO, T*int(H)); err != nil {
 		return err
 	}
 	if err := e.residual(bO, T); err != nil {
@@ -433,16 +521,25 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 	if err := norm("mlp norm", llama.RoleMLPNorm, bH2); err != nil {
 		return err
 	}
-	if err := mm("gate", llama.RoleGate, bH2, bG, I, H); err != nil {
+	if err := e.products(c, l, "gate, up", bH2, H, t, e.grouped[l].gateUp,
+		product{llama.RoleGate, bG, I}, product{llama.RoleUp, bU, I}); err != nil {
 		return err
 	}
-	if err := mm("up", llama.RoleUp, bH2, bU, I, H); err != nil {
+	n := T * int(I)
+	if e.touching(bG, bU, 4*uint64(n)) {
+		if err := e.round(bG, 2*n); err != nil {
+			return err
+		}
+	} else if err := errors.Join(e.round(bG, n), e.round(bU, n)); err != nil {
 		return err
 	}
-	if err := ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(T)*uint64(I), cs); err != nil {
+	if err := ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(n), cs); err != nil {
 		return fail("silu", err)
 	}
-	if err := mm("down", llama.RoleDown, bM, bD, H, I); err != nil {
+	if err := e.products(c, l, "down", bM, I, t, false, product{llama.RoleDown, bD, H}); err != nil {
+		return err
+	}
+	if err := e.round(bD, T*int(H)); err != nil {
 		return err
 	}
 	if err := e.residual(bD, T); err != nil {
@@ -451,10 +548,40 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 	return nil
 }
 
+// unpermuteQK puts the raw Q and K rows of T tokens back in HF order:
+// each head of hd rows is multiplied by the permutation matrix, in one
+// product over both when the raw and the HF-order parts touch.
+func (e *Engine) unpermuteQK(T uint32, qBytes uint64) error {
+	hd, nq, nkv := uint32(e.cfg.HeadDim), uint32(e.cfg.Heads), uint32(e.cfg.KVHeads)
+	P, B := e.unpermute.Ptr, &e.at
+	if e.touching(bQRaw, bKRaw, qBytes) && e.touching(bQ, bK, qBytes) {
+		return e.ks.Matmul("f32", P, B[bQRaw], B[bQ], hd, hd, T*(nq+nkv), e.compute)
+	}
+	if err := e.ks.Matmul("f32", P, B[bQRaw], B[bQ], hd, hd, T*nq, e.compute); err != nil {
+		return err
+	}
+	return e.ks.Matmul("f32", P, B[bKRaw], B[bK], hd, hd, T*nkv, e.compute)
+}
+
+// rope rotates Q and K of T tokens (in the rounding dtype): one launch
+// over both when T = 1 and K follows Q (T rows of heads then read as one
+// row of nq + nkv heads at one position).
+func (e *Engine) rope(T uint32, qBytes uint64) error {
+	hd, nq, nkv := uint32(e.cfg.HeadDim), uint32(e.cfg.Heads), uint32(e.cfg.KVHeads)
+	B, rd := &e.at, e.roundDType()
+	if T == 1 && e.touching(bQ, bK, qBytes) {
+		return e.ks.RoPEIn(B[bQ], B[bPos], 1, nq+nkv, hd, e.invFreq.Ptr, false, rd, e.compute)
+	}
+	if err := e.ks.RoPEIn(B[bQ], B[bPos], T, nq, hd, e.invFreq.Ptr, false, rd, e.compute); err != nil {
+		return err
+	}
+	return e.ks.RoPEIn(B[bK], B[bPos], T, nkv, hd, e.invFreq.Ptr, false, rd, e.compute)
+}
+
 // residual adds buffer b into the residual stream and rounds it.
 func (e *Engine) residual(b, T int) error {
 	n := T * e.cfg.Hidden
-	if err := e.ks.Add(e.bufs[bX], e.bufs[b], uint64(n), e.compute); err != nil {
+	if err := e.ks.Add(e.at[bX], e.at[b], uint64(n), e.compute); err != nil {
 		return err
 	}
 	return e.round(bX, n)
@@ -463,7 +590,7 @@ func (e *Engine) residual(b, T int) error {
 // head runs the final norm and the LM head on the last token and queues
 // the logits' download into the host staging buffer.
 func (e *Engine) head(c *cursor, T int) error {
-	cfg, cs, B := e.cfg, e.compute, e.bufs
+	cfg, cs, B := e.cfg, e.compute, &e.at
 	H := uint32(cfg.Hidden)
 	normP, normDT, err := c.use(-1, llama.RoleFinalNorm)
 	if err != nil {

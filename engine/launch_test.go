@@ -1,0 +1,193 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/format/synth"
+)
+
+// counting is a device that counts kernel launches by kernel name.
+type counting struct {
+	device.Device
+	mu     sync.Mutex
+	names  map[device.Function]string
+	counts map[string]int
+}
+
+func newCounting(d device.Device) *counting {
+	return &counting{Device: d, names: map[device.Function]string{}, counts: map[string]int{}}
+}
+
+func (c *counting) Function(m device.Module, name string) (device.Function, error) {
+	f, err := c.Device.Function(m, name)
+	if err == nil {
+		c.mu.Lock()
+		c.names[f] = name
+		c.mu.Unlock()
+	}
+	return f, err
+}
+
+func (c *counting) Launch(f device.Function, grid, block device.Dim3, shared uint32, s device.Stream, args ...any) error {
+	c.mu.Lock()
+	c.counts[c.names[f]]++
+	c.mu.Unlock()
+	return c.Device.Launch(f, grid, block, shared, s, args...)
+}
+
+func (c *counting) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.counts)
+}
+
+// decodeLaunches returns the kernel launches of one decode step (by
+// name): the launches of a run of n+1 tokens less those of a run of n.
+func decodeLaunches(t *testing.T, preset, f string, o engine.Options) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	m := open(t, modelPath(t, preset, f))
+	run := func(n int) map[string]int {
+		d := newCounting(testDevice(t))
+		r := newRig(t, d)
+		e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		before := d.snapshot()
+		if _, err := e.Generate(ctx, prompt(9, m.Config.Vocab, 4), engine.Sampling{MaxNew: n, IgnoreEOS: true}, nil); err != nil {
+			t.Fatal(err)
+		}
+		after := d.snapshot()
+		for k, v := range before {
+			after[k] -= v
+		}
+		return after
+	}
+	a, b := run(3), run(4)
+	out := map[string]int{}
+	for k, v := range b {
+		if v -= a[k]; v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func total(c map[string]int) int {
+	n := 0
+	for _, v := range c {
+		n += v
+	}
+	return n
+}
+
+func describe(c map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(c)) {
+		parts = append(parts, fmt.Sprintf("%s %d", strings.TrimPrefix(k, "memwall_"), c[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// TestDecodeLaunches counts the kernels of one decode step of a resident
+// bf16 model: per layer, one grouped product for q, k, v and one for gate,
+// up, one RoPE over Q and K, no Round for Q, K or V, one Round over gate
+// and up where they touch; and the ungrouped step launches two products more per layer
+// (q, k, v as three, gate and up as two).
+func TestDecodeLaunches(t *testing.T) {
+	for _, f := range []string{synth.Safetensors, synth.GGUF} {
+		m := open(t, modelPath(t, "tiny", f))
+		L := m.Config.Layers
+		o := engine.Options{Budget: 256 << 20, MaxTokens: 96, PrefillChunk: 16}
+		got := decodeLaunches(t, "tiny", f, o)
+		// One Round over gate and up when they touch (4·I bytes a multiple
+		// of the parts' 256-byte alignment), else one each.
+		gateUp := 1
+		if 4*m.Config.Intermediate%256 != 0 {
+			gateUp = 2
+		}
+		want := map[string]int{
+			"memwall_gemvg1_bf16": 2 * L,
+			"memwall_rope":        L,
+			"memwall_kvwrite":     L,
+			"memwall_rmsnorm":     2*L + 1,
+			"memwall_silumul":     L,
+			"memwall_add":         2 * L,
+			"memwall_embed":       1,
+			// o, residual, gate and up, down, residual per layer; the logits.
+			"memwall_round": (4+gateUp)*L + 1,
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("%s: %d launches of %s in a decode step, want %d (all: %s)", f, got[k], k, v, describe(got))
+			}
+		}
+		o.Ungrouped = true
+		un := decodeLaunches(t, "tiny", f, o)
+		if un["memwall_gemvg1_bf16"] != 0 {
+			t.Errorf("%s: ungrouped step launched %d grouped products", f, un["memwall_gemvg1_bf16"])
+		}
+		if d := total(un) - total(got); d != 3*L {
+			t.Errorf("%s: ungrouped step has %d launches, grouped %d: want %d more", f, total(un), total(got), 3*L)
+		}
+		t.Logf("%s, %d layers: %d launches per decode step (%s); ungrouped %d", f, L, total(got), describe(got), total(un))
+	}
+}
+
+// TestGroupedBitIdentical: grouping the products (MatmulGroup) changes no
+// bit: the same tokens and logits at every step as one launch per product,
+// for both formats, resident and streaming, per-matrix and whole-layer
+// groups, prefill chunks and decode.
+func TestGroupedBitIdentical(t *testing.T) {
+	ctx := context.Background()
+	for _, preset := range []string{"tiny", "tiny-f16"} {
+		for _, f := range []string{synth.Safetensors, synth.GGUF} {
+			for _, mode := range []string{"resident", "streaming", "whole"} {
+				m := open(t, modelPath(t, preset, f))
+				var runs [2]*engine.Result
+				for i, ungrouped := range []bool{false, true} {
+					r := newRig(t, testDevice(t))
+					b := uint64(256 << 20)
+					if mode != "resident" {
+						b = smallBudget(t, r, m, mode == "whole")
+					}
+					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16,
+						WholeLayers: mode == "whole", Ungrouped: ungrouped})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if mode != "resident" && len(e.Plan().Streamed()) == 0 {
+						t.Fatalf("%s %s %s: streams nothing", preset, f, mode)
+					}
+					if runs[i], err = e.Generate(ctx, prompt(37, m.Config.Vocab, 9), engine.Sampling{MaxNew: 20, IgnoreEOS: true, KeepLogits: true}, nil); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.Close(); err != nil {
+						t.Fatal(err)
+					}
+					r.zero(t)
+				}
+				g, u := runs[0], runs[1]
+				if !slices.Equal(g.Tokens, u.Tokens) {
+					t.Errorf("%s %s %s: grouped %v, ungrouped %v", preset, f, mode, g.Tokens, u.Tokens)
+				}
+				for i := range g.Logits {
+					if !slices.Equal(g.Logits[i], u.Logits[i]) {
+						t.Errorf("%s %s %s: step %d logits differ", preset, f, mode, i)
+						break
+					}
+				}
+			}
+		}
+	}
+}

@@ -110,6 +110,12 @@ type Options struct {
 	// pressure stay as they are). The results are the same bit for bit;
 	// the option exists to measure the difference.
 	Ungrouped bool
+	// Profile times two decode steps of each Generate on the device (see
+	// Result.DecodeStepDeviceSeconds and DecodeProfile), the second and
+	// the third, each queued behind a spin kernel; they are left out of
+	// DecodeSeconds and DecodeTokensPerS. A diagnostic: the events between
+	// op classes keep kernels from overlapping, and the spins take time.
+	Profile bool
 	// Logger receives debug logs; nil is silent.
 	Logger *slog.Logger
 }
@@ -189,6 +195,8 @@ type Engine struct {
 	where map[roleKey]int
 	// grouped says, per layer, which products run as one MatmulGroup.
 	grouped []layerGroups
+	// prof times the step being queued (Options.Profile), else nil.
+	prof *profiler
 	// at is the current step's buffer addresses (addrs).
 	at      [numBufs]device.Ptr
 	foot    *Footprint

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -30,6 +31,20 @@ type Result struct {
 	PrefillDeviceSeconds float64 `json:"prefill_device_seconds,omitempty"`
 	// StreamedBytesPerToken is the weight bytes copied per decode step.
 	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
+	// ProductWeightBytes is the weight bytes a decode step's matrix
+	// products read (every block's seven matrices and the LM head).
+	ProductWeightBytes uint64 `json:"product_weight_bytes"`
+	// With Options.Profile (and at least 4 new tokens):
+	// DecodeStepDeviceSeconds is one decode step's device time, from its
+	// first op to its last, queued behind a spin kernel so that the host's
+	// launch overhead does not show; DecodeProfile the device seconds per
+	// op class (ClassProducts, ClassAttention, ClassNorms, ClassOther) of
+	// another step with an event between classes, which keeps kernels of
+	// different classes from overlapping (its classes sum to
+	// DecodeProfileSeconds, a little more than the unprofiled step).
+	DecodeStepDeviceSeconds float64            `json:"decode_step_device_seconds,omitempty"`
+	DecodeProfile           map[string]float64 `json:"decode_profile_seconds,omitempty"`
+	DecodeProfileSeconds    float64            `json:"decode_profile_step_seconds,omitempty"`
 	// FirstLogits are the logits that chose the first token.
 	FirstLogits []float32 `json:"-"`
 	// Logits[i] chose Tokens[i] (with Sampling.KeepLogits).
@@ -110,6 +125,9 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 	decodeStart := time.Now()
 	streamed0 := e.res.Stats().StreamedBytes
 	pos := len(ids)
+	res.ProductWeightBytes = e.productWeightBytes()
+	var profiled time.Duration // wall time of the profiled steps
+	steps, profiledSteps := 0, 0
 	if s.KeepLogits {
 		res.Logits = append(res.Logits, logits)
 	}
@@ -137,7 +155,22 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 		if err := e.kv.Append(seq, int32(tok)); err != nil {
 			return res, fmt.Errorf("engine: KV block for position %d: %w", pos, err)
 		}
+		prof := e.opt.Profile && s.MaxNew >= 4 && (steps == 1 || steps == 2)
+		steps++
+		t0 := time.Now()
+		if prof {
+			if err := e.startProfile(steps == 3); err != nil {
+				return res, err
+			}
+		}
 		out, err := e.step([]int32{int32(tok)}, pos, e.kv.Table(seq), true)
+		if prof {
+			if err = errors.Join(err, e.profiled(res, steps == 3)); err != nil {
+				return res, err
+			}
+			profiled += time.Since(t0)
+			profiledSteps++
+		}
 		if err != nil {
 			return res, err
 		}
@@ -147,12 +180,32 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 			res.Logits = append(res.Logits, out.logits)
 		}
 	}
-	res.DecodeSeconds = time.Since(decodeStart).Seconds()
+	res.DecodeSeconds = (time.Since(decodeStart) - profiled).Seconds()
 	if n := len(res.Tokens) - 1; n > 0 {
-		res.DecodeTokensPerS = float64(n) / max(res.DecodeSeconds, 1e-9)
 		res.StreamedBytesPerToken = (e.res.Stats().StreamedBytes - streamed0) / uint64(n)
+		if n -= profiledSteps; n > 0 {
+			res.DecodeTokensPerS = float64(n) / max(res.DecodeSeconds, 1e-9)
+		}
 	}
 	return res, nil
+}
+
+// profiled ends a profiled decode step: its figures go into res (the
+// classes when classes, else the whole step's device time).
+func (e *Engine) profiled(res *Result, classes bool) error {
+	if e.prof == nil {
+		return nil
+	}
+	per, all, err := e.finishProfile()
+	if err != nil {
+		return err
+	}
+	if classes {
+		res.DecodeProfile, res.DecodeProfileSeconds = per, all
+	} else {
+		res.DecodeStepDeviceSeconds = all
+	}
+	return nil
 }
 
 // prefillTiming measures a prefill on the device.

@@ -191,3 +191,52 @@ func TestGroupedBitIdentical(t *testing.T) {
 		}
 	}
 }
+
+// TestProfile: a profiled run gives the same tokens as an unprofiled one,
+// times a whole decode step and each op class of another on the device,
+// and the classes add up to the profiled step.
+func TestProfile(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	var runs []*engine.Result
+	for _, profile := range []bool{false, true} {
+		r := newRig(t, testDevice(t))
+		e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: 256 << 20, MaxTokens: 96, PrefillChunk: 16, Profile: profile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.Generate(ctx, prompt(19, m.Config.Vocab, 5), engine.Sampling{MaxNew: 10, IgnoreEOS: true}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		r.zero(t)
+		runs = append(runs, res)
+	}
+	plain, prof := runs[0], runs[1]
+	if !slices.Equal(plain.Tokens, prof.Tokens) {
+		t.Fatalf("profiled tokens %v, unprofiled %v", prof.Tokens, plain.Tokens)
+	}
+	if plain.DecodeProfile != nil || plain.DecodeStepDeviceSeconds != 0 {
+		t.Errorf("unprofiled run has a profile: %v, %g s", plain.DecodeProfile, plain.DecodeStepDeviceSeconds)
+	}
+	sum := 0.0
+	for _, c := range []string{engine.ClassProducts, engine.ClassAttention, engine.ClassNorms, engine.ClassOther} {
+		if !(prof.DecodeProfile[c] > 0) {
+			t.Errorf("class %s: %g s", c, prof.DecodeProfile[c])
+		}
+		sum += prof.DecodeProfile[c]
+	}
+	if len(prof.DecodeProfile) != 4 {
+		t.Errorf("classes %v", prof.DecodeProfile)
+	}
+	if d := sum - prof.DecodeProfileSeconds; d > 1e-9 || d < -1e-9 || !(prof.DecodeStepDeviceSeconds > 0) {
+		t.Errorf("classes sum to %g s, profiled step %g s, whole step %g s", sum, prof.DecodeProfileSeconds, prof.DecodeStepDeviceSeconds)
+	}
+	if prof.ProductWeightBytes == 0 || prof.ProductWeightBytes != plain.ProductWeightBytes {
+		t.Errorf("product weight bytes %d, %d", prof.ProductWeightBytes, plain.ProductWeightBytes)
+	}
+	t.Logf("decode step %.1f µs on the device; classes %v", prof.DecodeStepDeviceSeconds*1e6, prof.DecodeProfile)
+}

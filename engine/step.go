@@ -218,6 +218,9 @@ func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (s
 	if err == nil {
 		err = c.drain()
 	}
+	if err == nil {
+		err = e.endProfile()
+	}
 	if err != nil {
 		return stepOut{}, err
 	}
@@ -412,6 +415,9 @@ type product struct {
 // either way and released once the launch that reads them is queued.
 func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, group bool, ps ...product) error {
 	fail := func(err error) error { return fmt.Errorf("engine: block %d: %s: %w", l, what, err) }
+	if err := e.mark(ClassProducts); err != nil {
+		return err
+	}
 	if !group {
 		for _, p := range ps {
 			w, _, err := c.use(l, p.role)
@@ -474,6 +480,9 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		if err != nil {
 			return err
 		}
+		if err := e.mark(ClassNorms); err != nil {
+			return err
+		}
 		if err := ks.RMSNorm(B[bX], w, dt, B[out], e.dt, t, H, eps, cs); err != nil {
 			return fail(what, err)
 		}
@@ -494,6 +503,9 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		product{llama.RoleQ, qOut, nq * hd}, product{llama.RoleK, kOut, nkv * hd}, product{llama.RoleV, bV, nkv * hd}); err != nil {
 		return err
 	}
+	if err := e.mark(ClassOther); err != nil {
+		return err
+	}
 	if cfg.PermutedQK {
 		if err := e.unpermuteQK(t, qBytes); err != nil {
 			return fail("q/k to HF row order", err)
@@ -501,6 +513,9 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 	}
 	if err := e.rope(t, qBytes); err != nil {
 		return fail("rope", err)
+	}
+	if err := e.mark(ClassAttention); err != nil {
+		return err
 	}
 	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
 		return fail("kv write", err)
@@ -510,6 +525,9 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		return fail("attention", err)
 	}
 	if err := e.products(c, l, "o", bA, nq*hd, t, false, product{llama.RoleO, bO, H}); err != nil {
+		return err
+	}
+	if err := e.mark(ClassOther); err != nil {
 		return err
 	}
 	if err := e.round(bO, T*int(H)); err != nil {
@@ -525,6 +543,9 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		product{llama.RoleGate, bG, I}, product{llama.RoleUp, bU, I}); err != nil {
 		return err
 	}
+	if err := e.mark(ClassOther); err != nil {
+		return err
+	}
 	n := T * int(I)
 	if e.touching(bG, bU, 4*uint64(n)) {
 		if err := e.round(bG, 2*n); err != nil {
@@ -537,6 +558,9 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		return fail("silu", err)
 	}
 	if err := e.products(c, l, "down", bM, I, t, false, product{llama.RoleDown, bD, H}); err != nil {
+		return err
+	}
+	if err := e.mark(ClassOther); err != nil {
 		return err
 	}
 	if err := e.round(bD, T*int(H)); err != nil {
@@ -602,14 +626,23 @@ func (e *Engine) head(c *cursor, T int) error {
 			return err
 		}
 	}
+	if err := e.mark(ClassNorms); err != nil {
+		return err
+	}
 	if err := e.ks.RMSNorm(B[bX], normP, normDT, B[bHF], e.dt, uint32(T), H, float32(cfg.RMSNormEps), cs); err != nil {
 		return fmt.Errorf("engine: final norm: %w", err)
+	}
+	if err := e.mark(ClassProducts); err != nil {
+		return err
 	}
 	last := B[bHF].Add(uint64(T-1) * uint64(H) * e.elt)
 	if err := e.ks.Matmul(e.dt, headP, last, B[bLogits], uint32(cfg.Vocab), H, 1, cs); err != nil {
 		return fmt.Errorf("engine: lm head: %w", err)
 	}
 	if err := c.settle(); err != nil {
+		return err
+	}
+	if err := e.mark(ClassOther); err != nil {
 		return err
 	}
 	if err := e.round(bLogits, cfg.Vocab); err != nil {

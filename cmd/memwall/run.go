@@ -65,8 +65,13 @@ type runJSON struct {
 	PrefillCopySeconds   float64 `json:"prefill_copy_seconds,omitempty"`
 	PrefillDeviceSeconds float64 `json:"prefill_device_seconds,omitempty"`
 	DecodeSeconds        float64 `json:"decode_seconds"`
-	PeakDeviceBytes      uint64  `json:"peak_device_bytes"`
-	PoolPeakBytes        uint64  `json:"pool_peak_bytes"`
+	// With --profile: engine.Result's decode profile.
+	DecodeStepDeviceSeconds float64            `json:"decode_step_device_seconds,omitempty"`
+	DecodeProfile           map[string]float64 `json:"decode_profile_seconds,omitempty"`
+	DecodeProfileSeconds    float64            `json:"decode_profile_step_seconds,omitempty"`
+	ProductWeightBytes      uint64             `json:"product_weight_bytes"`
+	PeakDeviceBytes         uint64             `json:"peak_device_bytes"`
+	PoolPeakBytes           uint64             `json:"pool_peak_bytes"`
 	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
 	// the attention scratch and the context.
 	PredictedPeakBytes uint64 `json:"predicted_peak_bytes"`
@@ -108,7 +113,8 @@ type runFlags struct {
 	temperature, topP        float64
 	seed                     uint64
 	asJSON, ignoreEOS, exact bool
-	timing                   bool
+	timing, profile          bool
+	ungrouped                bool
 	logitsOut, source        string
 	pools                    poolFlags
 }
@@ -129,6 +135,8 @@ func runRun(e *env, args []string) error {
 	fs.IntVar(&f.slots, "slots", 0, "staging slots for streamed weights, 2..16 (0: 3 for chunks of 1024 tokens or more when the budget holds it, else 2)")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "keep generating after an end-of-sequence token")
 	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
+	fs.BoolVar(&f.profile, "profile", false, "time two decode steps on the device, one whole and one per op class (diagnostic: it perturbs timing; those steps are left out of decode tokens/s)")
+	fs.BoolVar(&f.ungrouped, "ungrouped", false, "one launch per matrix product instead of q/k/v and gate/up grouped (same results; for comparison)")
 	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
 	fs.StringVar(&f.logitsOut, "logits-out", "", "write the first generated token's logits to FILE (little-endian float32)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
@@ -224,7 +232,8 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	}
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
-		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing}, quiet: f.asJSON, pools: &f.pools}
+		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing,
+			Profile: f.profile, Ungrouped: f.ungrouped}, quiet: f.asJSON, pools: &f.pools}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
@@ -371,6 +380,8 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.PrefillSeconds, out.DecodeSeconds = res.PrefillSeconds, res.DecodeSeconds
 	out.PrefillCopySeconds, out.PrefillDeviceSeconds = res.PrefillCopySeconds, res.PrefillDeviceSeconds
 	out.StreamedBytesPerToken = res.StreamedBytesPerToken
+	out.DecodeStepDeviceSeconds, out.DecodeProfile = res.DecodeStepDeviceSeconds, res.DecodeProfile
+	out.DecodeProfileSeconds, out.ProductWeightBytes = res.DecodeProfileSeconds, res.ProductWeightBytes
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
 	out.ScratchBytes = eng.ScratchBytes()
@@ -388,6 +399,17 @@ func printRun(e *env, o runJSON) {
 	fmt.Fprintf(w, "  prefill %.1f tokens/s, decode %.2f tokens/s (products: %s)\n", o.PrefillTokensPerS, o.DecodeTokensPerS, o.Gemm)
 	if o.PrefillDeviceSeconds > 0 {
 		fmt.Fprintf(w, "  prefill %.4f s: device %.4f s, of which weight copies %.4f s\n", o.PrefillSeconds, o.PrefillDeviceSeconds, o.PrefillCopySeconds)
+	}
+	if o.DecodeStepDeviceSeconds > 0 {
+		fmt.Fprintf(w, "  decode step on the device %.1f µs (products read %s: %.0f GB/s over the step)\n",
+			o.DecodeStepDeviceSeconds*1e6, humanBytes(o.ProductWeightBytes), float64(o.ProductWeightBytes)/o.DecodeStepDeviceSeconds/1e9)
+	}
+	if o.DecodeProfileSeconds > 0 {
+		fmt.Fprintf(w, "  profiled step %.1f µs:", o.DecodeProfileSeconds*1e6)
+		for _, c := range []string{engine.ClassProducts, engine.ClassAttention, engine.ClassNorms, engine.ClassOther} {
+			fmt.Fprintf(w, " %s %.1f µs", c, o.DecodeProfile[c]*1e6)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "  peak device memory %s of the %s budget (pools %s + context %s + modules %s + attention scratch %s)\n",
 		humanBytes(o.PeakDeviceBytes), humanBytes(o.BudgetBytes), humanBytes(o.PoolPeakBytes), humanBytes(o.ContextBytes),

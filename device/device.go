@@ -244,6 +244,38 @@ type MatmulLibrary interface {
 	GemmName() string
 }
 
+// OverlapLauncher is an optional capability of a Device: kernel launches
+// that may overlap the previous kernel on the stream (CUDA's programmatic
+// dependent launch, compute capability 9.0 and newer). Test for it with a
+// type assertion, then CanOverlap.
+//
+// Ordering: f may start before the previous kernel on s completes; f must
+// execute griddepcontrol.wait (cudaGridDependencySynchronize) before it
+// reads anything that kernel writes and before it writes anything that
+// kernel reads or writes, and so must every kernel launched this way, for
+// the ordering of later kernels to stay transitive. The overlap applies only
+// between two kernels: when the operation queued on s just before f is not a
+// kernel (a copy, a memset, an event record, a wait on an event), f starts
+// after it completes, as a plain Launch would. (CUDA's cuLaunchKernelEx:
+// the attribute "allow[s] the grid's execution to overlap with the previous
+// kernel in the stream, if that kernel requests the overlap"; the PTX ISA:
+// griddepcontrol.wait waits until "all prerequisite grids in flight have
+// completed and all the memory operations from the prerequisite grids are
+// performed and made visible to the current grid"; the CUDA Programming
+// Guide, "Programmatic Dependent Launch and Synchronization": the secondary
+// kernel may launch before the primary kernel "it depends on in the same
+// CUDA stream" has finished. A copy or an event is no grid, so stream order
+// holds for it.)
+type OverlapLauncher interface {
+	// LaunchOverlapped is Launch with the overlap above allowed. It fails
+	// with ErrUnsupported, before queuing anything, when CanOverlap is
+	// false.
+	LaunchOverlapped(f Function, grid, block Dim3, sharedBytes uint32, s Stream, args ...any) error
+	// CanOverlap reports whether the driver and the GPU support overlapped
+	// launches (CUDA: cuLaunchKernelEx present, compute capability ≥ 9.0).
+	CanOverlap() bool
+}
+
 // Device is one GPU (real or simulated). All methods are safe for concurrent
 // use by multiple goroutines.
 type Device interface {

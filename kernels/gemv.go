@@ -8,28 +8,26 @@ import (
 
 // GEMV variants: the kernels Matmul chooses between for T ≤ GemvMaxTokens
 // (kernels.cu describes each).
+// (The sweep of the earlier session also tried streamed CUDA-core kernels
+// for T = 1 and T ≤ 8, a cp.async-ring T = 1 kernel, grid-strided row
+// kernels and gemvm with a cp.async ring; none beat these three on the
+// H200, and they were removed with their entry points.)
 const (
-	gemvOne     = iota // memwall_gemv1_*: T = 1, one row per warp, grid ⌈M/8⌉
-	gemvTwo            // memwall_gemv_*: T ≤ 8, two rows per warp, grid ⌈M/16⌉
-	gemvStream1        // memwall_gemvs1_*: T = 1, CUDA cores, any grid
-	gemvStream         // memwall_gemvs_*: T ≤ 8, CUDA cores, any grid
-	gemvMMA            // memwall_gemvm_*: T ≤ 8, tensor cores on compute_80, any grid
-	gemvCopy1          // memwall_gemvc1_*: T = 1, cp.async ring on compute_80, any grid
-	gemvRows1          // memwall_gemvr1_*: memwall_gemv1_'s compute_70 code over any grid, rows strided
-	gemvRows           // memwall_gemvr_*: memwall_gemv_ over any grid, row pairs strided
-	gemvMMARing        // memwall_gemvq_*: memwall_gemvm_ with a cp.async ring, any grid
+	gemvOne = iota // memwall_gemv1_*: T = 1, one row per warp, grid ⌈M/8⌉
+	gemvTwo        // memwall_gemv_*: T ≤ 8, two rows per warp, grid ⌈M/16⌉
+	gemvMMA        // memwall_gemvm_*: T ≤ 8, tensor cores on compute_80, any grid
 	gemvKinds
 )
 
 // gemvPrefixes are the kernel names of the variants, less the dtype.
-var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvs1_", "memwall_gemvs_", "memwall_gemvm_", "memwall_gemvc1_", "memwall_gemvr1_", "memwall_gemvr_", "memwall_gemvq_"}
+var gemvPrefixes = [gemvKinds]string{"memwall_gemv1_", "memwall_gemv_", "memwall_gemvm_"}
 
 // gemvName returns the kernel name of variant kind for dtype.
 func gemvName(kind int, dtype string) string { return gemvPrefixes[kind] + dtype }
 
 // gemvMaxT is the largest T variant kind computes.
 func gemvMaxT(kind int) uint32 {
-	if kind == gemvOne || kind == gemvStream1 || kind == gemvCopy1 || kind == gemvRows1 {
+	if kind == gemvOne {
 		return 1
 	}
 	return GemvMaxTokens
@@ -37,19 +35,14 @@ func gemvMaxT(kind int) uint32 {
 
 // gemvStreamed reports whether variant kind takes any grid (the block's
 // share of the rows follows from the grid size).
-func gemvStreamed(kind int) bool { return kind >= gemvStream1 }
+func gemvStreamed(kind int) bool { return kind == gemvMMA }
 
 // gemvUnits is how many shares of work the any-grid variant kind can split
-// into: rows for the streamed CUDA-core kernels, 16-row groups for the
-// tensor-core one, and for the strided ones a round of their 8 warps (8
-// rows, or 8 row pairs).
+// into: 16-row groups for the tensor-core kernel (rows for the CUDA-core
+// kernel it runs for f32 and on compute_70: a grid of ⌈M/16⌉ blocks or
+// fewer fits both), M for the others.
 func gemvUnits(kind int, M uint32) uint32 {
-	switch kind {
-	case gemvMMA, gemvMMARing:
-		return ceilDiv(M, 16)
-	case gemvRows1:
-		return ceilDiv(M, 8)
-	case gemvRows:
+	if kind == gemvMMA {
 		return ceilDiv(M, 16)
 	}
 	return M
@@ -125,7 +118,7 @@ func (s *Set) launchGemv(p gemvPlan, dtype string, W, X, Y device.Ptr, M, K, T u
 		return fmt.Errorf("kernels: %s M=%d K=%d T=%d grid %d: not a launch of this kernel: %w", gemvName(p.kind, dtype), M, K, T, p.grid, ErrShape)
 	}
 	g := device.Dim3{X: p.grid, Y: 1, Z: 1}
-	if err := s.d.Launch(s.gemvk[p.kind][dtype], g, blockDim(), 0, st, W, X, Y, M, K, T); err != nil {
+	if err := s.launchK(s.gemvk[p.kind][dtype], g, blockDim(), 0, st, W, X, Y, M, K, T, s.prefetch); err != nil {
 		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", gemvName(p.kind, dtype), M, K, T, err)
 	}
 	return nil
@@ -195,8 +188,9 @@ func (s *Set) MatmulGroup(dtype string, X device.Ptr, K, T uint32, ops []MatmulO
 		}
 		args = append(args, op.W, op.Y, op.M)
 	}
+	args = append(args, s.prefetch)
 	g := device.Dim3{X: uint32(blocks), Y: 1, Z: 1}
-	if err := s.d.Launch(s.gemvg[dtype], g, blockDim(), 0, st, args...); err != nil {
+	if err := s.launchK(s.gemvg[dtype], g, blockDim(), 0, st, args...); err != nil {
 		return fmt.Errorf("kernels: %s K=%d, %d products: %w", gemvGroupName(dtype), K, len(live), err)
 	}
 	return nil

@@ -1,10 +1,12 @@
 // memwall's own GPU kernels.
 //
-// Compiled to PTX twice by scripts/build-ptx.sh: for compute_80 (bf16/f16
-// tensor cores through WMMA, cp.async) and for compute_70 (no bf16 hardware:
-// bf16 is bit manipulation everywhere, and every GEMM runs on CUDA cores).
-// Both are embedded in the Go package kernels, which loads the one the GPU
-// can run (compute capability >= 8.0: compute_80) through the driver API. Every
+// Compiled to PTX three times by scripts/build-ptx.sh: for compute_90
+// (compute_80's code plus programmatic dependent launch: see pdl_enter), for
+// compute_80 (bf16/f16 tensor cores through WMMA, cp.async) and for
+// compute_70 (no bf16 hardware: bf16 is bit manipulation everywhere, and
+// every GEMM runs on CUDA cores). All are embedded in the Go package
+// kernels, which loads the newest one the GPU can run through the driver
+// API. Every
 // kernel is extern "C" so its PTX entry name is the plain name below; the Go
 // side (kernels.go) resolves exactly these names, and a Go test checks that
 // this file defines each of them.
@@ -30,6 +32,13 @@
 #define MEMWALL_SM80 0
 #endif
 
+// MEMWALL_SM90: programmatic dependent launch (griddepcontrol, compute_90+).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MEMWALL_SM90 1
+#else
+#define MEMWALL_SM90 0
+#endif
+
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -43,6 +52,59 @@ __device__ __forceinline__ uint32_t pattern(uint32_t seed, uint64_t i) {
     x *= 0xC2B2AE35u;
     x ^= x >> 16;
     return x;
+}
+
+// ---------------------------------------------------------------------------
+// Programmatic dependent launch (compute_90 module only; no-ops elsewhere).
+// The Go side may launch any kernel of the compute_90 module so that it
+// starts while the previous kernel on the stream still runs. So every
+// kernel begins with pdl_enter: griddepcontrol.wait (return once every
+// prerequisite grid has completed and its memory operations are visible),
+// then griddepcontrol.launch_dependents (the next kernel's blocks may be
+// scheduled once every block of this grid has issued it or exited; issuing
+// it after the wait keeps the lookahead to one kernel). Nothing before the
+// wait reads memory another kernel writes or writes any memory; launched
+// without the attribute, both instructions return at once.
+
+__device__ __forceinline__ void pdl_enter() {
+#if MEMWALL_SM90
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Prefetches into L2 the 128-byte lines that hold the first
+// min(bytes, cap & 0x7FFFFFFF) bytes at p, spread over the block's threads
+// (bit 31 of cap: with the evict_last policy). A hint only: nothing lands
+// in registers or L1, and L2 is the GPU's point of coherence, so it is
+// correct whatever wrote the bytes and whenever; every line it touches holds
+// a byte of the range, so it stays inside the allocation's pages.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes, uint32_t cap) {
+#if MEMWALL_SM90
+    bytes = min(bytes, (uint64_t)(cap & 0x7FFFFFFFu));
+    if (bytes == 0) return;
+    const bool last = (cap >> 31) != 0;
+    const uint64_t end = (uint64_t)(uintptr_t)p + bytes;
+    for (uint64_t l = ((uint64_t)(uintptr_t)p & ~(uint64_t)127) + 128 * (uint64_t)threadIdx.x; l < end;
+         l += 128 * (uint64_t)blockDim.x) {
+        if (last)
+            asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; prefetch.global.L2::evict_last [g]; }" ::"l"(l));
+        else
+            asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; prefetch.global.L2 [g]; }" ::"l"(l));
+    }
+#else
+    (void)p, (void)bytes, (void)cap;
+#endif
+}
+
+// The GEMV prologue: prefetch up to pf bytes of the block's rows
+// [r0, min(r0 + n, M)) of the row-major W (rowBytes per row) into L2 (W is
+// read-only to the product, so this may run before the wait), then
+// pdl_enter.
+__device__ __forceinline__ void gemv_enter(const void* W, uint64_t rowBytes, uint32_t M, uint64_t r0, uint64_t n,
+                                           uint32_t pf) {
+    if (r0 < M) prefetch_l2(static_cast<const char*>(W) + r0 * rowBytes, (min(r0 + n, (uint64_t)M) - r0) * rowBytes, pf);
+    pdl_enter();
 }
 
 __device__ __forceinline__ uint64_t global_thread() {
@@ -243,17 +305,6 @@ __device__ __forceinline__ void gemv(const typename Tr::S* __restrict__ W,
                                      uint32_t M, uint32_t K, uint32_t T) {
     const uint64_t w = (uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     gemv_at<Tr, R, MAXT>(W, X, Y, M, K, T, w * R);
-}
-
-// The same over any grid: warp w takes rows w·R, (w + W)·R, ... for the
-// grid's W warps, one group of R after the other (memwall_gemvr*_*).
-template <class Tr, int R, int MAXT>
-__device__ __forceinline__ void gemv_strided(const typename Tr::S* __restrict__ W,
-                                             const typename Tr::S* __restrict__ X, float* __restrict__ Y,
-                                             uint32_t M, uint32_t K, uint32_t T) {
-    const uint64_t warps = (uint64_t)gridDim.x * (blockDim.x >> 5);
-    for (uint64_t w = (uint64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w * R < M; w += warps)
-        gemv_at<Tr, R, MAXT>(W, X, Y, M, K, T, w * R);
 }
 
 // ---------------------------------------------------------------------------
@@ -696,79 +747,6 @@ __device__ __forceinline__ void gemvs(const typename Tr::S* __restrict__ W, cons
 }
 
 #if MEMWALL_SM80
-// T = 1 on CUDA cores with the pipeline in shared memory (compute_80): as
-// gemvs<Tr, *, 1>, but each lane's S units in flight are cp.async copies
-// into its own slots of a ring (lane l reads only what it copied, so no
-// barrier), which holds no registers: more blocks fit on an SM.
-const int kGemvcStages = 8;
-const int kGemvcPart = 2048;  // floats: 256 rows per pass
-
-template <class Tr>
-__device__ __forceinline__ void gemvc(const typename Tr::S* __restrict__ W, const typename Tr::S* __restrict__ X,
-                                      float* __restrict__ Y, uint32_t M, uint32_t K) {
-    __shared__ __align__(16) uint4 ring[kGemvsWarps][kGemvcStages][32];  // 32 KiB
-    __shared__ float part[kGemvcPart];
-    constexpr uint64_t kRows = kGemvcPart / kGemvsWarps;
-    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const bool fast = K % Tr::kVec == 0 && aligned16(W) && aligned16(X);
-    const uint64_t nvec = (K + Tr::kVec - 1) / Tr::kVec, cpr = (nvec + 31) / 32;
-    uint64_t r0, r1;
-    gemvs_share(M, r0, r1);
-    for (uint64_t rp = r0; rp < r1; rp += kRows) {
-        const uint64_t nr = min(kRows, r1 - rp), units = nr * cpr;
-        const uint64_t ua = units * warp / kGemvsWarps, ub = units * (warp + 1) / kGemvsWarps;
-        uint64_t lr = ua / cpr, lj = ua % cpr, cr = lr, cj = lj;
-        // Unit (lr, lj) into stage st: a copy when the path is fast, else a
-        // gathered vector stored by the lane itself.
-        auto issue = [&](int st) {
-            const uint64_t c = lj * 32 + lane;
-            if (c < nvec) {
-                const typename Tr::S* row = W + (rp + lr) * K;
-                if (fast)
-                    cp_async16(&ring[warp][st][lane], reinterpret_cast<const uint4*>(row) + c, 16);
-                else
-                    ring[warp][st][lane] = gemvs_gather<Tr>(row, c, K);
-            }
-            if (++lj == cpr) lj = 0, ++lr;
-        };
-        for (int st = 0; st < kGemvcStages; ++st) {
-            if (ua + st < ub) issue(st);
-            cp_async_commit();  // one group per stage, empty or not
-        }
-        float acc = 0.0f;
-        for (uint64_t i = ua; i < ub; ++i) {
-            cp_async_wait<kGemvcStages - 1>();  // the group of unit i has landed
-            const int st = (int)((i - ua) % kGemvcStages);
-            const uint64_t c = cj * 32 + lane;
-            if (c < nvec) {
-                float wf[Tr::kVec], xf[Tr::kVec];
-                Tr::unpack(ring[warp][st][lane], wf);
-                Tr::unpack(gemvs_vec<Tr>(X, c, K, fast, false), xf);
-#pragma unroll
-                for (int j = 0; j < Tr::kVec; ++j) acc = fmaf(wf[j], xf[j], acc);
-            }
-            // The slot was read above, so its next copy cannot overtake the read.
-            if (i + kGemvcStages < ub) issue(st);
-            cp_async_commit();
-            if (++cj == cpr) {
-                const float s = warp_sum(acc);
-                if (lane == 0) part[cr * kGemvsWarps + warp] = s;
-                acc = 0.0f, cj = 0, ++cr;
-            }
-        }
-        cp_async_wait<0>();
-        if (cj != 0) {
-            const float s = warp_sum(acc);
-            if (lane == 0) part[cr * kGemvsWarps + warp] = s;
-        }
-        __syncthreads();
-        gemvs_combine<1>(part, units, cpr, nr, rp, M, 1, Y);
-        __syncthreads();
-    }
-}
-#endif  // MEMWALL_SM80
-
-#if MEMWALL_SM80
 template <bool BF>
 __device__ __forceinline__ void gemvm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1) {
@@ -796,10 +774,10 @@ __device__ __forceinline__ void gemvm_mma(float (&d)[4], uint32_t a0, uint32_t a
 // its B slots with X at the same k. T = 1..8 costs the same bytes; the
 // tensor cores idle.
 //
-// RING (memwall_gemvq_*): the U units in flight are cp.async copies into
-// the lane's own slots of a shared ring instead of registers (lane l reads
-// only what it copied: no barrier), and the partial-sum buffer is halved,
-// so that more blocks fit on an SM.
+// RING (no entry uses it now: the sweep found it slower): the U units in
+// flight are cp.async copies into the lane's own slots of a shared ring
+// instead of registers (lane l reads only what it copied: no barrier), and
+// the partial-sum buffer is halved, so that more blocks fit on an SM.
 template <bool BF, int U, bool RING>
 __device__ __forceinline__ void gemvm(const uint16_t* __restrict__ W, const uint16_t* __restrict__ X,
                                       float* __restrict__ Y, uint32_t M, uint32_t K, uint32_t T) {
@@ -1588,6 +1566,7 @@ __device__ void flash_attn(const AttnArgs& a, uint16_t* smem) {
 
 // dst[i] = pattern(seed, i) for i < n. Any grid; grid-stride loop.
 extern "C" __global__ void memwall_fill_u32(uint32_t* dst, uint64_t n, uint32_t seed) {
+    pdl_enter();
     const uint64_t stride = grid_threads();
     for (uint64_t i = global_thread(); i < n; i += stride) dst[i] = pattern(seed, i);
 }
@@ -1597,6 +1576,7 @@ extern "C" __global__ void memwall_fill_u32(uint32_t* dst, uint64_t n, uint32_t 
 // that found a mismatch.
 extern "C" __global__ void memwall_check_u32(const uint32_t* src, uint64_t n, uint32_t seed,
                                              unsigned long long* mismatches) {
+    pdl_enter();
     __shared__ unsigned long long warp_counts[32];
     const uint64_t stride = grid_threads();
     unsigned long long bad = 0;
@@ -1617,6 +1597,7 @@ extern "C" __global__ void memwall_check_u32(const uint32_t* src, uint64_t n, ui
 
 // One thread spins until the global timer has advanced by nanoseconds.
 extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
+    pdl_enter();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     uint64_t start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -1628,147 +1609,52 @@ extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
 
 // Y[t, m] = sum_k W[m, k] * X[t, k] for T <= 8: block of 256 threads, two
 // rows of W per warp, grid.x = ceil(M / 16). memwall_gemv1_*: T = 1, one
-// row per warp, grid.x = ceil(M / 8).
-extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv<F32, 2, kGemvMaxT>(W, X, Y, M, K, T);
-}
+// row per warp, grid.x = ceil(M / 8). Every GEMV entry takes pf last: the
+// bytes of its block's rows of W that it prefetches into L2 before waiting
+// for the previous kernel (compute_90; see gemv_enter).
+#define MEMWALL_GEMV_ENTRY(NAME, S, RPB, BODY)                                                    \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const S* W, const S* X, float* Y,      \
+                                                           uint32_t M, uint32_t K, uint32_t T,    \
+                                                           uint32_t pf) {                         \
+        gemv_enter(W, (uint64_t)K * sizeof(S), M, (uint64_t)blockIdx.x * (RPB), (RPB), pf);       \
+        BODY;                                                                                     \
+    }
 
-extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+MEMWALL_GEMV_ENTRY(memwall_gemv_f32, float, 16, (gemv<F32, 2, kGemvMaxT>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv_bf16, uint16_t, 16, (gemv<BF16, 2, kGemvMaxT>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv_f16, uint16_t, 16, (gemv<F16, 2, kGemvMaxT>(W, X, Y, M, K, T)))
+
+// memwall_gemv1_*: the cp.async ring on compute_80 and newer, eight loads in
+// flight in registers on compute_70.
+template <class Tr>
+__device__ __forceinline__ void gemv1(const typename Tr::S* __restrict__ W, const typename Tr::S* __restrict__ X,
+                                      float* __restrict__ Y, uint32_t M, uint32_t K, uint32_t T) {
 #if MEMWALL_SM80
-    gemv1_async<F32>(W, X, Y, M, K);
+    gemv1_async<Tr>(W, X, Y, M, K);
 #else
-    gemv<F32, 1, 1>(W, X, Y, M, K, T);
+    gemv<Tr, 1, 1>(W, X, Y, M, K, T);
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(256) memwall_gemv_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv<BF16, 2, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-#if MEMWALL_SM80
-    gemv1_async<BF16>(W, X, Y, M, K);
-#else
-    gemv<BF16, 1, 1>(W, X, Y, M, K, T);
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemv_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv<F16, 2, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemv1_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-#if MEMWALL_SM80
-    gemv1_async<F16>(W, X, Y, M, K);
-#else
-    gemv<F16, 1, 1>(W, X, Y, M, K, T);
-#endif
-}
-
-// The streamed GEMV (any grid.x >= 1, block of 256 threads):
-// memwall_gemvs1_* T = 1, memwall_gemvs_* T <= 8 on CUDA cores,
-// memwall_gemvm_* T <= 8 on tensor cores for bf16/f16 on compute_80 (the
-// CUDA-core kernel for f32 and on compute_70).
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvs1_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemvs<F32, 8, 1>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvs_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemvs<F32, 4, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvs1_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemvs<BF16, 8, 1>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvs_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemvs<BF16, 4, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvs1_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemvs<F16, 8, 1>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvs_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvc1_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-#if MEMWALL_SM80
-    gemvc<F32>(W, X, Y, M, K);
-#else
-    gemvs<F32, 8, 1>(W, X, Y, M, K, T);
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvc1_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-#if MEMWALL_SM80
-    gemvc<BF16>(W, X, Y, M, K);
-#else
-    gemvs<BF16, 8, 1>(W, X, Y, M, K, T);
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvc1_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-#if MEMWALL_SM80
-    gemvc<F16>(W, X, Y, M, K);
-#else
-    gemvs<F16, 8, 1>(W, X, Y, M, K, T);
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvr1_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv_strided<F32, 1, 1>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvr1_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv_strided<BF16, 1, 1>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvr1_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv_strided<F16, 1, 1>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv_strided<F32, 2, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv_strided<BF16, 2, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvr_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemv_strided<F16, 2, kGemvMaxT>(W, X, Y, M, K, T);
-}
+MEMWALL_GEMV_ENTRY(memwall_gemv1_f32, float, 8, (gemv1<F32>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_bf16, uint16_t, 8, (gemv1<BF16>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_f16, uint16_t, 8, (gemv1<F16>(W, X, Y, M, K, T)))
 
 // Up to three T = 1 products that share X, in one launch (q, k and v; gate
 // and up): blocks 0 .. ceil(M0/8)-1 take product 0 as memwall_gemv1_* would,
-// the next ceil(M1/8) product 1, then product 2; grid: the sum.
+// the next ceil(M1/8) product 1, then product 2; grid: the sum. Every target
+// runs the register-pipelined row-per-warp code (gemv_at<Tr, 1, 1>: eight
+// loads in flight per lane at 32 registers, full occupancy): the compute_80
+// cp.async ring's 32 KiB of shared memory per block held the SM to fewer
+// blocks, which left a partial second wave for 768 blocks (q/k/v
+// 4096+1024+1024: 65% of the copy, against 79% for the register code on
+// the same H200). Both codes sum each lane's vectors in the same order, so
+// results equal memwall_gemv1_*'s bit for bit on every target.
 template <class Tr>
 __device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K, const typename Tr::S* W0,
                                             float* Y0, uint32_t M0, const typename Tr::S* W1, float* Y1,
-                                            uint32_t M1, const typename Tr::S* W2, float* Y2, uint32_t M2) {
+                                            uint32_t M1, const typename Tr::S* W2, float* Y2, uint32_t M2,
+                                            uint32_t pf) {
     uint64_t blk = blockIdx.x;
     const uint64_t b0 = ((uint64_t)M0 + 7) / 8, b1 = ((uint64_t)M1 + 7) / 8;
     const typename Tr::S* W = W0;
@@ -1779,73 +1665,56 @@ __device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K,
     } else if (blk >= b0) {
         blk -= b0, W = W1, Y = Y1, M = M1;
     }
-#if MEMWALL_SM80
-    gemv1_async_at<Tr>(W, X, Y, M, K, blk);
-#else
+    gemv_enter(W, (uint64_t)K * sizeof(typename Tr::S), M, blk * 8, 8, pf);
     gemv_at<Tr, 1, 1>(W, X, Y, M, K, 1, blk * 8 + (threadIdx.x >> 5));
-#endif
 }
 
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvg1_f32(
-    const float* X, uint32_t K, const float* W0, float* Y0, uint32_t M0, const float* W1, float* Y1,
-    uint32_t M1, const float* W2, float* Y2, uint32_t M2) {
-    gemv1_group<F32>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2);
-}
+#define MEMWALL_GEMVG1_ENTRY(NAME, S, TR)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const S* X, uint32_t K, const S* W0, float* Y0,       \
+                                                           uint32_t M0, const S* W1, float* Y1, uint32_t M1,     \
+                                                           const S* W2, float* Y2, uint32_t M2, uint32_t pf) {   \
+        gemv1_group<TR>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2, pf);                                           \
+    }
 
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvg1_bf16(
-    const uint16_t* X, uint32_t K, const uint16_t* W0, float* Y0, uint32_t M0, const uint16_t* W1, float* Y1,
-    uint32_t M1, const uint16_t* W2, float* Y2, uint32_t M2) {
-    gemv1_group<BF16>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2);
-}
+MEMWALL_GEMVG1_ENTRY(memwall_gemvg1_f32, float, F32)
+MEMWALL_GEMVG1_ENTRY(memwall_gemvg1_bf16, uint16_t, BF16)
+MEMWALL_GEMVG1_ENTRY(memwall_gemvg1_f16, uint16_t, F16)
 
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvg1_f16(
-    const uint16_t* X, uint32_t K, const uint16_t* W0, float* Y0, uint32_t M0, const uint16_t* W1, float* Y1,
-    uint32_t M1, const uint16_t* W2, float* Y2, uint32_t M2) {
-    gemv1_group<F16>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2);
-}
-
-extern "C" __global__ void __launch_bounds__(256) memwall_gemvq_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-    gemvs<F32, 4, kGemvMaxT>(W, X, Y, M, K, T);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 5) memwall_gemvq_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-#if MEMWALL_SM80
-    gemvm<true, 2, true>(W, X, Y, M, K, T);
-#else
-    gemvs<BF16, 4, kGemvMaxT>(W, X, Y, M, K, T);
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(256, 5) memwall_gemvq_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
-#if MEMWALL_SM80
-    gemvm<false, 2, true>(W, X, Y, M, K, T);
-#else
-    gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
-#endif
+// memwall_gemvm_*: T <= 8 over any grid.x >= 1, on tensor cores for
+// bf16/f16 on compute_80 and newer (block b: 16-row groups
+// [G·b/grid, G·(b+1)/grid) of the G = ceil(M/16)), else the CUDA-core
+// streamed kernel (rows [M·b/grid, M·(b+1)/grid)).
+__device__ __forceinline__ void gemvm_enter(const void* W, uint32_t M, uint32_t K, uint32_t elt, uint32_t rowsPer,
+                                            uint32_t pf) {
+    uint64_t a, b;
+    gemvs_share(((uint64_t)M + rowsPer - 1) / rowsPer, a, b);
+    gemv_enter(W, (uint64_t)K * elt, M, a * rowsPer, (b - a) * rowsPer, pf);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f32(
-    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T, uint32_t pf) {
+    gemvm_enter(W, M, K, 4, 1, pf);
     gemvs<F32, 4, kGemvMaxT>(W, X, Y, M, K, T);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_bf16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T, uint32_t pf) {
 #if MEMWALL_SM80
+    gemvm_enter(W, M, K, 2, 16, pf);
     gemvm<true, 2, false>(W, X, Y, M, K, T);
 #else
+    gemvm_enter(W, M, K, 2, 1, pf);
     gemvs<BF16, 4, kGemvMaxT>(W, X, Y, M, K, T);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f16(
-    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T, uint32_t pf) {
 #if MEMWALL_SM80
+    gemvm_enter(W, M, K, 2, 16, pf);
     gemvm<false, 2, false>(W, X, Y, M, K, T);
 #else
+    gemvm_enter(W, M, K, 2, 1, pf);
     gemvs<F16, 4, kGemvMaxT>(W, X, Y, M, K, T);
 #endif
 }
@@ -1855,12 +1724,14 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemvm_f16(
 // (grid ceil(M/128) x ceil(T/128)).
 extern "C" __global__ void __launch_bounds__(256) memwall_gemm_f32(
     const float* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    pdl_enter();
     gemm_simt<F32>(W, X, Y, M, K, T, (uint64_t)blockIdx.y * kSimtTile,
                    (uint64_t)blockIdx.x * kSimtTile);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemm_bf16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    pdl_enter();
 #if MEMWALL_SM80
     gemm_wmma<__nv_bfloat16>(W, X, Y, M, K, T);
 #else
@@ -1870,6 +1741,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemm_bf16(
 
 extern "C" __global__ void __launch_bounds__(256) memwall_gemm_f16(
     const uint16_t* W, const uint16_t* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    pdl_enter();
 #if MEMWALL_SM80
     gemm_wmma<__half>(W, X, Y, M, K, T);
 #else
@@ -1886,6 +1758,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_gemm_f16(
 // dtype code. ids must index rows of the table.
 extern "C" __global__ void __launch_bounds__(256) memwall_embed(
     const void* table, uint32_t wdt, const int32_t* ids, float* out, uint32_t T, uint32_t H) {
+    pdl_enter();
     for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
         const uint64_t row = (uint64_t)(uint32_t)ids[t] * H;
         for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
@@ -1900,6 +1773,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_embed(
 extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
     const float* x, const void* w, uint32_t wdt, void* out, uint32_t odt, uint32_t T, uint32_t H,
     float eps) {
+    pdl_enter();
     __shared__ float red[32];
     for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
         const float* row = x + t * H;
@@ -1921,6 +1795,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
 extern "C" __global__ void __launch_bounds__(256) memwall_rope(
     float* x, const int32_t* pos, const float* invFreq, uint32_t T, uint32_t nHeads,
     uint32_t headDim, uint32_t flags) {
+    pdl_enter();
     // flags bit 0: interleaved pairs; bits 1-2: a dtype code rdt. For rdt
     // bf16/f16, HF's order in that dtype: x, cos and sin rounded to rdt,
     // then rdt(rdt(a*c) - rdt(b*s)) and rdt(rdt(b*c) + rdt(a*s)).
@@ -1954,6 +1829,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rope(
 // dtype).
 extern "C" __global__ void __launch_bounds__(256) memwall_silumul(
     const float* g, const float* u, void* out, uint32_t odt, uint64_t n) {
+    pdl_enter();
     const uint64_t stride = grid_threads();
     for (uint64_t i = global_thread(); i < n; i += stride) {
         const float x = g[i];
@@ -1964,6 +1840,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_silumul(
 
 // x[i] += y[i].
 extern "C" __global__ void __launch_bounds__(256) memwall_add(float* x, const float* y, uint64_t n) {
+    pdl_enter();
     const uint64_t stride = grid_threads();
     for (uint64_t i = global_thread(); i < n; i += stride) x[i] += y[i];
 }
@@ -1971,12 +1848,14 @@ extern "C" __global__ void __launch_bounds__(256) memwall_add(float* x, const fl
 // out[i] = odt(x[i]).
 extern "C" __global__ void __launch_bounds__(256) memwall_cast(
     const float* x, void* out, uint32_t odt, uint64_t n) {
+    pdl_enter();
     const uint64_t stride = grid_threads();
     for (uint64_t i = global_thread(); i < n; i += stride) store_dt(out, i, odt, x[i]);
 }
 
 // x[i] = float(dt(x[i])): rounds float32 values to dt's precision in place.
 extern "C" __global__ void __launch_bounds__(256) memwall_round(float* x, uint32_t dt, uint64_t n) {
+    pdl_enter();
     const uint64_t stride = grid_threads();
     for (uint64_t i = global_thread(); i < n; i += stride) x[i] = round_dt(x[i], dt);
 }
@@ -1990,6 +1869,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite(
     const float* k, const float* v, unsigned char* cache, const int32_t* table, uint32_t start,
     uint32_t T, uint32_t blockTokens, uint32_t kvHeads, uint32_t headDim, uint32_t layer,
     uint32_t dt, uint64_t blockBytes) {
+    pdl_enter();
     const uint64_t rowElems = (uint64_t)kvHeads * headDim;
     const uint64_t n = (uint64_t)T * rowElems;
     const uint64_t elt = dt == kDtF32 ? 4 : 2;
@@ -2018,6 +1898,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e1(
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
     uint32_t odt) {
+    pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<1>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
                            dt, blockBytes, scale, chunk, part, out, odt},
@@ -2029,6 +1910,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e2(
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
     uint32_t odt) {
+    pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<2>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
                            dt, blockBytes, scale, chunk, part, out, odt},
@@ -2040,6 +1922,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e4(
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
     uint32_t odt) {
+    pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<4>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
                            dt, blockBytes, scale, chunk, part, out, odt},
@@ -2051,6 +1934,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_e8(
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
     uint32_t odt) {
+    pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<8>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
                            dt, blockBytes, scale, chunk, part, out, odt},
@@ -2063,6 +1947,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_e8(
 extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
     const float* part, void* out, uint32_t odt, uint32_t rows, uint32_t headDim,
     uint32_t splits) {
+    pdl_enter();
     __shared__ float c[1024];
     __shared__ float red[32];
     const uint64_t stride = headDim + 2;
@@ -2105,6 +1990,7 @@ extern "C" __global__ void __launch_bounds__(128) memwall_attn_flash(
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
     uint32_t odt) {
+    pdl_enter();
 #if MEMWALL_SM80
     const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
                      blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
@@ -2136,6 +2022,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
     uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
     uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
     uint32_t odt) {
+    pdl_enter();
     __shared__ DecodeSmem sh;
     const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
                      blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};

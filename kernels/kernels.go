@@ -15,9 +15,19 @@
 //	err = s.Matmul("bf16", wq, xn, q, M, H, T, stream)
 //
 // The kernels are CUDA C (kernels.cu), compiled by scripts/build-ptx.sh to
-// PTX for compute_80 and compute_70, both embedded here; Load hands the one
-// the GPU can run to a device.Device and resolves every kernel into a Set
-// with typed launch helpers that validate their arguments. The environment
+// PTX for compute_90, compute_80 and compute_70, embedded here
+// gzip-compressed; Load hands the one the GPU can run to a device.Device and
+// resolves every kernel into a Set with typed launch helpers that validate
+// their arguments.
+//
+// On the compute_90 module (Hopper and newer) every kernel starts with
+// griddepcontrol.wait, so a Set launches them through the device's
+// device.OverlapLauncher when it has one (CUDA's programmatic dependent
+// launch): a kernel's blocks are scheduled while the previous kernel on the
+// stream drains, and the GEMV kernels first prefetch part of their weight
+// rows into L2 (SetGemvPrefetch), which hides most of the ramp-up that a
+// launch whose loads miss L2 pays otherwise. MEMWALL_KERNELS_PDL=0 at Load,
+// or SetOverlap(false), launches them plainly. The environment
 // variable MEMWALL_KERNELS_PTX (read through the getenv function the caller
 // passes) names a PTX file to use instead, so a freshly built module can be
 // tried before it is committed.
@@ -30,12 +40,14 @@ package kernels
 
 import (
 	"bytes"
+	"compress/gzip"
 	_ "embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -43,41 +55,68 @@ import (
 	"github.com/memwall/memwall/device"
 )
 
-// The two embedded builds of kernels.cu: compute_80 (tensor cores, cp.async;
-// Ampere and newer) and compute_70 (CUDA cores only; Volta and Turing).
+// The three embedded builds of kernels.cu, gzip-compressed: compute_90
+// (compute_80's kernels with programmatic dependent launch and L2
+// prefetch; Hopper and newer), compute_80 (tensor cores, cp.async; Ampere
+// and newer) and compute_70 (CUDA cores only; Volta and Turing).
 var (
-	//go:embed kernels_sm80.ptx
+	//go:embed kernels_sm90.ptx.gz
+	embeddedSM90 []byte
+	//go:embed kernels_sm80.ptx.gz
 	embeddedSM80 []byte
-	//go:embed kernels_sm70.ptx
+	//go:embed kernels_sm70.ptx.gz
 	embeddedSM70 []byte
 )
 
 // PTX targets Load chooses between (see EmbeddedFor).
 const (
+	TargetSM90 = "sm90"
 	TargetSM80 = "sm80"
 	TargetSM70 = "sm70"
 )
 
 // Targets lists the embedded PTX targets, newest first.
-func Targets() []string { return []string{TargetSM80, TargetSM70} }
+func Targets() []string { return []string{TargetSM90, TargetSM80, TargetSM70} }
 
-// EmbeddedFor returns the embedded PTX of target (TargetSM80 or TargetSM70),
-// or nil for any other name. The slice is shared: do not modify it.
+// EmbeddedFor returns the embedded PTX text of target (TargetSM90,
+// TargetSM80 or TargetSM70), decompressed into a new slice, or nil for any
+// other name. A placeholder that is not gzip data (committed before a
+// build) is returned as it is.
 func EmbeddedFor(target string) []byte {
 	switch target {
+	case TargetSM90:
+		return gunzipPTX(embeddedSM90)
 	case TargetSM80:
-		return embeddedSM80
+		return gunzipPTX(embeddedSM80)
 	case TargetSM70:
-		return embeddedSM70
+		return gunzipPTX(embeddedSM70)
 	}
 	return nil
 }
 
+// gunzipPTX decompresses an embedded module (at most maxPTXBytes); data
+// that is not gzip, or does not decompress, comes back as a copy, which
+// Load then refuses as not PTX.
+func gunzipPTX(b []byte) []byte {
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return bytes.Clone(b)
+	}
+	out, err := io.ReadAll(io.LimitReader(zr, maxPTXBytes+1))
+	if err != nil || len(out) > maxPTXBytes {
+		return bytes.Clone(b)
+	}
+	return out
+}
+
 // TargetFor returns the embedded target a GPU of compute capability
-// major.minor runs: TargetSM80 from 8.0 on, else TargetSM70 (and for an
-// unknown capability, 0.0).
+// major.minor runs: TargetSM90 from 9.0 on, TargetSM80 from 8.0, else
+// TargetSM70 (and for an unknown capability, 0.0).
 func TargetFor(major, minor int) string {
-	if major >= 8 {
+	switch {
+	case major >= 9:
+		return TargetSM90
+	case major >= 8:
 		return TargetSM80
 	}
 	return TargetSM70
@@ -113,7 +152,7 @@ func Names() []string {
 	n := []string{NameFill, NameCheck, NameSpin}
 	for _, dt := range DTypes() {
 		n = append(n, GemvName(dt), GemmName(dt), Gemv1Name(dt))
-		for k := gemvStream1; k < gemvKinds; k++ {
+		for k := gemvMMA; k < gemvKinds; k++ {
 			n = append(n, gemvName(k, dt))
 		}
 		n = append(n, gemvGroupName(dt))
@@ -150,9 +189,9 @@ var (
 	ErrMismatch = errors.New("result differs from reference")
 )
 
-// Embedded returns the compute_80 PTX compiled into the binary (see
-// EmbeddedFor for the other target). The slice is shared: do not modify it.
-func Embedded() []byte { return embeddedSM80 }
+// Embedded returns the compute_80 PTX compiled into the binary,
+// decompressed (see EmbeddedFor for the other targets).
+func Embedded() []byte { return EmbeddedFor(TargetSM80) }
 
 // IsPTX reports whether b looks like real nvcc output: a leading "//"
 // comment and an entry for memwall_fill_u32.
@@ -239,15 +278,18 @@ type Set struct {
 	gemvg     map[string]device.Function            // MatmulGroup's kernel by dtype
 	gemm      map[string]device.Function
 	llama     llamaFuncs
-	blocks    uint32               // grid cap for the grid-stride kernels
-	sms       uint32               // multiprocessors (a guess when the device does not say)
-	gemmLib   device.MatmulLibrary // nil: memwall's own GEMM for every T
-	flash     bool                 // Attention uses memwall_attn_flash for prefill
-	flashOK   bool                 // the module and device can run it
-	decodeOff bool                 // Attention never uses memwall_attn_decode
-	gemvOff   [gemvKinds]bool      // GEMV variants the self-test turned off
-	tensor    bool                 // the module has compute_80's tensor-core kernels
-	disabled  []string             // fast kernels the self-test turned off, and why
+	blocks    uint32                 // grid cap for the grid-stride kernels
+	sms       uint32                 // multiprocessors (a guess when the device does not say)
+	gemmLib   device.MatmulLibrary   // nil: memwall's own GEMM for every T
+	flash     bool                   // Attention uses memwall_attn_flash for prefill
+	flashOK   bool                   // the module and device can run it
+	decodeOff bool                   // Attention never uses memwall_attn_decode
+	gemvOff   [gemvKinds]bool        // GEMV variants the self-test turned off
+	tensor    bool                   // the module has compute_80's tensor-core kernels
+	disabled  []string               // fast kernels the self-test turned off, and why
+	overlap   device.OverlapLauncher // non-nil: the module waits on griddepcontrol and the device overlaps launches
+	overlapOn bool                   // launch through overlap (SetOverlap)
+	prefetch  uint32                 // GEMV L2 prefetch per block: bytes | evict-last bit 31 (SetGemvPrefetch)
 
 	scratchMu sync.Mutex
 	scratch   map[device.Stream]scratchBuf // attention split partials, per stream
@@ -256,8 +298,10 @@ type Set struct {
 // Load loads the kernel module on d and resolves every kernel in Names.
 // The PTX is the file named by getenv(EnvPTX) when that is non-empty (read
 // in full, at most 64 MiB), else the embedded target TargetFor(the device's
-// compute capability): kernels_sm80.ptx or kernels_sm70.ptx; getenv may be
-// nil (no override). On a device whose backend is not "sim", a placeholder
+// compute capability): kernels_sm90.ptx, kernels_sm80.ptx or
+// kernels_sm70.ptx; getenv may be nil (no override). getenv(EnvPDL) == "0"
+// turns overlapped launches off (SetOverlap) and getenv(EnvPrefetch), a
+// byte count, sets SetGemvPrefetch. On a device whose backend is not "sim", a placeholder
 // or a module lacking a kernel is refused before the driver sees it
 // (ErrNoPTX, or an error naming the missing kernel). Errors name the PTX
 // source and, where one is at fault, the kernel. On failure nothing stays
@@ -276,11 +320,34 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 		}
 	}
 	s, err := LoadPTX(d, ptx, source)
-	if err == nil && getenv != nil && getenv(EnvFlash) == "0" {
+	if err != nil || getenv == nil {
+		return s, err
+	}
+	if getenv(EnvFlash) == "0" {
 		s.SetFlashAttention(false)
 	}
-	return s, err
+	if getenv(EnvPDL) == "0" {
+		s.SetOverlap(false)
+	}
+	if v := getenv(EnvPrefetch); v != "" {
+		n, perr := strconv.ParseUint(v, 10, 31)
+		if perr != nil {
+			s.Close()
+			return nil, fmt.Errorf("kernels: %s=%q: not a byte count below 2 GiB: %w", EnvPrefetch, v, device.ErrInvalid)
+		}
+		s.SetGemvPrefetch(uint32(n))
+	}
+	return s, nil
 }
+
+// EnvPDL is the environment variable that, set to "0" when Load runs, makes
+// the Set launch the compute_90 module's kernels plainly instead of
+// overlapped (for A/B runs; see SetOverlap).
+const EnvPDL = "MEMWALL_KERNELS_PDL"
+
+// EnvPrefetch is the environment variable that, set to a byte count when
+// Load runs, replaces DefaultGemvPrefetch (see SetGemvPrefetch).
+const EnvPrefetch = "MEMWALL_KERNELS_PREFETCH"
 
 // EnvFlash is the environment variable that, set to "0" when Load runs,
 // keeps Attention off the tensor-core prefill kernel (FlashAttention).
@@ -344,6 +411,10 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		s.gemmLib = lib
 	}
 	s.tensor = info.Backend == "sim" || info.ComputeMajor >= 8 && PTXTarget(ptx) >= 80
+	if ol, ok := d.(device.OverlapLauncher); ok && info.Backend != "sim" && PTXTarget(ptx) >= 90 && ol.CanOverlap() {
+		s.overlap, s.overlapOn = ol, true
+	}
+	s.prefetch = DefaultGemvPrefetch
 	s.flashOK = s.tensor
 	s.flash = s.flashOK
 	resolve := func(name string) (device.Function, error) {
@@ -413,8 +484,58 @@ func readPTX(path string) ([]byte, error) {
 	return b, nil
 }
 
-// Source says where the loaded PTX came from: "embedded kernels_sm80.ptx",
-// "embedded kernels_sm70.ptx", or the override path.
+// launchK launches f on st: overlapped with the previous kernel on st when
+// the module and device allow it and SetOverlap has not turned it off,
+// else plainly.
+func (s *Set) launchK(f device.Function, grid, block device.Dim3, shared uint32, st device.Stream, args ...any) error {
+	if s.overlapOn {
+		return s.overlap.LaunchOverlapped(f, grid, block, shared, st, args...)
+	}
+	return s.d.Launch(f, grid, block, shared, st, args...)
+}
+
+// Overlap reports whether the Set launches its kernels overlapped with the
+// previous kernel on the stream (programmatic dependent launch): true on
+// the compute_90 module with a device that offers device.OverlapLauncher,
+// unless SetOverlap(false) or MEMWALL_KERNELS_PDL=0 turned it off.
+func (s *Set) Overlap() bool { return s.overlapOn }
+
+// SetOverlap turns overlapped launches on or off; on takes effect only
+// where Overlap could be true (it reports whether it is now). It must not
+// race with launches. Results do not depend on it: every kernel of the
+// compute_90 module waits for the previous kernel before it reads or
+// writes anything another kernel touches.
+func (s *Set) SetOverlap(on bool) bool {
+	s.overlapOn = on && s.overlap != nil
+	return s.overlapOn
+}
+
+// DefaultGemvPrefetch is the bytes of its weight rows each GEMV block of the
+// compute_90 module prefetches into L2 before it waits for the previous
+// kernel (see SetGemvPrefetch).
+const DefaultGemvPrefetch = 16 << 10
+
+// SetGemvPrefetch sets how many bytes of its rows of W each block of the
+// GEMV kernels (Matmul for T ≤ GemvMaxTokens, MatmulGroup) prefetches into
+// L2 before it waits for the previous kernel on the stream, capped at the
+// block's rows (8 or 16 rows, or a streamed block's share); 0 prefetches
+// nothing. Only the compute_90 module prefetches; the hint never changes a
+// result. bytes is taken modulo 2³¹. It must not race with launches.
+func (s *Set) SetGemvPrefetch(bytes uint32) { s.prefetch = bytes & prefetchBytesMask }
+
+// GemvPrefetch returns the bytes set by SetGemvPrefetch.
+func (s *Set) GemvPrefetch() uint32 { return s.prefetch & prefetchBytesMask }
+
+// The kernels' prefetch argument: the byte cap in the low 31 bits, and the
+// bit that asks for the evict_last L2 policy.
+const (
+	prefetchBytesMask = 1<<31 - 1
+	prefetchEvictLast = 1 << 31
+)
+
+// Source says where the loaded PTX came from: "embedded kernels_sm90.ptx",
+// "embedded kernels_sm80.ptx", "embedded kernels_sm70.ptx", or the override
+// path.
 func (s *Set) Source() string { return s.source }
 
 // GemmLibrary names what runs Matmul's bf16 and f16 products of more than
@@ -463,7 +584,7 @@ func (s *Set) Fill(dst device.Ptr, n uint64, seed uint32, st device.Stream) erro
 	if dst == 0 || dst%4 != 0 {
 		return fmt.Errorf("kernels: %s: dst %#x is not a 4-byte aligned address: %w", NameFill, uint64(dst), device.ErrInvalid)
 	}
-	if err := s.d.Launch(s.fill, s.gridFor(n), blockDim(), 0, st, dst, n, seed); err != nil {
+	if err := s.launchK(s.fill, s.gridFor(n), blockDim(), 0, st, dst, n, seed); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameFill, err)
 	}
 	return nil
@@ -483,7 +604,7 @@ func (s *Set) Check(src device.Ptr, n uint64, seed uint32, mismatches device.Ptr
 	if mismatches == 0 || mismatches%8 != 0 {
 		return fmt.Errorf("kernels: %s: counter %#x is not an 8-byte aligned address: %w", NameCheck, uint64(mismatches), device.ErrInvalid)
 	}
-	if err := s.d.Launch(s.check, s.gridFor(n), blockDim(), 0, st, src, n, seed, mismatches); err != nil {
+	if err := s.launchK(s.check, s.gridFor(n), blockDim(), 0, st, src, n, seed, mismatches); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameCheck, err)
 	}
 	return nil
@@ -516,7 +637,7 @@ func (s *Set) Spin(d time.Duration, st device.Stream) error {
 		return fmt.Errorf("kernels: %s: negative duration %v: %w", NameSpin, d, device.ErrInvalid)
 	}
 	one := device.Dim3{X: 1, Y: 1, Z: 1}
-	if err := s.d.Launch(s.spin, one, one, 0, st, uint64(d.Nanoseconds())); err != nil {
+	if err := s.launchK(s.spin, one, one, 0, st, uint64(d.Nanoseconds())); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameSpin, err)
 	}
 	return nil
@@ -626,7 +747,7 @@ func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device
 	if T <= GemvMaxTokens {
 		return s.launchGemv(planGemv(dtype, M, K, T, s.sms, s.tensor, &s.gemvOff), dtype, W, X, Y, M, K, T, st)
 	}
-	if err := s.d.Launch(s.gemm[dtype], sh.Grid, sh.Block, 0, st, W, X, Y, M, K, T); err != nil {
+	if err := s.launchK(s.gemm[dtype], sh.Grid, sh.Block, 0, st, W, X, Y, M, K, T); err != nil {
 		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", sh.Kernel, M, K, T, err)
 	}
 	return nil

@@ -24,11 +24,20 @@ func TestCUDASourceNamesEveryKernel(t *testing.T) {
 	}
 	re := regexp.MustCompile(`extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(`)
 	var defined []string
+	macros := 0 // the entry-defining macros' own declarations (their NAME parameter)
 	for _, m := range re.FindAllSubmatch(src, -1) {
+		if string(m[1]) == "NAME" {
+			macros++
+			continue
+		}
 		defined = append(defined, string(m[1]))
 	}
-	if n := strings.Count(string(src), `extern "C" __global__`); n != len(defined) {
-		t.Fatalf("kernels.cu has %d extern \"C\" __global__ declarations, the pattern matched %d", n, len(defined))
+	if n := strings.Count(string(src), `extern "C" __global__`); n != len(defined)+macros {
+		t.Fatalf("kernels.cu has %d extern \"C\" __global__ declarations, the pattern matched %d", n, len(defined)+macros)
+	}
+	// Entries defined through those macros: MEMWALL_*_ENTRY(memwall_..., at a line's start.
+	for _, m := range regexp.MustCompile(`(?m)^MEMWALL_\w+_ENTRY\((memwall_\w+),`).FindAllSubmatch(src, -1) {
+		defined = append(defined, string(m[1]))
 	}
 	want := Names()
 	slices.Sort(defined)
@@ -114,17 +123,24 @@ func TestEmbeddedPTX(t *testing.T) {
 		if len(have) != len(Names()) {
 			t.Errorf("%s has entries %v, want exactly %v", name, have, Names())
 		}
+		// Programmatic dependent launch: only the compute_90 module, and
+		// there in every kernel (each entry waits before it touches memory).
+		if n, entries := strings.Count(string(ptx), "griddepcontrol.wait;"), len(have); target == TargetSM90 && n < entries {
+			t.Errorf("%s: %d griddepcontrol.wait for %d kernels", name, n, entries)
+		} else if target != TargetSM90 && n != 0 {
+			t.Errorf("%s: %d griddepcontrol.wait in a module below compute_90", name, n)
+		}
 		if got, ok := PTXSourceHash(ptx); !ok || got != want {
 			t.Errorf("%s records kernels.cu sha256 %q, the source's is %s: rebuild it with scripts/build-ptx.sh", name, got, want)
 		}
 	}
-	if EmbeddedFor("sm90") != nil {
-		t.Error("EmbeddedFor(sm90) is not nil")
+	if EmbeddedFor("sm100") != nil {
+		t.Error("EmbeddedFor(sm100) is not nil")
 	}
 	for _, c := range []struct {
 		major, minor int
 		want         string
-	}{{9, 0, TargetSM80}, {8, 0, TargetSM80}, {8, 6, TargetSM80}, {10, 0, TargetSM80}, {7, 5, TargetSM70}, {7, 0, TargetSM70}, {0, 0, TargetSM70}} {
+	}{{9, 0, TargetSM90}, {10, 0, TargetSM90}, {12, 1, TargetSM90}, {8, 0, TargetSM80}, {8, 6, TargetSM80}, {8, 9, TargetSM80}, {7, 5, TargetSM70}, {7, 0, TargetSM70}, {0, 0, TargetSM70}} {
 		if got := TargetFor(c.major, c.minor); got != c.want {
 			t.Errorf("TargetFor(%d, %d) = %s, want %s", c.major, c.minor, got, c.want)
 		}
@@ -422,7 +438,7 @@ func TestSetLaunches(t *testing.T) {
 			&launch{NameSpin, one, one, st, []any{uint64(1500000)}}},
 		{"gemv", func() error { return s.Matmul(BF16, p, p+256, p+512, 1003, 999, 8, st) },
 			// A GPU without the compute_80 module: the two-row GEMV.
-			&launch{GemvName(BF16), device.Dim3{X: 63, Y: 1, Z: 1}, blockDim(), st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8)}}},
+			&launch{GemvName(BF16), device.Dim3{X: 63, Y: 1, Z: 1}, blockDim(), st, []any{p, p + 256, p + 512, uint32(1003), uint32(999), uint32(8), uint32(DefaultGemvPrefetch)}}},
 		{"gemm", func() error { return s.Matmul(F32, p, p+4, p+8, 65, 3, 4096, st) },
 			&launch{GemmName(F32), device.Dim3{X: 2, Y: 64, Z: 1}, blockDim(), st, []any{p, p + 4, p + 8, uint32(65), uint32(3), uint32(4096)}}},
 		{"matmul empty", func() error { return s.Matmul(F16, p, p, p, 0, 3, 4, st) }, nil},

@@ -200,7 +200,7 @@ func (s *Set) rowGrid(rows uint32) device.Dim3 {
 }
 
 func (s *Set) launch(name string, f device.Function, grid device.Dim3, st device.Stream, args ...any) error {
-	if err := s.d.Launch(f, grid, blockDim(), 0, st, args...); err != nil {
+	if err := s.launchK(f, grid, blockDim(), 0, st, args...); err != nil {
 		return fmt.Errorf("kernels: %s: %w", name, err)
 	}
 	return nil
@@ -482,7 +482,7 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 	c, _ := dtCode(L.DType)
 	if s.useFlash(T, nHeads, L, q, cache) {
 		grid := device.Dim3{X: ceilDiv(T, flashRows), Y: nHeads, Z: 1}
-		if err := s.d.Launch(s.llama.flash, grid, device.Dim3{X: flashThreads, Y: 1, Z: 1}, 0, st, q, cache, table, start, T, nHeads,
+		if err := s.launchK(s.llama.flash, grid, device.Dim3{X: flashThreads, Y: 1, Z: 1}, 0, st, q, cache, table, start, T, nHeads,
 			L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, uint32(0), device.Ptr(0), out, oc); err != nil {
 			return fmt.Errorf("kernels: %s: %w", NameAttnFlash, err)
 		}
@@ -499,7 +499,7 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 	if !s.decodeOff && useDecode(T, nHeads, L, cache) {
 		f = s.llama.decode
 	}
-	if err := s.d.Launch(f, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
+	if err := s.launchK(f, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
 		L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, p.Chunk, part, out, oc); err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameAttn, err)
 	}

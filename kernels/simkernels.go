@@ -42,11 +42,11 @@ func goKernels() []goKernel {
 	}
 	for _, dt := range DTypes() {
 		ks = append(ks,
-			goKernel{name: GemvName(dt), run: runMatmul(dt, matGemv), cost: costMatmul(dt)},
-			goKernel{name: GemmName(dt), run: runMatmul(dt, matGemm), cost: costMatmul(dt)},
-			goKernel{name: Gemv1Name(dt), run: runMatmul(dt, matGemv1), cost: costMatmul(dt)})
-		for k := gemvStream1; k < gemvKinds; k++ {
-			ks = append(ks, goKernel{name: gemvName(k, dt), run: runMatmul(dt, matStream+k), cost: costMatmul(dt)})
+			goKernel{name: GemvName(dt), run: runMatmul(dt, matGemv), cost: costMatmul(dt, matGemv)},
+			goKernel{name: GemmName(dt), run: runMatmul(dt, matGemm), cost: costMatmul(dt, matGemm)},
+			goKernel{name: Gemv1Name(dt), run: runMatmul(dt, matGemv1), cost: costMatmul(dt, matGemv1)})
+		for k := gemvMMA; k < gemvKinds; k++ {
+			ks = append(ks, goKernel{name: gemvName(k, dt), run: runMatmul(dt, matStream+k), cost: costMatmul(dt, matStream+k)})
 		}
 		ks = append(ks, goKernel{name: gemvGroupName(dt), run: runGemvGroup(dt), cost: costGemvGroup(dt)})
 	}
@@ -229,10 +229,22 @@ type matArgs struct {
 	M, K, T uint32
 }
 
-func parseMatArgs(kernel string, args []any) (matArgs, error) {
+// parseMatArgs reads W, X, Y, M, K, T, and for the GEMV kernels (gemv
+// true) their seventh argument, the L2 prefetch bytes, which the Go twins
+// ignore (a hint to the GPU's cache).
+func parseMatArgs(kernel string, args []any, gemv bool) (matArgs, error) {
 	var a matArgs
-	if err := argCount(kernel, args, 6); err != nil {
+	n := 6
+	if gemv {
+		n = 7
+	}
+	if err := argCount(kernel, args, n); err != nil {
 		return a, err
+	}
+	if gemv {
+		if _, err := argU32(kernel, args, 6); err != nil {
+			return a, err
+		}
 	}
 	var err error
 	for i, p := range []*device.Ptr{&a.W, &a.X, &a.Y} {
@@ -270,7 +282,7 @@ func runMatmul(dtype string, kind int) func(mem memory, grid, block device.Dim3,
 	name := matName(dtype, kind)
 	elt, _ := ElemSize(dtype)
 	return func(mem memory, grid, block device.Dim3, args []any) error {
-		a, err := parseMatArgs(name, args)
+		a, err := parseMatArgs(name, args, kind != matGemm)
 		if err != nil {
 			return err
 		}
@@ -322,8 +334,7 @@ func checkMatLaunch(name, dtype string, kind int, a matArgs, grid, block device.
 	}
 	var rowsX, rowsY uint64
 	switch kind {
-	case matStream + gemvStream1, matStream + gemvStream, matStream + gemvMMA, matStream + gemvCopy1,
-		matStream + gemvRows1, matStream + gemvRows, matStream + gemvMMARing:
+	case matStream + gemvMMA:
 		// Any grid: each block takes its share of the rows.
 		if grid.X == 0 || grid.Y != 1 || grid.Z != 1 {
 			return fmt.Errorf("kernels: %s: grid %v, want X ≥ 1, Y = Z = 1: %w", name, grid, device.ErrInvalid)
@@ -345,10 +356,10 @@ func checkMatLaunch(name, dtype string, kind int, a matArgs, grid, block device.
 	return nil
 }
 
-func costMatmul(dtype string) func(grid, block device.Dim3, args []any) (goCost, bool) {
+func costMatmul(dtype string, kind int) func(grid, block device.Dim3, args []any) (goCost, bool) {
 	elt, _ := ElemSize(dtype)
 	return func(_, _ device.Dim3, args []any) (goCost, bool) {
-		a, err := parseMatArgs("", args)
+		a, err := parseMatArgs("", args, kind != matGemm)
 		if err != nil {
 			return goCost{}, false
 		}
@@ -359,8 +370,9 @@ func costMatmul(dtype string) func(grid, block device.Dim3, args []any) (goCost,
 }
 
 // gemvGroupKinds are memwall_gemvg1_*'s arguments: X, K, then W, Y, M of
-// each of the MatmulGroupMax products.
-const gemvGroupKinds = "pu" + "ppu" + "ppu" + "ppu"
+// each of the MatmulGroupMax products, then the L2 prefetch bytes (a hint
+// the Go twin ignores).
+const gemvGroupKinds = "pu" + "ppu" + "ppu" + "ppu" + "u"
 
 // runGemvGroup computes each product of a grouped launch with HostMatmul
 // (T = 1), after checking that the grid covers every product's blocks.

@@ -169,6 +169,9 @@ func TestGoMatmulKernels(t *testing.T) {
 				}
 				k := kernelByName(t, sh.Kernel)
 				args := []any{pw, px, py, s.M, s.K, s.T}
+				if s.T <= GemvMaxTokens {
+					args = append(args, uint32(0)) // the GEMV kernels' L2 prefetch bytes
+				}
 				if err := k.run(mem, sh.Grid, sh.Block, args); err != nil {
 					t.Fatal(err)
 				}

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Compiles memwall's CUDA kernels (kernels/kernels.cu) to the two PTX modules
-# that the Go package kernels embeds:
+# Compiles memwall's CUDA kernels (kernels/kernels.cu) to the three PTX
+# modules that the Go package kernels embeds (gzip-compressed, .ptx.gz):
 #
+#   kernels/kernels_sm90.ptx  compute_90: compute_80's kernels plus
+#                             programmatic dependent launch (griddepcontrol)
+#                             and L2 prefetch of GEMV weights; Hopper and newer
 #   kernels/kernels_sm80.ptx  compute_80: bf16/f16 tensor cores (WMMA),
 #                             cp.async; Ampere, Ada, Hopper, Blackwell
 #   kernels/kernels_sm70.ptx  compute_70: no bf16 hardware (bf16 by bit
@@ -9,7 +12,7 @@
 #                             Turing
 #
 #   scripts/build-ptx.sh [OUTDIR]       compile with nvcc (default OUTDIR:
-#                                       kernels/)
+#                                       kernels/), write kernels_smNN.ptx.gz
 #   scripts/build-ptx.sh FILE.ptx       compile the compute_80 module only,
 #                                       into FILE.ptx (for MEMWALL_KERNELS_PTX)
 #   scripts/build-ptx.sh --clang-check  syntax-check the device code with
@@ -29,6 +32,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 src="$root/kernels/kernels.cu"
 
 if [[ "${1:-}" == "--clang-check" ]]; then
+	# (clang 14 knows no sm_90: the compute_90-only code is two asm blocks.)
 	for arch in sm_80 sm_70; do
 		clang -x cuda --cuda-device-only --cuda-gpu-arch=$arch -nocudainc -nocudalib \
 			-std=c++17 -O2 -Wall -Wextra -Wno-pass-failed \
@@ -47,10 +51,12 @@ if [[ "${1:-}" == *.ptx ]]; then
 	exit 0
 fi
 outdir="${1:-$root/kernels}"
-for arch in 80 70; do
+for arch in ${ARCHS:-90 80 70}; do
 	out="$outdir/kernels_sm$arch.ptx"
 	# shellcheck disable=SC2086 # NVCC_FLAGS is a list of flags
 	"${NVCC:-nvcc}" ${NVCC_FLAGS:-} -ptx -O3 -std=c++17 -arch=compute_$arch -o "$out" "$src"
 	echo "// memwall kernels.cu sha256 $sum" >>"$out"
-	echo "wrote $out"
+	# -n: no name or time stamp, so the same PTX gives the same bytes.
+	gzip -n -9 -f "$out"
+	echo "wrote $out.gz"
 done

@@ -35,6 +35,7 @@ type driver struct {
 	cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemGetAllocationGranularity     uintptr
 	cuModuleLoadDataEx, cuModuleUnload, cuModuleGetFunction, cuLaunchKernel uintptr
 	cuMemAllocAsync, cuMemFreeAsync                                         uintptr
+	cuLaunchKernelEx                                                        uintptr // CUDA 12.0+; 0 when absent
 
 	// missing lists optional symbols that were not found, for Info.Disabled.
 	missing []string
@@ -103,6 +104,7 @@ func (d *driver) table() []symbol {
 		opt(&d.cuLaunchKernel, "cuLaunchKernel"),
 		opt(&d.cuMemAllocAsync, "cuMemAllocAsync"),
 		opt(&d.cuMemFreeAsync, "cuMemFreeAsync"),
+		opt(&d.cuLaunchKernelEx, "cuLaunchKernelEx"),
 	}
 }
 

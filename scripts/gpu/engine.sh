@@ -9,8 +9,12 @@
 # slots chosen from the budget, its device time against max(weight copies,
 # products at cuBLASLt's rate); nvidia-smi's memory.used sampled against the
 # budget and `memwall fit`'s prediction for both runs; transformers' agreement
-# and its own bf16-vs-fp32 noise): about 200 s more with the model cached
-# (KEEP_MODELS=1 MODELS=/dev/shm/mw), plus about 60 s to write it the first time.
+# and its own bf16-vs-fp32 noise), then the same model with every weight
+# resident (--vram 20GiB, 384 + 128 tokens, --profile; PDL on, off, and one
+# launch per product: decode tok/s and products as % of a device copy
+# measured in the same run, about 25 s): about 200 s more with the model
+# cached (KEEP_MODELS=1 MODELS=/dev/shm/mw), plus about 60 s to write it the
+# first time.
 # EXTRA=full adds the 7B-class model with 8 KV heads and Llama-3 rope scaling
 # too (about 120 s more, and 60 s to write it).
 #
@@ -35,8 +39,8 @@ models=${MODELS:-/dev/shm/memwall-engine}
 mode=quick
 limit=170
 case "${EXTRA:-}" in
-  7b) mode=7b; limit=420 ;;
-  full) mode=full; limit=560 ;;
+  7b) mode=7b; limit=450 ;;
+  full) mode=full; limit=590 ;;
 esac
 timeout --kill-after=10 "$limit" "$py" scripts/gpu/run-check.py --bin "$bin" --out "$dir" --models "$models" \
   --mode "$mode" ${MODEL7B:+--model7b "$MODEL7B"}

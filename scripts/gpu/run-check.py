@@ -72,6 +72,7 @@ class Check:
         self.model7b = a.model7b
         self.device = a.device
         self.no_hf = a.no_hf
+        self.testing = bool(a.big_presets)  # small stand-ins: small budgets and copies
         self.rows = []      # table rows
         self.results = {}   # everything, for results.json
         self.hf_jobs = []   # (name, model dir, dtype, prompt, memwall json)
@@ -95,8 +96,9 @@ class Check:
         return rc == 0
 
     # -- memwall runs ---------------------------------------------------
-    def run(self, name, model, ids, max_new, vram=None, extra=(), timeout=120, smi=False):
-        """One memwall run; returns its JSON (or None) and stderr."""
+    def run(self, name, model, ids, max_new, vram=None, extra=(), timeout=120, smi=False, env=None):
+        """One memwall run; returns its JSON (or None) and stderr. env: extra
+        environment variables."""
         logits = os.path.join(self.out, name + ".logits.f32")
         cmd = [self.bin, "run", model, "--device", self.device, "--prompt-ids", ",".join(map(str, ids)),
                "--max-new", str(max_new), "--ignore-eos", "--json", "--logits-out", logits] + list(extra)
@@ -111,7 +113,7 @@ class Check:
                                            stdout=open(smi_path, "w"), stderr=subprocess.DEVNULL)
             except OSError as e:
                 log("nvidia-smi sampling: %s" % e)
-        rc, so, se, dt = sh(cmd, timeout, os.path.join(self.out, name + ".txt"))
+        rc, so, se, dt = sh(cmd, timeout, os.path.join(self.out, name + ".txt"), env=dict(os.environ, **env) if env else None)
         if sampler:
             time.sleep(0.2)
             sampler.terminate()
@@ -193,7 +195,7 @@ class Check:
             self.results["engine-tests"] = {"rc": None, "summary": "engine.test not built"}
             return
         env = dict(os.environ, MEMWALL_TEST_DEVICE="cuda")
-        rc, so, se, dt = sh([t, "-test.run", "TestAgainstReference|TestFormatsAgree|TestSampledSteps|TestLimits", "-test.v",
+        rc, so, se, dt = sh([t, "-test.run", "TestAgainstReference|TestFormatsAgree|TestSampledSteps|TestLimits|TestGroupedBitIdentical|TestDecodeLaunches|TestProfile", "-test.v",
                              "-test.timeout", "90s"], 100, os.path.join(self.out, "engine-tests.txt"), env=env)
         fails = re.findall(r"--- FAIL: (\S+)", so + se)
         self.results["engine-tests"] = {"rc": rc, "seconds": dt, "failed": fails}
@@ -239,6 +241,92 @@ class Check:
             else:
                 self.fit(pname, preset, st, prefill, 2)
                 self.prefill_bound(pname, r2, prefill)
+
+    def copy_rate(self):
+        """The device's copy bandwidth in this run, the yardstick of decode's
+        products: torch copies 1 GiB device to device in a subprocess (this
+        process holds no CUDA context, for nvidia-smi's figures), 10 timed
+        copies, GB/s = 2 x bytes / median time (each byte read and written).
+        Falls back to memwall bench transfer's d2d (same definition)."""
+        code = ("import json, torch\n"
+                "n = 1 << 30\n"
+                "a = torch.empty(n, dtype=torch.uint8, device='cuda'); a.random_(0, 255); b = torch.empty_like(a)\n"
+                "for _ in range(3): b.copy_(a)\n"
+                "torch.cuda.synchronize(); ts = []\n"
+                "for _ in range(10):\n"
+                "    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n"
+                "    s.record(); b.copy_(a); e.record(); e.synchronize(); ts.append(s.elapsed_time(e) / 1e3)\n"
+                "ts.sort(); assert torch.equal(a[::4093], b[::4093])\n"
+                "print(json.dumps({'copy_gbps': 2 * n / ts[len(ts) // 2] / 1e9, 'best_gbps': 2 * n / ts[0] / 1e9, 'source': 'torch copy_ of 1 GiB'}))\n")
+        rc, so, se, _ = sh([sys.executable, "-c", code], 90, os.path.join(self.out, "copy-rate.txt"))
+        j = None
+        if rc == 0:
+            try:
+                j = json.loads(so.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                j = None
+        if j is None:
+            rc, so, se, _ = sh([self.bin, "bench", "transfer", "--device", self.device, "--size", "64MiB" if self.testing else "1GiB", "--reps", "5", "--json"], 120,
+                               os.path.join(self.out, "copy-rate-memwall.txt"))
+            try:
+                d2d = next(r for r in json.loads(so)["results"] if r["name"] == "d2d")
+                j = {"copy_gbps": 2 * d2d["GBps"], "best_gbps": 2 * d2d["best_GBps"], "source": "memwall bench transfer d2d of 1 GiB"}
+            except (ValueError, KeyError, StopIteration, TypeError):
+                self.fail("copy rate: neither torch nor memwall bench transfer gave one: %s" % se.strip()[-200:])
+                return None
+        self.results["copy"] = j
+        log("device copy: %.0f GB/s (median; best %.0f; %s)" % (j["copy_gbps"], j["best_gbps"], j["source"]))
+        return j["copy_gbps"]
+
+    def resident(self, preset, dirname):
+        """The 7B model with every weight resident (--vram 20GiB), 384 prompt
+        tokens and 128 new ones (512 of context), with --profile: decode tok/s
+        and the weight bytes a step's products read per decode time, per
+        device step time and per products' time in a profiled step, as % of
+        the copy rate measured here; with PDL (MEMWALL_KERNELS_PDL) on and
+        off, and with one launch per product (--ungrouped). The variants must
+        give the same tokens. About 4 s per run (the 7B model loads from
+        /dev/shm in about 2 s), 10 s for the copy rate."""
+        d = self.model7b if (self.model7b and preset == "llama-7b") else os.path.join(self.models, dirname)
+        if d.endswith(".safetensors"):
+            d = os.path.dirname(d)
+        if not os.path.exists(os.path.join(d, "model.safetensors")):
+            return self.fail("resident: no model at %s" % d)
+        copy = self.copy_rate()
+        ids = prompt_ids(384, 768 if self.testing else 32000, 7)
+        variants = [("all-resident", None, []), ("all-resident-pdl-off", {"MEMWALL_KERNELS_PDL": "0"}, []),
+                    ("all-resident-ungrouped", None, ["--ungrouped"])]
+        first = None
+        for suffix, env, extra in variants:
+            name = "%s-%s" % (preset, suffix)
+            r, se = self.run(name, d, ids, 128, vram="2GiB" if self.testing else "20GiB", extra=["--profile"] + extra, timeout=150, env=env)
+            if r is None:
+                self.fail("%s: %s" % (name, se.strip()[-400:]))
+                continue
+            res = self.results[name]
+            if r.get("streamed_groups", 0) > 0:
+                self.fail("%s: %d groups streamed at 20GiB" % (name, r["streamed_groups"]))
+            if first is None:
+                first = r["tokens"]
+            else:
+                res["same_tokens_as_resident"] = r["tokens"] == first
+                if r["tokens"] != first:
+                    self.fail("%s: tokens differ from the first resident run" % name)
+            b = r.get("product_weight_bytes") or 0
+            step = r.get("decode_step_device_seconds") or 0
+            prof = r.get("decode_profile_seconds") or {}
+            if copy and b:
+                res["copy_gbps"] = copy
+                res["decode_pct_of_copy"] = 100 * b * r["decode_tokens_per_s"] / (copy * 1e9)
+                if step:
+                    res["step_pct_of_copy"] = 100 * b / step / (copy * 1e9)
+                if prof.get("products"):
+                    res["products_pct_of_copy"] = 100 * b / prof["products"] / (copy * 1e9)
+            log("%s: decode %.2f tok/s (%.1f%% of copy), device step %.1f us (%.1f%%), profiled step %.1f us: %s; products %.1f%% of copy" % (
+                name, r["decode_tokens_per_s"], res.get("decode_pct_of_copy", 0), step * 1e6, res.get("step_pct_of_copy", 0),
+                (r.get("decode_profile_step_seconds") or 0) * 1e6, " ".join("%s %.1f us" % (k, v * 1e6) for k, v in sorted(prof.items())),
+                res.get("products_pct_of_copy", 0)))
+            self.save()
 
     def fit(self, name, preset, st, prompt, max_new):
         """memwall fit's prediction for the run `name` (the same plan)."""
@@ -467,6 +555,14 @@ class Check:
                     name, r["prefill_seconds"], r["prefill_device_seconds"], r.get("prefill_copy_seconds", 0), r.get("prefill_gemm_seconds", 0),
                     r.get("gemm_tflops_assumed", "-"), r.get("prefill_device_over_bound", 0), r.get("prefill_wall_over_bound", 0),
                     r.get("prefill_chunk"), " chosen" if r.get("prefill_chunk_chosen") else "", r.get("slots"), " chosen" if r.get("slots_chosen") else ""))
+        for name, r in self.results.items():
+            if isinstance(r, dict) and r.get("decode_step_device_seconds"):
+                prof = r.get("decode_profile_seconds") or {}
+                lines.append("%s: decode %.2f tok/s = %.1f%% of copy (%s GB/s); device step %.1f us = %.1f%%; profiled step: %s; products %.1f%% of copy%s" % (
+                    name, r["decode_tokens_per_s"], r.get("decode_pct_of_copy", 0), "%.0f" % r["copy_gbps"] if r.get("copy_gbps") else "-",
+                    r["decode_step_device_seconds"] * 1e6, r.get("step_pct_of_copy", 0),
+                    " ".join("%s %.0f us" % (k, v * 1e6) for k, v in sorted(prof.items())), r.get("products_pct_of_copy", 0),
+                    "" if r.get("same_tokens_as_resident", True) else "; TOKENS DIFFER"))
         disabled = sorted({d for r in self.results.values() if isinstance(r, dict) for d in (r.get("kernels_disabled") or [])})
         if disabled:
             lines.append("kernels turned off by their load-time self-test: " + "; ".join(disabled))
@@ -525,8 +621,11 @@ def main():
         if a.big_presets:  # testing the script: small presets stand in for the 7B ones
             for p in a.big_presets.split(","):
                 c.big(p, p + "-big", vocab=768, prefill=200)
+            p = a.big_presets.split(",")[0]
+            c.resident(p, p + "-big")
         else:
             c.big("llama-7b", "llama-7b")
+            c.resident("llama-7b", "llama-7b")
             if a.mode == "full":
                 c.big("llama3-8b-shape", "llama3-8b-shape", prefill=0)
     c.hf()

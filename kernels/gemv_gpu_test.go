@@ -101,6 +101,9 @@ func TestCUDAGemvVariants(t *testing.T) {
 				}
 				samples = append(samples, sample{tt*c.M + m, ReferenceRow(c.dt, W, X, c.M, c.K, c.T, tt, m)})
 			}
+			// The compute_90 module launches overlapped; each case prefetches a
+			// different amount (none, a line, whole blocks, evict_last).
+			s.prefetch = pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch)
 			for kind := range gemvKinds {
 				if uint32(c.T) > gemvMaxT(kind) {
 					continue
@@ -119,14 +122,18 @@ func TestCUDAGemvVariants(t *testing.T) {
 					}
 					er := math.Sqrt(num / max(den, 1e-300))
 					if !(er <= Tolerance(c.dt)) {
-						t.Errorf("%s %s M=%d K=%d T=%d off=%d grid=%d: relative error %.3g against float64 (tolerance %.0e)", target, gemvName(kind, c.dt), c.M, c.K, c.T, c.off, g, er, Tolerance(c.dt))
+						t.Errorf("%s %s M=%d K=%d T=%d off=%d grid=%d prefetch %#x: relative error %.3g against float64 (tolerance %.0e)", target, gemvName(kind, c.dt), c.M, c.K, c.T, c.off, g, s.prefetch, er, Tolerance(c.dt))
 					}
 					if !(et <= Tolerance(c.dt)) {
-						t.Errorf("%s %s M=%d K=%d T=%d off=%d grid=%d: relative error %.3g against the Go twin", target, gemvName(kind, c.dt), c.M, c.K, c.T, c.off, g, et)
+						t.Errorf("%s %s M=%d K=%d T=%d off=%d grid=%d prefetch %#x: relative error %.3g against the Go twin", target, gemvName(kind, c.dt), c.M, c.K, c.T, c.off, g, s.prefetch, et)
 					}
 					errAggAdd(per, gemvName(kind, c.dt), et, er)
 				}
 			}
+		}
+		s.prefetch = DefaultGemvPrefetch
+		if s.overlap != nil && !s.Overlap() {
+			t.Errorf("%s: overlapped launches are off", target)
 		}
 		gemvGroupCheck(t, r, rng, per)
 		for kind := range gemvKinds + 1 {
@@ -160,6 +167,7 @@ func gemvGroupCheck(t *testing.T, r *rig, rng *rand.Rand, per map[string]*errAgg
 			Ws = append(Ws, W)
 			ops = append(ops, MatmulOp{W: r.upload(W), Y: r.nans(uint64(4 * M)), M: uint32(M)})
 		}
+		r.s.prefetch = pick(rng, uint32(0), 128, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|4096)
 		must(t, r.s.MatmulGroup(dt, px, uint32(K), 1, ops, r.st))
 		for j, op := range ops {
 			alone := r.nans(uint64(4 * op.M))
@@ -231,9 +239,22 @@ func TestCUDAGemvSweep(t *testing.T) {
 	for _, sh := range sweepShapes {
 		sweepShape(t, d, sets, tm, sh.M, sh.K, sh.T, sms, copyGBs)
 	}
-	for _, g := range [][]uint32{{4096, 1024, 1024}, {14336, 14336}, {11008, 11008}, {4096, 4096, 4096}} {
+	for _, g := range [][]uint32{{4096, 1024, 1024}, {4096, 4096, 4096}, {14336, 14336}, {11008, 11008}} {
 		sweepGroup(t, d, sets, tm, g, 4096, copyGBs)
 	}
+	for _, m := range chainModels {
+		sweepChain(t, d, sets, tm, m, copyGBs)
+	}
+}
+
+// sweepLabel names a Set in the sweep's lines: its target, "-nopdl" on the
+// compute_90 module with overlapped launches off.
+func sweepLabel(s *Set) string {
+	target := strings.TrimSuffix(strings.TrimPrefix(s.Source(), "embedded kernels_"), ".ptx")
+	if s.overlap != nil && !s.Overlap() {
+		target += "-nopdl"
+	}
+	return target
 }
 
 // sweepGroup times the T = 1 products of Ms (K columns, sharing X) cold as
@@ -271,40 +292,58 @@ func sweepGroup(t *testing.T, d device.Device, sets []*Set, tm *timer, Ms []uint
 		shape = append(shape, fmt.Sprint(M))
 	}
 	for _, s := range sets {
-		target := strings.TrimSuffix(strings.TrimPrefix(s.Source(), "embedded kernels_"), ".ptx")
-		var gbs [2]float64
-		for mode := range 2 {
-			i := 0
-			f := func() error {
-				c := sets3[i%copies]
-				i++
-				if mode == 0 {
-					ops := make([]MatmulOp, len(Ms))
+		for _, pdl := range pdlModes(s) {
+			s.SetOverlap(pdl)
+			target := sweepLabel(s)
+			var gbs [2]float64
+			for mode := range 2 {
+				i := 0
+				f := func() error {
+					c := sets3[i%copies]
+					i++
+					if mode == 0 {
+						ops := make([]MatmulOp, len(Ms))
+						for j, M := range Ms {
+							ops[j] = MatmulOp{W: c[j].w, Y: c[j].y, M: M}
+						}
+						return s.MatmulGroup(BF16, x, K, 1, ops, tm.st)
+					}
 					for j, M := range Ms {
-						ops[j] = MatmulOp{W: c[j].w, Y: c[j].y, M: M}
+						if err := s.Matmul(BF16, c[j].w, x, c[j].y, M, K, 1, tm.st); err != nil {
+							return err
+						}
 					}
-					return s.MatmulGroup(BF16, x, K, 1, ops, tm.st)
+					return nil
 				}
-				for j, M := range Ms {
-					if err := s.Matmul(BF16, c[j].w, x, c[j].y, M, K, 1, tm.st); err != nil {
-						return err
-					}
-				}
-				return nil
+				gbs[mode] = bytes / queued(t, s, tm, f).Seconds() / 1e9
 			}
-			gbs[mode] = bytes / queued(t, s, tm, f).Seconds() / 1e9
+			fmt.Printf("KFUSE %s %s,%d %.0f %.0f %.1f %.1f\n", target, strings.Join(shape, "+"), K, gbs[0], gbs[1], 100*gbs[0]/copyGBs, 100*gbs[1]/copyGBs)
 		}
-		fmt.Printf("KFUSE %s %s,%d %.0f %.0f %.1f %.1f\n", target, strings.Join(shape, "+"), K, gbs[0], gbs[1], 100*gbs[0]/copyGBs, 100*gbs[1]/copyGBs)
+		s.SetOverlap(true)
 	}
+}
+
+// pdlModes is the overlap settings a sweep runs s with: on and off for the
+// compute_90 module on a GPU that overlaps, else its only one.
+func pdlModes(s *Set) []bool {
+	if s.overlap != nil {
+		return []bool{true, false}
+	}
+	return []bool{false}
 }
 
 // queued returns the GPU time per call of f over 20 calls queued behind a
 // 1 ms spin kernel (so the host has queued them all before the first runs),
 // after one call to warm up.
 func queued(t *testing.T, s *Set, tm *timer, f func() error) time.Duration {
+	return queuedSpin(t, s, tm, f, time.Millisecond)
+}
+
+// queuedSpin is queued behind a spin of the given length.
+func queuedSpin(t *testing.T, s *Set, tm *timer, f func() error, spin time.Duration) time.Duration {
 	const n = 20
 	must(t, f())
-	must(t, s.Spin(time.Millisecond, tm.st))
+	must(t, s.Spin(spin, tm.st))
 	must(t, tm.d.EventRecord(tm.e0, tm.st))
 	for range n {
 		must(t, f())
@@ -385,5 +424,36 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 		p := planGemv(BF16, M, K, T, s.sms, s.tensor, &s.gemvOff)
 		cold, hot := measure(s, p)
 		fmt.Printf("KSEL %s %s %s %d %.0f %.0f %.1f\n", target, shape, gemvName(p.kind, BF16), p.grid, cold, hot, 100*cold/copyGBs)
+		if s.overlap == nil {
+			continue
+		}
+		// The rule's launch with overlapped launches off and on, at each
+		// prefetch size.
+		was := s.prefetch
+		for _, c := range pdlSweep {
+			s.SetOverlap(c.pdl)
+			s.prefetch = c.pf
+			cold, hot := measure(s, p)
+			fmt.Printf("KPDL %s %s %d %s %.0f %.0f %.1f\n", shape, gemvName(p.kind, BF16), map[bool]int{false: 0, true: 1}[c.pdl],
+				pfLabel(c.pf), cold, hot, 100*cold/copyGBs)
+		}
+		s.SetOverlap(true)
+		s.prefetch = was
 	}
+}
+
+// pdlSweep is the overlap and prefetch settings the sweep times the rule's
+// launch at on the compute_90 module.
+var pdlSweep = []struct {
+	pdl bool
+	pf  uint32
+}{{false, 0}, {true, 0}, {true, 4 << 10}, {true, DefaultGemvPrefetch}, {true, 64 << 10}, {true, 1 << 20},
+	{true, prefetchEvictLast | DefaultGemvPrefetch}}
+
+// pfLabel prints a prefetch argument: bytes, "+last" for evict_last.
+func pfLabel(pf uint32) string {
+	if pf&prefetchEvictLast != 0 {
+		return fmt.Sprintf("%d+last", pf&prefetchBytesMask)
+	}
+	return fmt.Sprint(pf)
 }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Kernels check on the GPU machine (issue 15, kernels), from the repo root.
-# Expected run time: about 90 s (two PTX JIT loads of ~12 s each, the Llama
-# kernels and every GEMV variant of both targets against their Go twins,
-# speed runs, the GEMV sweep ~15 s, a short compute-sanitizer run); every
-# step has its own timeout, 220 s in all at most.
+# Expected run time: about 110 s (three PTX JIT loads of ~10 s each, cached
+# by the driver for the later steps; the Llama kernels and every GEMV
+# variant of all three targets against their Go twins, the compute_90
+# module's overlapped chain against the plain one, speed runs, the GEMV
+# sweep with PDL on/off, prefetch sizes and the decoder-layer chain ~25 s, a
+# short compute-sanitizer memcheck of the compute_90 module); every step has
+# its own timeout.
 #
 #   OUT=/some/dir scripts/gpu/kernels.sh
 #
@@ -35,18 +38,19 @@ step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
   [ $r -ne 0 ] && { rc=1; echo "kernels: step $name rc=$r"; tail -n 15 "$dir/$name.txt"; }
   return 0
 }
-step check 90 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$|TestCUDAGemvVariants'
-step sweep 60 -test.v -test.run 'TestCUDAGemvSweep'
-step speed 40 -test.v -test.run 'TestCUDALlamaSpeed'
+step check 90 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$|TestCUDAGemvVariants|TestCUDAOverlapChain'
+step sweep 75 -test.v -test.run 'TestCUDAGemvSweep'
+step speed 30 -test.v -test.run 'TestCUDALlamaSpeed'
 # cuBLASLt bound through purego, against the float64 reference.
 if [ -x "$bindir/device_cuda.test" ]; then
   (cd device/cuda && timeout --kill-after=5 20 "$bindir/device_cuda.test" -test.v -test.run 'CublasLt' -test.timeout 20s) >"$dir/cublaslt.txt" 2>&1 || { rc=1; tail -n 15 "$dir/cublaslt.txt"; }
 fi
-# compute-sanitizer memcheck on a quick pass of the Llama kernels (compute_80:
-# one JIT under the sanitizer).
-if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 150 ]; then
-  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm80 timeout --kill-after=5 60 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$bin" -test.run 'TestCUDALlamaKernels|TestCUDAGemvVariants' -test.timeout 60s) >"$dir/memcheck.txt" 2>&1
+# compute-sanitizer memcheck on a quick pass of the Llama and GEMV kernels and
+# the overlapped chain (compute_90, the module an H200 runs: one JIT under the
+# sanitizer).
+if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 170 ]; then
+  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm90 timeout --kill-after=5 60 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin" -test.run 'TestCUDALlamaKernels|TestCUDAGemvVariants|TestCUDAOverlapChain' -test.timeout 60s) >"$dir/memcheck.txt" 2>&1
   m=$?
   grep -q "ERROR SUMMARY: 0 errors" "$dir/memcheck.txt" && msum="0 errors" || msum="rc=$m $(grep -m1 'ERROR SUMMARY' "$dir/memcheck.txt")"
   [ $m -eq 124 ] && msum="timed out (no errors before)"
@@ -67,6 +71,12 @@ awk '$1=="KSWEEP" { k=$2" "$3; if (!(k in b) || $6+0 > bc[k]) { b[k]=$4" "$5; bc
      $1=="KSEL" { k=$2" "$3; s[k]=$4" "$5; sc[k]=$6; sp[k]=$8; order[++n]=k }
      END { for (i=1;i<=n;i++) { k=order[i]; split(k,a," "); split(b[k],x," "); split(s[k],y," ");
        printf "%-6s %-14s %-20s %6s %6.0f %6s %6s | %-20s %6s %6s %6s\n", a[1], a[2], x[1], x[2], bc[k], bh[k], bp[k], y[1], y[2], sc[k], sp[k] } }' "$dir/sweep.txt"
+echo "== kernels: compute_90, the rule's launch with PDL off/on and L2 prefetch bytes per block (cold GB/s, % copy)"
+grep -h '^KPDL' "$dir/sweep.txt" | awk '{k=$2; if (!(k in seen)) { seen[k]=1; order[++n]=k; name[k]=$3 } c[k]=c[k] sprintf(" %s/%s:%s(%s)", ($4=="1"?"on":"off"), $5, $6, $8) }
+  END { for (i=1;i<=n;i++) printf "%-14s %-18s%s\n", order[i], name[order[i]], c[order[i]] }'
+echo "== kernels: decoder-layer chain, cold (RMSNorm, q/k/v grouped, o, RMSNorm, gate/up grouped, SiLU*mul, down)"
+printf '%-11s %-10s %4s %8s %9s %8s %7s\n' target model pdl prefetch us/layer GB/s %copy
+grep -h '^KCHAIN' "$dir/sweep.txt" | awk '{printf "%-11s %-10s %4s %8s %9s %8s %7s\n", $2, $3, $4, $5, $6, $7, $8}'
 echo "== kernels: T = 1 products sharing X, cold: one MatmulGroup launch vs one Matmul each"
 printf '%-6s %-22s %9s %9s %7s %7s\n' target M+..,K grouped separate %copy %copy
 grep -h '^KFUSE' "$dir/sweep.txt" | awk '{printf "%-6s %-22s %9s %9s %7s %7s\n", $2, $3, $4, $5, $6, $7}'

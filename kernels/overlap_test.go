@@ -1,0 +1,346 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memwall/memwall/device"
+)
+
+// overlapFake is a fakeDevice that also offers overlapped launches and
+// records which launches took that path.
+type overlapFake struct {
+	*fakeDevice
+	can        bool
+	overlapped []string
+}
+
+func (f *overlapFake) CanOverlap() bool { return f.can }
+
+func (f *overlapFake) LaunchOverlapped(fn device.Function, grid, block device.Dim3, shared uint32, s device.Stream, args ...any) error {
+	if !f.can {
+		return device.ErrUnsupported
+	}
+	f.overlapped = append(f.overlapped, f.funcs[fn])
+	return f.fakeDevice.Launch(fn, grid, block, shared, s, args...)
+}
+
+// A Set launches overlapped exactly when the module is compute_90, the
+// device can, and neither SetOverlap(false) nor MEMWALL_KERNELS_PDL=0 said
+// otherwise; every launch helper goes the same way; the prefetch bytes
+// reach the GEMV kernels' last argument.
+func TestSetOverlap(t *testing.T) {
+	sm90 := writePTX(t, Names())
+	sm80 := strings.Replace(string(mustRead(t, sm90)), ".target sm_90", ".target sm_80", 1)
+	sm80Path := writeFile(t, sm80)
+	for _, tc := range []struct {
+		name    string
+		path    string
+		can     bool
+		env     map[string]string
+		want    bool
+		wantPf  uint32
+		wantErr bool
+	}{
+		{"sm90 module, capable device", sm90, true, nil, true, DefaultGemvPrefetch, false},
+		{"sm90 module, incapable device", sm90, false, nil, false, DefaultGemvPrefetch, false},
+		{"sm80 module", sm80Path, true, nil, false, DefaultGemvPrefetch, false},
+		{"PDL=0", sm90, true, map[string]string{EnvPDL: "0"}, false, DefaultGemvPrefetch, false},
+		{"PDL=1", sm90, true, map[string]string{EnvPDL: "1"}, true, DefaultGemvPrefetch, false},
+		{"prefetch 0", sm90, true, map[string]string{EnvPrefetch: "0"}, true, 0, false},
+		{"prefetch 65536", sm90, true, map[string]string{EnvPrefetch: "65536"}, true, 65536, false},
+		{"prefetch bad", sm90, true, map[string]string{EnvPrefetch: "lots"}, false, 0, true},
+		{"prefetch too big", sm90, true, map[string]string{EnvPrefetch: "4294967296"}, false, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &overlapFake{fakeDevice: newFake("cuda"), can: tc.can}
+			getenv := func(k string) string {
+				if k == EnvPTX {
+					return tc.path
+				}
+				return tc.env[k]
+			}
+			s, err := Load(d, getenv)
+			if tc.wantErr {
+				if err == nil || !errors.Is(err, device.ErrInvalid) || !strings.Contains(err.Error(), EnvPrefetch) {
+					t.Fatalf("Load: err %v, want one naming %s", err, EnvPrefetch)
+				}
+				if d.unloaded != 1 {
+					t.Errorf("module unloaded %d times after the failure", d.unloaded)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if s.Overlap() != tc.want || s.GemvPrefetch() != tc.wantPf {
+				t.Fatalf("Overlap %v, prefetch %d; want %v, %d", s.Overlap(), s.GemvPrefetch(), tc.want, tc.wantPf)
+			}
+			st := device.Stream(3)
+			p := device.Ptr(1 << 20)
+			steps := []func() error{
+				func() error { return s.Fill(p, 100, 1, st) },
+				func() error { return s.Spin(time.Microsecond, st) },
+				func() error { return s.Matmul(BF16, p, p, p, 100, 64, 1, st) },
+				func() error { return s.Matmul(BF16, p, p, p, 100, 64, 4, st) },
+				func() error { return s.Matmul(F32, p, p, p, 100, 64, 100, st) },
+				func() error {
+					return s.MatmulGroup(BF16, p, 64, 1, []MatmulOp{{p, p, 10}, {p, p, 20}}, st)
+				},
+				func() error { return s.RMSNorm(p, p, BF16, p, BF16, 1, 64, 1e-5, st) },
+				func() error { return s.SiluMul(p, p, p, BF16, 64, st) },
+			}
+			for i, f := range steps {
+				if err := f(); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+			}
+			n := len(d.launches)
+			if want := map[bool]int{true: n, false: 0}[tc.want]; len(d.overlapped) != want {
+				t.Errorf("%d of %d launches overlapped, want %d", len(d.overlapped), n, want)
+			}
+			for _, l := range d.launches {
+				if !strings.HasPrefix(l.name, "memwall_gemv") {
+					continue
+				}
+				if pf, ok := l.args[len(l.args)-1].(uint32); !ok || pf != tc.wantPf {
+					t.Errorf("%s: last argument %v, want the prefetch bytes %d", l.name, l.args[len(l.args)-1], tc.wantPf)
+				}
+			}
+			if s.SetOverlap(true) != (tc.can && tc.path == sm90) {
+				t.Errorf("SetOverlap(true) = %v on a device that can %v", s.Overlap(), tc.can)
+			}
+			if s.SetOverlap(false) || s.Overlap() {
+				t.Error("SetOverlap(false) left overlap on")
+			}
+			s.SetGemvPrefetch(prefetchEvictLast | 7)
+			if s.GemvPrefetch() != 7 {
+				t.Errorf("GemvPrefetch %d after setting 7 with bit 31", s.GemvPrefetch())
+			}
+		})
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := readPTX(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A chain of dependent kernels queued without a pause on the compute_90
+// module, launched overlapped, gives the same bytes as the same chain
+// launched plainly: each kernel reads what the one before it wrote (and a
+// device-to-device copy and a memset sit between kernels, whose order is
+// plain stream order). Every output starts NaN, so a kernel that read its
+// input before its producer finished would differ. Random shapes, prefetch
+// sizes (0, lines, whole blocks, evict_last) and dtypes.
+func TestCUDAOverlapChain(t *testing.T) {
+	d := openCUDA(t)
+	if d.Info().ComputeMajor < 9 {
+		t.Skip("programmatic dependent launch needs compute capability 9.0")
+	}
+	s := loadTarget(t, d, TargetSM90)
+	if !s.Overlap() {
+		t.Fatalf("the compute_90 module on a %d.%d GPU does not launch overlapped", d.Info().ComputeMajor, d.Info().ComputeMinor)
+	}
+	r := newRig(t, d, s)
+	rng := rand.New(rand.NewPCG(90, 90))
+	for c := range 6 {
+		dt := []string{BF16, F16, F32}[c%3]
+		H := uint32(pick(rng, 4096, 8*(1+rng.IntN(600)), 1+rng.IntN(3000)))
+		I := uint32(pick(rng, 11008, 8*(1+rng.IntN(900)), 1+rng.IntN(5000)))
+		pf := pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch)
+		chain := newTestChain(t, r, rng, dt, H, I)
+		var outs [2][]byte
+		for i, on := range []bool{false, true} {
+			s.SetOverlap(on)
+			s.prefetch = pf // bit 31 too: the evict_last policy
+			outs[i] = chain.run(t, r)
+		}
+		s.SetOverlap(true)
+		s.SetGemvPrefetch(DefaultGemvPrefetch)
+		if !slices.Equal(outs[0], outs[1]) {
+			t.Errorf("%s H=%d I=%d prefetch %#x: the overlapped chain's output differs from the plain one", dt, H, I, pf)
+		}
+		fmt.Printf("KCHECK overlap_chain_%s %s %s - 1\n", dt, TargetSM90, map[bool]string{true: "identical", false: "DIFFERS"}[slices.Equal(outs[0], outs[1])])
+	}
+}
+
+// testChain is one layer-like chain of dependent launches on shared
+// buffers (see TestCUDAOverlapChain).
+type testChain struct {
+	dt                       string
+	H, I                     uint32
+	x, wn, xn, wq, wk, q, k  device.Ptr
+	wg, wu, g, u, act, wd, y device.Ptr
+	xc, ysum                 device.Ptr
+}
+
+func newTestChain(t *testing.T, r *rig, rng *rand.Rand, dt string, H, I uint32) *testChain {
+	elt, _ := ElemSize(dt)
+	mat := func(M, K uint32) device.Ptr {
+		W, _ := randMatrices(t, dt, int(M), int(K), 1, rng.Uint64())
+		return r.upload(W)
+	}
+	xv := make([]float32, H)
+	for i := range xv {
+		xv[i] = float32(rng.NormFloat64())
+	}
+	nv := make([]float32, H)
+	for i := range nv {
+		nv[i] = 1 + 0.1*float32(rng.NormFloat64())
+	}
+	nb, _ := Encode(dt, nv)
+	c := &testChain{dt: dt, H: H, I: I, x: r.f32(xv), wn: r.upload(nb)}
+	c.xn = r.nans(uint64(H) * uint64(elt))
+	c.xc = r.nans(uint64(H) * uint64(elt))
+	c.wq, c.wk = mat(H, H), mat(H/2+1, H)
+	c.wg, c.wu, c.wd = mat(I, H), mat(I, H), mat(H, I)
+	for _, p := range []*device.Ptr{&c.q, &c.y, &c.ysum} {
+		*p = r.nans(4 * uint64(H))
+	}
+	c.k = r.nans(4 * uint64(H/2+1))
+	c.g, c.u = r.nans(4*uint64(I)), r.nans(4*uint64(I))
+	c.act = r.nans(uint64(I) * uint64(elt))
+	return c
+}
+
+// run queues the chain, reads every output back and returns them.
+func (c *testChain) run(t *testing.T, r *rig) []byte {
+	s, st := r.s, r.st
+	elt, _ := ElemSize(c.dt)
+	H, I := c.H, c.I
+	// Outputs start NaN (queued, so they are part of the stream's order).
+	for _, o := range []struct {
+		p device.Ptr
+		n uint64
+	}{{c.xn, uint64(H) * uint64(elt)}, {c.xc, uint64(H) * uint64(elt)}, {c.q, 4 * uint64(H)}, {c.k, 4 * uint64(H/2+1)},
+		{c.g, 4 * uint64(I)}, {c.u, 4 * uint64(I)}, {c.act, uint64(I) * uint64(elt)}, {c.y, 4 * uint64(H)}, {c.ysum, 4 * uint64(H)}} {
+		must(t, r.d.Memset8(o.p, 0xFF, o.n, st))
+	}
+	must(t, s.Spin(200*time.Microsecond, st)) // the host queues the rest meanwhile
+	must(t, s.RMSNorm(c.x, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
+	must(t, r.d.CopyDtoD(c.xc, c.xn, uint64(H)*uint64(elt), st)) // a copy between two kernels
+	must(t, s.MatmulGroup(c.dt, c.xc, H, 1, []MatmulOp{{c.wq, c.q, H}, {c.wk, c.k, H/2 + 1}}, st))
+	must(t, s.RMSNorm(c.q, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
+	must(t, s.Matmul(c.dt, c.wg, c.xn, c.g, I, H, 1, st))
+	must(t, s.Matmul(c.dt, c.wu, c.xn, c.u, I, H, 1, st))
+	must(t, s.SiluMul(c.g, c.u, c.act, c.dt, uint64(I), st))
+	must(t, s.Matmul(c.dt, c.wd, c.act, c.y, H, I, 1, st))
+	must(t, r.d.CopyDtoD(c.ysum, c.q, 4*uint64(H), st))
+	must(t, s.Add(c.ysum, c.y, uint64(H), st))
+	var out []byte
+	for _, o := range []struct {
+		p device.Ptr
+		n uint64
+	}{{c.q, 4 * uint64(H)}, {c.k, 4 * uint64(H/2+1)}, {c.act, uint64(I) * uint64(elt)}, {c.y, 4 * uint64(H)}, {c.ysum, 4 * uint64(H)}} {
+		out = append(out, r.read(o.p, o.n)...)
+	}
+	return out
+}
+
+// chainModel is one decoder layer's shapes.
+type chainModel struct {
+	name     string
+	H, I, KV uint32 // hidden, MLP, k/v rows (kv heads × head dim)
+}
+
+var chainModels = []chainModel{{"llama2-7b", 4096, 11008, 4096}, {"llama3-8b", 4096, 14336, 1024}}
+
+// sweepChain times a decoder layer's launches as decode runs them, cold
+// (rotating over copies of the layer's weights that exceed L2 many times):
+// RMSNorm → q/k/v (one MatmulGroup) → o → RMSNorm → gate/up (MatmulGroup)
+// → SiluMul → down, 20 layers queued behind a spin, for each Set and, on
+// the compute_90 module, PDL off and on at several prefetch sizes. Prints
+//
+//	KCHAIN <target> <model> <pdl 0|1> <prefetch bytes> <µs per layer> <products' GB/s> <% of copy>
+//
+// where the products' bytes are their weights plus X and Y.
+func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainModel, copyGBs float64) {
+	const elt = 2
+	H, I, KV := uint64(m.H), uint64(m.I), uint64(m.KV)
+	type layer struct{ wq, wk, wv, wo, wg, wu, wd, n1, n2 device.Ptr }
+	wBytes := (H*(H+2*KV) + H*H + 2*I*H + H*I) * elt
+	copies := max(3, int((768<<20)/wBytes)+1)
+	var all []device.Ptr
+	get := func(n uint64) device.Ptr {
+		p := rawAlloc(t, d, n)
+		all = append(all, p)
+		return p
+	}
+	defer func() {
+		for _, p := range all {
+			d.Free(p)
+		}
+	}()
+	layers := make([]layer, copies)
+	for i := range layers {
+		l := &layers[i]
+		for _, w := range []struct {
+			p *device.Ptr
+			n uint64
+		}{{&l.wq, H * H}, {&l.wk, KV * H}, {&l.wv, KV * H}, {&l.wo, H * H}, {&l.wg, I * H}, {&l.wu, I * H}, {&l.wd, H * I}, {&l.n1, H}, {&l.n2, H}} {
+			*w.p = get(w.n * elt)
+			must(t, d.Memset8(*w.p, 0x3c, w.n*elt, tm.st))
+		}
+	}
+	x, xn, q, k, v, o := get(4*H), get(elt*H), get(4*H), get(4*KV), get(4*KV), get(4*H)
+	g, u, act, y := get(4*I), get(4*I), get(elt*I), get(4*H)
+	must(t, d.Memset8(x, 0, 4*H, tm.st))
+	must(t, d.Memset8(xn, 0x3c, elt*H, tm.st))
+	bytes := float64(wBytes + 2*(H+H+H+I)*elt + 4*(H+2*KV+H+2*I+H))
+	for _, s := range sets {
+		target := strings.TrimSuffix(strings.TrimPrefix(s.Source(), "embedded kernels_"), ".ptx")
+		type cfg struct {
+			pdl bool
+			pf  uint32
+		}
+		cfgs := []cfg{{false, s.GemvPrefetch()}}
+		if s.overlap != nil {
+			cfgs = []cfg{{false, 0}, {true, 0}, {true, 4 << 10}, {true, DefaultGemvPrefetch}, {true, 64 << 10}}
+		}
+		was, wasPf := s.Overlap(), s.prefetch
+		for _, c := range cfgs {
+			s.SetOverlap(c.pdl)
+			s.prefetch = c.pf
+			i := 0
+			f := func() error {
+				l := layers[i%copies]
+				i++
+				for _, step := range []func() error{
+					func() error { return s.RMSNorm(x, l.n1, BF16, xn, BF16, 1, m.H, 1e-5, tm.st) },
+					func() error {
+						return s.MatmulGroup(BF16, xn, m.H, 1, []MatmulOp{{l.wq, q, m.H}, {l.wk, k, m.KV}, {l.wv, v, m.KV}}, tm.st)
+					},
+					func() error { return s.Matmul(BF16, l.wo, xn, o, m.H, m.H, 1, tm.st) },
+					func() error { return s.RMSNorm(o, l.n2, BF16, xn, BF16, 1, m.H, 1e-5, tm.st) },
+					func() error {
+						return s.MatmulGroup(BF16, xn, m.H, 1, []MatmulOp{{l.wg, g, m.I}, {l.wu, u, m.I}}, tm.st)
+					},
+					func() error { return s.SiluMul(g, u, act, BF16, uint64(m.I), tm.st) },
+					func() error { return s.Matmul(BF16, l.wd, act, y, m.H, m.I, 1, tm.st) },
+				} {
+					if err := step(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			per := queuedSpin(t, s, tm, f, 3*time.Millisecond)
+			gbs := bytes / per.Seconds() / 1e9
+			fmt.Printf("KCHAIN %s %s %d %d %.1f %.0f %.1f\n", target, m.name, map[bool]int{false: 0, true: 1}[c.pdl], c.pf,
+				float64(per.Nanoseconds())/1e3, gbs, 100*gbs/copyGBs)
+		}
+		s.SetOverlap(was)
+		s.prefetch = wasPf
+	}
+}

@@ -46,6 +46,14 @@ type arena struct {
 	freeTop   uint64   // no free page at or above this index
 	freePages uint64   // bytes of pages in freeSet
 	mapped    uint64
+	// search and visit are preferMapped's state (search.visit, bound
+	// once).
+	search placeSearch
+	visit  func(alloc.Segment) bool
+	// idle and touched (nil unless the pool holds free pages for its
+	// reclaimer, see reclaim.go): the pages free at the reclaimer's last
+	// pass, and the pages a block has been placed on since.
+	idle, touched []uint64
 }
 
 type page struct {
@@ -109,6 +117,9 @@ func (p *Pool) newVirtualArenaSized(size uint64) (*arena, error) {
 		pages: make([]page, o.ReserveBytes/o.PageBytes), freeSet: make([]uint64, words), ready: make([]uint64, words)}
 	a.ha, _ = al.(alloc.HandleAllocator)
 	a.lean = a.ha != nil
+	if p.holding() {
+		a.idle, a.touched = make([]uint64, words), make([]uint64, words)
+	}
 	if o.PageBytes&(o.PageBytes-1) == 0 {
 		a.pageShift = uint(bits.TrailingZeros64(o.PageBytes))
 	}
@@ -399,39 +410,13 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 	if err := a.placeFree(b.Offset, h); err != nil {
 		return b, h, err
 	}
-	orig := b.Offset
-	best, bestCost, bestRange := orig, uint64(math.MaxUint64), uint64(0)
-	try := func(off, s, e uint64) {
-		if off < s || off+size > e {
-			return
-		}
-		c := a.unready(a.pageOf(off), a.pageOf(off+size-1))
-		if c < bestCost || c == bestCost && best != orig &&
-			(off == orig || e-s < bestRange || e-s == bestRange && off < best) {
-			best, bestCost, bestRange = off, c, e-s
-		}
+	ps := &a.search
+	*ps = placeSearch{a: a, size: size, align: align, orig: b.Offset, best: b.Offset, bestCost: math.MaxUint64}
+	if a.visit == nil {
+		a.visit = ps.visit // bound once: a method value passed on escapes
 	}
-	pa.WalkFree(size, func(seg alloc.Segment) bool {
-		s, e := seg.Offset, seg.Offset+seg.Size
-		if s <= orig && orig+size <= e {
-			try(orig, s, e)
-		}
-		try((s+align-1)&^(align-1), s, e)
-		try((e-size)&^(align-1), s, e)
-		// The fewest unmapped pages under a window slid over the range
-		// lie with the window's start at the start of a run of ready
-		// pages, or its end at the end of one.
-		a.readyEdges(a.pageOf(s)+1, a.pageOf(e-1), func(i uint64, starts bool) {
-			switch {
-			case starts:
-				try((i*a.pageBytes+align-1)&^(align-1), s, e)
-			case i*a.pageBytes >= size:
-				try((i*a.pageBytes-size)&^(align-1), s, e)
-			}
-		})
-		return true
-	})
-	nb, nh, err := pa.AllocHandleAt(best, size)
+	pa.WalkFree(size, a.visit)
+	nb, nh, err := pa.AllocHandleAt(ps.best, size)
 	if err != nil {
 		// best lies in a free range (orig did a moment ago): this does
 		// not happen. Place as the strategy would.
@@ -439,6 +424,55 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 	}
 	a.stale = true
 	return nb, nh, err
+}
+
+// placeSearch is preferMapped's search, kept in the arena so that the
+// walk allocates nothing: the free range being visited is [s, e).
+type placeSearch struct {
+	a                         *arena
+	size, align, orig         uint64
+	best, bestCost, bestRange uint64
+	s, e                      uint64
+}
+
+// try considers placing the block at off in the free range [s, e).
+func (ps *placeSearch) try(off uint64) {
+	s, e := ps.s, ps.e
+	if off < s || off+ps.size > e {
+		return
+	}
+	a := ps.a
+	c := a.unready(a.pageOf(off), a.pageOf(off+ps.size-1))
+	if c < ps.bestCost || c == ps.bestCost && ps.best != ps.orig &&
+		(off == ps.orig || e-s < ps.bestRange || e-s == ps.bestRange && off < ps.best) {
+		ps.best, ps.bestCost, ps.bestRange = off, c, e-s
+	}
+}
+
+// visit tries the places in one free range that can need the fewest
+// unmapped pages.
+func (ps *placeSearch) visit(seg alloc.Segment) bool {
+	s, e := seg.Offset, seg.Offset+seg.Size
+	ps.s, ps.e = s, e
+	size, align := ps.size, ps.align
+	if s <= ps.orig && ps.orig+size <= e {
+		ps.try(ps.orig)
+	}
+	ps.try((s + align - 1) &^ (align - 1))
+	ps.try((e - size) &^ (align - 1))
+	// The fewest unmapped pages under a window slid over the range lie
+	// with the window's start at the start of a run of ready pages, or
+	// its end at the end of one.
+	a := ps.a
+	a.readyEdges(a.pageOf(s)+1, a.pageOf(e-1), func(i uint64, starts bool) {
+		switch {
+		case starts:
+			ps.try((i*a.pageBytes + align - 1) &^ (align - 1))
+		case i*a.pageBytes >= size:
+			ps.try((i*a.pageBytes - size) &^ (align - 1))
+		}
+	})
+	return true
 }
 
 // readyEdges calls fn for each page i in [first, last] whose ready bit

@@ -29,6 +29,9 @@ import (
 // marks any page of its own, so two callers never wait for each other.
 func (a *arena) touch(p *Pool, off, size uint64) error {
 	first, last := a.pageOf(off), a.pageOf(off+size-1)
+	if a.touched != nil {
+		a.markTouched(first, last)
+	}
 	if a.lean && a.allReady(first, last) {
 		a.stale = true
 		return nil
@@ -150,11 +153,18 @@ func (pl *planner) plan(p *Pool, a *arena, first, last uint64) error {
 // free handle at least as long (two calls; the memory freed beyond the
 // rest's length is what the target asked for anyway). Within the limit
 // only (makeRoom).
+//
+// A pool that holds pages for its reclaimer does so while it is hot
+// (hotNow): above the target it then moves only handles idle for a whole
+// pass, which the reclaimer's next pass would give back anyway, and maps
+// the rest with new memory; the reclaimer gives back what stays free
+// beyond the target, off this goroutine.
 func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 	pb := a.pageBytes
+	hold := a.idle != nil && p.hotNow()
 	for n > 0 {
 		for n > 0 && a.overTarget(p, pl.peak, pb, pl.releasing) {
-			sa, src, k, ok := takeFree(p, a, n, false)
+			sa, src, k, ok := takeFree(p, a, n, false, !hold)
 			if !ok {
 				break
 			}
@@ -166,8 +176,9 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 			return nil
 		}
 		c := min(n, a.maxRun(p, pl.peak))
-		if a.overTarget(p, pl.peak, c*pb, pl.releasing) {
-			if sa, src, k, ok := takeFree(p, a, c, true); ok {
+		over := a.overTarget(p, pl.peak, c*pb, pl.releasing)
+		if over && !hold {
+			if sa, src, k, ok := takeFree(p, a, c, true, true); ok {
 				pl.steps = append(pl.steps, mapStep{first: src, n: k, from: -1, src: sa, release: true})
 				pl.releasing += k * pb
 				pl.moves = true
@@ -175,6 +186,9 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 		}
 		if err := a.makeRoom(p, c*pb); err != nil {
 			return err
+		}
+		if over && hold {
+			p.heldExtra.Add(c * pb)
 		}
 		p.inflight.Add(c * pb)
 		pl.steps = append(pl.steps, mapStep{first: first, n: c, from: -1})
@@ -223,9 +237,10 @@ func (a *arena) overTarget(p *Pool, peak, extra, releasing uint64) bool {
 // between the ranges: the small-block range's pages pay for the main
 // range's and the other way round), and marks its pages used and busy: to
 // move, the longest of at most n pages; to release, the shortest of at
-// least n pages (a's first, then the highest among equals). Called with
-// p.mu held.
-func takeFree(p *Pool, a *arena, n uint64, release bool) (sa *arena, head, k uint64, ok bool) {
+// least n pages (a's first, then the highest among equals). Unless any is
+// set, only handles idle for a whole pass of the reclaimer count. Called
+// with p.mu held.
+func takeFree(p *Pool, a *arena, n uint64, release, any bool) (sa *arena, head, k uint64, ok bool) {
 	if p.moving.Load() > 0 {
 		// Another goroutine is moving pages now, outside the lock. The
 		// driver serializes such calls, and goroutines that queued
@@ -245,6 +260,9 @@ func takeFree(p *Pool, a *arena, n uint64, release bool) (sa *arena, head, k uin
 			return
 		}
 		b.freeHandles(func(h, hk uint64) bool {
+			if !any && b.idle != nil && !b.idleRun(h, hk) {
+				return true // freed since the reclaimer's last pass: held for reuse
+			}
 			if release && hk >= n && (!ok || hk < k) || !release && hk <= n && hk > k {
 				sa, head, k, ok = b, h, hk, true
 			}

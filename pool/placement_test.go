@@ -153,14 +153,14 @@ func TestHandleRuns(t *testing.T) {
 	})
 }
 
-// TestHandleMove: above the soft target, the pages a block needs come
-// from free handles, moved whole (one unmap and one map each) or released
-// to pay for a new handle, so that a block over 75 unmapped pages costs far
+// TestHandleMove: above the soft target, with no hold time (eager), the
+// pages a block needs come from free handles, moved whole (one unmap and
+// one map each) or released to pay for a new handle, so that a block over 75 unmapped pages costs far
 // fewer than the two calls per page that single pages would, while the
 // pool stays within its target (plus at most one handle).
 func TestHandleMove(t *testing.T) {
 	const target = 1.1
-	p, err := pool.New(simVirtual(t), pool.Options{Cache: pool.CacheOff, TargetRatio: target, Placement: pool.PlaceStrategy, ReserveBytes: 4 << 30})
+	p, err := pool.New(simVirtual(t), pool.Options{Cache: pool.CacheOff, TargetRatio: target, HoldTime: -1, Placement: pool.PlaceStrategy, ReserveBytes: 4 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

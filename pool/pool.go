@@ -185,6 +185,21 @@ type Options struct {
 	// calls when placement wanders onto unmapped pages; see the package
 	// documentation for the measurements behind the default.
 	TargetRatio float64
+	// HoldTime is how long free pages beyond the soft target stay mapped
+	// for reuse before the pool's reclaimer gives them back, off the
+	// allocating goroutine (default DefaultHoldTime; a negative value
+	// gives them back at once, on the allocating path: an allocation that
+	// needs pages above the target moves free ones there). A page goes
+	// back between one and two hold times after a block last lay on it,
+	// and at once under pressure (the limit, the device out of memory or
+	// low on free memory); see Reclaim. Only a GrowVirtual pool with a
+	// TargetRatio holds pages.
+	HoldTime time.Duration
+	// Reclaimer says who runs the reclaimer's passes: a goroutine of the
+	// pool, every HoldTime (ReclaimBackground, the default; Close stops
+	// it), or the caller, with Reclaim (ReclaimByCaller: replays run
+	// passes at trace time).
+	Reclaimer ReclaimMode
 	// ChunkBytes is the smallest chunk under GrowChunks (default 32 MiB);
 	// requests larger than ChunkBytes/2 get a chunk of their own, rounded
 	// up to 2 MiB.
@@ -356,6 +371,9 @@ func (o Options) withDefaults(in device.Info) Options {
 	if o.TargetRatio == 0 {
 		o.TargetRatio = DefaultTargetRatio
 	}
+	if o.HoldTime == 0 {
+		o.HoldTime = DefaultHoldTime
+	}
 	if o.SmallMax == 0 {
 		o.SmallMax = 256 << 10
 	}
@@ -477,6 +495,11 @@ type Pool struct {
 	// allocator whose base is aligned to Options.Alignment: tryArenas
 	// places large blocks there without the general loop. Nil otherwise.
 	direct *arena
+	// rec is the root's background reclaimer (nil without one); recMu
+	// (root only) serializes reclaimer passes with each other and with
+	// Close.
+	rec   *reclaimer
+	recMu sync.Mutex
 
 	_ [64]byte
 
@@ -499,6 +522,9 @@ type Pool struct {
 	// remote holds this shard's blocks freed where its lock was not held.
 	remote atomic.Pointer[meta]
 	slowN  atomic.Uint32 // allocations that bypass the caches, for latency sampling
+	// placedN counts the blocks placed in this shard's arenas; written
+	// under mu only (a plain store), read by anyone (hotNow).
+	placedN atomic.Uint64
 
 	_ [64]byte
 }
@@ -660,6 +686,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 			return nil, fmt.Errorf("pool %s: warm-up of %d bytes: %w", o.Name, o.Warmup, err)
 		}
 	}
+	p.startReclaimer()
 	return p, nil
 }
 
@@ -1147,8 +1174,13 @@ func (p *Pool) putMeta(m *meta) {
 }
 
 // Close frees all device memory the pool holds. Blocks still live become
-// invalid. Close waits for nothing: the caller must have synchronized.
+// invalid. Close stops the pool's reclaimer and waits for its pass in
+// progress, if any; it waits for nothing else: the caller must have
+// synchronized.
 func (p *Pool) Close() error {
+	p.stopReclaimer()
+	p.recMu.Lock()
+	defer p.recMu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -748,7 +748,7 @@ func TestNoMoveBehindMove(t *testing.T) {
 	if g.Info().Granularity != page {
 		t.Skipf("needs %d-byte pages, device has %d", page, g.Info().Granularity)
 	}
-	p, err := pool.New(g, pool.Options{Cache: pool.CacheOff, PageBytes: page})
+	p, err := pool.New(g, pool.Options{Cache: pool.CacheOff, PageBytes: page, HoldTime: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -208,6 +208,8 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 			_ = a.placeFree(b.Offset, h)
 			return nil, err
 		}
+	} else if a.touched != nil {
+		a.markTouched(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1))
 	}
 	a.stale = true
 	return p.placed(a, b, h, 0), nil
@@ -254,6 +256,7 @@ func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *me
 	m := p.newMeta()
 	m.arena, m.off, m.size, m.class, m.node, m.shift = a, b.Offset, b.Size, 0, h, shift
 	m.home = p
+	p.placedN.Store(p.placedN.Load() + 1)
 	a.live++
 	a.held += b.Size
 	p.held += b.Size

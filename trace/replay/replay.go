@@ -36,7 +36,18 @@ type Options struct {
 	// AddressMap records Result.Map, the pool's address space at the
 	// trace's peak of live bytes.
 	AddressMap bool
+	// OpTime is the trace time each alloc or free stands for (default
+	// DefaultOpTime): the replay's clock, by which the pool's reclaimer
+	// runs a pass (pool.Pool.Reclaim) every HoldTime, between ops, so
+	// that a replay never depends on the machine's clock. The traces
+	// replayed here carry no timestamps (CSV).
+	OpTime time.Duration
 }
+
+// DefaultOpTime is the default Options.OpTime: the recorded traces took
+// 23–165 µs per alloc or free on the H200, recording included (their
+// JSON's record_seconds over their ops; 60 µs the median).
+const DefaultOpTime = 60 * time.Microsecond
 
 // Sample is one point of a replay's timeline, covering the ops up to and
 // including Op since the previous sample.
@@ -84,8 +95,12 @@ type Result struct {
 	// pool made during the replay (not counting closing the pool).
 	DeviceCalls                             uint64
 	DeviceAllocs, DeviceFrees, Maps, Unmaps uint64
-	// DriverTime is the time those calls cost on the H200 (H200Costs).
-	DriverTime time.Duration
+	// DriverTime is the time those calls cost on the H200 (H200Costs);
+	// ReclaimTime the part of it spent in the reclaimer's passes, off the
+	// allocating goroutine.
+	DriverTime, ReclaimTime time.Duration
+	// Passes is the reclaimer passes run (every HoldTime of trace time).
+	Passes int
 	// FragMin and FragMean summarize the fragmentation factor over the
 	// timeline (1 = all free reserved space is one range).
 	FragMin, FragMean float64
@@ -149,6 +164,18 @@ type meter struct {
 	c     Costs
 	total time.Duration
 	sizes map[device.PhysMem]uint64
+	// bg is set during the reclaimer's passes: their calls are charged
+	// to background as well.
+	bg         bool
+	background time.Duration
+}
+
+// charge adds d to the driver time.
+func (m *meter) charge(d time.Duration) {
+	m.total += d
+	if m.bg {
+		m.background += d
+	}
 }
 
 // extra is the pages of size bytes past the first.
@@ -160,17 +187,17 @@ func extra(size uint64) time.Duration {
 }
 
 func (m *meter) Alloc(size uint64) (device.Ptr, error) {
-	m.total += m.c.Alloc
+	m.charge(m.c.Alloc)
 	return m.Device.Alloc(size)
 }
 
 func (m *meter) Free(p device.Ptr) error {
-	m.total += m.c.Free
+	m.charge(m.c.Free)
 	return m.Device.Free(p)
 }
 
 func (m *meter) CreatePhysical(size uint64) (device.PhysMem, error) {
-	m.total += m.c.Alloc + extra(size)*m.c.CreatePage
+	m.charge(m.c.Alloc + extra(size)*m.c.CreatePage)
 	h, err := m.Device.CreatePhysical(size)
 	if err == nil {
 		m.sizes[h] = size
@@ -179,18 +206,18 @@ func (m *meter) CreatePhysical(size uint64) (device.PhysMem, error) {
 }
 
 func (m *meter) ReleasePhysical(h device.PhysMem) error {
-	m.total += m.c.Free + extra(m.sizes[h])*m.c.ReleasePage
+	m.charge(m.c.Free + extra(m.sizes[h])*m.c.ReleasePage)
 	delete(m.sizes, h)
 	return m.Device.ReleasePhysical(h)
 }
 
 func (m *meter) Map(va device.Ptr, size uint64, h device.PhysMem) error {
-	m.total += m.c.Map + extra(size)*m.c.MapPage
+	m.charge(m.c.Map + extra(size)*m.c.MapPage)
 	return m.Device.Map(va, size, h)
 }
 
 func (m *meter) Unmap(va device.Ptr, size uint64) error {
-	m.total += m.c.Unmap + extra(size)*m.c.UnmapPage
+	m.charge(m.c.Unmap + extra(size)*m.c.UnmapPage)
 	return m.Device.Unmap(va, size)
 }
 
@@ -230,6 +257,9 @@ func (o Options) withDefaults(t *Trace) Options {
 	if o.Samples == 0 {
 		o.Samples = 400
 	}
+	if o.OpTime <= 0 {
+		o.OpTime = DefaultOpTime
+	}
 	return o
 }
 
@@ -254,7 +284,8 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 		po.ReserveBytes = o.ReserveBytes
 	}
 	po.OnEvent, po.Logger = nil, nil
-	po.Cache = pool.CacheShared // one goroutine replays: placement must not depend on which processor ran it
+	po.Cache = pool.CacheShared         // one goroutine replays: placement must not depend on which processor ran it
+	po.Reclaimer = pool.ReclaimByCaller // passes at trace time (pass below)
 	p, err := pool.New(d, po)
 	if err != nil {
 		res.Err = err
@@ -279,8 +310,31 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 		res.FragMin = min(res.FragMin, st.Fragmentation)
 		bLive, bRes = live, p.ReservedBytes()
 	}
+	// The reclaimer's clock: op i happens at i × OpTime, and a pass runs
+	// before it for every HoldTime elapsed since the last (two at most:
+	// a third with no op between changes nothing).
+	hold := eff.HoldTime
+	var now, next time.Duration = 0, hold
+	pass := func() {
+		if hold <= 0 {
+			return
+		}
+		if now < next {
+			return
+		}
+		due := (now-next)/hold + 1
+		for range min(due, 2) {
+			md.bg = true
+			p.Reclaim()
+			md.bg = false
+			res.Passes++
+		}
+		next += due * hold
+	}
 	start := time.Now()
 	for i, op := range t.Ops {
+		now = time.Duration(i) * o.OpTime
+		pass()
 		if op.Free {
 			if err := p.Free(blocks[op.ID]); err != nil {
 				res.Err = &OpError{Op: i, Err: err}
@@ -316,7 +370,7 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 	res.PeakReserved = st.PeakReservedBytes
 	res.DeviceAllocs, res.DeviceFrees, res.Maps, res.Unmaps = st.DeviceAllocs, st.DeviceFrees, st.Maps, st.Unmaps
 	res.DeviceCalls = st.DeviceCalls()
-	res.DriverTime = md.total
+	res.DriverTime, res.ReclaimTime = md.total, md.background
 	if res.PeakLive > 0 {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakLive)
 	}

@@ -45,6 +45,10 @@ type Result struct {
 	DecodeStepDeviceSeconds float64            `json:"decode_step_device_seconds,omitempty"`
 	DecodeProfile           map[string]float64 `json:"decode_profile_seconds,omitempty"`
 	DecodeProfileSeconds    float64            `json:"decode_profile_step_seconds,omitempty"`
+	// DecodeProfileQueueSeconds is the longer of the two profiled steps'
+	// host time from the spin's launch to the step's last op queued: when
+	// it is below the spin (30 ms) the device ran the steps back to back.
+	DecodeProfileQueueSeconds float64 `json:"decode_profile_queue_seconds,omitempty"`
 	// FirstLogits are the logits that chose the first token.
 	FirstLogits []float32 `json:"-"`
 	// Logits[i] chose Tokens[i] (with Sampling.KeepLogits).
@@ -196,10 +200,12 @@ func (e *Engine) profiled(res *Result, classes bool) error {
 	if e.prof == nil {
 		return nil
 	}
+	queued := e.prof.queued.Sub(e.prof.began).Seconds()
 	per, all, err := e.finishProfile()
 	if err != nil {
 		return err
 	}
+	res.DecodeProfileQueueSeconds = max(res.DecodeProfileQueueSeconds, queued)
 	if classes {
 		res.DecodeProfile, res.DecodeProfileSeconds = per, all
 	} else {

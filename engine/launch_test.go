@@ -235,6 +235,9 @@ func TestProfile(t *testing.T) {
 	if d := sum - prof.DecodeProfileSeconds; d > 1e-9 || d < -1e-9 || !(prof.DecodeStepDeviceSeconds > 0) {
 		t.Errorf("classes sum to %g s, profiled step %g s, whole step %g s", sum, prof.DecodeProfileSeconds, prof.DecodeStepDeviceSeconds)
 	}
+	if !(prof.DecodeProfileQueueSeconds > 0) {
+		t.Errorf("queue time %g s", prof.DecodeProfileQueueSeconds)
+	}
 	if prof.ProductWeightBytes == 0 || prof.ProductWeightBytes != plain.ProductWeightBytes {
 		t.Errorf("product weight bytes %d, %d", prof.ProductWeightBytes, plain.ProductWeightBytes)
 	}

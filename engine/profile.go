@@ -27,15 +27,19 @@ type profiler struct {
 	events  []device.Event
 	class   []string // class[i] runs from events[i] to events[i+1]
 	cur     string
+	// began is when the spin was queued, queued when the step's last
+	// event was (host clock).
+	began, queued time.Time
 }
 
 // startProfile queues a spin kernel and the step's first event on the
 // compute stream.
 func (e *Engine) startProfile(classes bool) error {
+	began := time.Now()
 	if err := e.ks.Spin(profileSpin, e.compute); err != nil {
 		return fmt.Errorf("engine: profile: %w", err)
 	}
-	e.prof = &profiler{classes: classes}
+	e.prof = &profiler{classes: classes, began: began}
 	return e.record(ClassOther)
 }
 
@@ -70,7 +74,9 @@ func (e *Engine) endProfile() error {
 	if e.prof == nil {
 		return nil
 	}
-	return e.record("")
+	err := e.record("")
+	e.prof.queued = time.Now()
+	return err
 }
 
 // finishProfile waits for the profiled step's last event and returns the

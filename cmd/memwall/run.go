@@ -69,6 +69,7 @@ type runJSON struct {
 	DecodeStepDeviceSeconds float64            `json:"decode_step_device_seconds,omitempty"`
 	DecodeProfile           map[string]float64 `json:"decode_profile_seconds,omitempty"`
 	DecodeProfileSeconds    float64            `json:"decode_profile_step_seconds,omitempty"`
+	DecodeProfileQueue      float64            `json:"decode_profile_queue_seconds,omitempty"`
 	ProductWeightBytes      uint64             `json:"product_weight_bytes"`
 	PeakDeviceBytes         uint64             `json:"peak_device_bytes"`
 	PoolPeakBytes           uint64             `json:"pool_peak_bytes"`
@@ -382,6 +383,7 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.StreamedBytesPerToken = res.StreamedBytesPerToken
 	out.DecodeStepDeviceSeconds, out.DecodeProfile = res.DecodeStepDeviceSeconds, res.DecodeProfile
 	out.DecodeProfileSeconds, out.ProductWeightBytes = res.DecodeProfileSeconds, res.ProductWeightBytes
+	out.DecodeProfileQueue = res.DecodeProfileQueueSeconds
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
 	out.ScratchBytes = eng.ScratchBytes()

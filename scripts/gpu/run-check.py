@@ -315,6 +315,10 @@ class Check:
             b = r.get("product_weight_bytes") or 0
             step = r.get("decode_step_device_seconds") or 0
             prof = r.get("decode_profile_seconds") or {}
+            if (r.get("decode_profile_queue_seconds") or 0) >= 0.03:
+                res["profile_warning"] = "the host queued a profiled step in %.1f ms, longer than the 30 ms spin: the device may have waited" % (
+                    r["decode_profile_queue_seconds"] * 1e3)
+                log("%s: %s" % (name, res["profile_warning"]))
             if copy and b:
                 res["copy_gbps"] = copy
                 res["decode_pct_of_copy"] = 100 * b * r["decode_tokens_per_s"] / (copy * 1e9)

@@ -13,8 +13,9 @@
 #
 #   scripts/build-ptx.sh [OUTDIR]       compile with nvcc (default OUTDIR:
 #                                       kernels/), write kernels_smNN.ptx.gz
-#   scripts/build-ptx.sh FILE.ptx       compile the compute_80 module only,
-#                                       into FILE.ptx (for MEMWALL_KERNELS_PTX)
+#   scripts/build-ptx.sh FILE.ptx       compile one module, compute_$ARCH
+#                                       (default 80; ARCH=90 for Hopper), into
+#                                       FILE.ptx (for MEMWALL_KERNELS_PTX)
 #   scripts/build-ptx.sh --clang-check  syntax-check the device code with
 #                                       clang and stand-in headers, for
 #                                       machines without the CUDA toolkit
@@ -45,7 +46,7 @@ fi
 
 sum="$(sha256sum "$src" | cut -d' ' -f1)"
 if [[ "${1:-}" == *.ptx ]]; then
-	"${NVCC:-nvcc}" ${NVCC_FLAGS:-} -ptx -O3 -std=c++17 -arch=compute_80 -o "$1" "$src"
+	"${NVCC:-nvcc}" ${NVCC_FLAGS:-} -ptx -O3 -std=c++17 -arch=compute_${ARCH:-80} -o "$1" "$src"
 	echo "// memwall kernels.cu sha256 $sum" >>"$1"
 	echo "wrote $1"
 	exit 0

@@ -161,7 +161,9 @@ static void launch_matmul(const Kernels& k, DT d, CUdeviceptr W, CUdeviceptr X, 
                           uint32_t M, uint32_t K, uint32_t T) {
     void* args[] = {&W, &X, &Y, &M, &K, &T};
     if (T <= 8) {
-        CK(cuLaunchKernel(k.gemv[d], (M + 7) / 8, 1, 1, 256, 1, 1, 0, 0, args, nullptr));
+        uint32_t pf = 16384;  // the GEMV kernels' L2 prefetch bytes (compute_90 only)
+        void* gargs[] = {&W, &X, &Y, &M, &K, &T, &pf};
+        CK(cuLaunchKernel(k.gemv[d], (M + 7) / 8, 1, 1, 256, 1, 1, 0, 0, gargs, nullptr));
         return;
     }
     uint32_t tile = d == F32 ? 64 : 128;

@@ -31,6 +31,15 @@
 // does (engine/internal/reference). The KV
 // cache holds the model dtype. Matmul inputs are the model dtype and
 // accumulate in float32.
+//
+// Launches: a decode step is launch-bound on small models and close to it
+// on a resident 7B one, so the products that share an input (Q, K, V; gate,
+// up) run as one kernels.Set.MatmulGroup call (one kernel at T = 1), RoPE
+// and the KV write do the rounding of Q, K and V themselves, RoPE turns Q
+// and K in one launch, and one Round covers gate and up: 17 kernels per
+// layer of a 7B model instead of 27, with the same results bit for bit
+// (Options.Ungrouped turns the grouping off for comparison).
+// Options.Profile times decode steps on the device per op class.
 package engine
 
 import (

@@ -156,26 +156,23 @@ func BenchmarkStats(b *testing.B) {
 // BenchmarkParallelPair is BenchmarkPair on 1, 4 and 16 goroutines at
 // once, each with its own working set of 32 blocks (log-uniform
 // 512 B–64 MiB, as memwall bench alloc's random mix) and its own request
-// stream: the default (shards), the default with one set of arenas, with
-// 4 and 8 shards, and balancing free pages across shards, both
-// keeping every page, and both with 16 KiB cached classes and a 64 KiB
-// small-block range. peak-GiB and peak/used are the pool's peak
+// stream: the default (shards, hold time), the default with no hold time
+// (eager: pages beyond the target move on the allocating goroutine), with
+// one set of arenas, with 4 shards, and balancing free pages across
+// shards, and keeping every page with and without shards. peak-GiB and
+// peak/used are the pool's peak
 // reserved bytes and their ratio to its peak used bytes: what the shards
 // cost in memory. ns/op is wall time per pair over all goroutines;
 // pairs/s is its inverse.
 func BenchmarkParallelPair(b *testing.B) {
 	for _, o := range []pool.Options{
 		{Name: "default"},
+		{Name: "eager", HoldTime: -1}, // pages beyond the target move on the allocating goroutine
 		{Name: "oneshard", Shards: 1},
 		{Name: "balanced"},           // shards give back each other's free pages above the target
 		{Name: "shards4", Shards: 4}, // processors share shards: memory against speed
-		{Name: "shards8", Shards: 8},
 		{Name: "keep", TargetRatio: -1},
 		{Name: "keep-oneshard", TargetRatio: -1, Shards: 1},
-		// Smaller cached classes and small-block range, which some
-		// replays favour and others do not.
-		{Name: "cache16k", CacheMax: 16 << 10, SmallMax: 64 << 10},
-		{Name: "keep-cache16k", TargetRatio: -1, CacheMax: 16 << 10, SmallMax: 64 << 10},
 	} {
 		for _, g := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("%s/g%d", o.Name, g), func(b *testing.B) {

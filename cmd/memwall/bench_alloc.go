@@ -8,19 +8,20 @@ import (
 
 	"github.com/memwall/memwall/alloc"
 	"github.com/memwall/memwall/bench"
+	"github.com/memwall/memwall/pool"
 )
 
 func init() { benchVerbs["alloc"] = runBenchAlloc }
 
 func runBenchAlloc(e *env, args []string) error {
-	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--mixes random,4KiB,1MiB,64MiB] [--policies virtual,virtual-keep,chunks] [--json] [--out FILE] [--oom-snapshot FILE]")
+	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--mixes random,4KiB,1MiB,64MiB] [--policies virtual,virtual-keep,virtual-eager,chunks] [--json] [--out FILE] [--oom-snapshot FILE]")
 	var df deviceFlag
 	df.add(fs)
 	pairs := fs.Int("pairs", 20000, "timed free+alloc pairs per goroutine")
 	gor := fs.String("goroutines", "1,4,16", "goroutine counts to measure")
 	strategies := fs.String("strategies", "bestfit,tlsf", "pool strategies to measure")
 	mixes := fs.String("mixes", "", "size mixes to measure, by name or a word of it (default all: random 512B-64MiB, fixed 4KiB, 1MiB, 64MiB)")
-	policies := fs.String("policies", "", "pool configurations to measure (default all: virtual, virtual-keep, chunks)")
+	policies := fs.String("policies", "", "pool configurations to measure (default virtual, virtual-keep, chunks; also virtual-eager)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	out := fs.String("out", "", "also write the JSON report to this file")
 	var snap oomSnapshot
@@ -150,11 +151,22 @@ func pickMixes(list string) ([]bench.Mix, error) {
 		func(m bench.Mix, w string) bool { return m.Name == w || slices.Contains(strings.Fields(m.Name), w) })
 }
 
-// pickPolicies selects from bench.DefaultPolicies by name; empty selects
-// all.
+// pickPolicies selects from bench.DefaultPolicies and extraPolicies by
+// name; empty selects bench.DefaultPolicies.
 func pickPolicies(list string) ([]bench.Policy, error) {
-	return pick("--policies", list, bench.DefaultPolicies(), func(p bench.Policy) string { return p.Name },
+	if list == "" {
+		return bench.DefaultPolicies(), nil
+	}
+	return pick("--policies", list, append(bench.DefaultPolicies(), extraPolicies()...), func(p bench.Policy) string { return p.Name },
 		func(p bench.Policy, w string) bool { return p.Name == w })
+}
+
+// extraPolicies are pool configurations measured by name only:
+// virtual-eager is the default with no hold time (pages beyond the soft
+// target move on the allocating goroutine, the default before the
+// reclaimer).
+func extraPolicies() []bench.Policy {
+	return []bench.Policy{{Name: "virtual-eager", Options: pool.Options{Growth: pool.GrowVirtual, HoldTime: -1}}}
 }
 
 // pick selects the items of all that match a word of the comma-separated

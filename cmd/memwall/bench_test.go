@@ -47,7 +47,7 @@ func TestBenchAllocSelect(t *testing.T) {
 	}
 	for _, c := range []struct{ flag, value, msg string }{
 		{"--mixes", "8KiB", `--mixes: no "8KiB" (have random 512B-64MiB, fixed 4KiB, fixed 1MiB, fixed 64MiB)`},
-		{"--policies", "virtual,keep", `--policies: no "keep" (have virtual, virtual-keep, chunks)`},
+		{"--policies", "virtual,keep", `--policies: no "keep" (have virtual, virtual-keep, chunks, virtual-eager)`},
 	} {
 		code, _, errOut := runVerb(t, nil, "bench", "alloc", "--device", "sim", c.flag, c.value)
 		if code != 2 || !strings.Contains(errOut, c.msg) {

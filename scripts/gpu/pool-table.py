@@ -18,8 +18,9 @@ def main():
     rows = rep["results"]
     asy = {r["goroutines"]: r for r in rows if r["allocator"] == "cuMemAllocAsync"}
     a1 = asy.get(1, {}).get("batch_p50_ns", 0)
-    print("%-30s %3s %10s %8s %9s %9s %9s %9s  %s" % (
-        "allocator", "gor", "pairs/s", "x async", "p50", "p50/a1", "p50/aN", "p99", "goals (thr>=10x, p50<=0.1x, p99<=1us, 16 gor>=6M)"))
+    print("%-30s %3s %10s %8s %9s %9s %9s %9s %9s %8s  %s" % (
+        "allocator", "gor", "pairs/s", "x async", "p50", "p50/a1", "p50/aN", "p99", "calls/pr", "peak GiB",
+        "goals (thr>=10x, p50<=0.1x, p99<=1us, 16 gor>=6M)"))
     for r in rows:
         g = r["goroutines"]
         a = asy.get(g, {})
@@ -35,8 +36,10 @@ def main():
             if g == 16:
                 ok.append(("6M", thr >= 6e6))
             goals = " ".join(("%s:%s" % (n, "met" if v else "NOT")) for n, v in ok)
-        print("%-30s %3d %10.0f %8.2f %7.0fns %9.3f %9.3f %7.2fus  %s%s" % (
-            r["allocator"][:30], g, thr, xa, p50, r1, rn, p99 / 1000, goals,
+        calls = r.get("device_calls", 0) / r["total_pairs"] if r.get("total_pairs") else 0
+        peak = r.get("peak_reserved_bytes", 0) / (1 << 30)
+        print("%-30s %3d %10.0f %8.2f %7.0fns %9.3f %9.3f %7.2fus %9.4f %8.2f  %s%s" % (
+            r["allocator"][:30], g, thr, xa, p50, r1, rn, p99 / 1000, calls, peak, goals,
             ("  [%s]" % r["note"]) if r.get("note") else ""))
 
 

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The pool on the GPU (issue 13). Expected time on an NVIDIA H200: about
-# 160 s (each step under its own timeout; give the area 260 s):
-#  1. BenchmarkParallelPair on the GPU: the default (a shard per contending
-#     processor) against one set of arenas, 4 and 8 shards, and shards that
-#     do not balance free pages, keeping every page, and 16 KiB cached
-#     classes with a 64 KiB small-block range, on 1/4/16 goroutines, then the default's and
-#     keep's 16-goroutine runs again with CPU profiles
-#     (cpu16.pprof with mutex16.pprof, cpu16keep.pprof), ~30 s;
-#  2. memwall bench alloc --device cuda --mixes random --policies
-#     virtual,virtual-keep --strategies bestfit --goroutines 1,4,16 against
-#     cuMemAlloc and cuMemAllocAsync in the same run, ~15 s;
+# The pool on the GPU (issue 13, item 3: the default's speed). Expected
+# time on an NVIDIA H200: about 130 s (each step under its own timeout;
+# give the area 170 s):
+#  1. memwall bench alloc --device cuda --mixes random --policies
+#     virtual,virtual-keep,virtual-eager --strategies bestfit --goroutines
+#     1,4,16: the default (hold time: a hot pool's free pages beyond its
+#     target wait for the reclaimer), keeping every page, and the old
+#     eager default (HoldTime -1), against cuMemAlloc and cuMemAllocAsync
+#     in the same run, ~25 s;
+#  2. BenchmarkParallelPair on the GPU: default, eager, one set of arenas,
+#     balancing shards, 4 shards, keep with and without shards, on
+#     1/4/16 goroutines, ~30 s; then the default's 1-goroutine run again
+#     with a CPU profile (cpu1.pprof), ~10 s;
 #  3. cuda.Wrap's test (a pool on an adopted context and stream, ~1 s);
-#  4. last, so that a hang costs the figures nothing: the pool suite on the
-#     GPU's own memory (pool.test -test.short, MEMWALL_TEST_DEVICE=cuda: the
-#     property test over every configuration, the shard tests, ...),
-#     ~100 s; POOL_SUITE=short runs only the shard and property tests
-#     (~65 s);
-#  5. a table of pairs/s, p50, p99 and the ratios to cuMemAllocAsync
-#     (scripts/gpu/pool-table.py), printed last.
+#  4. last, so that a hang costs the figures nothing: the pool's shard,
+#     reclaimer and property tests on the GPU's own memory (pool.test
+#     -test.short, MEMWALL_TEST_DEVICE=cuda), ~65 s; POOL_SUITE=full runs
+#     the whole suite (~110 s);
+#  5. the table: pairs/s, p50, p99, their ratios to cuMemAllocAsync and
+#     the goals each row meets (scripts/gpu/pool-table.py), printed last.
 # Replays need no GPU: they run on the simulator with the H200's driver
 # costs. Run from the repository root after scripts/gpu-build.sh; logs go
 # to $OUT/pool/.
@@ -40,32 +41,31 @@ run() { # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
   status+=("$(printf '%-44s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
 }
 
+run "bench alloc (random mix, 1/4/16 goroutines)" 100 bash -c \
+  "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual,virtual-keep,virtual-eager --strategies bestfit --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
 if [ -x "$bin/pool.test" ]; then
-  run "BenchmarkParallelPair (cuda)" 90 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 200000x -test.timeout 85s >'$dir/parallel.txt' 2>&1"
-  run "profile: default, 16 goroutines (cuda)" 40 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g16\$' -test.benchtime 3000000x -test.timeout 35s -test.cpuprofile '$dir/cpu16.pprof' -test.mutexprofile '$dir/mutex16.pprof' >'$dir/profile.txt' 2>&1"
-  run "profile: keep, 16 goroutines (cuda)" 40 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/keep/g16\$' -test.benchtime 8000000x -test.timeout 35s -test.cpuprofile '$dir/cpu16keep.pprof' >'$dir/profile-keep.txt' 2>&1"
+  run "BenchmarkParallelPair (cuda)" 80 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 200000x -test.timeout 75s >'$dir/parallel.txt' 2>&1"
+  run "profile: default, 1 goroutine (cuda)" 30 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g1\$' -test.benchtime 2000000x -test.timeout 25s -test.cpuprofile '$dir/cpu1.pprof' >'$dir/profile.txt' 2>&1"
 else
   status+=("$(printf '%-44s %-9s' "pool.test" "MISSING")")
 fi
-run "bench alloc (random mix, 1/4/16 goroutines)" 120 bash -c \
-  "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual,virtual-keep --strategies bestfit --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
 if [ -x "$bin/device_cuda.test" ]; then
   run "cuda.Wrap runs the pool (cuda)" 60 bash -c "cd device/cuda && '$bin/device_cuda.test' -test.run 'TestWrap' -test.v -test.timeout 50s >'$dir/wrap.txt' 2>&1"
 fi
 # The suite last: a hang in it costs the figures above nothing.
 if [ -x "$bin/pool.test" ]; then
   sel=()
-  [ "${POOL_SUITE:-full}" = short ] && sel=(-test.run 'TestShard|TestPropertyBlocks$')
-  run "pool tests (cuda) ${POOL_SUITE:-full}" 150 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.short -test.v -test.timeout 140s ${sel[*]@Q} >'$dir/suite.txt' 2>&1; rc=\$?; tail -n 5 '$dir/suite.txt'; exit \$rc"
+  [ "${POOL_SUITE:-short}" = short ] && sel=(-test.run 'TestShard|TestReclaim|TestPropertyBlocks$')
+  run "pool tests (cuda) ${POOL_SUITE:-short}" 130 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.short -test.v -test.timeout 120s ${sel[*]@Q} >'$dir/suite.txt' 2>&1; rc=\$?; tail -n 5 '$dir/suite.txt'; exit \$rc"
 fi
 echo
 echo "pool test failures (if any):"
 grep -E '^(--- FAIL|FAIL|panic)' "$dir/suite.txt" 2>/dev/null | head -n 10
 echo
 echo "BenchmarkParallelPair (cuda; pairs/s over all goroutines):"
-grep -E '^Benchmark' "$dir/parallel.txt" "$dir/profile.txt" "$dir/profile-keep.txt" 2>/dev/null | sed 's/^[^:]*://' | awk '{printf "%-46s %s %s  %s %s  %s %s  %s %s  %s %s\n", $1, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14}'
+grep -E '^Benchmark' "$dir/parallel.txt" "$dir/profile.txt" 2>/dev/null | sed 's/^[^:]*://' | awk '{printf "%-46s %s %s  %s %s  %s %s  %s %s  %s %s\n", $1, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14}'
 echo
 echo "bench alloc (random mix), ratios to cuMemAllocAsync:"
-python3 scripts/gpu/pool-table.py "$dir/alloc.json" 2>&1 | head -n 20
+python3 scripts/gpu/pool-table.py "$dir/alloc.json" 2>&1 | head -n 30
 echo
 printf '%s\n' "${status[@]}"

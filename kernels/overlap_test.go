@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -168,6 +169,12 @@ func TestCUDAOverlapChain(t *testing.T) {
 		}
 		s.SetOverlap(true)
 		s.SetGemvPrefetch(DefaultGemvPrefetch)
+		q, _ := Decode(F32, outs[0][:4*H])
+		for i, v := range q {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				t.Fatalf("%s H=%d I=%d: the plain chain's q[%d] = %v: an output was not written", dt, H, I, i, v)
+			}
+		}
 		if !slices.Equal(outs[0], outs[1]) {
 			t.Errorf("%s H=%d I=%d prefetch %#x: the overlapped chain's output differs from the plain one", dt, H, I, pf)
 		}
@@ -214,7 +221,10 @@ func newTestChain(t *testing.T, r *rig, rng *rand.Rand, dt string, H, I uint32) 
 	return c
 }
 
-// run queues the chain, reads every output back and returns them.
+// run queues the chain three times over, each pass's input the previous
+// pass's last output (so every pass reads buffers that earlier kernels
+// read with other values: a line left stale in an SM's cache would show),
+// reads every output back and returns them.
 func (c *testChain) run(t *testing.T, r *rig) []byte {
 	s, st := r.s, r.st
 	elt, _ := ElemSize(c.dt)
@@ -227,22 +237,30 @@ func (c *testChain) run(t *testing.T, r *rig) []byte {
 		{c.g, 4 * uint64(I)}, {c.u, 4 * uint64(I)}, {c.act, uint64(I) * uint64(elt)}, {c.y, 4 * uint64(H)}, {c.ysum, 4 * uint64(H)}} {
 		must(t, r.d.Memset8(o.p, 0xFF, o.n, st))
 	}
-	must(t, s.Spin(200*time.Microsecond, st)) // the host queues the rest meanwhile
-	must(t, s.RMSNorm(c.x, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
-	must(t, r.d.CopyDtoD(c.xc, c.xn, uint64(H)*uint64(elt), st)) // a copy between two kernels
-	must(t, s.MatmulGroup(c.dt, c.xc, H, 1, []MatmulOp{{c.wq, c.q, H}, {c.wk, c.k, H/2 + 1}}, st))
-	must(t, s.RMSNorm(c.q, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
-	must(t, s.Matmul(c.dt, c.wg, c.xn, c.g, I, H, 1, st))
-	must(t, s.Matmul(c.dt, c.wu, c.xn, c.u, I, H, 1, st))
-	must(t, s.SiluMul(c.g, c.u, c.act, c.dt, uint64(I), st))
-	must(t, s.Matmul(c.dt, c.wd, c.act, c.y, H, I, 1, st))
-	must(t, r.d.CopyDtoD(c.ysum, c.q, 4*uint64(H), st))
-	must(t, s.Add(c.ysum, c.y, uint64(H), st))
+	must(t, s.Spin(300*time.Microsecond, st)) // the host queues the rest meanwhile
+	for pass := range 3 {
+		in := c.x
+		if pass > 0 {
+			in = c.ysum
+		}
+		must(t, s.RMSNorm(in, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
+		must(t, r.d.CopyDtoD(c.xc, c.xn, uint64(H)*uint64(elt), st)) // a copy between two kernels
+		must(t, s.MatmulGroup(c.dt, c.xc, H, 1, []MatmulOp{{c.wq, c.q, H}, {c.wk, c.k, H/2 + 1}}, st))
+		must(t, s.RMSNorm(c.q, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
+		must(t, s.Matmul(c.dt, c.wg, c.xn, c.g, I, H, 1, st))
+		must(t, s.Matmul(c.dt, c.wu, c.xn, c.u, I, H, 1, st))
+		must(t, s.SiluMul(c.g, c.u, c.act, c.dt, uint64(I), st))
+		must(t, s.Matmul(c.dt, c.wd, c.act, c.y, H, I, 1, st))
+		must(t, s.Cast(c.y, c.xc, c.dt, uint64(H), st)) // a kernel overwriting a buffer an earlier one read
+		must(t, r.d.CopyDtoD(c.ysum, c.q, 4*uint64(H), st))
+		must(t, s.Add(c.ysum, c.y, uint64(H), st))
+	}
 	var out []byte
 	for _, o := range []struct {
 		p device.Ptr
 		n uint64
-	}{{c.q, 4 * uint64(H)}, {c.k, 4 * uint64(H/2+1)}, {c.act, uint64(I) * uint64(elt)}, {c.y, 4 * uint64(H)}, {c.ysum, 4 * uint64(H)}} {
+	}{{c.q, 4 * uint64(H)}, {c.k, 4 * uint64(H/2+1)}, {c.act, uint64(I) * uint64(elt)}, {c.y, 4 * uint64(H)},
+		{c.xc, uint64(H) * uint64(elt)}, {c.ysum, 4 * uint64(H)}} {
 		out = append(out, r.read(o.p, o.n)...)
 	}
 	return out

@@ -388,7 +388,12 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 	must(t, d.Memset8(x, 0x3c, uint64(T)*uint64(K)*2, tm.st))
 	bytes := float64(wBytes + uint64(T)*uint64(K)*2 + 4*uint64(T)*uint64(M))
 	shape := fmt.Sprintf("%d,%d,%d", M, K, T)
+	var measureLaunch func(s *Set, launch func(w device.Ptr) error) (cold, hot float64)
 	measure := func(s *Set, p gemvPlan) (cold, hot float64) {
+		return measureLaunch(s, func(w device.Ptr) error { return s.launchGemv(p, BF16, w, x, y, M, K, T, tm.st) })
+	}
+	// measureLaunch times launch(W) cold (rotating over the copies) and hot.
+	measureLaunch = func(s *Set, launch func(w device.Ptr) error) (cold, hot float64) {
 		i := 0
 		run := func(rotate bool) func() error {
 			return func() error {
@@ -397,7 +402,7 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 					w = ws[i%len(ws)]
 					i++
 				}
-				return s.launchGemv(p, BF16, w, x, y, M, K, T, tm.st)
+				return launch(w)
 			}
 		}
 		for _, rotate := range []bool{true, false} {
@@ -420,6 +425,14 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 				cold, hot := measure(s, gemvPlan{kind, g})
 				fmt.Printf("KSWEEP %s %s %s %d %.0f %.0f %.1f\n", target, shape, gemvName(kind, BF16), g, cold, hot, 100*cold/copyGBs)
 			}
+		}
+		if T == 1 {
+			// The grouped kernel with one product: memwall_gemv1_'s work split
+			// on the register-pipelined code (compute_70's gemv1) on every target.
+			cold, hot := measureLaunch(s, func(w device.Ptr) error {
+				return s.MatmulGroup(BF16, x, K, 1, []MatmulOp{{W: w, Y: y, M: M}}, tm.st)
+			})
+			fmt.Printf("KSWEEP %s %s %s %d %.0f %.0f %.1f\n", target, shape, gemvGroupName(BF16), ceilDiv(M, 8), cold, hot, 100*cold/copyGBs)
 		}
 		p := planGemv(BF16, M, K, T, s.sms, s.tensor, &s.gemvOff)
 		cold, hot := measure(s, p)

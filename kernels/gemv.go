@@ -81,11 +81,12 @@ func gemvGrid(kind int, M, sms, perSM uint32) uint32 {
 //   - T = 1: memwall_gemv1_* everywhere; 104% at 128256×4096, 95% at
 //     32000×4096, 85-90% at 14336×4096 and 4096×14336, 80-84% at the
 //     11008 shapes, 62% at 4096² and 31% at 1024×4096 (products under
-//     ~40 MB pay a fixed ~5 µs per launch: ramp-up and drain). The
-//     streamed kernels reach 68-81% at their best grid: their 64-80
-//     registers or 40 KiB ring per block keep fewer bytes in flight per SM
-//     than memwall_gemv1_'s 7 blocks of 32 KiB rings (compute_80) or its
-//     full occupancy at 32 registers (compute_70).
+//     ~40 MB pay a fixed ~5 µs per launch: ramp-up and drain, which the
+//     compute_90 module's overlapped launches and L2 prefetch attack). The
+//     streamed kernels (since removed) reached 68-81% at their best grid:
+//     their 64-80 registers or 40 KiB ring per block kept fewer bytes in
+//     flight per SM than memwall_gemv1_'s cp.async rings (compute_80) or
+//     its full occupancy at 32 registers (compute_70).
 //   - T = 2..8, bf16/f16 on compute_80: memwall_gemvm_* at 3 blocks per SM,
 //     77-78% on the MLP shapes and 62% at 4096² at every T, where
 //     memwall_gemv_* falls from 69% (T = 2) to 37% (T = 8).

@@ -79,3 +79,26 @@ func ExampleSet_Shape() {
 	// 4 memwall_gemvm_bf16 128
 	// 512 memwall_gemm_bf16 112
 }
+
+// Overlapped launches are the compute_90 module's, on a device that offers
+// device.OverlapLauncher (a *cuda.Device on Hopper and newer). The
+// simulator offers none, so its Set launches plainly; an A/B run turns them
+// off with SetOverlap(false) or MEMWALL_KERNELS_PDL=0 at Load.
+func ExampleSet_Overlap() {
+	o := sim.DefaultOptions()
+	o.Kernels = kernels.Sim()
+	d := sim.New(o)
+	defer d.Close()
+	getenv := func(k string) string {
+		return map[string]string{kernels.EnvPrefetch: "32768"}[k]
+	}
+	s, err := kernels.Load(d, getenv)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer s.Close()
+	fmt.Println(s.Overlap(), s.SetOverlap(true), s.GemvPrefetch())
+	// Output:
+	// false false 32768
+}

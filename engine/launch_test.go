@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/engine/internal/reference"
 	"github.com/memwall/memwall/format/synth"
 )
 
@@ -242,4 +245,96 @@ func TestProfile(t *testing.T) {
 		t.Errorf("product weight bytes %d, %d", prof.ProductWeightBytes, plain.ProductWeightBytes)
 	}
 	t.Logf("decode step %.1f µs on the device; classes %v", prof.DecodeStepDeviceSeconds*1e6, prof.DecodeProfile)
+}
+
+// TestRandomShapes: models of shapes drawn at random (odd head counts and
+// sizes, so that the regions' parts touch in some steps and not in others,
+// grouped-query or not, bf16 and f16, both formats) give the same tokens
+// and logits bit for bit grouped and ungrouped, resident and streaming,
+// GGUF and safetensors, and first logits within TestAgainstReference's
+// simulator tolerance of the float32 reference.
+func TestRandomShapes(t *testing.T) {
+	if onGPU() {
+		t.Skip("simulator shapes (the GPU runs the presets)")
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(21, 4))
+	for i := range short(3, 8) {
+		heads := []int{1, 2, 3, 5, 6}[rng.IntN(5)]
+		kv := heads
+		for kv > 1 && rng.IntN(2) == 0 { // a divisor of heads
+			if d := kv - 1; heads%d == 0 {
+				kv = d
+			} else {
+				break
+			}
+		}
+		hd := 2 * (2 + rng.IntN(12))
+		if i == 0 { // Q of one token ends where K begins (4·heads·hd a multiple of 256)
+			heads, kv, hd = 4, 2, 16
+		}
+		cfg := synth.Config{Arch: "llama", Layers: 2 + rng.IntN(2), Hidden: heads * hd, Inter: 8 + rng.IntN(150), Heads: heads, KVHeads: kv,
+			Vocab: 64 + rng.IntN(400), Context: 256, DType: []string{"BF16", "F16"}[rng.IntN(2)], Seed: uint64(i), Scale: 4}
+		dir := t.TempDir()
+		for _, f := range []string{synth.Safetensors, synth.GGUF} {
+			name := map[string]string{synth.Safetensors: "model.safetensors", synth.GGUF: "model.gguf"}[f]
+			if _, err := synth.Generate(ctx, cfg, filepath.Join(dir, name), synth.Options{Format: f, Workers: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := prompt(5+rng.IntN(30), cfg.Vocab, uint64(i))
+		chunk := 1 + rng.IntN(20)
+		var base *engine.Result
+		for _, run := range []struct {
+			path             string
+			streaming, ungrp bool
+		}{{dir, false, false}, {dir, false, true}, {dir, true, false}, {filepath.Join(dir, "model.gguf"), false, false}, {filepath.Join(dir, "model.gguf"), true, true}} {
+			m := open(t, run.path)
+			r := newRig(t, testDevice(t))
+			b := uint64(64 << 20)
+			if run.streaming {
+				b = smallBudget(t, r, m, false)
+			}
+			e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: chunk, Ungrouped: run.ungrp})
+			if err != nil {
+				t.Fatalf("%+v: %v", cfg, err)
+			}
+			if run.streaming && len(e.Plan().Streamed()) == 0 {
+				t.Fatalf("%+v: budget %d streams nothing", cfg, b)
+			}
+			res, err := e.Generate(ctx, p, engine.Sampling{MaxNew: 12, IgnoreEOS: true, KeepLogits: true}, nil)
+			if err != nil {
+				t.Fatalf("%+v: %v", cfg, err)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			r.zero(t)
+			if base == nil {
+				base = res
+				ref, err := reference.New(m, cfg.DType)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rl, err := ref.Logits(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if diff, cos := compare(res.FirstLogits, rl[len(p)-1]); diff > 2e-3*maxAbs(rl[len(p)-1]) || cos < 0.999 {
+					t.Errorf("%+v: first logits against the reference: max diff %.4g, cosine %.6f", cfg, diff, cos)
+				}
+				continue
+			}
+			if !slices.Equal(res.Tokens, base.Tokens) {
+				t.Errorf("%+v, %s streaming=%v ungrouped=%v: tokens %v, want %v", cfg, run.path, run.streaming, run.ungrp, res.Tokens, base.Tokens)
+				continue
+			}
+			for s := range res.Logits {
+				if !slices.Equal(res.Logits[s], base.Logits[s]) {
+					t.Errorf("%+v, %s streaming=%v ungrouped=%v: step %d logits differ", cfg, run.path, run.streaming, run.ungrp, s)
+					break
+				}
+			}
+		}
+	}
 }

@@ -103,7 +103,7 @@ func TestCUDAGemvVariants(t *testing.T) {
 			}
 			// The compute_90 module launches overlapped; each case prefetches a
 			// different amount (none, a line, whole blocks, evict_last).
-			s.prefetch = pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch)
+			s.prefetch = pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch, prefetchEarly|4096)
 			for kind := range gemvKinds {
 				if uint32(c.T) > gemvMaxT(kind) {
 					continue
@@ -461,12 +461,17 @@ var pdlSweep = []struct {
 	pdl bool
 	pf  uint32
 }{{false, 0}, {true, 0}, {true, 4 << 10}, {true, DefaultGemvPrefetch}, {true, 64 << 10}, {true, 1 << 20},
-	{true, prefetchEvictLast | DefaultGemvPrefetch}}
+	{true, prefetchEvictLast | DefaultGemvPrefetch}, {true, prefetchEarly | DefaultGemvPrefetch}, {true, prefetchEarly | 64<<10}}
 
-// pfLabel prints a prefetch argument: bytes, "+last" for evict_last.
+// pfLabel prints a prefetch argument: bytes, "+last" for evict_last,
+// "+early" for the early launch_dependents.
 func pfLabel(pf uint32) string {
+	l := fmt.Sprint(pf & prefetchBytesMask)
 	if pf&prefetchEvictLast != 0 {
-		return fmt.Sprintf("%d+last", pf&prefetchBytesMask)
+		l += "+last"
 	}
-	return fmt.Sprint(pf)
+	if pf&prefetchEarly != 0 {
+		l += "+early"
+	}
+	return l
 }

@@ -74,14 +74,14 @@ __device__ __forceinline__ void pdl_enter() {
 }
 
 // Prefetches into L2 the 128-byte lines that hold the first
-// min(bytes, cap & 0x7FFFFFFF) bytes at p, spread over the block's threads
+// min(bytes, cap & 0x3FFFFFFF) bytes at p, spread over the block's threads
 // (bit 31 of cap: with the evict_last policy). A hint only: nothing lands
 // in registers or L1, and L2 is the GPU's point of coherence, so it is
 // correct whatever wrote the bytes and whenever; every line it touches holds
 // a byte of the range, so it stays inside the allocation's pages.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes, uint32_t cap) {
 #if MEMWALL_SM90
-    bytes = min(bytes, (uint64_t)(cap & 0x7FFFFFFFu));
+    bytes = min(bytes, (uint64_t)(cap & 0x3FFFFFFFu));
     if (bytes == 0) return;
     const bool last = (cap >> 31) != 0;
     const uint64_t end = (uint64_t)(uintptr_t)p + bytes;
@@ -100,9 +100,15 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes, uint3
 // The GEMV prologue: prefetch up to pf bytes of the block's rows
 // [r0, min(r0 + n, M)) of the row-major W (rowBytes per row) into L2 (W is
 // read-only to the product, so this may run before the wait), then
-// pdl_enter.
+// pdl_enter. Bit 30 of pf issues launch_dependents first instead (the next
+// kernel may be scheduled before this one's wait returns: a deeper
+// lookahead, for the sweep to compare; a second launch_dependents is a
+// no-op).
 __device__ __forceinline__ void gemv_enter(const void* W, uint64_t rowBytes, uint32_t M, uint64_t r0, uint64_t n,
                                            uint32_t pf) {
+#if MEMWALL_SM90
+    if (pf & 0x40000000u) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     if (r0 < M) prefetch_l2(static_cast<const char*>(W) + r0 * rowBytes, (min(r0 + n, (uint64_t)M) - r0) * rowBytes, pf);
     pdl_enter();
 }

@@ -330,10 +330,10 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 		s.SetOverlap(false)
 	}
 	if v := getenv(EnvPrefetch); v != "" {
-		n, perr := strconv.ParseUint(v, 10, 31)
+		n, perr := strconv.ParseUint(v, 10, 30)
 		if perr != nil {
 			s.Close()
-			return nil, fmt.Errorf("kernels: %s=%q: not a byte count below 2 GiB: %w", EnvPrefetch, v, device.ErrInvalid)
+			return nil, fmt.Errorf("kernels: %s=%q: not a byte count below 1 GiB: %w", EnvPrefetch, v, device.ErrInvalid)
 		}
 		s.SetGemvPrefetch(uint32(n))
 	}
@@ -520,16 +520,18 @@ const DefaultGemvPrefetch = 16 << 10
 // L2 before it waits for the previous kernel on the stream, capped at the
 // block's rows (8 or 16 rows, or a streamed block's share); 0 prefetches
 // nothing. Only the compute_90 module prefetches; the hint never changes a
-// result. bytes is taken modulo 2³¹. It must not race with launches.
+// result. bytes is taken modulo 2³⁰. It must not race with launches.
 func (s *Set) SetGemvPrefetch(bytes uint32) { s.prefetch = bytes & prefetchBytesMask }
 
 // GemvPrefetch returns the bytes set by SetGemvPrefetch.
 func (s *Set) GemvPrefetch() uint32 { return s.prefetch & prefetchBytesMask }
 
-// The kernels' prefetch argument: the byte cap in the low 31 bits, and the
-// bit that asks for the evict_last L2 policy.
+// The GEMV kernels' prefetch argument: the byte cap in the low 30 bits,
+// the bit that asks for the evict_last L2 policy, and the one that lets the
+// next kernel launch before this one's wait (the sweep's alternatives).
 const (
-	prefetchBytesMask = 1<<31 - 1
+	prefetchBytesMask = 1<<30 - 1
+	prefetchEarly     = 1 << 30
 	prefetchEvictLast = 1 << 31
 )
 

@@ -25,12 +25,13 @@
 // device.OverlapLauncher when it has one (CUDA's programmatic dependent
 // launch): a kernel's blocks are scheduled while the previous kernel on the
 // stream drains, and the GEMV kernels first prefetch part of their weight
-// rows into L2 (SetGemvPrefetch), which hides most of the ramp-up that a
-// launch whose loads miss L2 pays otherwise. MEMWALL_KERNELS_PDL=0 at Load,
-// or SetOverlap(false), launches them plainly. The environment
-// variable MEMWALL_KERNELS_PTX (read through the getenv function the caller
-// passes) names a PTX file to use instead, so a freshly built module can be
-// tried before it is committed.
+// rows into L2 (SetGemvPrefetch), to hide the ramp-up that a launch whose
+// first loads miss L2 pays otherwise. MEMWALL_KERNELS_PDL=0 at Load, or
+// SetOverlap(false), launches them plainly.
+//
+// The environment variable MEMWALL_KERNELS_PTX (read through the getenv
+// function the caller passes) names a PTX file to use instead, so a freshly
+// built module can be tried before it is committed.
 //
 // For the simulated device, Sim returns Go implementations of the same
 // kernels with cost models; HostMatmul, ReferenceRow, CheckMatmul,

@@ -5,13 +5,14 @@
 # variant of all three targets against their Go twins, the compute_90
 # module's overlapped chain against the plain one, speed runs, the GEMV
 # sweep with PDL on/off, prefetch sizes and the decoder-layer chain ~25 s, a
-# short compute-sanitizer memcheck of the compute_90 module); every step has
-# its own timeout.
+# short compute-sanitizer memcheck of the compute_90 module, and racecheck on
+# the quick GEMV cases when time is left); every step has its own timeout.
 #
 #   OUT=/some/dir scripts/gpu/kernels.sh
 #
 # Needs gpubin/kernels.test (scripts/gpu-build.sh). Writes under
 # $OUT/kernels/: check.txt, speed.txt, sweep.txt, cublaslt.txt, memcheck.txt,
+# racecheck.txt,
 # and prints tables: kernel, PTX target, max relative error (vs the Go twin
 # and vs the float64 reference); speed; the GEMV sweep (every variant x grid
 # x decode shape, GB/s cold and hot, % of the device-to-device copy) with
@@ -57,6 +58,16 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt
 else
   msum="skipped"
 fi
+# racecheck (shared-memory hazards) on the quick GEMV cases of the compute_90
+# module, only while the script is still under ~95 s.
+rsum="skipped (time)"
+if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 95 ]; then
+  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm90 timeout --kill-after=5 25 compute-sanitizer --tool racecheck --error-exitcode 3 \
+    "$bin" -test.run 'TestCUDAGemvVariants' -test.timeout 25s) >"$dir/racecheck.txt" 2>&1
+  m=$?
+  grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$dir/racecheck.txt" && [ $m -eq 0 ] && rsum="0 hazards" || rsum="rc=$m $(grep -m1 'SUMMARY' "$dir/racecheck.txt")"
+  [ $m -eq 124 ] && rsum="timed out (no hazards before)"
+fi
 echo
 echo "== kernels: correctness (max relative error over the random cases)"
 printf '%-22s %-6s %-11s %-11s %s\n' kernel target vs_twin vs_float64 cases
@@ -83,5 +94,6 @@ grep -h '^KFUSE' "$dir/sweep.txt" | awk '{printf "%-6s %-22s %9s %9s %7s %7s\n",
 grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/sweep.txt" "$dir/speed.txt" | head -20
 echo "cublaslt: $(grep -m1 -o 'cuBLASLt [0-9]* from .*' "$dir/cublaslt.txt" 2>/dev/null || grep -m1 -i 'skip' "$dir/cublaslt.txt" 2>/dev/null) $(grep -c -- '--- PASS' "$dir/cublaslt.txt" 2>/dev/null) passed, $(grep -c -- '--- FAIL' "$dir/cublaslt.txt" 2>/dev/null) failed"
 echo "memcheck: $msum"
+echo "racecheck: $rsum"
 echo "kernels rc=$rc $(( $(date +%s) - t0 ))s"
 exit $rc

@@ -67,6 +67,7 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt
   m=$?
   grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$dir/racecheck.txt" && [ $m -eq 0 ] && rsum="0 hazards" || rsum="rc=$m $(grep -m1 'SUMMARY' "$dir/racecheck.txt")"
   [ $m -eq 124 ] && rsum="timed out (no hazards before)"
+  [ $m -eq 3 ] && rc=1
 fi
 echo
 echo "== kernels: correctness (max relative error over the random cases)"

@@ -142,7 +142,8 @@ func mustRead(t *testing.T, path string) []byte {
 // module, launched overlapped, gives the same bytes as the same chain
 // launched plainly: each kernel reads what the one before it wrote (and a
 // device-to-device copy and a memset sit between kernels, whose order is
-// plain stream order). Every output starts NaN, so a kernel that read its
+// plain stream order, and one kernel follows a wait on an event that a
+// second stream records after a late copy of that kernel's input). Every output starts NaN, so a kernel that read its
 // input before its producer finished would differ. Random shapes, prefetch
 // sizes (0, lines, whole blocks, evict_last) and dtypes.
 func TestCUDAOverlapChain(t *testing.T) {
@@ -198,6 +199,9 @@ type testChain struct {
 	x, wn, xn, wq, wk, q, k  device.Ptr
 	wg, wu, g, u, act, wd, y device.Ptr
 	xc, ysum                 device.Ptr
+	wn2                      device.Ptr // wn, copied in on a second stream each run
+	st2                      device.Stream
+	cleared, copied          device.Event
 }
 
 func newTestChain(t *testing.T, r *rig, rng *rand.Rand, dt string, H, I uint32) *testChain {
@@ -215,7 +219,17 @@ func newTestChain(t *testing.T, r *rig, rng *rand.Rand, dt string, H, I uint32) 
 		nv[i] = 1 + 0.1*float32(rng.NormFloat64())
 	}
 	nb, _ := Encode(dt, nv)
-	c := &testChain{dt: dt, H: H, I: I, x: r.f32(xv), wn: r.upload(nb)}
+	c := &testChain{dt: dt, H: H, I: I, x: r.f32(xv), wn: r.upload(nb), wn2: r.nans(uint64(len(nb)))}
+	var err error
+	c.st2, err = r.d.NewStream()
+	must(t, err)
+	t.Cleanup(func() { r.d.DestroyStream(c.st2) })
+	for _, e := range []*device.Event{&c.cleared, &c.copied} {
+		*e, err = r.d.NewEvent(false)
+		must(t, err)
+		ev := *e
+		t.Cleanup(func() { r.d.DestroyEvent(ev) })
+	}
 	c.xn = r.nans(uint64(H) * uint64(elt))
 	c.xc = r.nans(uint64(H) * uint64(elt))
 	c.wq, c.wk = mat(H, H), mat(H/2+1, H)
@@ -245,6 +259,15 @@ func (c *testChain) run(t *testing.T, r *rig) []byte {
 		{c.g, 4 * uint64(I)}, {c.u, 4 * uint64(I)}, {c.act, uint64(I) * uint64(elt)}, {c.y, 4 * uint64(H)}, {c.ysum, 4 * uint64(H)}} {
 		must(t, r.d.Memset8(o.p, 0xFF, o.n, st))
 	}
+	// The engine's case: a second stream fills wn2 (late, behind a spin) and
+	// the first stream waits on its event right after a kernel, then runs a
+	// kernel that reads wn2.
+	must(t, r.d.Memset8(c.wn2, 0xFF, uint64(H)*uint64(elt), st))
+	must(t, r.d.EventRecord(c.cleared, st))
+	must(t, r.d.StreamWaitEvent(c.st2, c.cleared))
+	must(t, s.Spin(500*time.Microsecond, c.st2))
+	must(t, r.d.CopyDtoD(c.wn2, c.wn, uint64(H)*uint64(elt), c.st2))
+	must(t, r.d.EventRecord(c.copied, c.st2))
 	must(t, s.Spin(300*time.Microsecond, st)) // the host queues the rest meanwhile
 	for pass := range 3 {
 		in := c.x
@@ -254,7 +277,10 @@ func (c *testChain) run(t *testing.T, r *rig) []byte {
 		must(t, s.RMSNorm(in, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
 		must(t, r.d.CopyDtoD(c.xc, c.xn, uint64(H)*uint64(elt), st)) // a copy between two kernels
 		must(t, s.MatmulGroup(c.dt, c.xc, H, 1, []MatmulOp{{c.wq, c.q, H}, {c.wk, c.k, H/2 + 1}}, st))
-		must(t, s.RMSNorm(c.q, c.wn, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
+		if pass == 0 {
+			must(t, r.d.StreamWaitEvent(st, c.copied))
+		}
+		must(t, s.RMSNorm(c.q, c.wn2, c.dt, c.xn, c.dt, 1, H, 1e-5, st))
 		must(t, s.Matmul(c.dt, c.wg, c.xn, c.g, I, H, 1, st))
 		must(t, s.Matmul(c.dt, c.wu, c.xn, c.u, I, H, 1, st))
 		must(t, s.SiluMul(c.g, c.u, c.act, c.dt, uint64(I), st))

@@ -256,16 +256,23 @@ type MatmulLibrary interface {
 // the ordering of later kernels to stay transitive. The overlap applies only
 // between two kernels: when the operation queued on s just before f is not a
 // kernel (a copy, a memset, an event record, a wait on an event), f starts
-// after it completes, as a plain Launch would. (CUDA's cuLaunchKernelEx:
-// the attribute "allow[s] the grid's execution to overlap with the previous
-// kernel in the stream, if that kernel requests the overlap"; the PTX ISA:
-// griddepcontrol.wait waits until "all prerequisite grids in flight have
-// completed and all the memory operations from the prerequisite grids are
-// performed and made visible to the current grid"; the CUDA Programming
+// after it completes, as a plain Launch would.
+//
+// Sources: cuda.h on cuLaunchKernelEx: the attribute lets the runtime
+// "opportunistically allow the grid's execution to overlap with the
+// previous kernel in the stream, if that kernel requests the overlap"; the
+// PTX ISA: griddepcontrol.wait waits until "all prerequisite grids in flight
+// have completed and all the memory operations from the prerequisite grids
+// are performed and made visible to the current grid"; the CUDA Programming
 // Guide, "Programmatic Dependent Launch and Synchronization": the secondary
-// kernel may launch before the primary kernel "it depends on in the same
-// CUDA stream" has finished. A copy or an event is no grid, so stream order
-// holds for it.)
+// kernel may launch before "the primary kernel it depends on in the same
+// CUDA stream" has finished. None of them names copies or events in so many
+// words: the relaxation is defined for a kernel after a kernel, a copy or an
+// event is no grid that could request it, and a wait on another stream's
+// event is a dependency of its own that the attribute does not touch. On
+// the H200, package kernels' TestCUDAOverlapChain checks the cases memwall
+// relies on (a copy and a memset between kernels, a kernel right after a
+// wait on an event recorded behind a late copy on another stream).
 type OverlapLauncher interface {
 	// LaunchOverlapped is Launch with the overlap above allowed. It fails
 	// with ErrUnsupported, before queuing anything, when CanOverlap is

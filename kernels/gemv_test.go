@@ -46,6 +46,9 @@ func mirrorStreamed(kind int, M, K, G uint64, elt int) error {
 		rowsPerUnit, vecsPerUnit, slotsPerUnit = 16, 8, mirrorWarps*128
 	}
 	cpr := (nvec + vecsPerUnit - 1) / vecsPerUnit
+	if cpr == 0 {
+		return nil // K = 0: no units to load; the combine writes zeros (the kernel's quotients by cpr go unused)
+	}
 	nUnits := (M + rowsPerUnit - 1) / rowsPerUnit // rows, or 16-row groups
 	kPer := partSize / slotsPerUnit               // rows (groups) per pass
 	used := make([]uint8, M*nvec)                 // times each vector of W was multiplied

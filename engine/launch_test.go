@@ -152,6 +152,9 @@ func TestDecodeLaunches(t *testing.T) {
 // for both formats, resident and streaming, per-matrix and whole-layer
 // groups, prefill chunks and decode.
 func TestGroupedBitIdentical(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find")
+	}
 	ctx := context.Background()
 	for _, preset := range []string{"tiny", "tiny-f16"} {
 		for _, f := range []string{synth.Safetensors, synth.GGUF} {
@@ -262,6 +265,9 @@ func TestProfile(t *testing.T) {
 func TestRandomShapes(t *testing.T) {
 	if onGPU() {
 		t.Skip("simulator shapes (the GPU runs the presets)")
+	}
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find")
 	}
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(21, 4))

@@ -101,6 +101,9 @@ type runJSON struct {
 	Source                string `json:"source"`
 	Gemm                  string `json:"gemm"`
 	Kernels               string `json:"kernels"`
+	// KernelsOverlap: kernels launch overlapped (programmatic dependent
+	// launch; MEMWALL_KERNELS_PDL=0 turns it off), for comparing profiles.
+	KernelsOverlap bool `json:"kernels_overlap"`
 	// KernelsDisabled lists kernels the load-time self-test turned off.
 	KernelsDisabled []string `json:"kernels_disabled,omitempty"`
 	Warning         string   `json:"warning,omitempty"`
@@ -342,7 +345,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		PrefillChunk: rp.foot.PrefillChunk, Slots: rp.foot.Slots, ChunkChosen: g.opts.PrefillChunk == 0, SlotsChosen: g.opts.Slots == 0,
 		PredictedPeakBytes: rp.predictedPeak(),
 		BudgetDefault:      budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource, LoadedBytes: budget.LoadedBytes,
-		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), KernelsDisabled: ks.Disabled(), Warning: budget.Warning}
+		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), KernelsOverlap: ks.Overlap(), KernelsDisabled: ks.Disabled(), Warning: budget.Warning}
 	var dec *tokenizer.StreamDecoder
 	if g.tok != nil {
 		dec = g.tok.NewDecoder()

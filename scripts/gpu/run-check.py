@@ -326,6 +326,10 @@ class Check:
                     res["step_pct_of_copy"] = 100 * b / step / (copy * 1e9)
                 if prof.get("products"):
                     res["products_pct_of_copy"] = 100 * b / prof["products"] / (copy * 1e9)
+            want = env is None or env.get("MEMWALL_KERNELS_PDL") != "0"
+            if r.get("kernels_overlap") is not None and r["kernels_overlap"] != want:
+                res["overlap_warning"] = "kernels_overlap %s, expected %s" % (r["kernels_overlap"], want)
+                log("%s: %s" % (name, res["overlap_warning"]))
             log("%s: decode %.2f tok/s (%.1f%% of copy), device step %.1f us (%.1f%%), profiled step %.1f us: %s; products %.1f%% of copy" % (
                 name, r["decode_tokens_per_s"], res.get("decode_pct_of_copy", 0), step * 1e6, res.get("step_pct_of_copy", 0),
                 (r.get("decode_profile_step_seconds") or 0) * 1e6, " ".join("%s %.1f us" % (k, v * 1e6) for k, v in sorted(prof.items())),
@@ -562,9 +566,9 @@ class Check:
         for name, r in self.results.items():
             if isinstance(r, dict) and r.get("decode_step_device_seconds"):
                 prof = r.get("decode_profile_seconds") or {}
-                lines.append("%s: decode %.2f tok/s = %.1f%% of copy (%s GB/s); device step %.1f us = %.1f%%; profiled step: %s; products %.1f%% of copy%s" % (
-                    name, r["decode_tokens_per_s"], r.get("decode_pct_of_copy", 0), "%.0f" % r["copy_gbps"] if r.get("copy_gbps") else "-",
-                    r["decode_step_device_seconds"] * 1e6, r.get("step_pct_of_copy", 0),
+                lines.append("%s (PDL %s): decode %.2f tok/s = %.1f%% of copy (%s GB/s); device step %.1f us = %.1f%% (queued in %.1f ms); profiled step: %s; products %.1f%% of copy%s" % (
+                    name, "on" if r.get("kernels_overlap") else "off", r["decode_tokens_per_s"], r.get("decode_pct_of_copy", 0), "%.0f" % r["copy_gbps"] if r.get("copy_gbps") else "-",
+                    r["decode_step_device_seconds"] * 1e6, r.get("step_pct_of_copy", 0), (r.get("decode_profile_queue_seconds") or 0) * 1e3,
                     " ".join("%s %.0f us" % (k, v * 1e6) for k, v in sorted(prof.items())), r.get("products_pct_of_copy", 0),
                     "" if r.get("same_tokens_as_resident", True) else "; TOKENS DIFFER"))
         disabled = sorted({d for r in self.results.values() if isinstance(r, dict) for d in (r.get("kernels_disabled") or [])})

@@ -129,6 +129,30 @@ func TestSetOverlap(t *testing.T) {
 	}
 }
 
+// A driver that refuses overlapped launches leaves the Set on plain ones,
+// with the reason in Disabled.
+func TestProbeOverlap(t *testing.T) {
+	d := &overlapFake{fakeDevice: newFake("cuda"), can: true}
+	s, err := Load(d, env(writePTX(t, Names())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.probeOverlap(3)
+	if !s.Overlap() || len(s.Disabled()) != 0 || len(d.overlapped) != 2 {
+		t.Fatalf("a working driver: overlap %v, disabled %v, %d overlapped launches", s.Overlap(), s.Disabled(), len(d.overlapped))
+	}
+	d.launchFail = device.ErrInvalid
+	s.probeOverlap(3)
+	if s.Overlap() || s.SetOverlap(true) || len(s.Disabled()) != 1 || !strings.Contains(s.Disabled()[0], "overlapped launches") {
+		t.Fatalf("a refusing driver: overlap %v, disabled %v", s.Overlap(), s.Disabled())
+	}
+	d.launchFail = nil
+	if err := s.Spin(0, 3); err != nil || len(d.overlapped) != 3 { // the probe's refused one, then none
+		t.Errorf("after the probe: %v, %d overlapped launches (want the plain path)", err, len(d.overlapped))
+	}
+}
+
 func mustRead(t *testing.T, path string) []byte {
 	t.Helper()
 	b, err := readPTX(path)

@@ -45,6 +45,7 @@ func (s *Set) selfTest() error {
 	if err != nil {
 		return err
 	}
+	s.probeOverlap(st)
 	defer func() {
 		s.scratchMu.Lock()
 		if b, ok := s.scratch[st]; ok {
@@ -203,6 +204,27 @@ func (s *Set) selfTestGemv(st device.Stream, up func([]byte) (device.Ptr, error)
 		}
 	}
 	return nil
+}
+
+// probeOverlap launches the spin kernel overlapped behind another, and
+// turns overlapped launches off (recording why) when the driver refuses
+// them or the stream then fails, so the Set keeps plain launches instead of
+// failing every kernel.
+func (s *Set) probeOverlap(st device.Stream) {
+	if !s.overlapOn {
+		return
+	}
+	err := s.Spin(0, st)
+	if err == nil {
+		err = s.Spin(0, st)
+	}
+	if err == nil {
+		err = s.d.StreamSynchronize(st)
+	}
+	if err != nil {
+		s.overlap, s.overlapOn = nil, false
+		s.disabled = append(s.disabled, "overlapped launches: "+err.Error())
+	}
 }
 
 // Disabled lists the fast kernels Load turned off because they failed its

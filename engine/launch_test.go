@@ -46,6 +46,27 @@ func (c *counting) Launch(f device.Function, grid, block device.Dim3, shared uin
 	return c.Device.Launch(f, grid, block, shared, s, args...)
 }
 
+// EventRecord and StreamWaitEvent count as "(event record)" and "(stream
+// wait)": operations between kernels that keep them from overlapping.
+func (c *counting) EventRecord(e device.Event, s device.Stream) error {
+	c.mu.Lock()
+	c.counts[opEventRecord]++
+	c.mu.Unlock()
+	return c.Device.EventRecord(e, s)
+}
+
+func (c *counting) StreamWaitEvent(s device.Stream, e device.Event) error {
+	c.mu.Lock()
+	c.counts[opStreamWait]++
+	c.mu.Unlock()
+	return c.Device.StreamWaitEvent(s, e)
+}
+
+const (
+	opEventRecord = "(event record)"
+	opStreamWait  = "(stream wait)"
+)
+
 func (c *counting) snapshot() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -86,10 +107,13 @@ func decodeLaunches(t *testing.T, preset, f string, o engine.Options) map[string
 	return out
 }
 
+// total counts the kernel launches in c.
 func total(c map[string]int) int {
 	n := 0
-	for _, v := range c {
-		n += v
+	for k, v := range c {
+		if k != opEventRecord && k != opStreamWait {
+			n += v
+		}
 	}
 	return n
 }
@@ -130,6 +154,9 @@ func TestDecodeLaunches(t *testing.T) {
 			// o, residual, gate and up, down, residual per layer; the logits.
 			"memwall_round": (4+gateUp)*L + 1,
 		}
+		// Resident groups are released without an event, and nothing
+		// waits: the step is one chain of kernels.
+		want[opEventRecord], want[opStreamWait] = 0, 0
 		for k, v := range want {
 			if got[k] != v {
 				t.Errorf("%s: %d launches of %s in a decode step, want %d (all: %s)", f, got[k], k, v, describe(got))
@@ -144,6 +171,23 @@ func TestDecodeLaunches(t *testing.T) {
 			t.Errorf("%s: ungrouped step has %d launches, grouped %d: want %d more", f, total(un), total(got), 3*L)
 		}
 		t.Logf("%s, %d layers: %d launches per decode step (%s); ungrouped %d", f, L, total(got), describe(got), total(un))
+	}
+	// Streaming, each streamed group's release records the event its slot's
+	// next copy waits for (on the copy stream) and its copy records the
+	// event its acquire waits for (on the compute stream): two records and
+	// two waits per streamed group.
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	r := newRig(t, testDevice(t))
+	o := engine.Options{Budget: smallBudget(t, r, m, false), MaxTokens: 96, PrefillChunk: 16}
+	e, err := engine.New(context.Background(), r.d, r.ks, r.dev, r.host, m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed := len(e.Plan().Streamed())
+	e.Close()
+	got := decodeLaunches(t, "tiny", synth.Safetensors, o)
+	if got[opEventRecord] != 2*streamed || got[opStreamWait] != 2*streamed {
+		t.Errorf("streaming %d groups: %d event records and %d waits per decode step, want %d each", streamed, got[opEventRecord], got[opStreamWait], 2*streamed)
 	}
 }
 

@@ -349,7 +349,19 @@ func (e *Engine) acquire(gi int) ([]residency.View, error) {
 	return views, nil
 }
 
+// release tells residency that the ops reading group gi are queued. A
+// streamed group's slot may be overwritten after them, so an event marks
+// their end; a resident group's release only counts, and recording no event
+// for it keeps the compute stream a chain of kernels (an event record
+// between two kernels keeps the second from overlapping the first under
+// programmatic dependent launch, and costs a driver call).
 func (e *Engine) release(gi int) error {
+	if e.plan.Groups[gi].Resident {
+		if err := e.res.Release(gi, 0); err != nil {
+			return fmt.Errorf("engine: release %s: %w", e.plan.Groups[gi].Name, err)
+		}
+		return nil
+	}
 	if err := e.d.EventRecord(e.events[gi], e.compute); err != nil {
 		return fmt.Errorf("engine: record the end of %s: %w", e.plan.Groups[gi].Name, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/kvcache"
 )
 
 // Result describes one Generate call.
@@ -95,51 +96,75 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 	defer e.kv.Free(seq)
 
 	res := &Result{PromptTokens: len(prompt), Stop: "max_new"}
-	var tm *prefillTiming
-	if e.opt.Timing {
-		var err error
-		if tm, err = e.startTiming(); err != nil {
-			return res, err
-		}
-		defer tm.close(e)
-	}
 	began := time.Now()
-	var logits []float32
-	for start := 0; start < len(ids); start += e.opt.PrefillChunk {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		end := min(start+e.opt.PrefillChunk, len(ids))
-		out, err := e.step(ids[start:end], start, e.kv.Table(seq), end == len(ids))
-		if err != nil {
-			return res, err
-		}
-		logits = out.logits
+	logits, err := e.prefill(ctx, ids, seq, res)
+	if err != nil {
+		return res, err
 	}
 	res.FirstLogits = logits
-	if tm != nil {
-		if err := tm.finish(e, res); err != nil {
-			return res, err
-		}
-	}
 	smp := newSampler(s)
 	tok := smp.next(logits)
 	res.PrefillSeconds = time.Since(began).Seconds()
 	res.PrefillTokensPerS = float64(len(ids)) / max(res.PrefillSeconds, 1e-9)
-	decodeStart := time.Now()
-	streamed0 := e.res.Stats().StreamedBytes
-	pos := len(ids)
-	res.ProductWeightBytes = e.productWeightBytes()
-	var profiled time.Duration // wall time of the profiled steps
-	steps, profiledSteps := 0, 0
 	if s.KeepLogits {
 		res.Logits = append(res.Logits, logits)
 	}
+	return res, e.decode(ctx, seq, len(ids), tok, s, smp, onToken, res)
+}
+
+// prefill runs the prompt ids of sequence seq in chunks and returns the
+// last token's logits (with Options.Timing, the prefill's device times go
+// into res).
+func (e *Engine) prefill(ctx context.Context, ids []int32, seq kvcache.SeqID, res *Result) ([]float32, error) {
+	var tm *prefillTiming
+	if e.opt.Timing {
+		var err error
+		if tm, err = e.startTiming(); err != nil {
+			return nil, err
+		}
+		defer tm.close(e)
+	}
+	var logits []float32
+	for start := 0; start < len(ids); start += e.opt.PrefillChunk {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		end := min(start+e.opt.PrefillChunk, len(ids))
+		out, err := e.step(ids[start:end], start, e.kv.Table(seq), end == len(ids))
+		if err != nil {
+			return nil, err
+		}
+		logits = out.logits
+	}
+	if tm != nil {
+		if err := tm.finish(e, res); err != nil {
+			return nil, err
+		}
+	}
+	return logits, nil
+}
+
+// Profiled decode steps (Options.Profile): the second decode step is timed
+// whole, the third per op class.
+const (
+	profileNone = iota
+	profileWhole
+	profileClasses
+)
+
+// decode generates from tok, the first token, at position pos of sequence
+// seq until s or the context stops it, filling res.
+func (e *Engine) decode(ctx context.Context, seq kvcache.SeqID, pos, tok int, s Sampling, smp *sampler, onToken func(id int) error, res *Result) error {
+	decodeStart := time.Now()
+	streamed0 := e.res.Stats().StreamedBytes
+	res.ProductWeightBytes = e.productWeightBytes()
+	var profiled time.Duration // wall time of the profiled steps
+	steps, profiledSteps := 0, 0
 	for {
 		res.Tokens = append(res.Tokens, tok)
 		if onToken != nil {
 			if err := onToken(tok); err != nil {
-				return res, err
+				return err
 			}
 		}
 		if !s.IgnoreEOS && e.cfg.IsEOS(tok) {
@@ -154,34 +179,29 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 			break
 		}
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return err
 		}
 		if err := e.kv.Append(seq, int32(tok)); err != nil {
-			return res, fmt.Errorf("engine: KV block for position %d: %w", pos, err)
+			return fmt.Errorf("engine: KV block for position %d: %w", pos, err)
 		}
-		prof := e.opt.Profile && s.MaxNew >= 4 && (steps == 1 || steps == 2)
+		kind := profileNone
+		if e.opt.Profile && s.MaxNew >= 4 && (steps == 1 || steps == 2) {
+			kind = steps // profileWhole, then profileClasses
+		}
 		steps++
 		t0 := time.Now()
-		if prof {
-			if err := e.startProfile(steps == 3); err != nil {
-				return res, err
-			}
+		logits, err := e.decodeStep(res, int32(tok), pos, e.kv.Table(seq), kind)
+		if err != nil {
+			return err
 		}
-		out, err := e.step([]int32{int32(tok)}, pos, e.kv.Table(seq), true)
-		if prof {
-			if err = errors.Join(err, e.profiled(res, steps == 3)); err != nil {
-				return res, err
-			}
+		if kind != profileNone {
 			profiled += time.Since(t0)
 			profiledSteps++
 		}
-		if err != nil {
-			return res, err
-		}
 		pos++
-		tok = smp.next(out.logits)
+		tok = smp.next(logits)
 		if s.KeepLogits {
-			res.Logits = append(res.Logits, out.logits)
+			res.Logits = append(res.Logits, logits)
 		}
 	}
 	res.DecodeSeconds = (time.Since(decodeStart) - profiled).Seconds()
@@ -191,7 +211,25 @@ func (e *Engine) Generate(ctx context.Context, prompt []int, s Sampling, onToken
 			res.DecodeTokensPerS = float64(n) / max(res.DecodeSeconds, 1e-9)
 		}
 	}
-	return res, nil
+	return nil
+}
+
+// decodeStep runs one decode step of tok at pos and returns its logits; a
+// profiled one (kind) leaves its figures in res.
+func (e *Engine) decodeStep(res *Result, tok int32, pos int, table []int32, kind int) ([]float32, error) {
+	if kind != profileNone {
+		if err := e.startProfile(kind == profileClasses); err != nil {
+			return nil, err
+		}
+	}
+	out, err := e.step([]int32{tok}, pos, table, true)
+	if kind != profileNone {
+		err = errors.Join(err, e.profiled(res, kind == profileClasses))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out.logits, nil
 }
 
 // profiled ends a profiled decode step: its figures go into res (the

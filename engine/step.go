@@ -2,7 +2,6 @@ package engine
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 
@@ -479,27 +478,39 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 // stores K and V in it (round to nearest even, the same conversion as
 // Round), so a Round before or after them would change no bit.
 func (e *Engine) block(c *cursor, l, T, start int) error {
+	if err := e.attentionHalf(c, l, T, start); err != nil {
+		return err
+	}
+	return e.mlpHalf(c, l, T)
+}
+
+// blockErr names block l and the op in err.
+func blockErr(l int, what string, err error) error {
+	return fmt.Errorf("engine: block %d: %s: %w", l, what, err)
+}
+
+// norm queues RMSNorm of the residual stream with block l's weight of
+// role r into buffer out.
+func (e *Engine) norm(c *cursor, l int, what string, r llama.Role, out int, T int) error {
+	w, dt, err := c.use(l, r)
+	if err != nil {
+		return err
+	}
+	if err := e.mark(ClassNorms); err != nil {
+		return err
+	}
+	if err := e.ks.RMSNorm(e.at[bX], w, dt, e.at[out], e.dt, uint32(T), uint32(e.cfg.Hidden), float32(e.cfg.RMSNormEps), e.compute); err != nil {
+		return blockErr(l, what, err)
+	}
+	return c.settle()
+}
+
+// attentionHalf is block l up to and including the residual add of the O
+// product.
+func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	cfg, ks, cs, B := e.cfg, e.ks, e.compute, &e.at
-	t, H, I := uint32(T), uint32(cfg.Hidden), uint32(cfg.Intermediate)
+	t, H := uint32(T), uint32(cfg.Hidden)
 	nq, nkv, hd := uint32(cfg.Heads), uint32(cfg.KVHeads), uint32(cfg.HeadDim)
-	layer := uint32(l)
-	eps := float32(cfg.RMSNormEps)
-	fail := func(what string, err error) error {
-		return fmt.Errorf("engine: block %d: %s: %w", layer, what, err)
-	}
-	norm := func(what string, r llama.Role, out int) error {
-		w, dt, err := c.use(l, r)
-		if err != nil {
-			return err
-		}
-		if err := e.mark(ClassNorms); err != nil {
-			return err
-		}
-		if err := ks.RMSNorm(B[bX], w, dt, B[out], e.dt, t, H, eps, cs); err != nil {
-			return fail(what, err)
-		}
-		return c.settle()
-	}
 	qBytes := 4 * uint64(T) * uint64(nq*hd)
 	// Q and K of a GGUF file come out in llama.cpp's row order and are put
 	// back in HF's by an exact permutation product, so that both formats
@@ -508,7 +519,7 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 	if cfg.PermutedQK {
 		qOut, kOut = bQRaw, bKRaw
 	}
-	if err := norm("attention norm", llama.RoleAttnNorm, bH); err != nil {
+	if err := e.norm(c, l, "attention norm", llama.RoleAttnNorm, bH, T); err != nil {
 		return err
 	}
 	if err := e.products(c, l, "q, k, v", bH, H, t, e.grouped[l].qkv,
@@ -520,35 +531,33 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 	}
 	if cfg.PermutedQK {
 		if err := e.unpermuteQK(t, qBytes); err != nil {
-			return fail("q/k to HF row order", err)
+			return blockErr(l, "q/k to HF row order", err)
 		}
 	}
 	if err := e.rope(t, qBytes); err != nil {
-		return fail("rope", err)
+		return blockErr(l, "rope", err)
 	}
 	if err := e.mark(ClassAttention); err != nil {
 		return err
 	}
+	layer := uint32(l)
 	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
-		return fail("kv write", err)
+		return blockErr(l, "kv write", err)
 	}
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	if err := ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
-		return fail("attention", err)
+		return blockErr(l, "attention", err)
 	}
 	if err := e.products(c, l, "o", bA, nq*hd, t, false, product{llama.RoleO, bO, H}); err != nil {
 		return err
 	}
-	if err := e.mark(ClassOther); err != nil {
-		return err
-	}
-	if err := e.round(bO, T*int(H)); err != nil {
-		return err
-	}
-	if err := e.residual(bO, T); err != nil {
-		return fail("residual", err)
-	}
-	if err := norm("mlp norm", llama.RoleMLPNorm, bH2); err != nil {
+	return e.residual(l, bO, T)
+}
+
+// mlpHalf is block l's MLP and its residual add.
+func (e *Engine) mlpHalf(c *cursor, l, T int) error {
+	B, t, H, I := &e.at, uint32(T), uint32(e.cfg.Hidden), uint32(e.cfg.Intermediate)
+	if err := e.norm(c, l, "mlp norm", llama.RoleMLPNorm, bH2, T); err != nil {
 		return err
 	}
 	if err := e.products(c, l, "gate, up", bH2, H, t, e.grouped[l].gateUp,
@@ -563,25 +572,21 @@ func (e *Engine) block(c *cursor, l, T, start int) error {
 		if err := e.round(bG, 2*n); err != nil {
 			return err
 		}
-	} else if err := errors.Join(e.round(bG, n), e.round(bU, n)); err != nil {
-		return err
+	} else {
+		if err := e.round(bG, n); err != nil {
+			return err
+		}
+		if err := e.round(bU, n); err != nil {
+			return err
+		}
 	}
-	if err := ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(n), cs); err != nil {
-		return fail("silu", err)
+	if err := e.ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(n), e.compute); err != nil {
+		return blockErr(l, "silu", err)
 	}
 	if err := e.products(c, l, "down", bM, I, t, false, product{llama.RoleDown, bD, H}); err != nil {
 		return err
 	}
-	if err := e.mark(ClassOther); err != nil {
-		return err
-	}
-	if err := e.round(bD, T*int(H)); err != nil {
-		return err
-	}
-	if err := e.residual(bD, T); err != nil {
-		return fail("residual", err)
-	}
-	return nil
+	return e.residual(l, bD, T)
 }
 
 // unpermuteQK puts the raw Q and K rows of T tokens back in HF order:
@@ -614,11 +619,18 @@ func (e *Engine) rope(T uint32, qBytes uint64) error {
 	return e.ks.RoPEIn(B[bK], B[bPos], T, nkv, hd, e.invFreq.Ptr, false, rd, e.compute)
 }
 
-// residual adds buffer b into the residual stream and rounds it.
-func (e *Engine) residual(b, T int) error {
-	n := T * e.cfg.Hidden
-	if err := e.ks.Add(e.at[bX], e.at[b], uint64(n), e.compute); err != nil {
+// residual rounds product b of block l (T rows) to the model dtype, adds
+// it into the residual stream and rounds that.
+func (e *Engine) residual(l, b, T int) error {
+	if err := e.mark(ClassOther); err != nil {
 		return err
+	}
+	n := T * e.cfg.Hidden
+	if err := e.round(b, n); err != nil {
+		return err
+	}
+	if err := e.ks.Add(e.at[bX], e.at[b], uint64(n), e.compute); err != nil {
+		return blockErr(l, "residual", err)
 	}
 	return e.round(bX, n)
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/pool"
@@ -60,6 +61,11 @@ type propConfig struct {
 	// place is the pool's Placement; keepFree its KeepFreeBytes.
 	place    pool.Placement
 	keepFree uint64
+	// hold is the pool's HoldTime (0: the default); caller runs the
+	// reclaimer's passes from the test's operations (ReclaimByCaller)
+	// instead of the pool's goroutine.
+	hold   time.Duration
+	caller bool
 }
 
 func (c propConfig) String() string {
@@ -74,6 +80,15 @@ func (c propConfig) String() string {
 	}
 	if c.keepFree > 0 {
 		s += fmt.Sprintf("-keepfree%dM", c.keepFree>>20)
+	}
+	switch {
+	case c.hold < 0:
+		s += "-eager"
+	case c.hold > 0:
+		s += "-hold" + c.hold.String()
+	}
+	if c.caller {
+		s += "-caller"
 	}
 	if c.mixSmall {
 		s += "-mixsmall"
@@ -92,7 +107,10 @@ func (c propConfig) String() string {
 
 func (c propConfig) options() pool.Options {
 	o := pool.Options{Name: c.String(), Growth: c.growth, Strategy: c.strategy, TargetRatio: c.target, Limit: c.limit,
-		Placement: c.place, KeepFreeBytes: c.keepFree}
+		Placement: c.place, KeepFreeBytes: c.keepFree, HoldTime: c.hold}
+	if c.caller {
+		o.Reclaimer = pool.ReclaimByCaller
+	}
 	if c.mixSmall {
 		o.SmallMax = pool.Off
 	}
@@ -154,6 +172,21 @@ func propConfigs() []propConfig {
 				propConfig{growth: g, strategy: "bestfit", cache: "none", target: -1, limit: 64 << 20},
 				propConfig{growth: g, strategy: "tlsf", cache: "sharded", target: -1, limit: 256 << 20},
 				propConfig{growth: g, strategy: "bestfit", cache: "per-processor", target: 1.5, limit: 128 << 20},
+			)
+			// Hold times: none (eager), small ones with the pool's
+			// reclaimer running beside the operations (hot after a few
+			// placements: pages beyond the target queued, moved only when
+			// idle, given back by passes or under the limit's pressure),
+			// and passes run by the operations themselves. The default
+			// (100 ms) is every other configuration's.
+			cs = append(cs,
+				propConfig{growth: g, strategy: "bestfit", cache: "per-processor", hold: -1, preReserve: 1},
+				propConfig{growth: g, strategy: "bestfit", cache: "sharded", hold: 200 * time.Microsecond},
+				propConfig{growth: g, strategy: "tlsf", cache: "per-processor", hold: time.Millisecond, preReserve: 3},
+				propConfig{growth: g, strategy: "buddy", cache: "none", hold: 200 * time.Microsecond},
+				propConfig{growth: g, strategy: "bestfit", cache: "single", hold: hotHold, caller: true, preReserve: 1},
+				propConfig{growth: g, strategy: "bestfit", cache: "per-processor", hold: 200 * time.Microsecond, limit: 64 << 20},
+				propConfig{growth: g, strategy: "tlsf", cache: "sharded", hold: hotHold, caller: true, limit: 16 << 20},
 			)
 		}
 	}
@@ -417,6 +450,8 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 			st.free(r.IntN(len(st.live)), k%9 == 0)
 		case k == 99:
 			p.Trim()
+		case k == 98:
+			p.Reclaim()
 		default:
 			size, align := propRequest(r)
 			if c.limit > 0 {
@@ -515,10 +550,14 @@ func TestPropertyBlocks(t *testing.T) {
 	for i, c := range propConfigs() {
 		t.Run(c.String(), func(t *testing.T) {
 			if cuda {
-				// The GPU's own memory holds the pattern.
+				// The GPU's own memory holds the pattern: one
+				// configuration at a time.
 				runProperty(t, newSim(t, true, 0), c, ops, uint64(i)+1, true)
 				return
 			}
+			// Each configuration has a simulated device of its own (a
+			// few MB of host memory): they spread over the cores.
+			t.Parallel()
 			runProperty(t, newShadow(newSim(t, false, 64<<30)), c, ops, uint64(i)+1, false)
 		})
 	}

@@ -117,8 +117,10 @@ func (p *Pool) stopReclaimer() {
 // back to the device: in every shard, the free handles (runs of pages
 // mapped together) that no block has lain on since the previous pass, the
 // highest first, while the pool holds more than TargetRatio × its peak used
-// bytes; every free handle beyond the target when the device reports less
-// than a sixteenth of its memory free. The unmaps run outside the pool's
+// bytes and no more than what it mapped beyond that while hot (a pool that
+// was never hot keeps its pages as without a hold time); when the device
+// reports less than a sixteenth of its memory free, every free handle
+// beyond the target. The unmaps run outside the pool's
 // locks. A pool whose free pages do not wait (no hold time, no target,
 // chunk growth) has nothing to reclaim: Reclaim returns 0. Safe for
 // concurrent use; a pool with ReclaimBackground runs it on its own every
@@ -134,15 +136,19 @@ func (p *Pool) Reclaim() uint64 {
 	r.hot.Store(placed-r.placedAtPass.Load() >= r.hotCount())
 	r.placedAtPass.Store(placed)
 	force := r.devicePressed()
-	budget := r.heldExtra.Load()
+	target := max(uint64(r.opts.TargetRatio*float64(r.takenPeak())), r.opts.Warmup)
+	// What hot allocations mapped beyond the target and is still there
+	// (the limit, an out-of-memory retry or Trim may have given it back).
+	excess := r.reserved.Load() - min(r.reserved.Load(), target)
+	budget := min(r.heldExtra.Load(), excess)
 	if force {
-		budget = ^uint64(0)
+		budget = excess
 	}
-	n := r.reclaimShard(force, budget)
-	r.eachShard(func(s *Pool) { n += s.reclaimShard(force, budget-min(n, budget)) })
+	n := r.reclaimShard(target, force, budget)
+	r.eachShard(func(s *Pool) { n += s.reclaimShard(target, force, budget-min(n, budget)) })
 	for {
 		old := r.heldExtra.Load()
-		if r.heldExtra.CompareAndSwap(old, old-min(n, old)) {
+		if r.heldExtra.CompareAndSwap(old, min(old, excess)-min(n, old, excess)) {
 			break
 		}
 	}
@@ -186,16 +192,14 @@ func (p *Pool) devicePressed() bool {
 }
 
 // reclaimShard is Reclaim's pass over shard p's arenas, giving back at
-// most budget bytes.
-func (p *Pool) reclaimShard(force bool, budget uint64) uint64 {
+// most budget bytes while the pool holds more than target.
+func (p *Pool) reclaimShard(target uint64, force bool, budget uint64) uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return 0
 	}
 	p.drainRemote()
-	r := p.opts.TargetRatio
-	target := max(uint64(r*float64(p.takenPeak())), p.opts.Warmup)
 	var steps []mapStep
 	var releasing uint64
 	for _, a := range p.arenas {

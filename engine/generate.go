@@ -38,14 +38,19 @@ type Result struct {
 	// With Options.Profile (and at least 4 new tokens):
 	// DecodeStepDeviceSeconds is one decode step's device time, from its
 	// first op to its last, queued behind a spin kernel so that the host's
-	// launch overhead does not show; DecodeProfile the device seconds per
-	// op class (ClassProducts, ClassAttention, ClassNorms, ClassOther) of
-	// another step with an event between classes, which keeps kernels of
-	// different classes from overlapping (its classes sum to
-	// DecodeProfileSeconds, a little more than the unprofiled step).
-	DecodeStepDeviceSeconds float64            `json:"decode_step_device_seconds,omitempty"`
-	DecodeProfile           map[string]float64 `json:"decode_profile_seconds,omitempty"`
-	DecodeProfileSeconds    float64            `json:"decode_profile_step_seconds,omitempty"`
+	// launch overhead does not show. DecodeProfile is the device seconds
+	// per op class (ClassProducts, ClassAttention, ClassNorms, ClassOther)
+	// of another step with an event before every op, and DecodeProfileOps
+	// per op (its name, e.g. "rmsnorm", "round", "q, k, v", "attention",
+	// with how many ran). The events keep kernels from overlapping and take
+	// time of their own, so the segments (DecodeProfileSegments of them)
+	// sum to DecodeProfileSeconds, more than the unprofiled step: the
+	// difference over the segments is the profile's cost per op.
+	DecodeStepDeviceSeconds float64              `json:"decode_step_device_seconds,omitempty"`
+	DecodeProfile           map[string]float64   `json:"decode_profile_seconds,omitempty"`
+	DecodeProfileOps        map[string]ProfileOp `json:"decode_profile_ops,omitempty"`
+	DecodeProfileSeconds    float64              `json:"decode_profile_step_seconds,omitempty"`
+	DecodeProfileSegments   int                  `json:"decode_profile_segments,omitempty"`
 	// DecodeProfileQueueSeconds is the longer of the two profiled steps'
 	// host time from the spin's launch to the step's last op queued: when
 	// it is below the spin (30 ms) the device ran the steps back to back.
@@ -239,15 +244,16 @@ func (e *Engine) profiled(res *Result, classes bool) error {
 		return nil
 	}
 	queued := e.prof.queued.Sub(e.prof.began).Seconds()
-	per, all, err := e.finishProfile()
+	sp, err := e.finishProfile()
 	if err != nil {
 		return err
 	}
 	res.DecodeProfileQueueSeconds = max(res.DecodeProfileQueueSeconds, queued)
 	if classes {
-		res.DecodeProfile, res.DecodeProfileSeconds = per, all
+		res.DecodeProfile, res.DecodeProfileOps, res.DecodeProfileSeconds = sp.classes, sp.ops, sp.all
+		res.DecodeProfileSegments = sp.segments
 	} else {
-		res.DecodeStepDeviceSeconds = all
+		res.DecodeStepDeviceSeconds = sp.all
 	}
 	return nil
 }

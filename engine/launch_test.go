@@ -294,10 +294,31 @@ func TestProfile(t *testing.T) {
 	if !(prof.DecodeProfileQueueSeconds > 0) {
 		t.Errorf("queue time %g s", prof.DecodeProfileQueueSeconds)
 	}
+	// Every op its own segment: the op counts are the launches'.
+	L := m.Config.Layers
+	gateUp := 1
+	if 4*m.Config.Intermediate%256 != 0 {
+		gateUp = 2
+	}
+	opSum := 0.0
+	for op, want := range map[string]int{"rmsnorm": 2*L + 1, "q, k, v": L, "o": L, "gate, up": L, "down": L, "lm head": 1,
+		"attention": L, "kv write": L, "rope": L, "round": (4+gateUp)*L + 1, "add": 2 * L, "silu·up": L, "embed": 1, "upload": 1, "download": 1} {
+		if got := prof.DecodeProfileOps[op]; got.Count != want || !(got.Seconds > 0) {
+			t.Errorf("op %q: %d segments, %g s; want %d", op, got.Count, got.Seconds, want)
+		}
+	}
+	n := 0
+	for _, o := range prof.DecodeProfileOps {
+		opSum += o.Seconds
+		n += o.Count
+	}
+	if d := opSum - sum; d > tol || d < -tol || n != prof.DecodeProfileSegments {
+		t.Errorf("ops sum to %g s over %d segments; classes %g s, %d segments", opSum, n, sum, prof.DecodeProfileSegments)
+	}
 	if prof.ProductWeightBytes == 0 || prof.ProductWeightBytes != plain.ProductWeightBytes {
 		t.Errorf("product weight bytes %d, %d", prof.ProductWeightBytes, plain.ProductWeightBytes)
 	}
-	t.Logf("decode step %.1f µs on the device; classes %v", prof.DecodeStepDeviceSeconds*1e6, prof.DecodeProfile)
+	t.Logf("decode step %.1f µs on the device; classes %v; ops %v", prof.DecodeStepDeviceSeconds*1e6, prof.DecodeProfile, prof.DecodeProfileOps)
 }
 
 // TestRandomShapes: models of shapes drawn at random (odd head counts and

@@ -20,13 +20,12 @@ const (
 // back to back on the device as if the host were infinitely fast.
 const profileSpin = 30 * time.Millisecond
 
-// profiler times one step on the device: with classes, an event at every
-// change of op class (mark), else only at its start and end.
+// profiler times one step on the device: with classes, an event before
+// every op (mark), else only at its start and end.
 type profiler struct {
 	classes bool
 	events  []device.Event
-	class   []string // class[i] runs from events[i] to events[i+1]
-	cur     string
+	seg     []segment // seg[i] runs from events[i] to events[i+1]
 	// began is when the spin was queued, queued when the step's last
 	// event was (host clock).
 	began, queued time.Time
@@ -40,11 +39,22 @@ func (e *Engine) startProfile(classes bool) error {
 		return fmt.Errorf("engine: profile: %w", err)
 	}
 	e.prof = &profiler{classes: classes, began: began}
-	return e.record(ClassOther)
+	return e.record(ClassOther, "upload")
 }
 
-// record queues an event starting a segment of class on the compute stream.
-func (e *Engine) record(class string) error {
+// segment is the op class and op name of a profiled segment.
+type segment struct{ class, op string }
+
+// ProfileOp is the device time of one kind of op in a profiled decode step
+// and how many of them ran.
+type ProfileOp struct {
+	Seconds float64 `json:"seconds"`
+	Count   int     `json:"count"`
+}
+
+// record queues an event starting a segment of op (of class) on the
+// compute stream.
+func (e *Engine) record(class, op string) error {
 	p := e.prof
 	ev, err := e.d.NewEvent(true)
 	if err != nil {
@@ -54,18 +64,17 @@ func (e *Engine) record(class string) error {
 	if err := e.d.EventRecord(ev, e.compute); err != nil {
 		return fmt.Errorf("engine: profile event: %w", err)
 	}
-	p.class = append(p.class, class)
-	p.cur = class
+	p.seg = append(p.seg, segment{class, op})
 	return nil
 }
 
-// mark says that the ops queued from now on are of class; in a profiled
-// step with classes it records an event where the class changes.
-func (e *Engine) mark(class string) error {
-	if e.prof == nil || !e.prof.classes || e.prof.cur == class {
+// mark says that op (of class) is queued next; in a profiled step with
+// classes it records an event before it.
+func (e *Engine) mark(class, op string) error {
+	if e.prof == nil || !e.prof.classes {
 		return nil
 	}
-	return e.record(class)
+	return e.record(class, op)
 }
 
 // endProfile queues the profiled step's last event (step calls it
@@ -74,15 +83,23 @@ func (e *Engine) endProfile() error {
 	if e.prof == nil {
 		return nil
 	}
-	err := e.record("")
+	err := e.record("", "")
 	e.prof.queued = time.Now()
 	return err
 }
 
-// finishProfile waits for the profiled step's last event and returns the
-// device seconds per class (ClassOther alone without classes) and in all,
-// from the first event to the last. It frees the events.
-func (e *Engine) finishProfile() (map[string]float64, float64, error) {
+// stepProfile is what finishProfile measured of one step.
+type stepProfile struct {
+	classes map[string]float64   // device seconds per class (ClassOther alone without classes)
+	ops     map[string]ProfileOp // per op name (with classes)
+	all     float64              // from the first event to the last
+	// segments is the number of timed segments (events less one).
+	segments int
+}
+
+// finishProfile waits for the profiled step's last event and returns its
+// times. It frees the events.
+func (e *Engine) finishProfile() (stepProfile, error) {
 	p := e.prof
 	e.prof = nil
 	defer func() {
@@ -91,25 +108,35 @@ func (e *Engine) finishProfile() (map[string]float64, float64, error) {
 		}
 	}()
 	n := len(p.events)
-	if n < 2 || p.class[n-1] != "" {
-		return nil, 0, fmt.Errorf("engine: profile: the step did not end")
+	if n < 2 || p.seg[n-1].class != "" {
+		return stepProfile{}, fmt.Errorf("engine: profile: the step did not end")
 	}
 	if err := e.d.EventSynchronize(p.events[n-1]); err != nil {
-		return nil, 0, fmt.Errorf("engine: profile: %w", err)
+		return stepProfile{}, fmt.Errorf("engine: profile: %w", err)
 	}
-	out := map[string]float64{}
-	for i, c := range p.class[:n-1] {
+	out := stepProfile{classes: map[string]float64{}, segments: n - 1}
+	if p.classes {
+		out.ops = map[string]ProfileOp{}
+	}
+	for i, sg := range p.seg[:n-1] {
 		d, err := e.d.EventElapsed(p.events[i], p.events[i+1])
 		if err != nil {
-			return nil, 0, fmt.Errorf("engine: profile: %w", err)
+			return stepProfile{}, fmt.Errorf("engine: profile: %w", err)
 		}
-		out[c] += d.Seconds()
+		out.classes[sg.class] += d.Seconds()
+		if out.ops != nil {
+			o := out.ops[sg.op]
+			o.Seconds += d.Seconds()
+			o.Count++
+			out.ops[sg.op] = o
+		}
 	}
 	all, err := e.d.EventElapsed(p.events[0], p.events[n-1])
 	if err != nil {
-		return nil, 0, fmt.Errorf("engine: profile: %w", err)
+		return stepProfile{}, fmt.Errorf("engine: profile: %w", err)
 	}
-	return out, all.Seconds(), nil
+	out.all = all.Seconds()
+	return out, nil
 }
 
 // productWeightBytes is the weight bytes a decode step's matrix products

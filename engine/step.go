@@ -376,6 +376,9 @@ func (e *Engine) embed(c *cursor, T int) error {
 		return err
 	}
 	e.embedding = p
+	if err := e.mark(ClassOther, "embed"); err != nil {
+		return err
+	}
 	if err := e.ks.Embed(p, dt, e.bufs[bIDs], e.bufs[bX], uint32(T), uint32(e.cfg.Hidden), e.compute); err != nil {
 		return fmt.Errorf("engine: embed: %w", err)
 	}
@@ -397,6 +400,9 @@ func (e *Engine) roundDType() string {
 func (e *Engine) round(b int, n int) error {
 	if e.opt.Exact || e.dt == "f32" {
 		return nil
+	}
+	if err := e.mark(ClassOther, "round"); err != nil {
+		return err
 	}
 	if err := e.ks.Round(e.at[b], e.dt, uint64(n), e.compute); err != nil {
 		return fmt.Errorf("engine: round %s: %w", bufNames[b], err)
@@ -426,13 +432,13 @@ type product struct {
 // either way and released once the launch that reads them is queued.
 func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, group bool, ps ...product) error {
 	fail := func(err error) error { return fmt.Errorf("engine: block %d: %s: %w", l, what, err) }
-	if err := e.mark(ClassProducts); err != nil {
-		return err
-	}
 	if !group {
 		for _, p := range ps {
 			w, _, err := c.use(l, p.role)
 			if err != nil {
+				return err
+			}
+			if err := e.mark(ClassProducts, what); err != nil {
 				return err
 			}
 			if err := e.ks.Matmul(e.dt, w, e.at[x], e.at[p.y], p.M, K, T, e.compute); err != nil {
@@ -453,6 +459,9 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 		}
 		same = same && dt == e.dt
 		ops = append(ops, kernels.MatmulOp{W: w, Y: e.at[p.y], M: p.M})
+	}
+	if err := e.mark(ClassProducts, what); err != nil {
+		return err
 	}
 	var err error
 	if same {
@@ -496,7 +505,7 @@ func (e *Engine) norm(c *cursor, l int, what string, r llama.Role, out int, T in
 	if err != nil {
 		return err
 	}
-	if err := e.mark(ClassNorms); err != nil {
+	if err := e.mark(ClassNorms, "rmsnorm"); err != nil {
 		return err
 	}
 	if err := e.ks.RMSNorm(e.at[bX], w, dt, e.at[out], e.dt, uint32(T), uint32(e.cfg.Hidden), float32(e.cfg.RMSNormEps), e.compute); err != nil {
@@ -526,9 +535,6 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 		product{llama.RoleQ, qOut, nq * hd}, product{llama.RoleK, kOut, nkv * hd}, product{llama.RoleV, bV, nkv * hd}); err != nil {
 		return err
 	}
-	if err := e.mark(ClassOther); err != nil {
-		return err
-	}
 	if cfg.PermutedQK {
 		if err := e.unpermuteQK(t, qBytes); err != nil {
 			return blockErr(l, "q/k to HF row order", err)
@@ -537,7 +543,7 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	if err := e.rope(t, qBytes); err != nil {
 		return blockErr(l, "rope", err)
 	}
-	if err := e.mark(ClassAttention); err != nil {
+	if err := e.mark(ClassAttention, "kv write"); err != nil {
 		return err
 	}
 	layer := uint32(l)
@@ -545,6 +551,9 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 		return blockErr(l, "kv write", err)
 	}
 	scale := float32(1 / math.Sqrt(float64(hd)))
+	if err := e.mark(ClassAttention, "attention"); err != nil {
+		return err
+	}
 	if err := ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
 		return blockErr(l, "attention", err)
 	}
@@ -564,9 +573,6 @@ func (e *Engine) mlpHalf(c *cursor, l, T int) error {
 		product{llama.RoleGate, bG, I}, product{llama.RoleUp, bU, I}); err != nil {
 		return err
 	}
-	if err := e.mark(ClassOther); err != nil {
-		return err
-	}
 	n := T * int(I)
 	if e.touching(bG, bU, 4*uint64(n)) {
 		if err := e.round(bG, 2*n); err != nil {
@@ -579,6 +585,9 @@ func (e *Engine) mlpHalf(c *cursor, l, T int) error {
 		if err := e.round(bU, n); err != nil {
 			return err
 		}
+	}
+	if err := e.mark(ClassOther, "silu·up"); err != nil {
+		return err
 	}
 	if err := e.ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(n), e.compute); err != nil {
 		return blockErr(l, "silu", err)
@@ -595,6 +604,9 @@ func (e *Engine) mlpHalf(c *cursor, l, T int) error {
 func (e *Engine) unpermuteQK(T uint32, qBytes uint64) error {
 	hd, nq, nkv := uint32(e.cfg.HeadDim), uint32(e.cfg.Heads), uint32(e.cfg.KVHeads)
 	P, B := e.unpermute.Ptr, &e.at
+	if err := e.mark(ClassOther, "q/k permutation"); err != nil {
+		return err
+	}
 	if e.touching(bQRaw, bKRaw, qBytes) && e.touching(bQ, bK, qBytes) {
 		return e.ks.Matmul("f32", P, B[bQRaw], B[bQ], hd, hd, T*(nq+nkv), e.compute)
 	}
@@ -610,6 +622,9 @@ func (e *Engine) unpermuteQK(T uint32, qBytes uint64) error {
 func (e *Engine) rope(T uint32, qBytes uint64) error {
 	hd, nq, nkv := uint32(e.cfg.HeadDim), uint32(e.cfg.Heads), uint32(e.cfg.KVHeads)
 	B, rd := &e.at, e.roundDType()
+	if err := e.mark(ClassOther, "rope"); err != nil {
+		return err
+	}
 	if T == 1 && e.touching(bQ, bK, qBytes) {
 		return e.ks.RoPEIn(B[bQ], B[bPos], 1, nq+nkv, hd, e.invFreq.Ptr, false, rd, e.compute)
 	}
@@ -622,11 +637,11 @@ func (e *Engine) rope(T uint32, qBytes uint64) error {
 // residual rounds product b of block l (T rows) to the model dtype, adds
 // it into the residual stream and rounds that.
 func (e *Engine) residual(l, b, T int) error {
-	if err := e.mark(ClassOther); err != nil {
-		return err
-	}
 	n := T * e.cfg.Hidden
 	if err := e.round(b, n); err != nil {
+		return err
+	}
+	if err := e.mark(ClassOther, "add"); err != nil {
 		return err
 	}
 	if err := e.ks.Add(e.at[bX], e.at[b], uint64(n), e.compute); err != nil {
@@ -650,13 +665,13 @@ func (e *Engine) head(c *cursor, T int) error {
 			return err
 		}
 	}
-	if err := e.mark(ClassNorms); err != nil {
+	if err := e.mark(ClassNorms, "rmsnorm"); err != nil {
 		return err
 	}
 	if err := e.ks.RMSNorm(B[bX], normP, normDT, B[bHF], e.dt, uint32(T), H, float32(cfg.RMSNormEps), cs); err != nil {
 		return fmt.Errorf("engine: final norm: %w", err)
 	}
-	if err := e.mark(ClassProducts); err != nil {
+	if err := e.mark(ClassProducts, "lm head"); err != nil {
 		return err
 	}
 	last := B[bHF].Add(uint64(T-1) * uint64(H) * e.elt)
@@ -666,10 +681,10 @@ func (e *Engine) head(c *cursor, T int) error {
 	if err := c.settle(); err != nil {
 		return err
 	}
-	if err := e.mark(ClassOther); err != nil {
+	if err := e.round(bLogits, cfg.Vocab); err != nil {
 		return err
 	}
-	if err := e.round(bLogits, cfg.Vocab); err != nil {
+	if err := e.mark(ClassOther, "download"); err != nil {
 		return err
 	}
 	st := e.staging.Bytes()

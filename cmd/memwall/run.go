@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -66,13 +68,15 @@ type runJSON struct {
 	PrefillDeviceSeconds float64 `json:"prefill_device_seconds,omitempty"`
 	DecodeSeconds        float64 `json:"decode_seconds"`
 	// With --profile: engine.Result's decode profile.
-	DecodeStepDeviceSeconds float64            `json:"decode_step_device_seconds,omitempty"`
-	DecodeProfile           map[string]float64 `json:"decode_profile_seconds,omitempty"`
-	DecodeProfileSeconds    float64            `json:"decode_profile_step_seconds,omitempty"`
-	DecodeProfileQueue      float64            `json:"decode_profile_queue_seconds,omitempty"`
-	ProductWeightBytes      uint64             `json:"product_weight_bytes"`
-	PeakDeviceBytes         uint64             `json:"peak_device_bytes"`
-	PoolPeakBytes           uint64             `json:"pool_peak_bytes"`
+	DecodeStepDeviceSeconds float64                     `json:"decode_step_device_seconds,omitempty"`
+	DecodeProfile           map[string]float64          `json:"decode_profile_seconds,omitempty"`
+	DecodeProfileOps        map[string]engine.ProfileOp `json:"decode_profile_ops,omitempty"`
+	DecodeProfileSeconds    float64                     `json:"decode_profile_step_seconds,omitempty"`
+	DecodeProfileSegments   int                         `json:"decode_profile_segments,omitempty"`
+	DecodeProfileQueue      float64                     `json:"decode_profile_queue_seconds,omitempty"`
+	ProductWeightBytes      uint64                      `json:"product_weight_bytes"`
+	PeakDeviceBytes         uint64                      `json:"peak_device_bytes"`
+	PoolPeakBytes           uint64                      `json:"pool_peak_bytes"`
 	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
 	// the attention scratch and the context.
 	PredictedPeakBytes uint64 `json:"predicted_peak_bytes"`
@@ -387,6 +391,7 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.DecodeStepDeviceSeconds, out.DecodeProfile = res.DecodeStepDeviceSeconds, res.DecodeProfile
 	out.DecodeProfileSeconds, out.ProductWeightBytes = res.DecodeProfileSeconds, res.ProductWeightBytes
 	out.DecodeProfileQueue = res.DecodeProfileQueueSeconds
+	out.DecodeProfileOps, out.DecodeProfileSegments = res.DecodeProfileOps, res.DecodeProfileSegments
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
 	out.ScratchBytes = eng.ScratchBytes()
@@ -413,6 +418,11 @@ func printRun(e *env, o runJSON) {
 		fmt.Fprintf(w, "  profiled step %.1f µs:", o.DecodeProfileSeconds*1e6)
 		for _, c := range []string{engine.ClassProducts, engine.ClassAttention, engine.ClassNorms, engine.ClassOther} {
 			fmt.Fprintf(w, " %s %.1f µs", c, o.DecodeProfile[c]*1e6)
+		}
+		fmt.Fprintf(w, "\n    %d ops:", o.DecodeProfileSegments)
+		for _, op := range slices.Sorted(maps.Keys(o.DecodeProfileOps)) {
+			p := o.DecodeProfileOps[op]
+			fmt.Fprintf(w, " %s %d × %.1f µs;", op, p.Count, p.Seconds/float64(max(p.Count, 1))*1e6)
 		}
 		fmt.Fprintln(w)
 	}

@@ -316,7 +316,7 @@ class Check:
             step = r.get("decode_step_device_seconds") or 0
             prof = r.get("decode_profile_seconds") or {}
             if (r.get("decode_profile_queue_seconds") or 0) >= 0.03:
-                res["profile_warning"] = "the host queued a profiled step in %.1f ms, longer than the 30 ms spin: the device may have waited" % (
+                res["profile_warning"] = "the host queued a profiled step in %.1f ms, past the 30 ms spin (the driver's launch queue holds about a thousand operations): its last segments may hold host gaps" % (
                     r["decode_profile_queue_seconds"] * 1e3)
                 log("%s: %s" % (name, res["profile_warning"]))
             if copy and b:
@@ -334,6 +334,15 @@ class Check:
                 name, r["decode_tokens_per_s"], res.get("decode_pct_of_copy", 0), step * 1e6, res.get("step_pct_of_copy", 0),
                 (r.get("decode_profile_step_seconds") or 0) * 1e6, " ".join("%s %.1f us" % (k, v * 1e6) for k, v in sorted(prof.items())),
                 res.get("products_pct_of_copy", 0)))
+            ops = r.get("decode_profile_ops") or {}
+            segs = r.get("decode_profile_segments") or 0
+            if ops and segs and step:
+                # The events' cost per op: the profiled step less the
+                # unprofiled one, over its segments.
+                res["profile_cost_per_op_us"] = ((r.get("decode_profile_step_seconds") or 0) - step) / segs * 1e6
+                res["profile_ops_line"] = "; ".join("%s %d x %.1f us" % (k, v["count"], v["seconds"] / max(v["count"], 1) * 1e6)
+                                                    for k, v in sorted(ops.items(), key=lambda kv: -kv[1]["seconds"]))
+                log("%s: %d ops, profile cost %.2f us per op: %s" % (name, segs, res["profile_cost_per_op_us"], res["profile_ops_line"]))
             self.save()
 
     def fit(self, name, preset, st, prompt, max_new):
@@ -571,6 +580,8 @@ class Check:
                     r["decode_step_device_seconds"] * 1e6, r.get("step_pct_of_copy", 0), (r.get("decode_profile_queue_seconds") or 0) * 1e3,
                     " ".join("%s %.0f us" % (k, v * 1e6) for k, v in sorted(prof.items())), r.get("products_pct_of_copy", 0),
                     "" if r.get("same_tokens_as_resident", True) else "; TOKENS DIFFER"))
+                if r.get("profile_ops_line"):
+                    lines.append("  %s ops (profile cost %.2f us per op): %s" % (name, r.get("profile_cost_per_op_us", 0), r["profile_ops_line"]))
         disabled = sorted({d for r in self.results.values() if isinstance(r, dict) for d in (r.get("kernels_disabled") or [])})
         if disabled:
             lines.append("kernels turned off by their load-time self-test: " + "; ".join(disabled))

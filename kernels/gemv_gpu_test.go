@@ -104,6 +104,7 @@ func TestCUDAGemvVariants(t *testing.T) {
 			// The compute_90 module launches overlapped; each case prefetches a
 			// different amount (none, a line, whole blocks, evict_last).
 			s.prefetch = pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch, prefetchEarly|4096)
+			s.gemvmOverlap = rng.IntN(2) == 0 // Matmul launches it plainly; overlapped must be right too
 			for kind := range gemvKinds {
 				if uint32(c.T) > gemvMaxT(kind) {
 					continue
@@ -131,7 +132,7 @@ func TestCUDAGemvVariants(t *testing.T) {
 				}
 			}
 		}
-		s.prefetch = DefaultGemvPrefetch
+		s.prefetch, s.gemvmOverlap = DefaultGemvPrefetch, false
 		if s.overlap != nil && !s.Overlap() {
 			t.Errorf("%s: overlapped launches are off", target)
 		}
@@ -441,8 +442,9 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 			continue
 		}
 		// The rule's launch with overlapped launches off and on, at each
-		// prefetch size.
+		// prefetch size (memwall_gemvm_* too, which Matmul launches plainly).
 		was := s.prefetch
+		s.gemvmOverlap = true
 		for _, c := range pdlSweep {
 			s.SetOverlap(c.pdl)
 			s.prefetch = c.pf
@@ -452,6 +454,7 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 		}
 		s.SetOverlap(true)
 		s.prefetch = was
+		s.gemvmOverlap = false
 	}
 }
 
@@ -460,8 +463,8 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 var pdlSweep = []struct {
 	pdl bool
 	pf  uint32
-}{{false, 0}, {true, 0}, {true, 4 << 10}, {true, DefaultGemvPrefetch}, {true, 64 << 10}, {true, 1 << 20},
-	{true, prefetchEvictLast | DefaultGemvPrefetch}, {true, prefetchEarly | DefaultGemvPrefetch}, {true, prefetchEarly | 64<<10}}
+}{{false, 0}, {true, 0}, {true, 4 << 10}, {true, 8 << 10}, {true, 16 << 10}, {true, 32 << 10},
+	{true, prefetchEvictLast | 8<<10}, {true, prefetchEarly | 4<<10}}
 
 // pfLabel prints a prefetch argument: bytes, "+last" for evict_last,
 // "+early" for the early launch_dependents.

@@ -57,6 +57,7 @@ func TestCUDALlamaKernels(t *testing.T) {
 		attnCase(rng, 0, 300, 8, 4, 128, BF16),  // prefill
 		attnCase(rng, 500, 64, 2, 4, 128, F16),  // prefill after a prefix
 		attnCase(rng, 1000, 1, 1, 32, 64, F32),  // four head groups
+		rmsnormCaseH(rng, 4096), rmsnormCaseH(rng, 4097), rmsnormCaseH(rng, 5000+rng.IntN(4000)),
 	)
 	twins := make([][]float32, len(cases))
 	for i, c := range cases {
@@ -263,7 +264,7 @@ func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		if sh.T == 1 { // the same product on the two-rows-per-warp kernel, for comparison
 			g := device.Dim3{X: ceilDiv(sh.M, gemvRowsPerBlock(2)), Y: 1, Z: 1}
 			per := tm.per(20, func() error {
-				return d.Launch(s.gemvk[gemvTwo][BF16], g, blockDim(), 0, tm.st, w, x, y, sh.M, sh.K, sh.T)
+				return s.launchGemv(gemvPlan{gemvTwo, g.X}, BF16, w, x, y, sh.M, sh.K, sh.T, tm.st)
 			})
 			fmt.Printf("KPERF gemv_bf16_2rows %s M=%d,K=%d,T=%d %.0f GB/s\n", target, sh.M, sh.K, sh.T, bytes/per.Seconds()/1e9)
 		}

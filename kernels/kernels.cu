@@ -1648,14 +1648,16 @@ MEMWALL_GEMV_ENTRY(memwall_gemv1_f16, uint16_t, 8, (gemv1<F16>(W, X, Y, M, K, T)
 
 // Up to three T = 1 products that share X, in one launch (q, k and v; gate
 // and up): blocks 0 .. ceil(M0/8)-1 take product 0 as memwall_gemv1_* would,
-// the next ceil(M1/8) product 1, then product 2; grid: the sum. Every target
-// runs the register-pipelined row-per-warp code (gemv_at<Tr, 1, 1>: eight
-// loads in flight per lane at 32 registers, full occupancy): the compute_80
-// cp.async ring's 32 KiB of shared memory per block held the SM to fewer
-// blocks, which left a partial second wave for 768 blocks (q/k/v
-// 4096+1024+1024: 65% of the copy, against 79% for the register code on
-// the same H200). Both codes sum each lane's vectors in the same order, so
-// results equal memwall_gemv1_*'s bit for bit on every target.
+// the next ceil(M1/8) product 1, then product 2; grid: the sum. compute_80
+// and compute_70 run the register-pipelined row-per-warp code
+// (gemv_at<Tr, 1, 1>: eight loads in flight per lane at 32 registers, full
+// occupancy): there the cp.async ring's 32 KiB of shared memory per block
+// held the SM to fewer blocks (q/k/v 4096+1024+1024 on the H200: 65% of the
+// copy on the ring, 79% on the register code). compute_90 runs the ring, as
+// memwall_gemv1_* does: with overlapped launches the register code fell 10-20
+// points behind it on the H200 (4096×14336 alone: 75% against 95%). Both
+// codes sum each lane's vectors in the same order, so results equal
+// memwall_gemv1_*'s bit for bit on every target.
 template <class Tr>
 __device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K, const typename Tr::S* W0,
                                             float* Y0, uint32_t M0, const typename Tr::S* W1, float* Y1,
@@ -1672,7 +1674,11 @@ __device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K,
         blk -= b0, W = W1, Y = Y1, M = M1;
     }
     gemv_enter(W, (uint64_t)K * sizeof(typename Tr::S), M, blk * 8, 8, pf);
+#if MEMWALL_SM90
+    gemv1_async_at<Tr>(W, X, Y, M, K, blk);
+#else
     gemv_at<Tr, 1, 1>(W, X, Y, M, K, 1, blk * 8 + (threadIdx.x >> 5));
+#endif
 }
 
 #define MEMWALL_GEMVG1_ENTRY(NAME, S, TR)                                                                        \
@@ -1779,11 +1785,42 @@ extern "C" __global__ void __launch_bounds__(256) memwall_embed(
 extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
     const float* x, const void* w, uint32_t wdt, void* out, uint32_t odt, uint32_t T, uint32_t H,
     float eps) {
+    // The weight is only hinted into L2 before the wait (another kernel
+    // could have written it); x is read after it.
+    if (blockIdx.x == 0) prefetch_l2(w, (uint64_t)H * (wdt == kDtF32 ? 4 : 2), 0x3FFFFFFFu);
     pdl_enter();
     __shared__ float red[32];
+    // Rows of up to kNormRegs·blockDim elements stay in registers: each
+    // thread's loads of x, then of w, are all in flight at once (a decode
+    // step's one row is otherwise a chain of dependent round trips). The
+    // sums run in the same order either way.
+    constexpr int kNormRegs = 16;
     for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
         const float* row = x + t * H;
         float ss = 0.0f;
+        if (H <= kNormRegs * blockDim.x) {
+            float v[kNormRegs], wv[kNormRegs];
+#pragma unroll
+            for (int j = 0; j < kNormRegs; ++j) {
+                const uint32_t i = threadIdx.x + j * blockDim.x;
+                v[j] = i < H ? row[i] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < kNormRegs; ++j) {
+                const uint32_t i = threadIdx.x + j * blockDim.x;
+                wv[j] = i < H ? load_dt(w, i, wdt) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < kNormRegs; ++j) ss = fmaf(v[j], v[j], ss);  // +0 past H: no change
+            ss = block_sum(ss, red);
+            const float r = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+            for (int j = 0; j < kNormRegs; ++j) {
+                const uint32_t i = threadIdx.x + j * blockDim.x;
+                if (i < H) store_dt(out, t * H + i, odt, round_dt(v[j] * r, odt) * wv[j]);
+            }
+            continue;
+        }
         for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) ss = fmaf(row[i], row[i], ss);
         ss = block_sum(ss, red);
         const float r = rsqrtf(ss / (float)H + eps);

@@ -291,6 +291,9 @@ type Set struct {
 	overlap   device.OverlapLauncher // non-nil: the module waits on griddepcontrol and the device overlaps launches
 	overlapOn bool                   // launch through overlap (SetOverlap)
 	prefetch  uint32                 // GEMV L2 prefetch per block: bytes | evict-last bit 31 (SetGemvPrefetch)
+	// gemvmOverlap: memwall_gemvm_* too is launched overlapped (off: the
+	// H200 sweep measured it slower so; the sweep turns it on to re-measure).
+	gemvmOverlap bool
 
 	scratchMu sync.Mutex
 	scratch   map[device.Stream]scratchBuf // attention split partials, per stream
@@ -514,13 +517,13 @@ func (s *Set) SetOverlap(on bool) bool {
 // DefaultGemvPrefetch is the bytes of its weight rows each GEMV block of the
 // compute_90 module prefetches into L2 before it waits for the previous
 // kernel (see SetGemvPrefetch).
-const DefaultGemvPrefetch = 16 << 10
+const DefaultGemvPrefetch = 8 << 10
 
 // SetGemvPrefetch sets how many bytes of its rows of W each block of the
-// GEMV kernels (Matmul for T ≤ GemvMaxTokens, MatmulGroup) prefetches into
-// L2 before it waits for the previous kernel on the stream, capped at the
-// block's rows (8 or 16 rows, or a streamed block's share); 0 prefetches
-// nothing. Only the compute_90 module prefetches; the hint never changes a
+// GEMV kernels (Matmul for T = 1, MatmulGroup) prefetches into L2 before it
+// waits for the previous kernel on the stream, capped at the block's rows
+// (8 rows); 0 prefetches nothing. (Matmul's T = 2..8 kernel is launched
+// plainly and prefetches nothing.) Only the compute_90 module prefetches; the hint never changes a
 // result. bytes is taken modulo 2³⁰. It must not race with launches.
 func (s *Set) SetGemvPrefetch(bytes uint32) { s.prefetch = bytes & prefetchBytesMask }
 

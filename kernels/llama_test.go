@@ -162,9 +162,13 @@ func embedCase(rng *rand.Rand) llamaCase {
 		}}
 }
 
-func rmsnormCase(rng *rand.Rand) llamaCase {
+func rmsnormCase(rng *rand.Rand) llamaCase { return rmsnormCaseH(rng, 1+rng.IntN(2000)) }
+
+// rmsnormCaseH is rmsnormCase with H given (the kernel keeps rows of up to
+// 4096 elements in registers and loops over longer ones).
+func rmsnormCaseH(rng *rand.Rand, H int) llamaCase {
 	wdt, odt := pick(rng, F32, BF16, F16), pick(rng, DTypes()...)
-	T, H := 1+rng.IntN(9), 1+rng.IntN(2000)
+	T := 1 + rng.IntN(9)
 	eps := pick(rng, float32(1e-5), float32(1e-6), 0)
 	x := randF32(rng, T*H, pick(rng, 0.01, 1, 30))
 	wb, _ := Encode(wdt, randF32(rng, H, 1))

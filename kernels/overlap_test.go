@@ -115,6 +115,19 @@ func TestSetOverlap(t *testing.T) {
 					t.Errorf("%s: last argument %v, want the prefetch bytes %d", l.name, l.args[len(l.args)-1], tc.wantPf)
 				}
 			}
+			if s.Overlap() {
+				// The T = 2..8 tensor-core GEMV goes plainly, without prefetch.
+				s.tensor = true
+				n, m := len(d.launches), len(d.overlapped)
+				if err := s.Matmul(BF16, p, p, p, 100, 64, 4, st); err != nil {
+					t.Fatal(err)
+				}
+				l := d.launches[n]
+				if l.name != gemvName(gemvMMA, BF16) || len(d.overlapped) != m || l.args[len(l.args)-1] != uint32(0) {
+					t.Errorf("T = 4 with tensor cores: %s, %d overlapped, prefetch %v; want %s plainly with 0", l.name, len(d.overlapped)-m, l.args[len(l.args)-1], gemvName(gemvMMA, BF16))
+				}
+				s.tensor = false
+			}
 			if s.SetOverlap(true) != (tc.can && tc.path == sm90) {
 				t.Errorf("SetOverlap(true) = %v on a device that can %v", s.Overlap(), tc.can)
 			}
@@ -382,7 +395,7 @@ func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainMo
 		}
 		cfgs := []cfg{{false, s.GemvPrefetch()}}
 		if s.overlap != nil {
-			cfgs = []cfg{{false, 0}, {true, 0}, {true, 4 << 10}, {true, DefaultGemvPrefetch}, {true, 64 << 10}}
+			cfgs = []cfg{{false, 0}, {true, 0}, {true, 4 << 10}, {true, 8 << 10}, {true, 16 << 10}}
 		}
 		was, wasPf := s.Overlap(), s.prefetch
 		for _, c := range cfgs {

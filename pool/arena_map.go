@@ -175,7 +175,7 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 		if n == 0 {
 			return nil
 		}
-		c := min(n, a.maxRun(p, pl.peak))
+		c := min(n, a.maxRun(p, pl.peak, hold))
 		over := a.overTarget(p, pl.peak, c*pb, pl.releasing)
 		if over && !hold {
 			if sa, src, k, ok := takeFree(p, a, c, true, true); ok {
@@ -207,13 +207,15 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 // whole run (one create and one map for a block of any size), up to a
 // sixteenth of the limit, so that memory pinned by partly used handles
 // cannot starve a pool under a small limit, and up to KeepFreeBytes when
-// that caps the free pages kept.
-func (a *arena) maxRun(p *Pool, peak uint64) uint64 {
+// that caps the free pages kept. A hot pool holding pages for its
+// reclaimer (hold) maps as one that keeps its pages: the reclaimer gives
+// back whole handles once idle.
+func (a *arena) maxRun(p *Pool, peak uint64, hold bool) uint64 {
 	n := max(1, p.opts.Limit/16/a.pageBytes)
 	if k := p.opts.KeepFreeBytes; k != 0 {
 		n = min(n, k/a.pageBytes)
 	}
-	if r := p.opts.TargetRatio; r > 0 {
+	if r := p.opts.TargetRatio; r > 0 && !hold {
 		n = min(n, uint64((r-1)*float64(peak))/2/a.pageBytes)
 	}
 	return max(1, n)

@@ -54,7 +54,22 @@
 //   - while the pool holds 1.02 × its peak used bytes, the pages a block
 //     needs come from free handles elsewhere, in either range (moved: one
 //     unmap and one map each, or released to pay for a new one) instead
-//     of new memory.
+//     of new memory;
+//   - except while the pool is hot (it places more than 50,000 blocks a
+//     second in its arenas, where a page move would cost more than the
+//     allocations around it): then free pages beyond the target stay
+//     mapped for reuse (an allocation placed on them makes no driver
+//     call), new pages are mapped instead of moved, and the pool's
+//     reclaimer, a goroutine that Close stops, gives back every HoldTime
+//     (100 ms) the pages no block has lain on for a whole pass, off the
+//     allocating goroutine, and at once under the limit's pressure, a
+//     device out of memory or low on free memory (reclaim.go).
+//
+// The replays below place blocks at the pace they were recorded at
+// (thousands a second), where the pool is never hot: their tables are
+// those of the eager pool (HoldTime -1). memwall bench alloc's random mix
+// places millions a second, and there the default runs as a pool that
+// keeps its pages (BENCHMARKS.md).
 //
 // Replaying PyTorch traces through the pool (memwall replay, trace/replay;
 // docs/pool-policy.md has the reasoning and every configuration), peak
@@ -183,17 +198,19 @@ type Options struct {
 	// mapped page instead of a new allocation (one unmap and one map).
 	// Reserved memory then tracks the peak of use, at the price of driver
 	// calls when placement wanders onto unmapped pages; see the package
-	// documentation for the measurements behind the default.
+	// documentation for the measurements behind the default, and HoldTime
+	// for a pool that allocates faster than the driver can move pages.
 	TargetRatio float64
 	// HoldTime is how long free pages beyond the soft target stay mapped
-	// for reuse before the pool's reclaimer gives them back, off the
+	// for reuse, while the pool is hot (it places more than 50,000 blocks
+	// a second), before the pool's reclaimer gives them back off the
 	// allocating goroutine (default DefaultHoldTime; a negative value
-	// gives them back at once, on the allocating path: an allocation that
-	// needs pages above the target moves free ones there). A page goes
-	// back between one and two hold times after a block last lay on it,
-	// and at once under pressure (the limit, the device out of memory or
-	// low on free memory); see Reclaim. Only a GrowVirtual pool with a
-	// TargetRatio holds pages.
+	// turns holding off: an allocation that needs pages above the target
+	// always moves free ones there, on the allocating path, the behaviour
+	// before hold times). A page goes back between one and two hold times
+	// after a block last lay on it, and at once under pressure (the
+	// limit, the device out of memory or low on free memory); see
+	// Reclaim. Only a GrowVirtual pool with a TargetRatio holds pages.
 	HoldTime time.Duration
 	// Reclaimer says who runs the reclaimer's passes: a goroutine of the
 	// pool, every HoldTime (ReclaimBackground, the default; Close stops
@@ -500,6 +517,7 @@ type Pool struct {
 	// Close.
 	rec   *reclaimer
 	recMu sync.Mutex
+	born  time.Time // when New made the root: the hot rule's clock
 
 	_ [64]byte
 
@@ -522,9 +540,11 @@ type Pool struct {
 	// remote holds this shard's blocks freed where its lock was not held.
 	remote atomic.Pointer[meta]
 	slowN  atomic.Uint32 // allocations that bypass the caches, for latency sampling
-	// placedN counts the blocks placed in this shard's arenas; written
-	// under mu only (a plain store), read by anyone (hotNow).
-	placedN atomic.Uint64
+	// placements counts the blocks placed in this shard's arenas;
+	// placedAtPass and passAt are that count and the time since the
+	// root's birth at the reclaimer's last pass (see hotNow).
+	placements, placedAtPass uint64
+	passAt                   time.Duration
 
 	_ [64]byte
 }
@@ -640,6 +660,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 		ledger:  &ledger{},
 	}
 	p.root = p
+	p.born = time.Now()
 	if o.History > 0 {
 		p.hist = &history{buf: make([]Event, o.History)}
 		user := o.OnEvent

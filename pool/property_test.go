@@ -649,12 +649,18 @@ func (b *byteSource) Uint64() uint64 {
 
 // FuzzPoolBlocks is TestPropertyBlocks with the configuration (the first
 // byte) and the operations (sizes, alignments 256 B to 1 GiB, frees,
-// stream-ordered frees, tenant allocations, trims) read from the input.
+// stream-ordered frees, tenant allocations, trims, reclaimer passes) read
+// from the input.
 func FuzzPoolBlocks(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte{1, 200, 17, 255, 255, 90, 3, 255, 0, 0, 1, 250, 250, 250})
 	f.Add([]byte{18, 128, 0, 200, 200, 255, 255, 60, 60, 128, 128, 255, 255, 1, 2})
 	f.Add([]byte{35, 100, 100, 255, 10, 255, 255, 90, 0, 0, 0, 255, 255, 255, 255})
+	// The hold-time configurations: the reclaimer beside the operations,
+	// and passes among them (caller).
+	for _, c := range []byte{42, 44, 45, 47} {
+		f.Add(append([]byte{c}, []byte("\xfa\x10\xfb\x20\x90\x00\x40\xff\xf9\x99\x30\x30\xfa\xee\x80\x01\xf9\x70\x11\xfb\x05\x60\xff\xff\x20\x02")...))
+	}
 	cs := propConfigs()
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) == 0 || len(data) > 4096 {

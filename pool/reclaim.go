@@ -37,7 +37,9 @@ import (
 // by Close) or, with ReclaimByCaller, whoever calls Reclaim: memwall
 // replay runs its passes at trace time, so its tables do not depend on the
 // machine's clock. Whether the pool is hot is decided from the placements
-// counted between passes, never from a clock.
+// counted between passes (and, with the background reclaimer, from their
+// pace since the last pass, so that a pool is hot within its first few
+// dozen placements), never from the clock under ReclaimByCaller.
 
 // DefaultHoldTime is the default Options.HoldTime: long enough for the
 // pages a forward pass or a decode step frees to serve the next one (tens
@@ -132,9 +134,6 @@ func (p *Pool) Reclaim() uint64 {
 	}
 	r.recMu.Lock()
 	defer r.recMu.Unlock()
-	placed := r.placements()
-	r.hot.Store(placed-r.placedAtPass.Load() >= r.hotCount())
-	r.placedAtPass.Store(placed)
 	force := r.devicePressed()
 	target := max(uint64(r.opts.TargetRatio*float64(r.takenPeak())), r.opts.Warmup)
 	// What hot allocations mapped beyond the target and is still there
@@ -144,8 +143,11 @@ func (p *Pool) Reclaim() uint64 {
 	if force {
 		budget = excess
 	}
-	n := r.reclaimShard(target, force, budget)
-	r.eachShard(func(s *Pool) { n += s.reclaimShard(target, force, budget-min(n, budget)) })
+	var placed uint64
+	now := time.Since(r.born)
+	n := r.reclaimShard(target, force, budget, now, &placed)
+	r.eachShard(func(s *Pool) { n += s.reclaimShard(target, force, budget-min(n, budget), now, &placed) })
+	r.hot.Store(placed >= r.hotCount())
 	for {
 		old := r.heldExtra.Load()
 		if r.heldExtra.CompareAndSwap(old, min(old, excess)-min(n, old, excess)) {
@@ -167,21 +169,32 @@ func (p *Pool) hotCount() uint64 {
 	return uint64(hotRate * p.opts.HoldTime.Seconds())
 }
 
-// placements returns the blocks placed in the arenas of every shard so far.
-func (p *Pool) placements() uint64 {
-	r := p.root
-	n := r.placedN.Load()
-	r.eachShard(func(s *Pool) { n += s.placedN.Load() })
-	return n
-}
+// hotMin is the fewest placements since a pass from which a shard's own
+// pace decides that the pool is hot before the next pass.
+const hotMin = 64
 
 // hotNow reports whether the pool is hot: it placed blocks faster than
-// hotRate over the last pass interval, or has placed hotRate × HoldTime
-// since the last pass. A hot pool holds free pages beyond its target for
-// the reclaimer instead of moving them on the allocating path (planRun).
-// Deterministic under ReclaimByCaller: passes are the only clock.
+// hotRate over the last pass interval, or shard p has placed hotRate ×
+// HoldTime since the last pass, or (with the background reclaimer, whose
+// passes follow the clock) at least hotMin at more than hotRate since the
+// last pass (or since New). A hot pool holds free pages beyond its target
+// for the reclaimer instead of moving them on the allocating path
+// (planRun). Under ReclaimByCaller passes are the only clock, so a
+// replay's decisions do not depend on the machine's. Called with p.mu
+// held.
 func (p *Pool) hotNow() bool {
-	return p.hot.Load() || p.placements()-p.placedAtPass.Load() >= p.root.hotCount()
+	if p.hot.Load() {
+		return true
+	}
+	n := p.placements - p.placedAtPass
+	r := p.root
+	if n >= r.hotCount() {
+		return true
+	}
+	if n < hotMin || p.opts.Reclaimer != ReclaimBackground {
+		return false
+	}
+	return float64(n) >= hotRate*(time.Since(r.born)-p.passAt).Seconds()
 }
 
 // devicePressed reports whether the device has less than a sixteenth of its
@@ -192,13 +205,17 @@ func (p *Pool) devicePressed() bool {
 }
 
 // reclaimShard is Reclaim's pass over shard p's arenas, giving back at
-// most budget bytes while the pool holds more than target.
-func (p *Pool) reclaimShard(target uint64, force bool, budget uint64) uint64 {
+// most budget bytes while the pool holds more than target. It adds the
+// blocks placed in the shard since its last pass to placed and starts a
+// new interval at now.
+func (p *Pool) reclaimShard(target uint64, force bool, budget uint64, now time.Duration, placed *uint64) uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return 0
 	}
+	*placed += p.placements - p.placedAtPass
+	p.placedAtPass, p.passAt = p.placements, now
 	p.drainRemote()
 	var steps []mapStep
 	var releasing uint64

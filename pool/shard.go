@@ -54,11 +54,9 @@ type ledger struct {
 	// balanced is the reserved bytes when balance last ran: it runs
 	// again only once the pool has grown past them.
 	balanced atomic.Uint64
-	// hot and placedAtPass are the reclaimer's (reclaim.go): whether the
-	// pool placed blocks faster than hotRate over the last pass interval,
-	// and the placements counted at that pass.
-	hot          atomic.Bool
-	placedAtPass atomic.Uint64
+	// hot is the reclaimer's (reclaim.go): whether the pool placed blocks
+	// faster than hotRate over the last pass interval.
+	hot atomic.Bool
 	// heldExtra is the bytes hot allocations mapped beyond the target,
 	// which the reclaimer gives back as they become idle: a pool that
 	// was never hot keeps its pages as one without a hold time does.

@@ -256,7 +256,7 @@ func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *me
 	m := p.newMeta()
 	m.arena, m.off, m.size, m.class, m.node, m.shift = a, b.Offset, b.Size, 0, h, shift
 	m.home = p
-	p.placedN.Store(p.placedN.Load() + 1)
+	p.placements++
 	a.live++
 	a.held += b.Size
 	p.held += b.Size
@@ -512,8 +512,12 @@ func (p *Pool) warmup(n uint64) error {
 
 // Trim returns memory the pool holds but does not use to the device: cached
 // small blocks, completed stream-ordered frees, empty chunks, free mapped
-// pages. It returns the bytes given back.
+// pages. It waits for a pass of the reclaimer in progress, so that the
+// pages that pass gives back are gone too. It returns the bytes given
+// back.
 func (p *Pool) Trim() uint64 {
+	p.recMu.Lock()
+	defer p.recMu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	before := p.reserved.Load()

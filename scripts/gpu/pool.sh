@@ -30,21 +30,12 @@ mkdir -p "$dir"
 bin=$PWD/${BIN:-gpubin}
 log=$dir/log.txt
 : >"$log"
-status=()
-run() { # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
-  local name=$1 limit=$2; shift 2
-  echo "=== $name: $*" >>"$log"
-  local t0 t1 r
-  t0=$(date +%s.%N)
-  if timeout -k 5 "$limit" "$@" >>"$log" 2>&1; then r=PASS; else r="FAIL($?)"; fi
-  t1=$(date +%s.%N)
-  status+=("$(printf '%-44s %-9s %6.1fs' "$name" "$r" "$(awk "BEGIN{print $t1 - $t0}")")")
-}
+. scripts/gpu/lib.sh # run NAME SECONDS CMD...: time-limited, logged, pass/fail remembered
 
 run "bench alloc (random mix, 1/4/16 goroutines)" 100 bash -c \
   "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual,virtual-keep,virtual-eager --strategies bestfit --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
 if [ -x "$bin/pool.test" ]; then
-  run "BenchmarkParallelPair (cuda)" 80 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 200000x -test.timeout 75s >'$dir/parallel.txt' 2>&1"
+  run "BenchmarkParallelPair (cuda)" 80 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 600000x -test.timeout 75s >'$dir/parallel.txt' 2>&1"
   run "profile: default, 1 goroutine (cuda)" 30 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g1\$' -test.benchtime 2000000x -test.timeout 25s -test.cpuprofile '$dir/cpu1.pprof' >'$dir/profile.txt' 2>&1"
 else
   status+=("$(printf '%-44s %-9s' "pool.test" "MISSING")")

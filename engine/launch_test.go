@@ -308,9 +308,14 @@ func TestProfile(t *testing.T) {
 		}
 	}
 	n := 0
+	var wb uint64
 	for _, o := range prof.DecodeProfileOps {
 		opSum += o.Seconds
 		n += o.Count
+		wb += o.WeightBytes
+	}
+	if wb != prof.ProductWeightBytes {
+		t.Errorf("profiled products read %d weight bytes, the step's products %d", wb, prof.ProductWeightBytes)
 	}
 	if d := opSum - sum; d > tol || d < -tol || n != prof.DecodeProfileSegments {
 		t.Errorf("ops sum to %g s over %d segments; classes %g s, %d segments", opSum, n, sum, prof.DecodeProfileSegments)

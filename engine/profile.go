@@ -43,13 +43,17 @@ func (e *Engine) startProfile(classes bool) error {
 }
 
 // segment is the op class and op name of a profiled segment.
-type segment struct{ class, op string }
+type segment struct {
+	class, op string
+	bytes     uint64 // weight bytes its products read
+}
 
-// ProfileOp is the device time of one kind of op in a profiled decode step
-// and how many of them ran.
+// ProfileOp is the device time of one kind of op in a profiled decode step,
+// how many of them ran and, for products, the weight bytes they read.
 type ProfileOp struct {
-	Seconds float64 `json:"seconds"`
-	Count   int     `json:"count"`
+	Seconds     float64 `json:"seconds"`
+	Count       int     `json:"count"`
+	WeightBytes uint64  `json:"weight_bytes,omitempty"`
 }
 
 // record queues an event starting a segment of op (of class) on the
@@ -64,7 +68,7 @@ func (e *Engine) record(class, op string) error {
 	if err := e.d.EventRecord(ev, e.compute); err != nil {
 		return fmt.Errorf("engine: profile event: %w", err)
 	}
-	p.seg = append(p.seg, segment{class, op})
+	p.seg = append(p.seg, segment{class: class, op: op})
 	return nil
 }
 
@@ -75,6 +79,13 @@ func (e *Engine) mark(class, op string) error {
 		return nil
 	}
 	return e.record(class, op)
+}
+
+// readsWeights adds n weight bytes to the op being profiled (a product).
+func (e *Engine) readsWeights(n uint64) {
+	if e.prof != nil && len(e.prof.seg) > 0 {
+		e.prof.seg[len(e.prof.seg)-1].bytes += n
+	}
 }
 
 // endProfile queues the profiled step's last event (step calls it
@@ -128,6 +139,7 @@ func (e *Engine) finishProfile() (stepProfile, error) {
 			o := out.ops[sg.op]
 			o.Seconds += d.Seconds()
 			o.Count++
+			o.WeightBytes += sg.bytes
 			out.ops[sg.op] = o
 		}
 	}

@@ -441,6 +441,7 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 			if err := e.mark(ClassProducts, what); err != nil {
 				return err
 			}
+			e.readsWeights(uint64(p.M) * uint64(K) * e.elt)
 			if err := e.ks.Matmul(e.dt, w, e.at[x], e.at[p.y], p.M, K, T, e.compute); err != nil {
 				return fail(err)
 			}
@@ -462,6 +463,9 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 	}
 	if err := e.mark(ClassProducts, what); err != nil {
 		return err
+	}
+	for _, o := range ops {
+		e.readsWeights(uint64(o.M) * uint64(K) * e.elt)
 	}
 	var err error
 	if same {
@@ -674,6 +678,7 @@ func (e *Engine) head(c *cursor, T int) error {
 	if err := e.mark(ClassProducts, "lm head"); err != nil {
 		return err
 	}
+	e.readsWeights(uint64(cfg.Vocab) * uint64(H) * e.elt)
 	last := B[bHF].Add(uint64(T-1) * uint64(H) * e.elt)
 	if err := e.ks.Matmul(e.dt, headP, last, B[bLogits], uint32(cfg.Vocab), H, 1, cs); err != nil {
 		return fmt.Errorf("engine: lm head: %w", err)

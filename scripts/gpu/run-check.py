@@ -340,8 +340,12 @@ class Check:
                 # The events' cost per op: the profiled step less the
                 # unprofiled one, over its segments.
                 res["profile_cost_per_op_us"] = ((r.get("decode_profile_step_seconds") or 0) - step) / segs * 1e6
-                res["profile_ops_line"] = "; ".join("%s %d x %.1f us" % (k, v["count"], v["seconds"] / max(v["count"], 1) * 1e6)
-                                                    for k, v in sorted(ops.items(), key=lambda kv: -kv[1]["seconds"]))
+                def op_text(k, v):
+                    t = "%s %d x %.1f us" % (k, v["count"], v["seconds"] / max(v["count"], 1) * 1e6)
+                    if v.get("weight_bytes") and v["seconds"] > 0 and copy:
+                        t += " (%.0f%% of copy)" % (100 * v["weight_bytes"] / v["seconds"] / (copy * 1e9))
+                    return t
+                res["profile_ops_line"] = "; ".join(op_text(k, v) for k, v in sorted(ops.items(), key=lambda kv: -kv[1]["seconds"]))
                 log("%s: %d ops, profile cost %.2f us per op: %s" % (name, segs, res["profile_cost_per_op_us"], res["profile_ops_line"]))
             self.save()
 

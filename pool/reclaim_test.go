@@ -47,11 +47,33 @@ func callerPool(t *testing.T, d device.Device, o pool.Options) *pool.Pool {
 // give-back), and they stay until two passes after its free.
 func TestReclaimHoldsThenGivesBack(t *testing.T) {
 	for _, cancel := range []bool{false, true} {
-		p := callerPool(t, simVirtual(t), pool.Options{})
-		a := mustAlloc(t, p, 20*mib) // [0, 20)
-		mustAlloc(t, p, 20*mib)      // [20, 40)
+		sd := newShadow(simVirtual(t))
+		p := callerPool(t, sd, pool.Options{})
+		var live []pool.Block
+		// Every live block keeps a word in each of its pages: a page
+		// given back (or moved) under a live block reads back wrong.
+		mark := func(b pool.Block) {
+			live = append(live, b)
+			for off := uint64(0); off < b.Size; off += 2 * mib {
+				if err := sd.store(b.Ptr+device.Ptr(off), uint64(b.Ptr)+off); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		check := func() {
+			t.Helper()
+			for _, b := range live {
+				for off := uint64(0); off < b.Size; off += 2 * mib {
+					if got, err := sd.load(b.Ptr + device.Ptr(off)); err != nil || got != uint64(b.Ptr)+off {
+						t.Fatalf("live block %#x: word at +%d MiB is %#x (%v): its page went away", uint64(b.Ptr), off>>20, got, err)
+					}
+				}
+			}
+		}
+		a := mustAlloc(t, p, 20*mib)  // [0, 20)
+		mark(mustAlloc(t, p, 20*mib)) // [20, 40)
 		mustFree(t, p, a)
-		mustAlloc(t, p, 30*mib) // fits not in a's hole: [40, 70), above the target
+		mark(mustAlloc(t, p, 30*mib)) // fits not in a's hole: [40, 70), above the target
 		st := p.Stats()
 		if st.Unmaps != 0 {
 			t.Fatalf("a hot pool unmapped %d times on the allocating path", st.Unmaps)
@@ -69,11 +91,14 @@ func TestReclaimHoldsThenGivesBack(t *testing.T) {
 			if c := p.Stats().DeviceCalls() - calls; c != 0 {
 				t.Fatalf("an allocation on queued pages made %d device calls", c)
 			}
+			mark(d)
 			// The rest of a's pages, idle since the first pass, may go;
 			// the ones d lies on stay.
 			if n := p.Reclaim(); n > 10*mib {
 				t.Fatalf("a pass gave back %d bytes of a 20 MiB hole where a 10 MiB block lies", n)
 			}
+			check()
+			live = live[:len(live)-1]
 			mustFree(t, p, d)
 			if n := p.Reclaim(); n != 0 {
 				t.Fatalf("a pass gave back %d bytes freed since the previous pass", n)
@@ -88,6 +113,7 @@ func TestReclaimHoldsThenGivesBack(t *testing.T) {
 		if n := p.Reclaim(); n != 0 {
 			t.Fatalf("a pass within the target gave back %d bytes", n)
 		}
+		check()
 		checkBooks(t, p)
 	}
 }

@@ -411,7 +411,8 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 		return b, h, err
 	}
 	ps := &a.search
-	*ps = placeSearch{a: a, size: size, align: align, orig: b.Offset, best: b.Offset, bestCost: math.MaxUint64}
+	_, ordered := pa.(*alloc.BestFit)
+	*ps = placeSearch{a: a, size: size, align: align, orig: b.Offset, best: b.Offset, bestCost: math.MaxUint64, ordered: ordered}
 	if a.visit == nil {
 		a.visit = ps.visit // bound once: a method value passed on escapes
 	}
@@ -428,11 +429,16 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 
 // placeSearch is preferMapped's search, kept in the arena so that the
 // walk allocates nothing: the free range being visited is [s, e).
+// ordered says the allocator walks its free ranges by size, then offset
+// (best fit): then, once a place needing no page is found, no later range
+// can win the ties (smaller range, then lower offset; the strategy's own
+// choice always needs a page), and the walk stops.
 type placeSearch struct {
 	a                         *arena
 	size, align, orig         uint64
 	best, bestCost, bestRange uint64
 	s, e                      uint64
+	ordered                   bool
 }
 
 // try considers placing the block at off in the free range [s, e).
@@ -472,7 +478,7 @@ func (ps *placeSearch) visit(seg alloc.Segment) bool {
 			ps.try((i*a.pageBytes - size) &^ (align - 1))
 		}
 	})
-	return true
+	return !ps.ordered || ps.bestCost != 0
 }
 
 // readyEdges calls fn for each page i in [first, last] whose ready bit

@@ -112,3 +112,37 @@ func TestPolicyTable(t *testing.T) {
 	}
 	t.Log("\n" + out.String())
 }
+
+// TestReclaimAtTraceTime: the reclaimer's passes run on the replay's clock,
+// so a replay with a hold time is reproducible; at the recorded pace the
+// default is the eager pool (never hot), and at 5 µs per op BERT makes it
+// hot: fewer calls than eager, more memory, passes run, and the driver
+// time charged to them is part of the total.
+func TestReclaimAtTraceTime(t *testing.T) {
+	tr, err := Load(tracesDir+"bert_base_varlen.csv.gz", LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(c Config, op time.Duration) *Result {
+		r, err := Run(tr, c, Options{Samples: -1, OpTime: op})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	def, eager := Config{Name: "default"}, Config{Name: "eager", Options: pool.Options{HoldTime: -1}}
+	same := func(a, b *Result) bool {
+		return a.PeakReserved == b.PeakReserved && a.DeviceCalls == b.DeviceCalls && a.DriverTime == b.DriverTime && a.ReclaimTime == b.ReclaimTime
+	}
+	d, e := run(def, 0), run(eager, 0)
+	if !same(d, e) || d.Passes == 0 || e.Passes != 0 {
+		t.Errorf("recorded pace: default %d B, %d calls, %d passes; eager %d B, %d calls, %d passes", d.PeakReserved, d.DeviceCalls, d.Passes, e.PeakReserved, e.DeviceCalls, e.Passes)
+	}
+	fast, again := run(def, 5*time.Microsecond), run(def, 5*time.Microsecond)
+	if !same(fast, again) {
+		t.Errorf("two replays at 5 µs per op differ: %d/%d B, %d/%d calls", fast.PeakReserved, again.PeakReserved, fast.DeviceCalls, again.DeviceCalls)
+	}
+	if fast.DeviceCalls >= e.DeviceCalls || fast.PeakReserved <= e.PeakReserved || fast.ReclaimTime > fast.DriverTime {
+		t.Errorf("hot at 5 µs per op: %d calls, %d B (eager %d calls, %d B), reclaim %v of %v", fast.DeviceCalls, fast.PeakReserved, e.DeviceCalls, e.PeakReserved, fast.ReclaimTime, fast.DriverTime)
+	}
+}

@@ -185,7 +185,12 @@ type ResultJSON struct {
 	CallsPerAlloc float64 `json:"device_calls_per_alloc"`
 	// DriverPer1k is the driver time of the pool's device calls per 1,000
 	// allocations at H200Costs, in microseconds.
-	DriverPer1k       float64 `json:"driver_us_per_1k_allocs"`
+	DriverPer1k float64 `json:"driver_us_per_1k_allocs"`
+	// ReclaimPer1k is the part of DriverPer1k spent in the reclaimer's
+	// passes, off the allocating goroutine; HoldMs the pool's hold time
+	// in milliseconds (0: none, pages move at once).
+	ReclaimPer1k      float64 `json:"reclaim_us_per_1k_allocs"`
+	HoldMs            float64 `json:"hold_ms"`
 	MinCapacity       *uint64 `json:"min_capacity_bytes"`
 	FragMin           float64 `json:"fragmentation_min"`
 	FragMean          float64 `json:"fragmentation_mean"`
@@ -235,6 +240,10 @@ func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 		if t.Allocs > 0 {
 			line.CallsPerAlloc = float64(r.DeviceCalls) / float64(t.Allocs)
 			line.DriverPer1k = r.DriverTime.Seconds() * 1e6 / float64(t.Allocs) * 1000
+			line.ReclaimPer1k = r.ReclaimTime.Seconds() * 1e6 / float64(t.Allocs) * 1000
+		}
+		if ro := r.Options; ro.HoldTime > 0 && ro.TargetRatio > 0 && r.Growth == "virtual" {
+			line.HoldMs = ro.HoldTime.Seconds() * 1000
 		}
 		if r.Elapsed > 0 {
 			line.EventsPerSecond = float64(r.Ops) / r.Elapsed.Seconds()

@@ -1173,11 +1173,13 @@ __device__ __forceinline__ void attn_entry(const AttnArgs& a, AttnSmem& sh) {
 // Decode attention (few tokens, long contexts): the split layout of
 // memwall_attn_e* (grid (kvHeads, T, splits), block 256, same partials), but
 // lanes take positions: each warp scores 32 positions at once (lane l: one
-// position's K row, up to eight 16-byte loads in flight; q of every head of
-// the group, pre-scaled to log2 units, in shared memory), one online-softmax
-// update per 32 positions and head, then P.V with lane l owning elements
-// [l*E, l*E+E) and eight V rows in flight. Head dim 64 or 128, at most 8
-// query heads per kv head, rows 16-byte aligned.
+// position's K row, all its 16-byte loads in flight; q of every head of the
+// group, pre-scaled to log2 units, in shared memory, loaded while the first
+// block ids are), one online-softmax update per 32 positions and head, then
+// P.V with lane l owning elements [l*E, l*E+E) and 16 V rows in flight: a
+// decode step's split is a few dependent round trips to memory, not a dozen.
+// Head dim 64 or 128, at most 8 query heads per kv head, rows 16-byte
+// aligned.
 
 struct DecodeSmem {
     float q[kAttnHeads][128];
@@ -1191,7 +1193,8 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     constexpr int E = D / 32;                           // output elements per lane
     constexpr int VEC = Tr::kVec;                       // elements per 16-byte load
     constexpr int NV = D / VEC;                         // 16-byte loads per K row
-    constexpr int KB = NV < 8 ? NV : 8;                 // K loads in flight
+    constexpr int KB = NV;                              // K loads in flight: the whole row
+    constexpr int VR = 16;                              // V rows in flight
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint32_t G = a.nHeads / a.kvHeads;
     const uint32_t kvh = blockIdx.x;
@@ -1206,6 +1209,11 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     const uint64_t vOff = (uint64_t)a.blockTokens * rowBytes;
     const uint64_t layerOff = (uint64_t)a.layer * 2 * vOff + (uint64_t)kvh * D * elt;
     const float sc = a.scale * 1.4426950408889634f;
+    // The first group's block ids load while q goes to shared memory (two
+    // round trips in flight instead of one after the other).
+    const uint64_t base0 = p0 + (uint64_t)warp * 32;
+    uint32_t blk0 = 0;
+    if (base0 + lane < p1) blk0 = (uint32_t)a.table[(base0 + lane) / a.blockTokens];
 
     for (int i = threadIdx.x; i < kAttnHeads * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
@@ -1221,13 +1229,13 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
 #pragma unroll
         for (int j = 0; j < E; ++j) acc[g][j] = 0.0f;
     }
-    for (uint64_t base = p0 + (uint64_t)warp * 32; base < p1; base += kAttnWarps * 32) {
+    for (uint64_t base = base0; base < p1; base += kAttnWarps * 32) {
         const uint64_t p = base + lane;
         const bool valid = p < p1;
         const int n = (int)min((uint64_t)32, p1 - base);  // valid positions of this group
         const unsigned char* krow = a.cache;
         if (valid) {
-            const uint64_t blk = (uint64_t)(uint32_t)a.table[p / a.blockTokens];
+            const uint64_t blk = base == base0 ? blk0 : (uint64_t)(uint32_t)a.table[p / a.blockTokens];
             krow = a.cache + blk * a.blockBytes + layerOff + (p % a.blockTokens) * rowBytes;
         }
         float s[kAttnHeads];
@@ -1272,12 +1280,12 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
                 for (int j = 0; j < E; ++j) acc[g][j] *= corr;
             }
         }
-        // P.V: eight V rows in flight; lane owns elements [lane*E, lane*E+E).
+        // P.V: VR V rows in flight; lane owns elements [lane*E, lane*E+E).
         const unsigned long long vaddr = (unsigned long long)(krow + vOff);
-        for (int j0 = 0; j0 < n; j0 += 8) {
-            float vf[8][E];
+        for (int j0 = 0; j0 < n; j0 += VR) {
+            float vf[VR][E];
 #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
+            for (int jj = 0; jj < VR; ++jj) {
                 const unsigned long long va = __shfl_sync(0xFFFFFFFFu, vaddr, (j0 + jj) & 31);
                 if (j0 + jj < n) {
                     attn_load_row<Tr, E>(reinterpret_cast<const unsigned char*>(va), lane, D, true, vf[jj]);
@@ -1287,7 +1295,7 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
                 }
             }
 #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
+            for (int jj = 0; jj < VR; ++jj) {
 #pragma unroll
                 for (int g = 0; g < kAttnHeads; ++g) {
                     if (g < nh) {

@@ -144,3 +144,6 @@ func Balanced(p *Pool) {
 		p.shards.balancing.Store(true)
 	}
 }
+
+// ReclaimerStarted reports whether p's background reclaimer has started.
+func ReclaimerStarted(p *Pool) bool { return p.rec.Load() != nil }

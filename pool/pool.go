@@ -60,10 +60,11 @@
 //     allocations around it): then free pages beyond the target stay
 //     mapped for reuse (an allocation placed on them makes no driver
 //     call), new pages are mapped instead of moved, and the pool's
-//     reclaimer, a goroutine that Close stops, gives back every HoldTime
-//     (100 ms) the pages no block has lain on for a whole pass, off the
-//     allocating goroutine, and at once under the limit's pressure, a
-//     device out of memory or low on free memory (reclaim.go).
+//     reclaimer, a goroutine started then and stopped by Close, gives
+//     back every HoldTime (100 ms) the pages no block has lain on for a
+//     whole pass, off the allocating goroutine, and at once under the
+//     limit's pressure, a device out of memory or low on free memory
+//     (reclaim.go).
 //
 // The replays below place blocks at the pace they were recorded at
 // (thousands a second), where the pool is never hot: their tables are
@@ -213,9 +214,9 @@ type Options struct {
 	// Reclaim. Only a GrowVirtual pool with a TargetRatio holds pages.
 	HoldTime time.Duration
 	// Reclaimer says who runs the reclaimer's passes: a goroutine of the
-	// pool, every HoldTime (ReclaimBackground, the default; Close stops
-	// it), or the caller, with Reclaim (ReclaimByCaller: replays run
-	// passes at trace time).
+	// pool, every HoldTime from the first time the pool is hot
+	// (ReclaimBackground, the default; Close stops it), or the caller,
+	// with Reclaim (ReclaimByCaller: replays run passes at trace time).
 	Reclaimer ReclaimMode
 	// ChunkBytes is the smallest chunk under GrowChunks (default 32 MiB);
 	// requests larger than ChunkBytes/2 get a chunk of their own, rounded
@@ -512,12 +513,15 @@ type Pool struct {
 	// allocator whose base is aligned to Options.Alignment: tryArenas
 	// places large blocks there without the general loop. Nil otherwise.
 	direct *arena
-	// rec is the root's background reclaimer (nil without one); recMu
-	// (root only) serializes reclaimer passes with each other and with
-	// Close.
-	rec   *reclaimer
-	recMu sync.Mutex
-	born  time.Time // when New made the root: the hot rule's clock
+	// rec is the root's background reclaimer (nil until the pool is
+	// first hot), started once (recStart) unless Close has begun
+	// (recStopped); recMu (root only) serializes reclaimer passes with
+	// each other, Trim and Close.
+	rec        atomic.Pointer[reclaimer]
+	recStart   sync.Once
+	recStopped atomic.Bool
+	recMu      sync.Mutex
+	born       time.Time // when New made the root: the hot rule's clock
 
 	_ [64]byte
 
@@ -707,7 +711,6 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 			return nil, fmt.Errorf("pool %s: warm-up of %d bytes: %w", o.Name, o.Warmup, err)
 		}
 	}
-	p.startReclaimer()
 	return p, nil
 }
 

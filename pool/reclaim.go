@@ -33,8 +33,8 @@ import (
 // and, at a pass, when the device reports less than a sixteenth of its
 // memory free (MemInfo: another process or another pool needs it).
 //
-// The reclaimer is a goroutine per pool (started by New, stopped and joined
-// by Close) or, with ReclaimByCaller, whoever calls Reclaim: memwall
+// The reclaimer is a goroutine per pool (started the first time the pool is
+// hot, stopped and joined by Close) or, with ReclaimByCaller, whoever calls Reclaim: memwall
 // replay runs its passes at trace time, so its tables do not depend on the
 // machine's clock. Whether the pool is hot is decided from the placements
 // counted between passes (and, with the background reclaimer, from their
@@ -82,34 +82,42 @@ func (p *Pool) holding() bool {
 	return o.HoldTime > 0 && o.TargetRatio > 0 && o.Growth == GrowVirtual && !p.host
 }
 
-// startReclaimer starts the background reclaimer of a new root pool, if it
-// has one.
+// startReclaimer starts the background reclaimer of root pool p the first
+// time the pool is hot (a pool that never is has no free pages waiting,
+// and no goroutine), unless Close has begun. Safe for concurrent use.
 func (p *Pool) startReclaimer() {
 	if !p.holding() || p.opts.Reclaimer != ReclaimBackground {
 		return
 	}
-	r := &reclaimer{stop: make(chan struct{}), done: make(chan struct{})}
-	p.rec = r
-	hold := p.opts.HoldTime
-	go func() {
-		defer close(r.done)
-		t := time.NewTicker(hold)
-		defer t.Stop()
-		for {
-			select {
-			case <-r.stop:
-				return
-			case <-t.C:
-				p.Reclaim()
-			}
+	p.recStart.Do(func() {
+		if p.recStopped.Load() {
+			return
 		}
-	}()
+		r := &reclaimer{stop: make(chan struct{}), done: make(chan struct{})}
+		p.rec.Store(r)
+		hold := p.opts.HoldTime
+		go func() {
+			defer close(r.done)
+			t := time.NewTicker(hold)
+			defer t.Stop()
+			for {
+				select {
+				case <-r.stop:
+					return
+				case <-t.C:
+					p.Reclaim()
+				}
+			}
+		}()
+	})
 }
 
-// stopReclaimer stops the background reclaimer and waits for it to exit.
-// Safe to call more than once, and concurrently.
+// stopReclaimer keeps the background reclaimer from starting, or stops it
+// and waits for it to exit. Safe to call more than once, and concurrently.
 func (p *Pool) stopReclaimer() {
-	if r := p.rec; r != nil {
+	p.recStopped.Store(true)
+	p.recStart.Do(func() {}) // waits for a start in progress
+	if r := p.rec.Load(); r != nil {
 		r.once.Do(func() { close(r.stop) })
 		<-r.done
 	}
@@ -189,12 +197,17 @@ func (p *Pool) hotNow() bool {
 	n := p.placements - p.placedAtPass
 	r := p.root
 	if n >= r.hotCount() {
+		r.startReclaimer()
 		return true
 	}
 	if n < hotMin || p.opts.Reclaimer != ReclaimBackground {
 		return false
 	}
-	return float64(n) >= hotRate*(time.Since(r.born)-p.passAt).Seconds()
+	if float64(n) < hotRate*(time.Since(r.born)-p.passAt).Seconds() {
+		return false
+	}
+	r.startReclaimer()
+	return true
 }
 
 // devicePressed reports whether the device has less than a sixteenth of its

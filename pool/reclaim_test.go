@@ -253,7 +253,8 @@ func TestReclaimDeviceLow(t *testing.T) {
 
 // TestReclaimCloseJoins: Close stops and joins the background reclaimer
 // (no goroutine is left behind) while goroutines allocate and passes run,
-// and every byte goes back to the device.
+// and every byte goes back to the device; a pool that is never hot starts
+// no goroutine at all.
 func TestReclaimCloseJoins(t *testing.T) {
 	d := newSim(t, false, 8<<30)
 	free0, _, err := d.MemInfo()
@@ -295,10 +296,31 @@ func TestReclaimCloseJoins(t *testing.T) {
 		}
 		wg.Wait()
 		time.Sleep(time.Millisecond) // a few passes
+		if !pool.ReclaimerStarted(p) {
+			t.Fatalf("round %d: 6,000 placements on 4 goroutines did not make the pool hot", round)
+		}
 		if err := p.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	cold, err := pool.New(d, pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ { // slower than the hot rate: 1 ms apart
+		b, err := cold.Alloc(uint64(1+i%7)<<20, pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = cold.Free(b)
+		if i%10 == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if pool.ReclaimerStarted(cold) {
+		t.Error("a pool placing about a thousand blocks a second started its reclaimer")
+	}
+	cold.Close()
 	free1, _, err := d.MemInfo()
 	if err != nil {
 		t.Fatal(err)

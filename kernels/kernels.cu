@@ -1626,17 +1626,28 @@ extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
 // row per warp, grid.x = ceil(M / 8). Every GEMV entry takes pf last: the
 // bytes of its block's rows of W that it prefetches into L2 before waiting
 // for the previous kernel (compute_90; see gemv_enter).
-#define MEMWALL_GEMV_ENTRY(NAME, S, RPB, BODY)                                                    \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const S* W, const S* X, float* Y,      \
+//
+// On compute_90 the one-row-per-warp entries (memwall_gemv1_*,
+// memwall_gemvg1_*) are held to 40 registers, so that
+// six blocks fit on an SM instead of five (48 registers; the 32 KiB cp.async
+// ring allows six): 768 blocks (q/k/v of a 4096-wide model) then run in one
+// wave on 132 SMs, and an overlapped successor finds room beside them.
+#if MEMWALL_SM90
+#define MEMWALL_GEMV_BOUNDS __launch_bounds__(256, 6)
+#else
+#define MEMWALL_GEMV_BOUNDS __launch_bounds__(256)
+#endif
+#define MEMWALL_GEMV_ENTRY(NAME, S, RPB, BOUNDS, BODY)                                            \
+    extern "C" __global__ void BOUNDS NAME(const S* W, const S* X, float* Y,                     \
                                                            uint32_t M, uint32_t K, uint32_t T,    \
                                                            uint32_t pf) {                         \
         gemv_enter(W, (uint64_t)K * sizeof(S), M, (uint64_t)blockIdx.x * (RPB), (RPB), pf);       \
         BODY;                                                                                     \
     }
 
-MEMWALL_GEMV_ENTRY(memwall_gemv_f32, float, 16, (gemv<F32, 2, kGemvMaxT>(W, X, Y, M, K, T)))
-MEMWALL_GEMV_ENTRY(memwall_gemv_bf16, uint16_t, 16, (gemv<BF16, 2, kGemvMaxT>(W, X, Y, M, K, T)))
-MEMWALL_GEMV_ENTRY(memwall_gemv_f16, uint16_t, 16, (gemv<F16, 2, kGemvMaxT>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv_f32, float, 16, __launch_bounds__(256), (gemv<F32, 2, kGemvMaxT>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv_bf16, uint16_t, 16, __launch_bounds__(256), (gemv<BF16, 2, kGemvMaxT>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv_f16, uint16_t, 16, __launch_bounds__(256), (gemv<F16, 2, kGemvMaxT>(W, X, Y, M, K, T)))
 
 // memwall_gemv1_*: the cp.async ring on compute_80 and newer, eight loads in
 // flight in registers on compute_70.
@@ -1650,9 +1661,9 @@ __device__ __forceinline__ void gemv1(const typename Tr::S* __restrict__ W, cons
 #endif
 }
 
-MEMWALL_GEMV_ENTRY(memwall_gemv1_f32, float, 8, (gemv1<F32>(W, X, Y, M, K, T)))
-MEMWALL_GEMV_ENTRY(memwall_gemv1_bf16, uint16_t, 8, (gemv1<BF16>(W, X, Y, M, K, T)))
-MEMWALL_GEMV_ENTRY(memwall_gemv1_f16, uint16_t, 8, (gemv1<F16>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_f32, float, 8, MEMWALL_GEMV_BOUNDS, (gemv1<F32>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_bf16, uint16_t, 8, MEMWALL_GEMV_BOUNDS, (gemv1<BF16>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_f16, uint16_t, 8, MEMWALL_GEMV_BOUNDS, (gemv1<F16>(W, X, Y, M, K, T)))
 
 // Up to three T = 1 products that share X, in one launch (q, k and v; gate
 // and up): blocks 0 .. ceil(M0/8)-1 take product 0 as memwall_gemv1_* would,
@@ -1690,7 +1701,7 @@ __device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K,
 }
 
 #define MEMWALL_GEMVG1_ENTRY(NAME, S, TR)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const S* X, uint32_t K, const S* W0, float* Y0,       \
+    extern "C" __global__ void MEMWALL_GEMV_BOUNDS NAME(const S* X, uint32_t K, const S* W0, float* Y0,          \
                                                            uint32_t M0, const S* W1, float* Y1, uint32_t M1,     \
                                                            const S* W2, float* Y2, uint32_t M2, uint32_t pf) {   \
         gemv1_group<TR>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2, pf);                                           \

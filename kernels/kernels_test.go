@@ -22,7 +22,7 @@ func TestCUDASourceNamesEveryKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(`)
+	re := regexp.MustCompile(`extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+|[A-Z_]+\s+)?(\w+)\s*\(`)
 	var defined []string
 	macros := 0 // the entry-defining macros' own declarations (their NAME parameter)
 	for _, m := range re.FindAllSubmatch(src, -1) {

@@ -179,9 +179,15 @@ func (p *Pool) makeShard(i int) *Pool {
 
 // takenNow returns the bytes of blocks out of the arenas of every shard
 // (live, cached, parked, pending or queued), and records them in the
-// peak of use.
+// peak of use. While the root is the only shard the caller holds its
+// lock (every caller holds its shard's), and its held bytes are read as
+// they are; from then on, as the shards publish them (noteHeld).
 func (p *Pool) takenNow() uint64 {
 	r := p.root
+	if !p.spread.Load() {
+		updateMax(&p.peakUsed, r.held)
+		return r.held
+	}
 	n := r.heldPub.Load()
 	r.eachShard(func(s *Pool) { n += s.heldPub.Load() })
 	updateMax(&p.peakUsed, n)
@@ -197,13 +203,17 @@ func (p *Pool) peakWith(size uint64) uint64 {
 	return p.peakUsed.Load()
 }
 
-// noteHeld publishes p.held after it changed, and, while the root is the
-// only shard, records it in the peak of use. Called with p.mu held.
+// noteHeld records p.held after it changed: while the root is the only
+// shard, in the peak of use; from then on it publishes it for takenNow
+// (one atomic store a placement and a free, which one goroutine alone
+// need not pay; the root's figure is then stale until its next change).
+// Called with p.mu held.
 func (p *Pool) noteHeld() {
-	p.heldPub.Store(p.held)
 	if !p.spread.Load() {
 		updateMax(&p.peakUsed, p.held)
+		return
 	}
+	p.heldPub.Store(p.held)
 }
 
 // eachShard calls fn on every shard made so far but the root.

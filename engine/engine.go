@@ -204,6 +204,9 @@ type Engine struct {
 	where map[roleKey]int
 	// grouped says, per layer, which products run as one MatmulGroup.
 	grouped []layerGroups
+	// resNorm is the kernels' fused residual add and RMSNorm when they have
+	// one (residualNormer), else nil.
+	resNorm residualNormFunc
 	// prof times the step being queued (Options.Profile), else nil.
 	prof *profiler
 	// at is the current step's buffer addresses (addrs).
@@ -403,6 +406,9 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return nil, err
 	}
 	e.d, e.ks, e.dev, e.host = d, ks, dev, host
+	if rn, ok := any(ks).(residualNormer); ok {
+		e.resNorm = rn.ResidualRMSNorm
+	}
 	cfg := e.cfg
 	defer func() {
 		if err != nil {
@@ -692,6 +698,16 @@ func (e *Engine) mapGroups() error {
 	}
 	return nil
 }
+
+// residualNormer is a kernels.Set that fuses a residual add with the
+// RMSNorm after it: x = r(x + r(y)) row by row (r rounds to rdt; f32 does
+// not round), written back to x, then out = RMSNorm(x) as RMSNorm computes
+// it, the same bits as Round(y), Add, Round(x) and RMSNorm.
+type residualNormer interface {
+	ResidualRMSNorm(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error
+}
+
+type residualNormFunc func(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error
 
 // layerGroups says which of a layer's products run as one MatmulGroup.
 type layerGroups struct{ qkv, gateUp bool }

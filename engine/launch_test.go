@@ -420,3 +420,69 @@ func TestRandomShapes(t *testing.T) {
 		}
 	}
 }
+
+// TestResidualNormFused: with a fused residual add and RMSNorm (here the
+// four kernels it stands for, behind the kernels' ResidualRMSNorm
+// signature) the engine calls it for each block's O residual and MLP norm
+// and gets the same tokens and logits bit for bit, both formats, resident
+// and streaming, rounded and exact.
+func TestResidualNormFused(t *testing.T) {
+	ctx := context.Background()
+	for _, preset := range []string{"tiny", "tiny-f16"} {
+		for _, f := range []string{synth.Safetensors, synth.GGUF} {
+			for _, mode := range []string{"resident", "streaming", "exact"} {
+				m := open(t, modelPath(t, preset, f))
+				var runs [2]*engine.Result
+				calls := 0
+				for i, fused := range []bool{false, true} {
+					r := newRig(t, testDevice(t))
+					b := uint64(256 << 20)
+					if mode == "streaming" {
+						b = smallBudget(t, r, m, false)
+					}
+					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16, Exact: mode == "exact"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if fused {
+						ks := r.ks
+						engine.SetResidualNorm(e, func(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
+							calls++
+							n := uint64(T) * uint64(H)
+							if err := ks.Round(y, rdt, n, st); err != nil {
+								return err
+							}
+							if err := ks.Add(x, y, n, st); err != nil {
+								return err
+							}
+							if err := ks.Round(x, rdt, n, st); err != nil {
+								return err
+							}
+							return ks.RMSNorm(x, w, wdt, out, odt, T, H, eps, st)
+						})
+					}
+					if runs[i], err = e.Generate(ctx, prompt(21, m.Config.Vocab, 6), engine.Sampling{MaxNew: 9, IgnoreEOS: true, KeepLogits: true}, nil); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.Close(); err != nil {
+						t.Fatal(err)
+					}
+					r.zero(t)
+				}
+				name := preset + " " + f + " " + mode
+				if steps, L := 2+8, m.Config.Layers; calls != steps*L {
+					t.Errorf("%s: %d fused calls in %d steps of %d blocks, want %d", name, calls, steps, L, steps*L)
+				}
+				if !slices.Equal(runs[0].Tokens, runs[1].Tokens) {
+					t.Errorf("%s: fused %v, unfused %v", name, runs[1].Tokens, runs[0].Tokens)
+				}
+				for s := range runs[0].Logits {
+					if !slices.Equal(runs[0].Logits[s], runs[1].Logits[s]) {
+						t.Errorf("%s: step %d logits differ", name, s)
+						break
+					}
+				}
+			}
+		}
+	}
+}

@@ -59,6 +59,10 @@ type op struct {
 // that share an input are one op each (q, k, v; gate, up): MatmulGroup runs
 // them in one launch when it can, and when they run one by one their
 // outputs are written later than the op says, within their lifetimes.
+// The residual add of O and the MLP norm after it are one op too (one
+// launch where the kernels fuse them). (The residual add of down and the
+// next block's attention norm are not: h would then live across blocks,
+// 2·T·H bytes more arena.)
 func opList(permuted bool) (ops []op, layerStart, layerEnd int) {
 	qkv := op{"q, k, v = h·Wq, Wk, Wv", []int{bH}, []int{bQ, bK, bV}}
 	if permuted {
@@ -78,8 +82,7 @@ func opList(permuted bool) (ops []op, layerStart, layerEnd int) {
 		{"write k, v to the cache", []int{bK, bV, bTable}, nil},
 		{"attention", []int{bQ, bTable}, []int{bA}},
 		{"o = attn·Wo", []int{bA}, []int{bO}},
-		{"x += o", []int{bX, bO}, []int{bX}},
-		{"mlp norm", []int{bX}, []int{bH2}},
+		{"x += o; h2 = mlp norm(x)", []int{bX, bO}, []int{bX, bH2}},
 		{"gate, up = h2·Wgate, Wup", []int{bH2}, []int{bG, bU}},
 		{"m = silu(gate)·up", []int{bG, bU}, []int{bM}},
 		{"down = m·Wdown", []int{bM}, []int{bD}},
@@ -564,15 +567,12 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	if err := e.products(c, l, "o", bA, nq*hd, t, false, product{llama.RoleO, bO, H}); err != nil {
 		return err
 	}
-	return e.residual(l, bO, T)
+	return e.residualNorm(c, l, bO, T, &normOp{l, llama.RoleMLPNorm, bH2, "mlp norm"})
 }
 
 // mlpHalf is block l's MLP and its residual add.
 func (e *Engine) mlpHalf(c *cursor, l, T int) error {
 	B, t, H, I := &e.at, uint32(T), uint32(e.cfg.Hidden), uint32(e.cfg.Intermediate)
-	if err := e.norm(c, l, "mlp norm", llama.RoleMLPNorm, bH2, T); err != nil {
-		return err
-	}
 	if err := e.products(c, l, "gate, up", bH2, H, t, e.grouped[l].gateUp,
 		product{llama.RoleGate, bG, I}, product{llama.RoleUp, bU, I}); err != nil {
 		return err
@@ -600,6 +600,39 @@ func (e *Engine) mlpHalf(c *cursor, l, T int) error {
 		return err
 	}
 	return e.residual(l, bD, T)
+}
+
+// normOp is an RMSNorm of the residual stream: the weight of role in block
+// layer, into buffer out.
+type normOp struct {
+	layer int
+	role  llama.Role
+	out   int
+	what  string
+}
+
+// residualNorm adds product b of block l into the residual stream (both
+// rounded, see residual) and then queues norm: one fused launch when the
+// kernels have one (e.resNorm), else the four kernels.
+func (e *Engine) residualNorm(c *cursor, l, b, T int, norm *normOp) error {
+	if e.resNorm == nil {
+		if err := e.residual(l, b, T); err != nil {
+			return err
+		}
+		return e.norm(c, norm.layer, norm.what, norm.role, norm.out, T)
+	}
+	w, dt, err := c.use(norm.layer, norm.role)
+	if err != nil {
+		return err
+	}
+	if err := e.mark(ClassNorms, "add + rmsnorm"); err != nil {
+		return err
+	}
+	if err := e.resNorm(e.at[bX], e.at[b], e.roundDType(), w, dt, e.at[norm.out], e.dt, uint32(T), uint32(e.cfg.Hidden),
+		float32(e.cfg.RMSNormEps), e.compute); err != nil {
+		return blockErr(l, "residual and "+norm.what, err)
+	}
+	return c.settle()
 }
 
 // unpermuteQK puts the raw Q and K rows of T tokens back in HF order:
@@ -639,7 +672,8 @@ func (e *Engine) rope(T uint32, qBytes uint64) error {
 }
 
 // residual rounds product b of block l (T rows) to the model dtype, adds
-// it into the residual stream and rounds that.
+// it into the residual stream and rounds that (no rounding with
+// Options.Exact or an f32 model).
 func (e *Engine) residual(l, b, T int) error {
 	n := T * e.cfg.Hidden
 	if err := e.round(b, n); err != nil {

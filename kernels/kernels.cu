@@ -1627,11 +1627,12 @@ extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
 // bytes of its block's rows of W that it prefetches into L2 before waiting
 // for the previous kernel (compute_90; see gemv_enter).
 //
-// On compute_90 the one-row-per-warp entries (memwall_gemv1_*,
-// memwall_gemvg1_*) are held to 40 registers, so that
-// six blocks fit on an SM instead of five (48 registers; the 32 KiB cp.async
+// On compute_90 memwall_gemvg1_* is held to 40 registers, so that six
+// blocks fit on an SM instead of five (48 registers; the 32 KiB cp.async
 // ring allows six): 768 blocks (q/k/v of a 4096-wide model) then run in one
 // wave on 132 SMs, and an overlapped successor finds room beside them.
+// memwall_gemv1_* keeps 48 (measured at 80-107% overlapped on the H200);
+// the sweep's single-product MatmulGroup lines compare the two.
 #if MEMWALL_SM90
 #define MEMWALL_GEMV_BOUNDS __launch_bounds__(256, 6)
 #else
@@ -1661,9 +1662,9 @@ __device__ __forceinline__ void gemv1(const typename Tr::S* __restrict__ W, cons
 #endif
 }
 
-MEMWALL_GEMV_ENTRY(memwall_gemv1_f32, float, 8, MEMWALL_GEMV_BOUNDS, (gemv1<F32>(W, X, Y, M, K, T)))
-MEMWALL_GEMV_ENTRY(memwall_gemv1_bf16, uint16_t, 8, MEMWALL_GEMV_BOUNDS, (gemv1<BF16>(W, X, Y, M, K, T)))
-MEMWALL_GEMV_ENTRY(memwall_gemv1_f16, uint16_t, 8, MEMWALL_GEMV_BOUNDS, (gemv1<F16>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_f32, float, 8, __launch_bounds__(256), (gemv1<F32>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_bf16, uint16_t, 8, __launch_bounds__(256), (gemv1<BF16>(W, X, Y, M, K, T)))
+MEMWALL_GEMV_ENTRY(memwall_gemv1_f16, uint16_t, 8, __launch_bounds__(256), (gemv1<F16>(W, X, Y, M, K, T)))
 
 // Up to three T = 1 products that share X, in one launch (q, k and v; gate
 // and up): blocks 0 .. ceil(M0/8)-1 take product 0 as memwall_gemv1_* would,

@@ -191,9 +191,39 @@ func TestCUDALlamaSpeed(t *testing.T) {
 	for _, target := range Targets() {
 		s := loadTarget(t, d, target)
 		attnSpeed(t, d, s, tm, target)
+		normSpeed(t, d, s, tm)
 		gemvSpeed(t, d, s, tm, target)
 		gemmSpeed(t, d, s, tm, target)
 	}
+}
+
+// normSpeed times a decode step's RMSNorm (T = 1, H = 4096, bf16 out) and
+// SiluMul (11008), queued, with PDL off and on where the module has it:
+//
+//	KPERF rmsnorm <target> T=1,H=4096 <µs> us
+func normSpeed(t *testing.T, d device.Device, s *Set, tm *timer) {
+	const H, I = 4096, 11008
+	x, w, out := rawAlloc(t, d, 4*H), rawAlloc(t, d, 2*H), rawAlloc(t, d, 2*H)
+	g, u, act := rawAlloc(t, d, 4*I), rawAlloc(t, d, 4*I), rawAlloc(t, d, 2*I)
+	defer func() {
+		for _, p := range []device.Ptr{x, w, out, g, u, act} {
+			d.Free(p)
+		}
+	}()
+	for _, p := range []struct {
+		p device.Ptr
+		n uint64
+	}{{x, 4 * H}, {w, 2 * H}, {g, 4 * I}, {u, 4 * I}} {
+		must(t, d.Memset8(p.p, 0x3c, p.n, tm.st))
+	}
+	for _, pdl := range pdlModes(s) {
+		s.SetOverlap(pdl)
+		per := queued(t, s, tm, func() error { return s.RMSNorm(x, w, BF16, out, BF16, 1, H, 1e-5, tm.st) })
+		fmt.Printf("KPERF rmsnorm %s T=1,H=%d %.2f us\n", sweepLabel(s), H, per.Seconds()*1e6)
+		per = queued(t, s, tm, func() error { return s.SiluMul(g, u, act, BF16, I, tm.st) })
+		fmt.Printf("KPERF silumul %s n=%d %.2f us\n", sweepLabel(s), I, per.Seconds()*1e6)
+	}
+	s.SetOverlap(true)
 }
 
 func attnSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {
@@ -232,12 +262,18 @@ func attnSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		fmt.Printf("KPERF %s %s T=2048,heads=32/8,dim=128 %.2f TFLOP/s (%.3f ms)\n", name, target,
 			4*pairs*hd*nH/per.Seconds()/1e12, per.Seconds()*1e3)
 	}
-	for _, ctx := range []uint32{512, 4096, 32768} {
-		per := tm.per(20, func() error { return s.Attention(q, cache, table, ctx-1, 1, nH, L, 0, scale, out, BF16, tm.st) })
-		kv := float64(ctx) * 2 * kvH * hd * 2
-		fmt.Printf("KPERF attention_decode %s ctx=%d,heads=32/8 %.0f GB/s (%.1f us)\n", target, ctx,
-			kv/per.Seconds()/1e9, per.Seconds()*1e6)
+	for _, pdl := range pdlModes(s) {
+		s.SetOverlap(pdl)
+		label := sweepLabel(s)
+		for _, ctx := range []uint32{512, 2048, 4096, 32768} {
+			// Queued behind a spin (GPU time, launches included), as decode runs it.
+			per := queued(t, s, tm, func() error { return s.Attention(q, cache, table, ctx-1, 1, nH, L, 0, scale, out, BF16, tm.st) })
+			kv := float64(ctx) * 2 * kvH * hd * 2
+			fmt.Printf("KPERF attention_decode %s ctx=%d,heads=32/8 %.0f GB/s (%.1f us)\n", label, ctx,
+				kv/per.Seconds()/1e9, per.Seconds()*1e6)
+		}
 	}
+	s.SetOverlap(true)
 }
 
 func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {

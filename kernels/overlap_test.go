@@ -353,7 +353,8 @@ var chainModels = []chainModel{{"llama2-7b", 4096, 11008, 4096}, {"llama3-8b", 4
 //
 //	KCHAIN <target> <model> <pdl 0|1> <prefetch bytes> <µs per layer> <products' GB/s> <% of copy>
 //
-// where the products' bytes are their weights plus X and Y.
+// where the products' bytes are their weights plus X and Y; the model
+// name "<model>/products" is the four product launches alone.
 func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainModel, copyGBs float64) {
 	const elt = 2
 	H, I, KV := uint64(m.H), uint64(m.I), uint64(m.KV)
@@ -390,12 +391,14 @@ func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainMo
 	for _, s := range sets {
 		target := strings.TrimSuffix(strings.TrimPrefix(s.Source(), "embedded kernels_"), ".ptx")
 		type cfg struct {
-			pdl bool
-			pf  uint32
+			pdl      bool
+			pf       uint32
+			products bool // the products alone, without the norms and SiLU·mul
 		}
-		cfgs := []cfg{{false, s.GemvPrefetch()}}
+		cfgs := []cfg{{false, s.GemvPrefetch(), false}}
 		if s.overlap != nil {
-			cfgs = []cfg{{false, 0}, {true, 0}, {true, 4 << 10}, {true, 8 << 10}, {true, 16 << 10}}
+			cfgs = []cfg{{false, 0, false}, {true, 0, false}, {true, 4 << 10, false}, {true, 8 << 10, false}, {true, 16 << 10, false},
+				{true, DefaultGemvPrefetch, true}, {false, 0, true}}
 		}
 		was, wasPf := s.Overlap(), s.prefetch
 		for _, c := range cfgs {
@@ -405,7 +408,7 @@ func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainMo
 			f := func() error {
 				l := layers[i%copies]
 				i++
-				for _, step := range []func() error{
+				steps := []func() error{
 					func() error { return s.RMSNorm(x, l.n1, BF16, xn, BF16, 1, m.H, 1e-5, tm.st) },
 					func() error {
 						return s.MatmulGroup(BF16, xn, m.H, 1, []MatmulOp{{l.wq, q, m.H}, {l.wk, k, m.KV}, {l.wv, v, m.KV}}, tm.st)
@@ -417,7 +420,11 @@ func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainMo
 					},
 					func() error { return s.SiluMul(g, u, act, BF16, uint64(m.I), tm.st) },
 					func() error { return s.Matmul(BF16, l.wd, act, y, m.H, m.I, 1, tm.st) },
-				} {
+				}
+				if c.products {
+					steps = []func() error{steps[1], steps[2], steps[4], steps[6]}
+				}
+				for _, step := range steps {
 					if err := step(); err != nil {
 						return err
 					}
@@ -426,7 +433,11 @@ func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainMo
 			}
 			per := queuedSpin(t, s, tm, f, 3*time.Millisecond)
 			gbs := bytes / per.Seconds() / 1e9
-			fmt.Printf("KCHAIN %s %s %d %d %.1f %.0f %.1f\n", target, m.name, map[bool]int{false: 0, true: 1}[c.pdl], c.pf,
+			name := m.name
+			if c.products {
+				name += "/products"
+			}
+			fmt.Printf("KCHAIN %s %s %d %d %.1f %.0f %.1f\n", target, name, map[bool]int{false: 0, true: 1}[c.pdl], c.pf,
 				float64(per.Nanoseconds())/1e3, gbs, 100*gbs/copyGBs)
 		}
 		s.SetOverlap(was)

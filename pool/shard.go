@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Shards. The central path (placing blocks in the arenas, mapping pages)
@@ -165,6 +166,7 @@ func (p *Pool) makeShard(i int) *Pool {
 	s := &Pool{dev: p.dev, opts: p.opts, host: p.host, info: p.info, ledger: p.ledger, root: p,
 		cacheMax: p.cacheMax, smallMax: p.smallMax}
 	s.opts.Warmup = 0
+	s.passAt = time.Since(p.born) // its pace counts from now (hotNow)
 	s.cond = sync.NewCond(&s.mu)
 	if err := s.reserveRanges(); err != nil {
 		p.logf("shard %d: %v; allocating from the shards there are", i, err)

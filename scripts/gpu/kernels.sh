@@ -87,8 +87,8 @@ echo "== kernels: compute_90, the rule's launch with PDL off/on and L2 prefetch 
 grep -h '^KPDL' "$dir/sweep.txt" | awk '{k=$2; if (!(k in seen)) { seen[k]=1; order[++n]=k; name[k]=$3 } c[k]=c[k] sprintf(" %s/%s:%s(%s)", ($4=="1"?"on":"off"), $5, $6, $8) }
   END { for (i=1;i<=n;i++) printf "%-14s %-18s%s\n", order[i], name[order[i]], c[order[i]] }'
 echo "== kernels: decoder-layer chain, cold (RMSNorm, q/k/v grouped, o, RMSNorm, gate/up grouped, SiLU*mul, down)"
-printf '%-11s %-10s %4s %8s %9s %8s %7s\n' target model pdl prefetch us/layer GB/s %copy
-grep -h '^KCHAIN' "$dir/sweep.txt" | awk '{printf "%-11s %-10s %4s %8s %9s %8s %7s\n", $2, $3, $4, $5, $6, $7, $8}'
+printf '%-11s %-19s %4s %8s %9s %8s %7s\n' target model pdl prefetch us/layer GB/s %copy
+grep -h '^KCHAIN' "$dir/sweep.txt" | awk '{printf "%-11s %-19s %4s %8s %9s %8s %7s\n", $2, $3, $4, $5, $6, $7, $8}'
 echo "== kernels: T = 1 products sharing X, cold: one MatmulGroup launch vs one Matmul each"
 printf '%-6s %-22s %9s %9s %7s %7s\n' target M+..,K grouped separate %copy %copy
 grep -h '^KFUSE' "$dir/sweep.txt" | awk '{printf "%-6s %-22s %9s %9s %7s %7s\n", $2, $3, $4, $5, $6, $7}'

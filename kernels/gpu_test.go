@@ -274,6 +274,18 @@ func attnSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		}
 	}
 	s.SetOverlap(true)
+	// Other split sizes (the plan's fewest positions per split is 128):
+	// 256 keeps all 8 warps of a block busy, 1024 and up avoids the
+	// combine kernel for short contexts.
+	for _, mc := range []uint64{256, 512, 1024, 4096} {
+		s.attnMinChunk = mc
+		for _, ctx := range []uint32{512, 2048, 4096} {
+			p := planAttention(ctx-1, 1, nH, kvH, hd, s.sms, mc)
+			per := queued(t, s, tm, func() error { return s.Attention(q, cache, table, ctx-1, 1, nH, L, 0, scale, out, BF16, tm.st) })
+			fmt.Printf("KPERF attention_decode_chunk%d %s ctx=%d,splits=%d %.1f us\n", mc, target, ctx, p.Splits, per.Seconds()*1e6)
+		}
+	}
+	s.attnMinChunk = 0
 }
 
 func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {

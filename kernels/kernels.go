@@ -294,6 +294,9 @@ type Set struct {
 	// gemvmOverlap: memwall_gemvm_* too is launched overlapped (off: the
 	// H200 sweep measured it slower so; the sweep turns it on to re-measure).
 	gemvmOverlap bool
+	// attnMinChunk: when non-zero, the fewest positions per attention split
+	// instead of PlanAttention's (the speed test's alternatives).
+	attnMinChunk uint64
 
 	scratchMu sync.Mutex
 	scratch   map[device.Stream]scratchBuf // attention split partials, per stream

@@ -421,6 +421,12 @@ type AttnPlan struct {
 // blocks per multiprocessor run (flash-decoding), each split at least
 // 128 positions, at most 1024 splits and 64 MiB of partials.
 func PlanAttention(start, T, nHeads, kvHeads, headDim, sms uint32) AttnPlan {
+	return planAttention(start, T, nHeads, kvHeads, headDim, sms, minChunk)
+}
+
+// planAttention is PlanAttention with the fewest positions per split given
+// (the speed test compares others).
+func planAttention(start, T, nHeads, kvHeads, headDim, sms uint32, minChunk uint64) AttnPlan {
 	groups := ceilDiv(nHeads/kvHeads, attnHeads)
 	base := uint64(kvHeads) * uint64(groups) * uint64(T)
 	ctx := uint64(start) + uint64(T)
@@ -489,6 +495,9 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 		return nil
 	}
 	p := PlanAttention(start, T, nHeads, L.KVHeads, L.HeadDim, s.sms)
+	if s.attnMinChunk != 0 {
+		p = planAttention(start, T, nHeads, L.KVHeads, L.HeadDim, s.sms, s.attnMinChunk)
+	}
 	var part device.Ptr
 	if p.Splits > 1 {
 		if part, err = s.scratchFor(st, p.ScratchBytes); err != nil {

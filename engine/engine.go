@@ -207,6 +207,9 @@ type Engine struct {
 	// resNorm is the kernels' fused residual add and RMSNorm when they have
 	// one (residualNormer), else nil.
 	resNorm residualNormFunc
+	// siluIn is the kernels' SiLU·up that rounds its inputs when they have
+	// one (siluRounder), else nil.
+	siluIn siluInFunc
 	// prof times the step being queued (Options.Profile), else nil.
 	prof *profiler
 	// at is the current step's buffer addresses (addrs).
@@ -408,6 +411,9 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	e.d, e.ks, e.dev, e.host = d, ks, dev, host
 	if rn, ok := any(ks).(residualNormer); ok {
 		e.resNorm = rn.ResidualRMSNorm
+	}
+	if sr, ok := any(ks).(siluRounder); ok {
+		e.siluIn = sr.SiluMulIn
 	}
 	cfg := e.cfg
 	defer func() {
@@ -708,6 +714,15 @@ type residualNormer interface {
 }
 
 type residualNormFunc func(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error
+
+// siluRounder is a kernels.Set whose SiLU·up rounds its inputs first:
+// out[i] = odt(silu(r(g[i]))·r(u[i])) as SiluMul computes it, r rounding to
+// rdt (f32: none), the same bits as Round(g), Round(u) and SiluMul.
+type siluRounder interface {
+	SiluMulIn(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error
+}
+
+type siluInFunc func(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error
 
 // layerGroups says which of a layer's products run as one MatmulGroup.
 type layerGroups struct{ qkv, gateUp bool }

@@ -421,11 +421,11 @@ func TestRandomShapes(t *testing.T) {
 	}
 }
 
-// TestResidualNormFused: with a fused residual add and RMSNorm (here the
-// four kernels it stands for, behind the kernels' ResidualRMSNorm
-// signature) the engine calls it for each block's O residual and MLP norm
-// and gets the same tokens and logits bit for bit, both formats, resident
-// and streaming, rounded and exact.
+// TestResidualNormFused: with a fused residual add and RMSNorm and a SiLU·up
+// that rounds its inputs (here the kernels they stand for, behind the
+// kernels' ResidualRMSNorm and SiluMulIn signatures) the engine calls them
+// once per block and gets the same tokens and logits bit for bit, both
+// formats, resident and streaming, rounded and exact.
 func TestResidualNormFused(t *testing.T) {
 	ctx := context.Background()
 	for _, preset := range []string{"tiny", "tiny-f16"} {
@@ -433,7 +433,7 @@ func TestResidualNormFused(t *testing.T) {
 			for _, mode := range []string{"resident", "streaming", "exact"} {
 				m := open(t, modelPath(t, preset, f))
 				var runs [2]*engine.Result
-				calls := 0
+				calls, siluCalls := 0, 0
 				for i, fused := range []bool{false, true} {
 					r := newRig(t, testDevice(t))
 					b := uint64(256 << 20)
@@ -460,6 +460,16 @@ func TestResidualNormFused(t *testing.T) {
 							}
 							return ks.RMSNorm(x, w, wdt, out, odt, T, H, eps, st)
 						})
+						engine.SetSiluMulIn(e, func(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error {
+							siluCalls++
+							if err := ks.Round(g, rdt, n, st); err != nil {
+								return err
+							}
+							if err := ks.Round(u, rdt, n, st); err != nil {
+								return err
+							}
+							return ks.SiluMul(g, u, out, odt, n, st)
+						})
 					}
 					if runs[i], err = e.Generate(ctx, prompt(21, m.Config.Vocab, 6), engine.Sampling{MaxNew: 9, IgnoreEOS: true, KeepLogits: true}, nil); err != nil {
 						t.Fatal(err)
@@ -470,8 +480,8 @@ func TestResidualNormFused(t *testing.T) {
 					r.zero(t)
 				}
 				name := preset + " " + f + " " + mode
-				if steps, L := 2+8, m.Config.Layers; calls != steps*L {
-					t.Errorf("%s: %d fused calls in %d steps of %d blocks, want %d", name, calls, steps, L, steps*L)
+				if steps, L := 2+8, m.Config.Layers; calls != steps*L || siluCalls != steps*L {
+					t.Errorf("%s: %d fused norm and %d SiLU calls in %d steps of %d blocks, want %d", name, calls, siluCalls, steps, L, steps*L)
 				}
 				if !slices.Equal(runs[0].Tokens, runs[1].Tokens) {
 					t.Errorf("%s: fused %v, unfused %v", name, runs[1].Tokens, runs[0].Tokens)

@@ -572,12 +572,34 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 
 // mlpHalf is block l's MLP and its residual add.
 func (e *Engine) mlpHalf(c *cursor, l, T int) error {
-	B, t, H, I := &e.at, uint32(T), uint32(e.cfg.Hidden), uint32(e.cfg.Intermediate)
+	t, H, I := uint32(T), uint32(e.cfg.Hidden), uint32(e.cfg.Intermediate)
 	if err := e.products(c, l, "gate, up", bH2, H, t, e.grouped[l].gateUp,
 		product{llama.RoleGate, bG, I}, product{llama.RoleUp, bU, I}); err != nil {
 		return err
 	}
-	n := T * int(I)
+	if err := e.siluUp(l, T*int(I)); err != nil {
+		return err
+	}
+	if err := e.products(c, l, "down", bM, I, t, false, product{llama.RoleDown, bD, H}); err != nil {
+		return err
+	}
+	return e.residual(l, bD, T)
+}
+
+// siluUp queues m = SiLU(gate)·up over n values, gate and up rounded to the
+// model dtype first: one launch when the kernels round inside SiLU·up
+// (e.siluIn), else the Rounds (one over both when they touch) and SiluMul.
+func (e *Engine) siluUp(l, n int) error {
+	B := &e.at
+	if e.siluIn != nil {
+		if err := e.mark(ClassOther, "silu·up"); err != nil {
+			return err
+		}
+		if err := e.siluIn(B[bG], B[bU], e.roundDType(), B[bM], e.dt, uint64(n), e.compute); err != nil {
+			return blockErr(l, "silu", err)
+		}
+		return nil
+	}
 	if e.touching(bG, bU, 4*uint64(n)) {
 		if err := e.round(bG, 2*n); err != nil {
 			return err
@@ -596,10 +618,7 @@ func (e *Engine) mlpHalf(c *cursor, l, T int) error {
 	if err := e.ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(n), e.compute); err != nil {
 		return blockErr(l, "silu", err)
 	}
-	if err := e.products(c, l, "down", bM, I, t, false, product{llama.RoleDown, bD, H}); err != nil {
-		return err
-	}
-	return e.residual(l, bD, T)
+	return nil
 }
 
 // normOp is an RMSNorm of the residual stream: the weight of role in block

@@ -195,7 +195,7 @@ class Check:
             self.results["engine-tests"] = {"rc": None, "summary": "engine.test not built"}
             return
         env = dict(os.environ, MEMWALL_TEST_DEVICE="cuda")
-        rc, so, se, dt = sh([t, "-test.run", "TestAgainstReference|TestFormatsAgree|TestSampledSteps|TestLimits|TestGroupedBitIdentical|TestDecodeLaunches|TestProfile", "-test.v",
+        rc, so, se, dt = sh([t, "-test.run", "TestAgainstReference|TestFormatsAgree|TestSampledSteps|TestLimits|TestGroupedBitIdentical|TestDecodeLaunches|TestProfile|TestResidualNormFused", "-test.v",
                              "-test.timeout", "90s"], 100, os.path.join(self.out, "engine-tests.txt"), env=env)
         fails = re.findall(r"--- FAIL: (\S+)", so + se)
         self.results["engine-tests"] = {"rc": rc, "seconds": dt, "failed": fails}

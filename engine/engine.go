@@ -38,7 +38,10 @@
 // and the KV write do the rounding of Q, K and V themselves, RoPE turns Q
 // and K in one launch, and one Round covers gate and up: 17 kernels per
 // layer of a 7B model instead of 27, with the same results bit for bit
-// (Options.Ungrouped turns the grouping off for comparison).
+// (Options.Ungrouped turns the grouping off for comparison). Where the
+// kernels fuse the O residual with the MLP norm (ResidualRMSNorm) or round
+// inside SiLU·up (SiluMulIn), the engine uses them, found by their methods:
+// 13 per layer.
 // Options.Profile times decode steps on the device per op class.
 package engine
 

@@ -103,7 +103,8 @@ func TestCUDAGemvVariants(t *testing.T) {
 			}
 			// The compute_90 module launches overlapped; each case prefetches a
 			// different amount (none, a line, whole blocks, evict_last).
-			s.prefetch = pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch, prefetchEarly|4096)
+			s.prefetch = pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch, prefetchEarly|4096,
+				prefetchPerRow|1000, prefetchPerRow|prefetchEvictLast|1<<20)
 			s.gemvmOverlap = rng.IntN(2) == 0 // Matmul launches it plainly; overlapped must be right too
 			for kind := range gemvKinds {
 				if uint32(c.T) > gemvMaxT(kind) {
@@ -168,7 +169,7 @@ func gemvGroupCheck(t *testing.T, r *rig, rng *rand.Rand, per map[string]*errAgg
 			Ws = append(Ws, W)
 			ops = append(ops, MatmulOp{W: r.upload(W), Y: r.nans(uint64(4 * M)), M: uint32(M)})
 		}
-		r.s.prefetch = pick(rng, uint32(0), 128, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|4096)
+		r.s.prefetch = pick(rng, uint32(0), 128, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|4096, prefetchPerRow|16<<10)
 		must(t, r.s.MatmulGroup(dt, px, uint32(K), 1, ops, r.st))
 		for j, op := range ops {
 			alone := r.nans(uint64(4 * op.M))
@@ -464,7 +465,7 @@ var pdlSweep = []struct {
 	pdl bool
 	pf  uint32
 }{{false, 0}, {true, 0}, {true, 4 << 10}, {true, 8 << 10}, {true, 16 << 10}, {true, 32 << 10},
-	{true, prefetchEvictLast | 8<<10}, {true, prefetchEarly | 4<<10}}
+	{true, prefetchEvictLast | 8<<10}, {true, prefetchPerRow | 8<<10}, {true, prefetchPerRow | 16<<10}, {true, prefetchPerRow | 32<<10}}
 
 // pfLabel prints a prefetch argument: bytes, "+last" for evict_last,
 // "+early" for the early launch_dependents.
@@ -475,6 +476,9 @@ func pfLabel(pf uint32) string {
 	}
 	if pf&prefetchEarly != 0 {
 		l += "+early"
+	}
+	if pf&prefetchPerRow != 0 {
+		l += "+rows"
 	}
 	return l
 }

@@ -74,14 +74,14 @@ __device__ __forceinline__ void pdl_enter() {
 }
 
 // Prefetches into L2 the 128-byte lines that hold the first
-// min(bytes, cap & 0x3FFFFFFF) bytes at p, spread over the block's threads
+// min(bytes, cap & 0x1FFFFFFF) bytes at p, spread over the block's threads
 // (bit 31 of cap: with the evict_last policy). A hint only: nothing lands
 // in registers or L1, and L2 is the GPU's point of coherence, so it is
 // correct whatever wrote the bytes and whenever; every line it touches holds
 // a byte of the range, so it stays inside the allocation's pages.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes, uint32_t cap) {
 #if MEMWALL_SM90
-    bytes = min(bytes, (uint64_t)(cap & 0x3FFFFFFFu));
+    bytes = min(bytes, (uint64_t)(cap & 0x1FFFFFFFu));
     if (bytes == 0) return;
     const bool last = (cap >> 31) != 0;
     const uint64_t end = (uint64_t)(uintptr_t)p + bytes;
@@ -103,13 +103,35 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes, uint3
 // pdl_enter. Bit 30 of pf issues launch_dependents first instead (the next
 // kernel may be scheduled before this one's wait returns: a deeper
 // lookahead, for the sweep to compare; a second launch_dependents is a
-// no-op).
+// no-op). Bit 29 spreads the bytes over the rows instead: the first
+// pf/rows bytes of each row, where each warp's first loads go.
 __device__ __forceinline__ void gemv_enter(const void* W, uint64_t rowBytes, uint32_t M, uint64_t r0, uint64_t n,
                                            uint32_t pf) {
 #if MEMWALL_SM90
     if (pf & 0x40000000u) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (r0 < M) {
+        const uint64_t rows = min(r0 + n, (uint64_t)M) - r0;
+        const char* base = static_cast<const char*>(W) + r0 * rowBytes;
+        if (pf & 0x20000000u) {
+            const uint64_t per = min(rowBytes, (uint64_t)(pf & 0x1FFFFFFFu) / rows);
+            const uint64_t lines = (per + 127) / 128 + 1;  // a row's range may straddle one more line
+            for (uint64_t i = threadIdx.x; per > 0 && i < rows * lines; i += blockDim.x) {
+                const uint64_t r = i / lines, a = (uint64_t)(uintptr_t)(base + r * rowBytes);
+                const uint64_t l = (a & ~(uint64_t)127) + 128 * (i % lines);
+                if (l < a + per) {
+                    if (pf >> 31)
+                        asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; prefetch.global.L2::evict_last [g]; }" ::"l"(l));
+                    else
+                        asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; prefetch.global.L2 [g]; }" ::"l"(l));
+                }
+            }
+        } else {
+            prefetch_l2(base, rows * rowBytes, pf);
+        }
+    }
+#else
+    (void)W, (void)rowBytes, (void)M, (void)r0, (void)n, (void)pf;
 #endif
-    if (r0 < M) prefetch_l2(static_cast<const char*>(W) + r0 * rowBytes, (min(r0 + n, (uint64_t)M) - r0) * rowBytes, pf);
     pdl_enter();
 }
 

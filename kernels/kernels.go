@@ -337,10 +337,10 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 		s.SetOverlap(false)
 	}
 	if v := getenv(EnvPrefetch); v != "" {
-		n, perr := strconv.ParseUint(v, 10, 30)
+		n, perr := strconv.ParseUint(v, 10, 29)
 		if perr != nil {
 			s.Close()
-			return nil, fmt.Errorf("kernels: %s=%q: not a byte count below 1 GiB: %w", EnvPrefetch, v, device.ErrInvalid)
+			return nil, fmt.Errorf("kernels: %s=%q: not a byte count below 512 MiB: %w", EnvPrefetch, v, device.ErrInvalid)
 		}
 		s.SetGemvPrefetch(uint32(n))
 	}
@@ -527,17 +527,19 @@ const DefaultGemvPrefetch = 8 << 10
 // waits for the previous kernel on the stream, capped at the block's rows
 // (8 rows); 0 prefetches nothing. (Matmul's T = 2..8 kernel is launched
 // plainly and prefetches nothing.) Only the compute_90 module prefetches; the hint never changes a
-// result. bytes is taken modulo 2³⁰. It must not race with launches.
+// result. bytes is taken modulo 2²⁹. It must not race with launches.
 func (s *Set) SetGemvPrefetch(bytes uint32) { s.prefetch = bytes & prefetchBytesMask }
 
 // GemvPrefetch returns the bytes set by SetGemvPrefetch.
 func (s *Set) GemvPrefetch() uint32 { return s.prefetch & prefetchBytesMask }
 
-// The GEMV kernels' prefetch argument: the byte cap in the low 30 bits,
-// the bit that asks for the evict_last L2 policy, and the one that lets the
-// next kernel launch before this one's wait (the sweep's alternatives).
+// The GEMV kernels' prefetch argument: the byte cap in the low 29 bits,
+// and bits for the sweep's alternatives: the bytes spread over the block's
+// rows (the first bytes of each) instead of from its first row on, launch
+// of the next kernel before this one's wait, the evict_last L2 policy.
 const (
-	prefetchBytesMask = 1<<30 - 1
+	prefetchBytesMask = 1<<29 - 1
+	prefetchPerRow    = 1 << 29
 	prefetchEarly     = 1 << 30
 	prefetchEvictLast = 1 << 31
 )

@@ -57,7 +57,7 @@ func TestSetOverlap(t *testing.T) {
 		{"prefetch 0", sm90, true, map[string]string{EnvPrefetch: "0"}, true, 0, false},
 		{"prefetch 65536", sm90, true, map[string]string{EnvPrefetch: "65536"}, true, 65536, false},
 		{"prefetch bad", sm90, true, map[string]string{EnvPrefetch: "lots"}, false, 0, true},
-		{"prefetch too big", sm90, true, map[string]string{EnvPrefetch: "1073741824"}, false, 0, true},
+		{"prefetch too big", sm90, true, map[string]string{EnvPrefetch: "536870912"}, false, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &overlapFake{fakeDevice: newFake("cuda"), can: tc.can}
@@ -134,9 +134,9 @@ func TestSetOverlap(t *testing.T) {
 			if s.SetOverlap(false) || s.Overlap() {
 				t.Error("SetOverlap(false) left overlap on")
 			}
-			s.SetGemvPrefetch(prefetchEvictLast | prefetchEarly | 7)
+			s.SetGemvPrefetch(prefetchEvictLast | prefetchEarly | prefetchPerRow | 7)
 			if s.GemvPrefetch() != 7 {
-				t.Errorf("GemvPrefetch %d after setting 7 with bits 30 and 31", s.GemvPrefetch())
+				t.Errorf("GemvPrefetch %d after setting 7 with bits 29-31", s.GemvPrefetch())
 			}
 		})
 	}
@@ -205,7 +205,8 @@ func TestCUDAOverlapChain(t *testing.T) {
 		if !big {
 			H, I = uint32(1+rng.IntN(300)), uint32(1+rng.IntN(600))
 		}
-		pf := pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch, prefetchEarly|DefaultGemvPrefetch)
+		pf := pick(rng, uint32(0), 128, 4096, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|DefaultGemvPrefetch, prefetchEarly|DefaultGemvPrefetch,
+			prefetchPerRow|16<<10, prefetchPerRow|1<<20)
 		chain := newTestChain(t, r, rng, dt, H, I)
 		var outs [2][]byte
 		for i, on := range []bool{false, true} {

@@ -2033,15 +2033,16 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
     const float* part, void* out, uint32_t odt, uint32_t rows, uint32_t headDim,
     uint32_t splits) {
     pdl_enter();
-    __shared__ float c[1024];
+    __shared__ float c[1024], cl[1024];
     __shared__ float red[32];
     const uint64_t stride = headDim + 2;
     for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* pr = part + row * splits * stride;
-        // Every split's m at once (one load per thread), then the block max.
+        // Every split's m and l at once (one round trip), then the block max.
         float mloc = -INFINITY;
         for (uint32_t s = threadIdx.x; s < splits; s += blockDim.x) {
             const float ms = pr[s * stride];
+            cl[s] = pr[s * stride + 1];
             c[s] = ms;
             mloc = fmaxf(mloc, ms);
         }
@@ -2051,7 +2052,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
             const float ms = c[s];
             const float cs = ms == -INFINITY ? 0.0f : expf(ms - M);
             c[s] = cs;
-            Lp = fmaf(pr[s * stride + 1], cs, Lp);
+            Lp = fmaf(cl[s], cs, Lp);
         }
         const float L = block_sum(Lp, red);  // its barriers also publish c
         for (uint32_t e = threadIdx.x; e < headDim; e += blockDim.x) {

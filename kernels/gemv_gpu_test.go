@@ -453,6 +453,27 @@ func sweepShape(t *testing.T, d device.Device, sets []*Set, tm *timer, M, K, T, 
 			fmt.Printf("KPDL %s %s %d %s %.0f %.0f %.1f\n", shape, gemvName(p.kind, BF16), map[bool]int{false: 0, true: 1}[c.pdl],
 				pfLabel(c.pf), cold, hot, 100*cold/copyGBs)
 		}
+		if p.kind == gemvMMA {
+			// The tensor-core kernel at finer grids (8 blocks per SM, a block
+			// per 16-row group), overlapped or not: whether more, smaller
+			// shares keep it even when its blocks land beside the previous
+			// kernel's.
+			seen := map[uint32]bool{p.grid: true}
+			for _, g := range []uint32{gemvGrid(gemvMMA, M, sms, 8), gemvUnits(gemvMMA, M)} {
+				if seen[g] {
+					continue
+				}
+				seen[g] = true
+				q := gemvPlan{gemvMMA, g}
+				for _, c := range pdlSweep[:4] {
+					s.SetOverlap(c.pdl)
+					s.prefetch = c.pf
+					cold, hot := measure(s, q)
+					fmt.Printf("KPDL %s %s@%d %d %s %.0f %.0f %.1f\n", shape, gemvName(q.kind, BF16), g, map[bool]int{false: 0, true: 1}[c.pdl],
+						pfLabel(c.pf), cold, hot, 100*cold/copyGBs)
+				}
+			}
+		}
 		s.SetOverlap(true)
 		s.prefetch = was
 		s.gemvmOverlap = false

@@ -84,8 +84,8 @@ awk '$1=="KSWEEP" { k=$2" "$3; if (!(k in b) || $6+0 > bc[k]) { b[k]=$4" "$5; bc
      END { for (i=1;i<=n;i++) { k=order[i]; split(k,a," "); split(b[k],x," "); split(s[k],y," ");
        printf "%-6s %-14s %-20s %6s %6.0f %6s %6s | %-20s %6s %6s %6s\n", a[1], a[2], x[1], x[2], bc[k], bh[k], bp[k], y[1], y[2], sc[k], sp[k] } }' "$dir/sweep.txt"
 echo "== kernels: compute_90, the rule's launch with PDL off/on and L2 prefetch bytes per block (cold GB/s, % copy)"
-grep -h '^KPDL' "$dir/sweep.txt" | awk '{k=$2; if (!(k in seen)) { seen[k]=1; order[++n]=k; name[k]=$3 } c[k]=c[k] sprintf(" %s/%s:%s(%s)", ($4=="1"?"on":"off"), $5, $6, $8) }
-  END { for (i=1;i<=n;i++) printf "%-14s %-18s%s\n", order[i], name[order[i]], c[order[i]] }'
+grep -h '^KPDL' "$dir/sweep.txt" | awk '{k=$2" "$3; if (!(k in seen)) { seen[k]=1; order[++n]=k } c[k]=c[k] sprintf(" %s/%s:%s(%s)", ($4=="1"?"on":"off"), $5, $6, $8) }
+  END { for (i=1;i<=n;i++) { split(order[i], a, " "); printf "%-14s %-23s%s\n", a[1], a[2], c[order[i]] } }'
 echo "== kernels: decoder-layer chain, cold (RMSNorm, q/k/v grouped, o, RMSNorm, gate/up grouped, SiLU*mul, down)"
 printf '%-11s %-19s %4s %8s %9s %8s %7s\n' target model pdl prefetch us/layer GB/s %copy
 grep -h '^KCHAIN' "$dir/sweep.txt" | awk '{printf "%-11s %-19s %4s %8s %9s %8s %7s\n", $2, $3, $4, $5, $6, $7, $8}'

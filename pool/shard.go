@@ -118,7 +118,10 @@ func (p *Pool) lockShard() *Pool {
 	}
 	pid := procPin()
 	procUnpin()
-	ps := &ss.of[pid%len(ss.of)]
+	if pid >= len(ss.of) { // processors added since New; a division otherwise costs every call
+		pid %= len(ss.of)
+	}
+	ps := &ss.of[pid]
 	s := ss.list[ps.idx.Load()].Load()
 	if !s.mu.TryLock() {
 		if own := pid % len(ss.list); s == p && own != 0 && ps.contended.Add(1) >= switchAfter {

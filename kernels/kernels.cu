@@ -1824,9 +1824,14 @@ extern "C" __global__ void __launch_bounds__(256) memwall_embed(
 // n rounded to odt first when odt is not f32 (HF LlamaRMSNorm: the
 // normalized value is cast to the model dtype, then multiplied by the weight
 // in that dtype).
+//
+// With y non-null, first the residual (Set.ResidualRMSNorm): x[t, i] =
+// rdt(x[t, i] + rdt(y[t, i])) is written back to x (rdt: a dtype code;
+// f32 rounds nothing), and the norm is of that x: the same bits as Round(y),
+// Add(x, y), Round(x), RMSNorm(x) (y itself is left as it is).
 extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
-    const float* x, const void* w, uint32_t wdt, void* out, uint32_t odt, uint32_t T, uint32_t H,
-    float eps) {
+    float* x, const void* w, uint32_t wdt, void* out, uint32_t odt, uint32_t T, uint32_t H,
+    float eps, const float* y, uint32_t rdt) {
     // The weight is only hinted into L2 before the wait (another kernel
     // could have written it); x is read after it.
     if (blockIdx.x == 0) prefetch_l2(w, (uint64_t)H * (wdt == kDtF32 ? 4 : 2), 0x3FFFFFFFu);
@@ -1838,7 +1843,8 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
     // sums run in the same order either way.
     constexpr int kNormRegs = 16;
     for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const float* row = x + t * H;
+        float* row = x + t * H;
+        const float* yrow = y != nullptr ? y + t * H : nullptr;
         float ss = 0.0f;
         if (H <= kNormRegs * blockDim.x) {
             float v[kNormRegs], wv[kNormRegs];
@@ -1846,6 +1852,22 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
             for (int j = 0; j < kNormRegs; ++j) {
                 const uint32_t i = threadIdx.x + j * blockDim.x;
                 v[j] = i < H ? row[i] : 0.0f;
+            }
+            if (yrow != nullptr) {
+                float yv[kNormRegs];
+#pragma unroll
+                for (int j = 0; j < kNormRegs; ++j) {
+                    const uint32_t i = threadIdx.x + j * blockDim.x;
+                    yv[j] = i < H ? yrow[i] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < kNormRegs; ++j) {
+                    const uint32_t i = threadIdx.x + j * blockDim.x;
+                    if (i < H) {
+                        v[j] = round_dt(v[j] + round_dt(yv[j], rdt), rdt);
+                        row[i] = v[j];
+                    }
+                }
             }
 #pragma unroll
             for (int j = 0; j < kNormRegs; ++j) {
@@ -1863,7 +1885,14 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
             }
             continue;
         }
-        for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) ss = fmaf(row[i], row[i], ss);
+        for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+            float xi = row[i];
+            if (yrow != nullptr) {
+                xi = round_dt(xi + round_dt(yrow[i], rdt), rdt);
+                row[i] = xi;  // read back below by this same thread
+            }
+            ss = fmaf(xi, xi, ss);
+        }
         ss = block_sum(ss, red);
         const float r = rsqrtf(ss / (float)H + eps);
         for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
@@ -1912,14 +1941,17 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rope(
 // out[i] = odt(silu(g[i]) * u[i]); for odt other than f32, silu(g[i]) is
 // rounded to odt before the product (HF: act_fn(gate) * up in the model
 // dtype).
+// rdt (Set.SiluMulIn): g and u are first rounded to that dtype code (f32:
+// not at all), as Round(g), Round(u) before SiluMul would (g and u in memory
+// stay as they are).
 extern "C" __global__ void __launch_bounds__(256) memwall_silumul(
-    const float* g, const float* u, void* out, uint32_t odt, uint64_t n) {
+    const float* g, const float* u, void* out, uint32_t odt, uint32_t rdt, uint64_t n) {
     pdl_enter();
     const uint64_t stride = grid_threads();
     for (uint64_t i = global_thread(); i < n; i += stride) {
-        const float x = g[i];
+        const float x = round_dt(g[i], rdt);
         const float s = round_dt(x / (1.0f + expf(-x)), odt);
-        store_dt(out, i, odt, s * u[i]);
+        store_dt(out, i, odt, s * round_dt(u[i], rdt));
     }
 }
 

@@ -257,7 +257,42 @@ func (s *Set) RMSNorm(x, w device.Ptr, wdt string, out device.Ptr, odt string, T
 		checkPtr(NameRMSNorm, "out", out, uint64(oe))); err != nil {
 		return err
 	}
-	return s.launch(NameRMSNorm, s.llama.rmsnorm, s.rowGrid(T), st, x, w, wc, out, oc, T, H, eps)
+	return s.launch(NameRMSNorm, s.llama.rmsnorm, s.rowGrid(T), st, x, w, wc, out, oc, T, H, eps, device.Ptr(0), codeF32)
+}
+
+// ResidualRMSNorm is the residual add and the norm after it in one launch:
+// per row t < T, x[t, i] = rdt(x[t, i] + rdt(y[t, i])) (rdt rounds to that
+// dtype; "f32" rounds nothing) is written back to x, then out = RMSNorm(x)
+// as RMSNorm computes it. x, out and the result equal Round(y, rdt),
+// Add(x, y), Round(x, rdt), RMSNorm(x, w, wdt, out, odt) bit for bit,
+// except that y is left unrounded. y is T×H float32 and must not overlap x
+// or out.
+func (s *Set) ResidualRMSNorm(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
+	rc, err := dtCode(rdt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: residual: %w", NameRMSNorm, err)
+	}
+	wc, err := dtCode(wdt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: weight: %w", NameRMSNorm, err)
+	}
+	oc, err := dtCode(odt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: output: %w", NameRMSNorm, err)
+	}
+	if T == 0 {
+		return nil
+	}
+	if H == 0 || !(eps >= 0) || math.IsInf(float64(eps), 0) {
+		return fmt.Errorf("kernels: %s: H = %d, eps = %g: %w", NameRMSNorm, H, eps, ErrShape)
+	}
+	we, _ := ElemSize(wdt)
+	oe, _ := ElemSize(odt)
+	if err := errors.Join(checkPtr(NameRMSNorm, "x", x, 4), checkPtr(NameRMSNorm, "y", y, 4),
+		checkPtr(NameRMSNorm, "w", w, uint64(we)), checkPtr(NameRMSNorm, "out", out, uint64(oe))); err != nil {
+		return err
+	}
+	return s.launch(NameRMSNorm, s.llama.rmsnorm, s.rowGrid(T), st, x, w, wc, out, oc, T, H, eps, y, rc)
 }
 
 // RoPE rotates x (T×nHeads×headDim float32, in place) by position: pair i
@@ -320,7 +355,31 @@ func (s *Set) SiluMul(g, u, out device.Ptr, odt string, n uint64, st device.Stre
 		checkPtr(NameSiluMul, "out", out, uint64(oe))); err != nil {
 		return err
 	}
-	return s.launch(NameSiluMul, s.llama.silumul, s.gridFor(n), st, g, u, out, oc, n)
+	return s.launch(NameSiluMul, s.llama.silumul, s.gridFor(n), st, g, u, out, oc, codeF32, n)
+}
+
+// SiluMulIn is SiluMul with g and u rounded to rdt first ("f32": not at
+// all): the same bits as Round(g, rdt), Round(u, rdt), SiluMul(g, u, out,
+// odt, n), except that g and u in memory stay unrounded. One launch instead
+// of three.
+func (s *Set) SiluMulIn(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error {
+	rc, err := dtCode(rdt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: rounding: %w", NameSiluMul, err)
+	}
+	oc, err := dtCode(odt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", NameSiluMul, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	oe, _ := ElemSize(odt)
+	if err := errors.Join(checkPtr(NameSiluMul, "g", g, 4), checkPtr(NameSiluMul, "u", u, 4),
+		checkPtr(NameSiluMul, "out", out, uint64(oe))); err != nil {
+		return err
+	}
+	return s.launch(NameSiluMul, s.llama.silumul, s.gridFor(n), st, g, u, out, oc, rc, n)
 }
 
 // Add queues x[i] += y[i] for i < n, float32 (the residual stream). Follow

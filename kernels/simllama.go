@@ -18,7 +18,7 @@ func llamaGoKernels() []goKernel {
 		{name: NameEmbed, run: runEmbed, cost: costEmbed},
 		{name: NameRMSNorm, run: runRMSNorm, cost: costRMSNorm},
 		{name: NameRoPE, run: runRoPE, cost: costRoPE},
-		{name: NameSiluMul, run: runSiluMul, cost: costElem(5, 4, 12)},
+		{name: NameSiluMul, run: runSiluMul, cost: costElem(6, 4, 12)},
 		{name: NameAdd, run: runAdd, cost: costElem(3, 2, 12)},
 		{name: NameCast, run: runCast, cost: costElem(4, 3, 8)},
 		{name: NameRound, run: runRound, cost: costElem(3, 2, 8)},
@@ -231,11 +231,15 @@ func RMSNormRow(x, w []float32, odt string, eps float32) []float32 {
 
 func runRMSNorm(mem memory, grid, block device.Dim3, args []any) error {
 	const k = NameRMSNorm
-	a, err := parseArgs(k, "ppupuuuf", args)
+	a, err := parseArgs(k, "ppupuuufpu", args)
 	if err != nil {
 		return err
 	}
 	if err := checkLinearLaunch(k, grid, block); err != nil {
+		return err
+	}
+	rdt, _, err := dtArg(k, a.u[4])
+	if err != nil {
 		return err
 	}
 	wdt, we, err := dtArg(k, a.u[0])
@@ -266,10 +270,20 @@ func runRMSNorm(mem memory, grid, block device.Dim3, args []any) error {
 	for i := range H {
 		w[i] = getDT(wdt, wb, i)
 	}
+	var yb []byte
+	if a.p[3] != 0 {
+		if yb, err = buf(k, "y", mem, a.p[3], T*H, 4); err != nil {
+			return err
+		}
+	}
 	x := make([]float32, H)
 	for t := range T {
 		for i := range H {
 			x[i] = getF(xb, t*H+i)
+			if yb != nil { // the residual first, written back (ResidualRMSNorm)
+				x[i] = RoundTo(rdt, x[i]+RoundTo(rdt, getF(yb, t*H+i)))
+				putF(xb, t*H+i, x[i])
+			}
 		}
 		for i, v := range RMSNormRow(x, w, odt, eps) {
 			putDT(odt, ob, t*H+uint64(i), v)
@@ -279,7 +293,7 @@ func runRMSNorm(mem memory, grid, block device.Dim3, args []any) error {
 }
 
 func costRMSNorm(_, _ device.Dim3, args []any) (goCost, bool) {
-	a, err := parseArgs("", "ppupuuuf", args)
+	a, err := parseArgs("", "ppupuuufpu", args)
 	if err != nil {
 		return goCost{}, false
 	}
@@ -396,11 +410,15 @@ func elemLaunch(k, kinds string, grid, block device.Dim3, args []any) (kargs, ui
 
 func runSiluMul(mem memory, grid, block device.Dim3, args []any) error {
 	const k = NameSiluMul
-	a, n, err := elemLaunch(k, "pppuU", grid, block, args)
+	a, n, err := elemLaunch(k, "pppuuU", grid, block, args)
 	if err != nil || n == 0 {
 		return err
 	}
 	odt, oe, err := dtArg(k, a.u[0])
+	if err != nil {
+		return err
+	}
+	rdt, _, err := dtArg(k, a.u[1])
 	if err != nil {
 		return err
 	}
@@ -417,7 +435,7 @@ func runSiluMul(mem memory, grid, block device.Dim3, args []any) error {
 		return err
 	}
 	for i := range n {
-		putDT(odt, out, i, SiluMulValue(getF(g, i), getF(u, i), odt))
+		putDT(odt, out, i, SiluMulValue(RoundTo(rdt, getF(g, i)), RoundTo(rdt, getF(u, i)), odt))
 	}
 	return nil
 }

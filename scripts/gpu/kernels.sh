@@ -39,7 +39,7 @@ step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
   [ $r -ne 0 ] && { rc=1; echo "kernels: step $name rc=$r"; tail -n 15 "$dir/$name.txt"; }
   return 0
 }
-step check 110 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$|TestCUDAGemvVariants|TestCUDAOverlapChain'
+step check 110 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$|TestCUDAGemvVariants|TestCUDAOverlapChain|TestCUDAFusedNorms'
 step sweep 75 -test.v -test.run 'TestCUDAGemvSweep'
 step speed 30 -test.v -test.run 'TestCUDALlamaSpeed'
 # cuBLASLt bound through purego, against the float64 reference.

@@ -237,27 +237,7 @@ func (s *Set) Embed(table device.Ptr, wdt string, ids, out device.Ptr, T, H uint
 // out is T×H of odt. x and out must not overlap unless they are the same
 // f32 buffer.
 func (s *Set) RMSNorm(x, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
-	wc, err := dtCode(wdt)
-	if err != nil {
-		return fmt.Errorf("kernels: %s: weight: %w", NameRMSNorm, err)
-	}
-	oc, err := dtCode(odt)
-	if err != nil {
-		return fmt.Errorf("kernels: %s: output: %w", NameRMSNorm, err)
-	}
-	if T == 0 {
-		return nil
-	}
-	if H == 0 || !(eps >= 0) || math.IsInf(float64(eps), 0) {
-		return fmt.Errorf("kernels: %s: H = %d, eps = %g: %w", NameRMSNorm, H, eps, ErrShape)
-	}
-	we, _ := ElemSize(wdt)
-	oe, _ := ElemSize(odt)
-	if err := errors.Join(checkPtr(NameRMSNorm, "x", x, 4), checkPtr(NameRMSNorm, "w", w, uint64(we)),
-		checkPtr(NameRMSNorm, "out", out, uint64(oe))); err != nil {
-		return err
-	}
-	return s.launch(NameRMSNorm, s.llama.rmsnorm, s.rowGrid(T), st, x, w, wc, out, oc, T, H, eps, device.Ptr(0), codeF32)
+	return s.rmsnorm(x, 0, F32, w, wdt, out, odt, T, H, eps, st)
 }
 
 // ResidualRMSNorm is the residual add and the norm after it in one launch:
@@ -268,6 +248,14 @@ func (s *Set) RMSNorm(x, w device.Ptr, wdt string, out device.Ptr, odt string, T
 // except that y is left unrounded. y is T×H float32 and must not overlap x
 // or out.
 func (s *Set) ResidualRMSNorm(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
+	if err := checkPtr(NameRMSNorm, "y", y, 4); err != nil {
+		return err
+	}
+	return s.rmsnorm(x, y, rdt, w, wdt, out, odt, T, H, eps, st)
+}
+
+// rmsnorm is RMSNorm, after the residual when y is not 0.
+func (s *Set) rmsnorm(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
 	rc, err := dtCode(rdt)
 	if err != nil {
 		return fmt.Errorf("kernels: %s: residual: %w", NameRMSNorm, err)
@@ -288,8 +276,8 @@ func (s *Set) ResidualRMSNorm(x, y device.Ptr, rdt string, w device.Ptr, wdt str
 	}
 	we, _ := ElemSize(wdt)
 	oe, _ := ElemSize(odt)
-	if err := errors.Join(checkPtr(NameRMSNorm, "x", x, 4), checkPtr(NameRMSNorm, "y", y, 4),
-		checkPtr(NameRMSNorm, "w", w, uint64(we)), checkPtr(NameRMSNorm, "out", out, uint64(oe))); err != nil {
+	if err := errors.Join(checkPtr(NameRMSNorm, "x", x, 4), checkPtr(NameRMSNorm, "w", w, uint64(we)),
+		checkPtr(NameRMSNorm, "out", out, uint64(oe))); err != nil {
 		return err
 	}
 	return s.launch(NameRMSNorm, s.llama.rmsnorm, s.rowGrid(T), st, x, w, wc, out, oc, T, H, eps, y, rc)
@@ -343,19 +331,7 @@ func (s *Set) RoPEIn(x, pos device.Ptr, T, nHeads, headDim uint32, invFreq devic
 // (HF: act_fn(gate) * up, each a bf16 tensor; round g and u to the model
 // dtype first, with Round, to match it fully). n == 0 launches nothing.
 func (s *Set) SiluMul(g, u, out device.Ptr, odt string, n uint64, st device.Stream) error {
-	oc, err := dtCode(odt)
-	if err != nil {
-		return fmt.Errorf("kernels: %s: %w", NameSiluMul, err)
-	}
-	if n == 0 {
-		return nil
-	}
-	oe, _ := ElemSize(odt)
-	if err := errors.Join(checkPtr(NameSiluMul, "g", g, 4), checkPtr(NameSiluMul, "u", u, 4),
-		checkPtr(NameSiluMul, "out", out, uint64(oe))); err != nil {
-		return err
-	}
-	return s.launch(NameSiluMul, s.llama.silumul, s.gridFor(n), st, g, u, out, oc, codeF32, n)
+	return s.SiluMulIn(g, u, F32, out, odt, n, st)
 }
 
 // SiluMulIn is SiluMul with g and u rounded to rdt first ("f32": not at

@@ -118,6 +118,35 @@ func total(c map[string]int) int {
 	return n
 }
 
+// perLayer is what a decode step launches per layer besides the products,
+// RoPE, the KV write and attention: RMSNorms, Rounds, Adds and SiLU·ups,
+// as ks fuses them (kernels.Set's ResidualRMSNorm and SiluMulIn, when it
+// has them) and as I (the intermediate size) lets one Round cover gate and
+// up (4·I bytes a multiple of the parts' 256-byte alignment).
+type perLayer struct{ rmsnorm, round, add, silu, residualNorm int }
+
+func launchesPerLayer(ks any, I int) perLayer {
+	_, fusedNorm := ks.(interface {
+		ResidualRMSNorm(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error
+	})
+	_, fusedSilu := ks.(interface {
+		SiluMulIn(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error
+	})
+	p := perLayer{rmsnorm: 2, round: 2, add: 1, silu: 1} // down's residual: Round, Add, Round
+	if fusedNorm {
+		p.residualNorm = 1
+	} else {
+		p.round, p.add = p.round+2, p.add+1
+	}
+	if !fusedSilu {
+		p.round++
+		if 4*I%256 != 0 {
+			p.round++
+		}
+	}
+	return p
+}
+
 func describe(c map[string]int) string {
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(c)) {
@@ -137,22 +166,17 @@ func TestDecodeLaunches(t *testing.T) {
 		L := m.Config.Layers
 		o := engine.Options{Budget: 256 << 20, MaxTokens: 96, PrefillChunk: 16}
 		got := decodeLaunches(t, "tiny", f, o)
-		// One Round over gate and up when they touch (4·I bytes a multiple
-		// of the parts' 256-byte alignment), else one each.
-		gateUp := 1
-		if 4*m.Config.Intermediate%256 != 0 {
-			gateUp = 2
-		}
+		r := newRig(t, testDevice(t))
+		p := launchesPerLayer(r.ks, m.Config.Intermediate)
 		want := map[string]int{
 			"memwall_gemvg1_bf16": 2 * L,
 			"memwall_rope":        L,
 			"memwall_kvwrite":     L,
-			"memwall_rmsnorm":     2*L + 1,
-			"memwall_silumul":     L,
-			"memwall_add":         2 * L,
+			"memwall_rmsnorm":     p.rmsnorm*L + 1, // the fused residual and norm is an RMSNorm launch
+			"memwall_silumul":     p.silu * L,
+			"memwall_add":         p.add * L,
 			"memwall_embed":       1,
-			// o, residual, gate and up, down, residual per layer; the logits.
-			"memwall_round": (4+gateUp)*L + 1,
+			"memwall_round":       p.round*L + 1, // and the logits'
 		}
 		// Resident groups are released without an event, and nothing
 		// waits: the step is one chain of kernels.
@@ -296,13 +320,14 @@ func TestProfile(t *testing.T) {
 	}
 	// Every op its own segment: the op counts are the launches'.
 	L := m.Config.Layers
-	gateUp := 1
-	if 4*m.Config.Intermediate%256 != 0 {
-		gateUp = 2
-	}
+	pl := launchesPerLayer(newRig(t, testDevice(t)).ks, m.Config.Intermediate)
 	opSum := 0.0
-	for op, want := range map[string]int{"rmsnorm": 2*L + 1, "q, k, v": L, "o": L, "gate, up": L, "down": L, "lm head": 1,
-		"attention": L, "kv write": L, "rope": L, "round": (4+gateUp)*L + 1, "add": 2 * L, "silu·up": L, "embed": 1, "upload": 1, "download": 1} {
+	for op, want := range map[string]int{"rmsnorm": (pl.rmsnorm-pl.residualNorm)*L + 1, "add + rmsnorm": pl.residualNorm * L,
+		"q, k, v": L, "o": L, "gate, up": L, "down": L, "lm head": 1, "attention": L, "kv write": L, "rope": L,
+		"round": pl.round*L + 1, "add": pl.add * L, "silu·up": L, "embed": 1, "upload": 1, "download": 1} {
+		if want == 0 {
+			continue
+		}
 		if got := prof.DecodeProfileOps[op]; got.Count != want || !(got.Seconds > 0) {
 			t.Errorf("op %q: %d segments, %g s; want %d", op, got.Count, got.Seconds, want)
 		}

@@ -201,9 +201,15 @@ func (s *Set) MatmulGroup(dtype string, X device.Ptr, K, T uint32, ops []MatmulO
 		}
 		args = append(args, op.W, op.Y, op.M)
 	}
-	args = append(args, s.prefetch)
 	g := device.Dim3{X: uint32(blocks), Y: 1, Z: 1}
-	if err := s.launchK(s.gemvg[dtype], g, blockDim(), 0, st, args...); err != nil {
+	if s.groupOverlap {
+		err = s.launchK(s.gemvg[dtype], g, blockDim(), 0, st, append(args, s.prefetch)...)
+	} else {
+		// Plainly, without prefetch (H200, % of copy, cold: q/k/v 79, gate/up
+		// 97 plain against 72-79 and 84-89 overlapped).
+		err = s.d.Launch(s.gemvg[dtype], g, blockDim(), 0, st, append(args, uint32(0))...)
+	}
+	if err != nil {
 		return fmt.Errorf("kernels: %s K=%d, %d products: %w", gemvGroupName(dtype), K, len(live), err)
 	}
 	return nil

@@ -138,6 +138,7 @@ func TestCUDAGemvVariants(t *testing.T) {
 			t.Errorf("%s: overlapped launches are off", target)
 		}
 		gemvGroupCheck(t, r, rng, per)
+		s.prefetch, s.groupOverlap = DefaultGemvPrefetch, false
 		for kind := range gemvKinds + 1 {
 			for _, dt := range DTypes() {
 				name := gemvGroupName(dt)
@@ -170,6 +171,7 @@ func gemvGroupCheck(t *testing.T, r *rig, rng *rand.Rand, per map[string]*errAgg
 			ops = append(ops, MatmulOp{W: r.upload(W), Y: r.nans(uint64(4 * M)), M: uint32(M)})
 		}
 		r.s.prefetch = pick(rng, uint32(0), 128, DefaultGemvPrefetch, 1<<20, prefetchEvictLast|4096, prefetchPerRow|16<<10)
+		r.s.groupOverlap = rng.IntN(2) == 0 // launched plainly by default; overlapped must be right too
 		must(t, r.s.MatmulGroup(dt, px, uint32(K), 1, ops, r.st))
 		for j, op := range ops {
 			alone := r.nans(uint64(4 * op.M))
@@ -294,9 +296,17 @@ func sweepGroup(t *testing.T, d device.Device, sets []*Set, tm *timer, Ms []uint
 		shape = append(shape, fmt.Sprint(M))
 	}
 	for _, s := range sets {
-		for _, pdl := range pdlModes(s) {
-			s.SetOverlap(pdl)
+		modes := []struct{ pdl, group bool }{{false, false}}
+		if s.overlap != nil {
+			modes = []struct{ pdl, group bool }{{true, false}, {true, true}, {false, false}}
+		}
+		for _, md := range modes {
+			s.SetOverlap(md.pdl)
+			s.groupOverlap = md.group
 			target := sweepLabel(s)
+			if md.group {
+				target += "-grouppdl" // the group kernel overlapped too, with prefetch
+			}
 			var gbs [2]float64
 			for mode := range 2 {
 				i := 0
@@ -322,6 +332,7 @@ func sweepGroup(t *testing.T, d device.Device, sets []*Set, tm *timer, Ms []uint
 			fmt.Printf("KFUSE %s %s,%d %.0f %.0f %.1f %.1f\n", target, strings.Join(shape, "+"), K, gbs[0], gbs[1], 100*gbs[0]/copyGBs, 100*gbs[1]/copyGBs)
 		}
 		s.SetOverlap(true)
+		s.groupOverlap = false
 	}
 }
 

@@ -1648,18 +1648,6 @@ extern "C" __global__ void memwall_spin(uint64_t nanoseconds) {
 // row per warp, grid.x = ceil(M / 8). Every GEMV entry takes pf last: the
 // bytes of its block's rows of W that it prefetches into L2 before waiting
 // for the previous kernel (compute_90; see gemv_enter).
-//
-// On compute_90 memwall_gemvg1_* is held to 40 registers, so that six
-// blocks fit on an SM instead of five (48 registers; the 32 KiB cp.async
-// ring allows six): 768 blocks (q/k/v of a 4096-wide model) then run in one
-// wave on 132 SMs, and an overlapped successor finds room beside them.
-// memwall_gemv1_* keeps 48 (measured at 80-107% overlapped on the H200);
-// the sweep's single-product MatmulGroup lines compare the two.
-#if MEMWALL_SM90
-#define MEMWALL_GEMV_BOUNDS __launch_bounds__(256, 6)
-#else
-#define MEMWALL_GEMV_BOUNDS __launch_bounds__(256)
-#endif
 #define MEMWALL_GEMV_ENTRY(NAME, S, RPB, BOUNDS, BODY)                                            \
     extern "C" __global__ void BOUNDS NAME(const S* W, const S* X, float* Y,                     \
                                                            uint32_t M, uint32_t K, uint32_t T,    \
@@ -1690,16 +1678,17 @@ MEMWALL_GEMV_ENTRY(memwall_gemv1_f16, uint16_t, 8, __launch_bounds__(256), (gemv
 
 // Up to three T = 1 products that share X, in one launch (q, k and v; gate
 // and up): blocks 0 .. ceil(M0/8)-1 take product 0 as memwall_gemv1_* would,
-// the next ceil(M1/8) product 1, then product 2; grid: the sum. compute_80
-// and compute_70 run the register-pipelined row-per-warp code
-// (gemv_at<Tr, 1, 1>: eight loads in flight per lane at 32 registers, full
-// occupancy): there the cp.async ring's 32 KiB of shared memory per block
-// held the SM to fewer blocks (q/k/v 4096+1024+1024 on the H200: 65% of the
-// copy on the ring, 79% on the register code). compute_90 runs the ring, as
-// memwall_gemv1_* does: with overlapped launches the register code fell 10-20
-// points behind it on the H200 (4096×14336 alone: 75% against 95%). Both
-// codes sum each lane's vectors in the same order, so results equal
-// memwall_gemv1_*'s bit for bit on every target.
+// the next ceil(M1/8) product 1, then product 2; grid: the sum. Every target
+// runs the register-pipelined row-per-warp code (gemv_at<Tr, 1, 1>: eight
+// loads in flight per lane at 32 registers, full occupancy): the cp.async
+// ring's 32 KiB of shared memory and 48 registers per block hold an SM to
+// five blocks (q/k/v 4096+1024+1024 on the H200: 65% of the copy on the
+// ring, 79% on the register code; gate/up 14336×2 97%). The Set launches it
+// plainly, without prefetch, on the compute_90 module too: overlapped, the
+// register code lost 8-13 points on the H200 and the ring (held to 40
+// registers for six blocks per SM) lost more. Both codes sum each lane's
+// vectors in the same order, so results equal memwall_gemv1_*'s bit for
+// bit on every target.
 template <class Tr>
 __device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K, const typename Tr::S* W0,
                                             float* Y0, uint32_t M0, const typename Tr::S* W1, float* Y1,
@@ -1716,15 +1705,11 @@ __device__ __forceinline__ void gemv1_group(const typename Tr::S* X, uint32_t K,
         blk -= b0, W = W1, Y = Y1, M = M1;
     }
     gemv_enter(W, (uint64_t)K * sizeof(typename Tr::S), M, blk * 8, 8, pf);
-#if MEMWALL_SM90
-    gemv1_async_at<Tr>(W, X, Y, M, K, blk);
-#else
     gemv_at<Tr, 1, 1>(W, X, Y, M, K, 1, blk * 8 + (threadIdx.x >> 5));
-#endif
 }
 
 #define MEMWALL_GEMVG1_ENTRY(NAME, S, TR)                                                                        \
-    extern "C" __global__ void MEMWALL_GEMV_BOUNDS NAME(const S* X, uint32_t K, const S* W0, float* Y0,          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const S* X, uint32_t K, const S* W0, float* Y0,       \
                                                            uint32_t M0, const S* W1, float* Y1, uint32_t M1,     \
                                                            const S* W2, float* Y2, uint32_t M2, uint32_t pf) {   \
         gemv1_group<TR>(X, K, W0, Y0, M0, W1, Y1, M1, W2, Y2, M2, pf);                                           \

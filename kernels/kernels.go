@@ -294,6 +294,9 @@ type Set struct {
 	// gemvmOverlap: memwall_gemvm_* too is launched overlapped (off: the
 	// H200 sweep measured it slower so; the sweep turns it on to re-measure).
 	gemvmOverlap bool
+	// groupOverlap: MatmulGroup's kernel too is launched overlapped, with
+	// prefetch (off: slower so on the H200; the sweep turns it on).
+	groupOverlap bool
 	// attnMinChunk: when non-zero, the fewest positions per attention split
 	// instead of PlanAttention's (the speed test's alternatives).
 	attnMinChunk uint64
@@ -523,10 +526,11 @@ func (s *Set) SetOverlap(on bool) bool {
 const DefaultGemvPrefetch = 8 << 10
 
 // SetGemvPrefetch sets how many bytes of its rows of W each block of the
-// GEMV kernels (Matmul for T = 1, MatmulGroup) prefetches into L2 before it
-// waits for the previous kernel on the stream, capped at the block's rows
-// (8 rows); 0 prefetches nothing. (Matmul's T = 2..8 kernel is launched
-// plainly and prefetches nothing.) Only the compute_90 module prefetches; the hint never changes a
+// GEMV kernel (Matmul for T = 1) prefetches into L2 before it waits for the
+// previous kernel on the stream, capped at the block's rows (8 rows); 0
+// prefetches nothing. (Matmul's T = 2..8 kernel and MatmulGroup's are
+// launched plainly and prefetch nothing: the H200 measured them slower
+// overlapped.) Only the compute_90 module prefetches; the hint never changes a
 // result. bytes is taken modulo 2²⁹. It must not race with launches.
 func (s *Set) SetGemvPrefetch(bytes uint32) { s.prefetch = bytes & prefetchBytesMask }
 

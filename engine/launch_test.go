@@ -328,7 +328,7 @@ func TestProfile(t *testing.T) {
 		if want == 0 {
 			continue
 		}
-		if got := prof.DecodeProfileOps[op]; got.Count != want || !(got.Seconds > 0) {
+		if got := prof.DecodeProfileOps[op]; got.Count != want || !(got.Seconds > 0) || got.Class == "" {
 			t.Errorf("op %q: %d segments, %g s; want %d", op, got.Count, got.Seconds, want)
 		}
 	}

@@ -51,6 +51,7 @@ type segment struct {
 // ProfileOp is the device time of one kind of op in a profiled decode step,
 // how many of them ran and, for products, the weight bytes they read.
 type ProfileOp struct {
+	Class       string  `json:"class"` // ClassProducts, ClassAttention, ClassNorms or ClassOther
 	Seconds     float64 `json:"seconds"`
 	Count       int     `json:"count"`
 	WeightBytes uint64  `json:"weight_bytes,omitempty"`
@@ -137,6 +138,7 @@ func (e *Engine) finishProfile() (stepProfile, error) {
 		out.classes[sg.class] += d.Seconds()
 		if out.ops != nil {
 			o := out.ops[sg.op]
+			o.Class = sg.class
 			o.Seconds += d.Seconds()
 			o.Count++
 			o.WeightBytes += sg.bytes

@@ -337,16 +337,32 @@ class Check:
             ops = r.get("decode_profile_ops") or {}
             segs = r.get("decode_profile_segments") or 0
             if ops and segs and step:
-                # The events' cost per op: the profiled step less the
-                # unprofiled one, over its segments.
-                res["profile_cost_per_op_us"] = ((r.get("decode_profile_step_seconds") or 0) - step) / segs * 1e6
+                # The profile's cost per op: the profiled step (an event
+                # before every op) less the unprofiled one (no events), over
+                # its segments. "Net" figures take that cost off every op.
+                cost = ((r.get("decode_profile_step_seconds") or 0) - step) / segs
+                res["profile_cost_per_op_us"] = cost * 1e6
+
+                def net(v):
+                    return max(v["seconds"] - v["count"] * cost, 1e-12)
+
                 def op_text(k, v):
-                    t = "%s %d x %.1f us" % (k, v["count"], v["seconds"] / max(v["count"], 1) * 1e6)
+                    t = "%s %d x %.1f us (net %.1f)" % (k, v["count"], v["seconds"] / max(v["count"], 1) * 1e6, net(v) / max(v["count"], 1) * 1e6)
                     if v.get("weight_bytes") and v["seconds"] > 0 and copy:
-                        t += " (%.0f%% of copy)" % (100 * v["weight_bytes"] / v["seconds"] / (copy * 1e9))
+                        t += " %.0f%% of copy net" % (100 * v["weight_bytes"] / net(v) / (copy * 1e9))
                     return t
                 res["profile_ops_line"] = "; ".join(op_text(k, v) for k, v in sorted(ops.items(), key=lambda kv: -kv[1]["seconds"]))
-                log("%s: %d ops, profile cost %.2f us per op: %s" % (name, segs, res["profile_cost_per_op_us"], res["profile_ops_line"]))
+                classes = {}
+                for v in ops.values():
+                    classes[v.get("class", "?")] = classes.get(v.get("class", "?"), 0) + net(v)
+                res["profile_net_classes_us"] = {k: v * 1e6 for k, v in classes.items()}
+                prod = [v for v in ops.values() if v.get("weight_bytes")]
+                pb, pt = sum(v["weight_bytes"] for v in prod), sum(net(v) for v in prod)
+                if copy and pt > 0:
+                    res["products_net_pct_of_copy"] = 100 * pb / pt / (copy * 1e9)
+                log("%s: %d ops, profile cost %.2f us per op; net per class %s; products %.1f%% of copy net: %s" % (
+                    name, segs, cost * 1e6, " ".join("%s %.0f us" % kv for kv in sorted(res["profile_net_classes_us"].items())),
+                    res.get("products_net_pct_of_copy", 0), res["profile_ops_line"]))
             self.save()
 
     def fit(self, name, preset, st, prompt, max_new):
@@ -579,13 +595,16 @@ class Check:
         for name, r in self.results.items():
             if isinstance(r, dict) and r.get("decode_step_device_seconds"):
                 prof = r.get("decode_profile_seconds") or {}
-                lines.append("%s (PDL %s): decode %.2f tok/s = %.1f%% of copy (%s GB/s); device step %.1f us = %.1f%% (queued in %.1f ms); profiled step: %s; products %.1f%% of copy%s" % (
+                lines.append("%s (PDL %s): decode %.2f tok/s = %.1f%% of copy (%s GB/s); unprofiled device step %.1f us = %.1f%% (queued in %.1f ms); profiled step: %s; products %.1f%% of copy%s" % (
                     name, "on" if r.get("kernels_overlap") else "off", r["decode_tokens_per_s"], r.get("decode_pct_of_copy", 0), "%.0f" % r["copy_gbps"] if r.get("copy_gbps") else "-",
                     r["decode_step_device_seconds"] * 1e6, r.get("step_pct_of_copy", 0), (r.get("decode_profile_queue_seconds") or 0) * 1e3,
                     " ".join("%s %.0f us" % (k, v * 1e6) for k, v in sorted(prof.items())), r.get("products_pct_of_copy", 0),
                     "" if r.get("same_tokens_as_resident", True) else "; TOKENS DIFFER"))
                 if r.get("profile_ops_line"):
-                    lines.append("  %s ops (profile cost %.2f us per op): %s" % (name, r.get("profile_cost_per_op_us", 0), r["profile_ops_line"]))
+                    lines.append("  %s net of the profile's %.2f us per op ((profiled - unprofiled step) / ops): products %.1f%% of copy; classes %s" % (
+                        name, r.get("profile_cost_per_op_us", 0), r.get("products_net_pct_of_copy", 0),
+                        " ".join("%s %.0f us" % kv for kv in sorted((r.get("profile_net_classes_us") or {}).items()))))
+                    lines.append("  %s ops: %s" % (name, r["profile_ops_line"]))
         disabled = sorted({d for r in self.results.values() if isinstance(r, dict) for d in (r.get("kernels_disabled") or [])})
         if disabled:
             lines.append("kernels turned off by their load-time self-test: " + "; ".join(disabled))

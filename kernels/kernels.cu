@@ -1195,13 +1195,15 @@ __device__ __forceinline__ void attn_entry(const AttnArgs& a, AttnSmem& sh) {
 // Decode attention (few tokens, long contexts): the split layout of
 // memwall_attn_e* (grid (kvHeads, T, splits), block 256, same partials), but
 // lanes take positions: each warp scores 32 positions at once (lane l: one
-// position's K row, all its 16-byte loads in flight; q of every head of the
-// group, pre-scaled to log2 units, in shared memory, loaded while the first
-// block ids are), one online-softmax update per 32 positions and head, then
-// P.V with lane l owning elements [l*E, l*E+E) and 16 V rows in flight: a
-// decode step's split is a few dependent round trips to memory, not a dozen.
-// Head dim 64 or 128, at most 8 query heads per kv head, rows 16-byte
-// aligned.
+// position's K row, up to eight 16-byte loads in flight; q of every head of
+// the group, pre-scaled to log2 units, in shared memory, loaded while the
+// first block ids are), one online-softmax update per 32 positions and head,
+// then P.V with lane l owning elements [l*E, l*E+E) and eight V rows in
+// flight. Head dim 64 or 128, at most 8 query heads per kv head, rows
+// 16-byte aligned. (A whole K row and 16 V rows in flight took 171
+// registers, one block per SM instead of two: no faster at 512-2048
+// positions on the H200, and twice as slow from 4096 on, where the splits
+// fill more than one wave.)
 
 struct DecodeSmem {
     float q[kAttnHeads][128];
@@ -1215,8 +1217,8 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     constexpr int E = D / 32;                           // output elements per lane
     constexpr int VEC = Tr::kVec;                       // elements per 16-byte load
     constexpr int NV = D / VEC;                         // 16-byte loads per K row
-    constexpr int KB = NV;                              // K loads in flight: the whole row
-    constexpr int VR = 16;                              // V rows in flight
+    constexpr int KB = NV < 8 ? NV : 8;                 // K loads in flight
+    constexpr int VR = 8;                               // V rows in flight
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint32_t G = a.nHeads / a.kvHeads;
     const uint32_t kvh = blockIdx.x;

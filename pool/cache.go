@@ -360,14 +360,35 @@ func (p *Pool) keepFree(m *meta) bool {
 }
 
 // flushCaches returns every cached and parked block of every processor to
-// its arena, and returns the bytes given back. Called with p.mu held.
+// its arena, and returns the bytes given back. This processor's cache is
+// emptied pinned, as its own fast path would; the others are stopped
+// (stopCaches: a stop of the world) only when one of them holds
+// something, so that a goroutine alone (a single-threaded program's
+// out-of-memory retries and Trims) stops nobody. Called with p.mu held.
 func (p *Pool) flushCaches() uint64 {
 	if len(p.procs) == 0 || p.closed {
 		return 0
 	}
-	p.stopCaches()
 	var chain *meta
 	var n uint64
+	own := -1
+	if c, pid := p.pin(); c != nil {
+		n += c.bytes + c.largeBytes
+		chain = appendChain(c.drain(0, 0), c.unparkAll())
+		own = pid
+		p.unpin(c)
+	}
+	others := false
+	i := 0
+	p.readCaches(func(c *procCache) {
+		others = others || i != own && c.bytes+c.largeBytes > 0
+		i++
+	})
+	if !others {
+		p.releaseList(chain)
+		return n
+	}
+	p.stopCaches()
 	for i := range p.procs {
 		c := &p.procs[i]
 		n += c.bytes + c.largeBytes

@@ -349,6 +349,11 @@ func (st *propState) free(i int, async bool) {
 	if st.backing {
 		st.pattern(pb, true)
 	}
+	if st.shadow != nil {
+		for _, off := range st.spots { // the spots pattern just checked
+			st.shadow.drop(pb.b.Ptr + device.Ptr(off))
+		}
+	}
 	var err error
 	switch {
 	case pb.tenant:
@@ -443,6 +448,7 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 		budget = c.limit / 2
 	}
 	r := rand.New(src)
+	start := time.Now()
 	for op := 0; op < ops; op++ {
 		k := r.IntN(100)
 		switch {
@@ -486,6 +492,9 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 		}
 	}
 	st.check(ops)
+	if el := time.Since(start); ops >= 10000 {
+		t.Logf("%d ops in %v (%.0f ops/s), %d refused", ops, el.Round(time.Millisecond), float64(ops)/el.Seconds(), st.ooms)
+	}
 	if c.cache == "sharded" && ops >= 100 && pool.ShardsMade(p) < 2 {
 		t.Fatalf("%d operations spread over shards made %d shard", ops, pool.ShardsMade(p))
 	}

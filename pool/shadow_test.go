@@ -169,6 +169,17 @@ func (s *shadowDevice) store(p device.Ptr, w uint64) error {
 	return nil
 }
 
+// drop forgets the word at address p (a block freed: its words are no
+// longer checked, and keeping them would grow the maps with every block
+// written).
+func (s *shadowDevice) drop(p device.Ptr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if obj, off, err := s.resolve(p); err == nil {
+		delete(s.words[obj], off)
+	}
+}
+
 // load reads the word at address p (0 where nothing was written).
 func (s *shadowDevice) load(p device.Ptr) (uint64, error) {
 	s.mu.Lock()

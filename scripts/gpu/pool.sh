@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The pool on the GPU (issue 13, item 3: the default's speed). Expected
-# time on an NVIDIA H200: about 130 s (each step under its own timeout;
-# give the area 170 s):
+# time on an NVIDIA H200: about 115 s (each step under its own timeout;
+# give the area 170 s); run it alone on the host if you can: other
+# scripts' CPU load moves the one-goroutine figures by tens of per cent:
 #  1. memwall bench alloc --device cuda --mixes random --policies
 #     virtual,virtual-keep,virtual-eager --strategies bestfit --goroutines
 #     1,4,16: the default (hold time: a hot pool's free pages beyond its
 #     target wait for the reclaimer), keeping every page, and the old
 #     eager default (HoldTime -1), against cuMemAlloc and cuMemAllocAsync
-#     in the same run, ~25 s;
+#     in the same run, ~10 s; then again with the policies in reverse
+#     order, ~10 s;
 #  2. BenchmarkParallelPair on the GPU: default, eager, one set of arenas,
 #     balancing shards, 4 shards, keep with and without shards, on
 #     1/4/16 goroutines, ~30 s; then the default's 1-goroutine run again
@@ -34,6 +36,10 @@ log=$dir/log.txt
 
 run "bench alloc (random mix, 1/4/16 goroutines)" 100 bash -c \
   "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual,virtual-keep,virtual-eager --strategies bestfit --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc.json' >'$dir/alloc.txt' 2>&1"
+# The same in the reverse order of policies: how much of a row's figure is
+# its place in the run (the first pool measured after the device opens).
+run "bench alloc (reverse order)" 100 bash -c \
+  "'$bin/memwall' bench alloc --device cuda --mixes random --policies virtual-eager,virtual-keep,virtual --strategies bestfit --goroutines 1,4,16 --pairs 20000 --out '$dir/alloc-rev.json' >'$dir/alloc-rev.txt' 2>&1"
 if [ -x "$bin/pool.test" ]; then
   run "BenchmarkParallelPair (cuda)" 80 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair' -test.benchtime 600000x -test.timeout 75s >'$dir/parallel.txt' 2>&1"
   run "profile: default, 1 goroutine (cuda)" 30 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.run '^\$' -test.bench 'ParallelPair/default/g1\$' -test.benchtime 2000000x -test.timeout 25s -test.cpuprofile '$dir/cpu1.pprof' >'$dir/profile.txt' 2>&1"
@@ -58,5 +64,8 @@ grep -E '^Benchmark' "$dir/parallel.txt" "$dir/profile.txt" 2>/dev/null | sed 's
 echo
 echo "bench alloc (random mix), ratios to cuMemAllocAsync:"
 python3 scripts/gpu/pool-table.py "$dir/alloc.json" 2>&1 | head -n 30
+echo
+echo "bench alloc again, policies in reverse order (memwall rows):"
+python3 scripts/gpu/pool-table.py "$dir/alloc-rev.json" 2>&1 | grep -E '^(allocator|memwall|cuMemAllocAsync )' | head -n 14
 echo
 printf '%s\n' "${status[@]}"

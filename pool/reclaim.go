@@ -52,8 +52,8 @@ type ReclaimMode uint8
 
 // Reclaim modes.
 const (
-	// ReclaimBackground (the default): a goroutine of the pool runs a
-	// pass every HoldTime.
+	// ReclaimBackground (the default): a goroutine of the pool, started
+	// the first time the pool is hot, runs a pass every HoldTime.
 	ReclaimBackground ReclaimMode = iota
 	// ReclaimByCaller: no goroutine; the caller runs passes with
 	// Pool.Reclaim (memwall replay does, at trace time, so that a replay
@@ -130,11 +130,10 @@ func (p *Pool) stopReclaimer() {
 // bytes and no more than what it mapped beyond that while hot (a pool that
 // was never hot keeps its pages as without a hold time); when the device
 // reports less than a sixteenth of its memory free, every free handle
-// beyond the target. The unmaps run outside the pool's
-// locks. A pool whose free pages do not wait (no hold time, no target,
-// chunk growth) has nothing to reclaim: Reclaim returns 0. Safe for
-// concurrent use; a pool with ReclaimBackground runs it on its own every
-// HoldTime.
+// beyond the target. The unmaps run outside the pool's locks. A pool whose
+// free pages do not wait (no hold time, no target, chunk growth) has
+// nothing to reclaim: Reclaim returns 0. Safe for concurrent use; a pool
+// with ReclaimBackground runs it on its own every HoldTime once hot.
 func (p *Pool) Reclaim() uint64 {
 	r := p.root
 	if !r.holding() {

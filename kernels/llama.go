@@ -22,6 +22,9 @@ const (
 	NameAttnCombine = "memwall_attn_combine"
 	NameAttnFlash   = "memwall_attn_flash"
 	NameAttnDecode  = "memwall_attn_decode"
+	// NameAttnDecode2 is memwall_attn_decode with its K rows read coalesced
+	// (an alternative the GPU speed test measures; Attention does not use it).
+	NameAttnDecode2 = "memwall_attn_decode2"
 )
 
 // attnLanes are the elements per lane E of the split-attention entries:
@@ -44,12 +47,12 @@ func llamaNames() []string {
 	for _, e := range attnLanes {
 		n = append(n, AttnName(32*e))
 	}
-	return append(n, NameAttnCombine, NameAttnFlash, NameAttnDecode)
+	return append(n, NameAttnCombine, NameAttnFlash, NameAttnDecode, NameAttnDecode2)
 }
 
 type llamaFuncs struct {
-	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, combine, flash, decode device.Function
-	attn                                                                             [len(attnLanes)]device.Function
+	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, combine, flash, decode, decode2 device.Function
+	attn                                                                                      [len(attnLanes)]device.Function
 }
 
 func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
@@ -58,7 +61,7 @@ func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
 		name string
 	}{{&f.embed, NameEmbed}, {&f.rmsnorm, NameRMSNorm}, {&f.rope, NameRoPE}, {&f.silumul, NameSiluMul},
 		{&f.add, NameAdd}, {&f.cast, NameCast}, {&f.round, NameRound}, {&f.kvwrite, NameKVWrite},
-		{&f.combine, NameAttnCombine}, {&f.flash, NameAttnFlash}, {&f.decode, NameAttnDecode}} {
+		{&f.combine, NameAttnCombine}, {&f.flash, NameAttnFlash}, {&f.decode, NameAttnDecode}, {&f.decode2, NameAttnDecode2}} {
 		var err error
 		if *r.dst, err = get(r.name); err != nil {
 			return err
@@ -542,6 +545,9 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 	f := s.llama.attnFunc(L.HeadDim)
 	if !s.decodeOff && useDecode(T, nHeads, L, cache) {
 		f = s.llama.decode
+		if s.attnDecode2 {
+			f = s.llama.decode2
+		}
 	}
 	if err := s.launchK(f, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
 		L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, p.Chunk, part, out, oc); err != nil {

@@ -452,6 +452,9 @@ func TestRandomShapes(t *testing.T) {
 // once per block and gets the same tokens and logits bit for bit, both
 // formats, resident and streaming, rounded and exact.
 func TestResidualNormFused(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find")
+	}
 	ctx := context.Background()
 	for _, preset := range []string{"tiny", "tiny-f16"} {
 		for _, f := range []string{synth.Safetensors, synth.GGUF} {

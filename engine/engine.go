@@ -38,10 +38,9 @@
 // and the KV write do the rounding of Q, K and V themselves, RoPE turns Q
 // and K in one launch, and one Round covers gate and up: 17 kernels per
 // layer of a 7B model instead of 27, with the same results bit for bit
-// (Options.Ungrouped turns the grouping off for comparison). Where the
-// kernels fuse the O residual with the MLP norm (ResidualRMSNorm) or round
-// inside SiLU·up (SiluMulIn), the engine uses them, found by their methods:
-// 13 per layer.
+// (Options.Ungrouped turns the grouping off for comparison); the O residual
+// and the MLP norm run as one kernel (kernels.Set.ResidualRMSNorm), and so
+// do SiLU·up and the rounding of its inputs (SiluMulIn): 13 per layer.
 // Options.Profile times decode steps on the device per op class.
 package engine
 
@@ -207,11 +206,10 @@ type Engine struct {
 	where map[roleKey]int
 	// grouped says, per layer, which products run as one MatmulGroup.
 	grouped []layerGroups
-	// resNorm is the kernels' fused residual add and RMSNorm when they have
-	// one (residualNormer), else nil.
+	// resNorm is the fused residual add and RMSNorm (ks.ResidualRMSNorm;
+	// tests put the kernels it stands for in its place).
 	resNorm residualNormFunc
-	// siluIn is the kernels' SiLU·up that rounds its inputs when they have
-	// one (siluRounder), else nil.
+	// siluIn is SiLU·up with its inputs' rounding (ks.SiluMulIn; likewise).
 	siluIn siluInFunc
 	// prof times the step being queued (Options.Profile), else nil.
 	prof *profiler
@@ -412,12 +410,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return nil, err
 	}
 	e.d, e.ks, e.dev, e.host = d, ks, dev, host
-	if rn, ok := any(ks).(residualNormer); ok {
-		e.resNorm = rn.ResidualRMSNorm
-	}
-	if sr, ok := any(ks).(siluRounder); ok {
-		e.siluIn = sr.SiluMulIn
-	}
+	e.resNorm, e.siluIn = ks.ResidualRMSNorm, ks.SiluMulIn
 	cfg := e.cfg
 	defer func() {
 		if err != nil {
@@ -708,23 +701,15 @@ func (e *Engine) mapGroups() error {
 	return nil
 }
 
-// residualNormer is a kernels.Set that fuses a residual add with the
-// RMSNorm after it: x = r(x + r(y)) row by row (r rounds to rdt; f32 does
-// not round), written back to x, then out = RMSNorm(x) as RMSNorm computes
-// it, the same bits as Round(y), Add, Round(x) and RMSNorm.
-type residualNormer interface {
-	ResidualRMSNorm(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error
-}
-
+// residualNormFunc is kernels.Set.ResidualRMSNorm's signature: x = r(x +
+// r(y)) row by row (r rounds to rdt; f32 does not round), written back to
+// x, then out = RMSNorm(x), the same bits as Round(y), Add, Round(x) and
+// RMSNorm.
 type residualNormFunc func(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error
 
-// siluRounder is a kernels.Set whose SiLU·up rounds its inputs first:
-// out[i] = odt(silu(r(g[i]))·r(u[i])) as SiluMul computes it, r rounding to
-// rdt (f32: none), the same bits as Round(g), Round(u) and SiluMul.
-type siluRounder interface {
-	SiluMulIn(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error
-}
-
+// siluInFunc is kernels.Set.SiluMulIn's signature: out[i] =
+// odt(silu(r(g[i]))·r(u[i])), r rounding to rdt (f32: none), the same bits
+// as Round(g), Round(u) and SiluMul.
 type siluInFunc func(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error
 
 // layerGroups says which of a layer's products run as one MatmulGroup.

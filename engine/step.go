@@ -587,35 +587,13 @@ func (e *Engine) mlpHalf(c *cursor, l, T int) error {
 }
 
 // siluUp queues m = SiLU(gate)·up over n values, gate and up rounded to the
-// model dtype first: one launch when the kernels round inside SiLU·up
-// (e.siluIn), else the Rounds (one over both when they touch) and SiluMul.
+// model dtype first, in one launch (e.siluIn).
 func (e *Engine) siluUp(l, n int) error {
 	B := &e.at
-	if e.siluIn != nil {
-		if err := e.mark(ClassOther, "silu·up"); err != nil {
-			return err
-		}
-		if err := e.siluIn(B[bG], B[bU], e.roundDType(), B[bM], e.dt, uint64(n), e.compute); err != nil {
-			return blockErr(l, "silu", err)
-		}
-		return nil
-	}
-	if e.touching(bG, bU, 4*uint64(n)) {
-		if err := e.round(bG, 2*n); err != nil {
-			return err
-		}
-	} else {
-		if err := e.round(bG, n); err != nil {
-			return err
-		}
-		if err := e.round(bU, n); err != nil {
-			return err
-		}
-	}
 	if err := e.mark(ClassOther, "silu·up"); err != nil {
 		return err
 	}
-	if err := e.ks.SiluMul(B[bG], B[bU], B[bM], e.dt, uint64(n), e.compute); err != nil {
+	if err := e.siluIn(B[bG], B[bU], e.roundDType(), B[bM], e.dt, uint64(n), e.compute); err != nil {
 		return blockErr(l, "silu", err)
 	}
 	return nil
@@ -631,15 +609,8 @@ type normOp struct {
 }
 
 // residualNorm adds product b of block l into the residual stream (both
-// rounded, see residual) and then queues norm: one fused launch when the
-// kernels have one (e.resNorm), else the four kernels.
+// rounded, see residual) and then queues norm, in one launch (e.resNorm).
 func (e *Engine) residualNorm(c *cursor, l, b, T int, norm *normOp) error {
-	if e.resNorm == nil {
-		if err := e.residual(l, b, T); err != nil {
-			return err
-		}
-		return e.norm(c, norm.layer, norm.what, norm.role, norm.out, T)
-	}
 	w, dt, err := c.use(norm.layer, norm.role)
 	if err != nil {
 		return err

@@ -79,21 +79,6 @@ func TestCUDALlamaKernels(t *testing.T) {
 				t.Errorf("%s %s %s: relative error %.3g vs float64 (tolerance %.0e), %.3g vs the Go twin", target, c.kernel, c.name, er, c.tol, et)
 			}
 		}
-		// memwall_attn_decode2 (the speed test's alternative) on the same
-		// attention cases.
-		s.attnDecode2 = true
-		for i, c := range cases {
-			if c.kernel != "attention" {
-				continue
-			}
-			got := c.run(r)
-			et, er := relErr32(got, twins[i]), relErr(got, c.ref)
-			errAggAdd(per, "attention_decode2", et, er)
-			if !(er <= c.tol) || !(et <= max(c.tol, 1e-6)) {
-				t.Errorf("%s attention_decode2 %s: relative error %.3g vs float64 (tolerance %.0e), %.3g vs the Go twin", target, c.name, er, c.tol, et)
-			}
-		}
-		s.attnDecode2 = false
 		names := make([]string, 0, len(per))
 		for k := range per {
 			names = append(names, k)
@@ -289,35 +274,6 @@ func attnSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		}
 	}
 	s.SetOverlap(true)
-	// Other split sizes (the plan's fewest positions per split is 128):
-	// 256 keeps all 8 warps of a block busy, 1024 and up avoids the
-	// combine kernel for short contexts.
-	for _, mc := range []uint64{256, 512, 1024, 4096} {
-		s.attnMinChunk = mc
-		for _, ctx := range []uint32{512, 2048, 4096} {
-			p := planAttention(ctx-1, 1, nH, kvH, hd, s.sms, mc)
-			per := queued(t, s, tm, func() error { return s.Attention(q, cache, table, ctx-1, 1, nH, L, 0, scale, out, BF16, tm.st) })
-			fmt.Printf("KPERF attention_decode_chunk%d %s ctx=%d,splits=%d %.1f us\n", mc, target, ctx, p.Splits, per.Seconds()*1e6)
-		}
-	}
-	s.attnMinChunk = 0
-	// memwall_attn_decode2 (K rows read coalesced) against the default: time,
-	// and its output against the default's (the sums' order differs).
-	for _, ctx := range []uint32{512, 2048, 4096, 32768} {
-		run := func() error { return s.Attention(q, cache, table, ctx-1, 1, nH, L, 0, scale, out, BF16, tm.st) }
-		must(t, run())
-		ref, _ := Decode(BF16, readBack(t, d, out, 2*nH*hd, tm.st))
-		s.attnDecode2 = true
-		per := queued(t, s, tm, run)
-		must(t, run())
-		got, _ := Decode(BF16, readBack(t, d, out, 2*nH*hd, tm.st))
-		s.attnDecode2 = false
-		e := relErr32(got, ref)
-		if !(e <= 1e-2) {
-			t.Errorf("%s attention_decode2 ctx=%d: relative error %.3g against memwall_attn_decode", target, ctx, e)
-		}
-		fmt.Printf("KPERF attention_decode2 %s ctx=%d,heads=32/8,err=%.2g %.1f us\n", target, ctx, e, per.Seconds()*1e6)
-	}
 }
 
 func gemvSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) {

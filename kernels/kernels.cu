@@ -1211,12 +1211,7 @@ struct DecodeSmem {
     float sacc[kAttnWarps][128];
 };
 
-// CO (memwall_attn_decode2, an alternative the speed test measures): the
-// K rows are read coalesced, NV lanes per row (a warp loads 32/NV rows per
-// instruction), each lane's partial dot products summed across its row's
-// lanes and handed to the position's lane; the sums' order differs from the
-// lane-per-row read, so results differ in the last bits.
-template <class Tr, int D, bool CO = false>
+template <class Tr, int D>
 __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     typedef typename Tr::S S;
     constexpr int E = D / 32;                           // output elements per lane
@@ -1270,40 +1265,7 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
         float s[kAttnHeads];
 #pragma unroll
         for (int g = 0; g < kAttnHeads; ++g) s[g] = 0.0f;
-        if constexpr (CO) {
-            constexpr int RPI = 32 / NV;  // rows per warp load
-            const int sub = lane / NV, col = lane % NV;
-            const unsigned long long kaddr = (unsigned long long)krow;
-#pragma unroll 4
-            for (int j0 = 0; j0 < 32; j0 += RPI) {
-                const int src = j0 + sub;  // the position whose row slice this lane reads
-                const unsigned long long ra = __shfl_sync(0xFFFFFFFFu, kaddr, src);
-                float part[kAttnHeads];
-#pragma unroll
-                for (int g = 0; g < kAttnHeads; ++g) part[g] = 0.0f;
-                if (src < n) {
-                    float kf[VEC];
-                    Tr::unpack(__ldg(reinterpret_cast<const uint4*>(ra) + col), kf);
-#pragma unroll
-                    for (int g = 0; g < kAttnHeads; ++g) {
-                        if (g < nh) {
-                            const float* qg = &sh.q[g][col * VEC];
-#pragma unroll
-                            for (int j = 0; j < VEC; ++j) part[g] = fmaf(qg[j], kf[j], part[g]);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int g = 0; g < kAttnHeads; ++g) {
-                    if (g < nh) {
-#pragma unroll
-                        for (int off = NV / 2; off > 0; off >>= 1) part[g] += __shfl_xor_sync(0xFFFFFFFFu, part[g], off);
-                        const float v = __shfl_sync(0xFFFFFFFFu, part[g], ((lane - j0) & (RPI - 1)) * NV);
-                        if (lane >= j0 && lane < j0 + RPI) s[g] = v;
-                    }
-                }
-            }
-        } else if (valid) {
+        if (valid) {
             const uint4* k4 = reinterpret_cast<const uint4*>(krow);
 #pragma unroll
             for (int c0 = 0; c0 < NV; c0 += KB) {
@@ -2180,31 +2142,6 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
             attn_decode<BF16, 64>(a, sh);
         } else {
             attn_decode<F16, 64>(a, sh);
-        }
-    }
-}
-
-// memwall_attn_decode with the K rows read coalesced (see attn_decode's CO).
-extern "C" __global__ void __launch_bounds__(256, 1) memwall_attn_decode2(
-    const float* q, const unsigned char* cache, const int32_t* table, uint32_t start, uint32_t T,
-    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
-    uint32_t dt, uint64_t blockBytes, float scale, uint32_t chunk, float* part, void* out,
-    uint32_t odt) {
-    pdl_enter();
-    __shared__ DecodeSmem sh;
-    const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
-                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
-    if (headDim == 128) {
-        if (dt == kDtBF16) {
-            attn_decode<BF16, 128, true>(a, sh);
-        } else {
-            attn_decode<F16, 128, true>(a, sh);
-        }
-    } else {
-        if (dt == kDtBF16) {
-            attn_decode<BF16, 64, true>(a, sh);
-        } else {
-            attn_decode<F16, 64, true>(a, sh);
         }
     }
 }

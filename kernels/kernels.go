@@ -297,12 +297,6 @@ type Set struct {
 	// groupOverlap: MatmulGroup's kernel too is launched overlapped, with
 	// prefetch (off: slower so on the H200; the sweep turns it on).
 	groupOverlap bool
-	// attnMinChunk: when non-zero, the fewest positions per attention split
-	// instead of PlanAttention's (the speed test's alternatives).
-	attnMinChunk uint64
-	// attnDecode2: Attention runs memwall_attn_decode2 where it would run
-	// memwall_attn_decode (the speed test's alternative).
-	attnDecode2 bool
 
 	scratchMu sync.Mutex
 	scratch   map[device.Stream]scratchBuf // attention split partials, per stream

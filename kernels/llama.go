@@ -22,9 +22,6 @@ const (
 	NameAttnCombine = "memwall_attn_combine"
 	NameAttnFlash   = "memwall_attn_flash"
 	NameAttnDecode  = "memwall_attn_decode"
-	// NameAttnDecode2 is memwall_attn_decode with its K rows read coalesced
-	// (an alternative the GPU speed test measures; Attention does not use it).
-	NameAttnDecode2 = "memwall_attn_decode2"
 )
 
 // attnLanes are the elements per lane E of the split-attention entries:
@@ -47,12 +44,12 @@ func llamaNames() []string {
 	for _, e := range attnLanes {
 		n = append(n, AttnName(32*e))
 	}
-	return append(n, NameAttnCombine, NameAttnFlash, NameAttnDecode, NameAttnDecode2)
+	return append(n, NameAttnCombine, NameAttnFlash, NameAttnDecode)
 }
 
 type llamaFuncs struct {
-	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, combine, flash, decode, decode2 device.Function
-	attn                                                                                      [len(attnLanes)]device.Function
+	embed, rmsnorm, rope, silumul, add, cast, round, kvwrite, combine, flash, decode device.Function
+	attn                                                                             [len(attnLanes)]device.Function
 }
 
 func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
@@ -61,7 +58,7 @@ func (f *llamaFuncs) resolve(get func(string) (device.Function, error)) error {
 		name string
 	}{{&f.embed, NameEmbed}, {&f.rmsnorm, NameRMSNorm}, {&f.rope, NameRoPE}, {&f.silumul, NameSiluMul},
 		{&f.add, NameAdd}, {&f.cast, NameCast}, {&f.round, NameRound}, {&f.kvwrite, NameKVWrite},
-		{&f.combine, NameAttnCombine}, {&f.flash, NameAttnFlash}, {&f.decode, NameAttnDecode}, {&f.decode2, NameAttnDecode2}} {
+		{&f.combine, NameAttnCombine}, {&f.flash, NameAttnFlash}, {&f.decode, NameAttnDecode}} {
 		var err error
 		if *r.dst, err = get(r.name); err != nil {
 			return err
@@ -459,12 +456,6 @@ type AttnPlan struct {
 // blocks per multiprocessor run (flash-decoding), each split at least
 // 128 positions, at most 1024 splits and 64 MiB of partials.
 func PlanAttention(start, T, nHeads, kvHeads, headDim, sms uint32) AttnPlan {
-	return planAttention(start, T, nHeads, kvHeads, headDim, sms, minChunk)
-}
-
-// planAttention is PlanAttention with the fewest positions per split given
-// (the speed test compares others).
-func planAttention(start, T, nHeads, kvHeads, headDim, sms uint32, minChunk uint64) AttnPlan {
 	groups := ceilDiv(nHeads/kvHeads, attnHeads)
 	base := uint64(kvHeads) * uint64(groups) * uint64(T)
 	ctx := uint64(start) + uint64(T)
@@ -533,9 +524,6 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 		return nil
 	}
 	p := PlanAttention(start, T, nHeads, L.KVHeads, L.HeadDim, s.sms)
-	if s.attnMinChunk != 0 {
-		p = planAttention(start, T, nHeads, L.KVHeads, L.HeadDim, s.sms, s.attnMinChunk)
-	}
 	var part device.Ptr
 	if p.Splits > 1 {
 		if part, err = s.scratchFor(st, p.ScratchBytes); err != nil {
@@ -545,9 +533,6 @@ func (s *Set) Attention(q, cache, table device.Ptr, start, T, nHeads uint32, L K
 	f := s.llama.attnFunc(L.HeadDim)
 	if !s.decodeOff && useDecode(T, nHeads, L, cache) {
 		f = s.llama.decode
-		if s.attnDecode2 {
-			f = s.llama.decode2
-		}
 	}
 	if err := s.launchK(f, p.Grid, blockDim(), 0, st, q, cache, table, start, T, nHeads,
 		L.KVHeads, L.HeadDim, L.BlockTokens, layer, c, L.BlockBytes, scale, p.Chunk, part, out, oc); err != nil {

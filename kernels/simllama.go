@@ -27,8 +27,7 @@ func llamaGoKernels() []goKernel {
 	ks = append(ks, attnGoKernels()...)
 	return append(ks, goKernel{name: NameAttnCombine, run: runCombine, cost: costCombine},
 		goKernel{name: NameAttnFlash, run: runFlash, cost: costFlash},
-		goKernel{name: NameAttnDecode, run: runAttnDecode, cost: costAttn},
-		goKernel{name: NameAttnDecode2, run: runAttnDecode, cost: costAttn})
+		goKernel{name: NameAttnDecode, run: runAttnDecode, cost: costAttn})
 }
 
 // runAttnDecode: memwall_attn_decode computes what memwall_attn_e4 does

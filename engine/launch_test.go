@@ -14,6 +14,7 @@ import (
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/engine"
 	"github.com/memwall/memwall/engine/internal/reference"
+	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/synth"
 )
 
@@ -215,6 +216,98 @@ func TestDecodeLaunches(t *testing.T) {
 	}
 }
 
+// runMode is one engine configuration that bitIdenticalPairs runs.
+type runMode struct {
+	name      string
+	streaming bool           // a budget that streams some blocks (smallBudget), else 256 MiB resident
+	o         engine.Options // WholeLayers, Exact...; the loop sets Budget, MaxTokens and PrefillChunk
+}
+
+// pairSpec is what bitIdenticalPairs compares: a generation (prompt of
+// promptLen ids from seed, maxNew tokens) in two variants, named by labels
+// (variant false, then true).
+type pairSpec struct {
+	modes     []runMode
+	labels    [2]string
+	promptLen int
+	seed      uint64
+	maxNew    int
+	// options (nil: the variant is no option) sets a run's variant in its
+	// options before engine.New.
+	options func(o *engine.Options, variant bool)
+	// prepare (nil: nothing) sets a run's variant in its engine before
+	// Generate.
+	prepare func(e *engine.Engine, r *rig, variant bool)
+	// after (nil: nothing more) checks a pair once both runs are done.
+	after func(t *testing.T, m *llama.Model)
+}
+
+// bitIdenticalPairs runs spec for each preset (tiny, tiny-f16), format
+// (safetensors, GGUF) and mode, as subtests preset/format/mode: the
+// generation with variant false and then true, each on a fresh rig whose
+// pools hold nothing afterwards (a streaming mode's engine must stream
+// something). A pair fails unless its two runs give the same tokens and the
+// same logits at every step, bit for bit.
+func bitIdenticalPairs(t *testing.T, spec pairSpec) {
+	t.Helper()
+	ctx := context.Background()
+	for _, preset := range []string{"tiny", "tiny-f16"} {
+		for _, f := range []string{synth.Safetensors, synth.GGUF} {
+			for _, mode := range spec.modes {
+				t.Run(preset+"/"+f+"/"+mode.name, func(t *testing.T) {
+					m := open(t, modelPath(t, preset, f))
+					var runs [2]*engine.Result
+					for i, variant := range []bool{false, true} {
+						r := newRig(t, testDevice(t))
+						o := mode.o
+						o.Budget, o.MaxTokens, o.PrefillChunk = 256<<20, 96, 16
+						if mode.streaming {
+							o.Budget = smallBudget(t, r, m, o.WholeLayers)
+						}
+						if spec.options != nil {
+							spec.options(&o, variant)
+						}
+						e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, o)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if mode.streaming && len(e.Plan().Streamed()) == 0 {
+							t.Fatalf("%s: budget %d streams nothing", spec.labels[i], o.Budget)
+						}
+						if spec.prepare != nil {
+							spec.prepare(e, r, variant)
+						}
+						p := prompt(spec.promptLen, m.Config.Vocab, spec.seed)
+						if runs[i], err = e.Generate(ctx, p, engine.Sampling{MaxNew: spec.maxNew, IgnoreEOS: true, KeepLogits: true}, nil); err != nil {
+							t.Fatal(err)
+						}
+						if err := e.Close(); err != nil {
+							t.Fatal(err)
+						}
+						r.zero(t)
+					}
+					if spec.after != nil {
+						spec.after(t, m)
+					}
+					a, b := runs[0], runs[1]
+					if !slices.Equal(a.Tokens, b.Tokens) {
+						t.Errorf("%s %v, %s %v", spec.labels[0], a.Tokens, spec.labels[1], b.Tokens)
+					}
+					if len(a.Logits) != len(b.Logits) || len(a.Logits) != spec.maxNew {
+						t.Errorf("%d and %d steps of logits, want %d", len(a.Logits), len(b.Logits), spec.maxNew)
+					}
+					for s := range min(len(a.Logits), len(b.Logits)) {
+						if !slices.Equal(a.Logits[s], b.Logits[s]) {
+							t.Errorf("step %d logits differ (%s, %s)", s, spec.labels[0], spec.labels[1])
+							break
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
 // TestGroupedBitIdentical: grouping the products (MatmulGroup) changes no
 // bit: the same tokens and logits at every step as one launch per product,
 // for both formats, resident and streaming, per-matrix and whole-layer
@@ -223,47 +316,13 @@ func TestGroupedBitIdentical(t *testing.T) {
 	if raceEnabled && testing.Short() {
 		t.Skip("numerics only: no concurrency the race detector could find")
 	}
-	ctx := context.Background()
-	for _, preset := range []string{"tiny", "tiny-f16"} {
-		for _, f := range []string{synth.Safetensors, synth.GGUF} {
-			for _, mode := range []string{"resident", "streaming", "whole"} {
-				m := open(t, modelPath(t, preset, f))
-				var runs [2]*engine.Result
-				for i, ungrouped := range []bool{false, true} {
-					r := newRig(t, testDevice(t))
-					b := uint64(256 << 20)
-					if mode != "resident" {
-						b = smallBudget(t, r, m, mode == "whole")
-					}
-					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16,
-						WholeLayers: mode == "whole", Ungrouped: ungrouped})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if mode != "resident" && len(e.Plan().Streamed()) == 0 {
-						t.Fatalf("%s %s %s: streams nothing", preset, f, mode)
-					}
-					if runs[i], err = e.Generate(ctx, prompt(37, m.Config.Vocab, 9), engine.Sampling{MaxNew: 20, IgnoreEOS: true, KeepLogits: true}, nil); err != nil {
-						t.Fatal(err)
-					}
-					if err := e.Close(); err != nil {
-						t.Fatal(err)
-					}
-					r.zero(t)
-				}
-				g, u := runs[0], runs[1]
-				if !slices.Equal(g.Tokens, u.Tokens) {
-					t.Errorf("%s %s %s: grouped %v, ungrouped %v", preset, f, mode, g.Tokens, u.Tokens)
-				}
-				for i := range g.Logits {
-					if !slices.Equal(g.Logits[i], u.Logits[i]) {
-						t.Errorf("%s %s %s: step %d logits differ", preset, f, mode, i)
-						break
-					}
-				}
-			}
-		}
-	}
+	bitIdenticalPairs(t, pairSpec{
+		modes: []runMode{{name: "resident"}, {name: "streaming", streaming: true},
+			{name: "whole", streaming: true, o: engine.Options{WholeLayers: true}}},
+		labels:    [2]string{"grouped", "ungrouped"},
+		promptLen: 37, seed: 9, maxNew: 20,
+		options: func(o *engine.Options, ungrouped bool) { o.Ungrouped = ungrouped },
+	})
 }
 
 // TestProfile: a profiled run gives the same tokens as an unprofiled one,
@@ -446,81 +505,58 @@ func TestRandomShapes(t *testing.T) {
 	}
 }
 
-// TestResidualNormFused: with a fused residual add and RMSNorm and a SiLU·up
-// that rounds its inputs (here the kernels they stand for, behind the
-// kernels' ResidualRMSNorm and SiluMulIn signatures) the engine calls them
-// once per block and gets the same tokens and logits bit for bit, both
-// formats, resident and streaming, rounded and exact.
+// TestResidualNormFused: the fused residual add and RMSNorm and the SiLU·up
+// that rounds its inputs (kernels.Set's ResidualRMSNorm and SiluMulIn, which
+// the engine calls) give the same tokens and logits bit for bit as the
+// kernels they stand for (Round, Add, Round, RMSNorm; Round, Round,
+// SiluMul), put in their place once per block, for both formats, resident
+// and streaming, rounded and exact.
 func TestResidualNormFused(t *testing.T) {
 	if raceEnabled && testing.Short() {
 		t.Skip("numerics only: no concurrency the race detector could find")
 	}
-	ctx := context.Background()
-	for _, preset := range []string{"tiny", "tiny-f16"} {
-		for _, f := range []string{synth.Safetensors, synth.GGUF} {
-			for _, mode := range []string{"resident", "streaming", "exact"} {
-				m := open(t, modelPath(t, preset, f))
-				var runs [2]*engine.Result
-				calls, siluCalls := 0, 0
-				for i, fused := range []bool{false, true} {
-					r := newRig(t, testDevice(t))
-					b := uint64(256 << 20)
-					if mode == "streaming" {
-						b = smallBudget(t, r, m, false)
-					}
-					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16, Exact: mode == "exact"})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if fused {
-						ks := r.ks
-						engine.SetResidualNorm(e, func(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
-							calls++
-							n := uint64(T) * uint64(H)
-							if err := ks.Round(y, rdt, n, st); err != nil {
-								return err
-							}
-							if err := ks.Add(x, y, n, st); err != nil {
-								return err
-							}
-							if err := ks.Round(x, rdt, n, st); err != nil {
-								return err
-							}
-							return ks.RMSNorm(x, w, wdt, out, odt, T, H, eps, st)
-						})
-						engine.SetSiluMulIn(e, func(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error {
-							siluCalls++
-							if err := ks.Round(g, rdt, n, st); err != nil {
-								return err
-							}
-							if err := ks.Round(u, rdt, n, st); err != nil {
-								return err
-							}
-							return ks.SiluMul(g, u, out, odt, n, st)
-						})
-					}
-					if runs[i], err = e.Generate(ctx, prompt(21, m.Config.Vocab, 6), engine.Sampling{MaxNew: 9, IgnoreEOS: true, KeepLogits: true}, nil); err != nil {
-						t.Fatal(err)
-					}
-					if err := e.Close(); err != nil {
-						t.Fatal(err)
-					}
-					r.zero(t)
-				}
-				name := preset + " " + f + " " + mode
-				if steps, L := 2+8, m.Config.Layers; calls != steps*L || siluCalls != steps*L {
-					t.Errorf("%s: %d fused norm and %d SiLU calls in %d steps of %d blocks, want %d", name, calls, siluCalls, steps, L, steps*L)
-				}
-				if !slices.Equal(runs[0].Tokens, runs[1].Tokens) {
-					t.Errorf("%s: fused %v, unfused %v", name, runs[1].Tokens, runs[0].Tokens)
-				}
-				for s := range runs[0].Logits {
-					if !slices.Equal(runs[0].Logits[s], runs[1].Logits[s]) {
-						t.Errorf("%s: step %d logits differ", name, s)
-						break
-					}
-				}
+	const maxNew = 9
+	calls, siluCalls := 0, 0
+	bitIdenticalPairs(t, pairSpec{
+		modes:     []runMode{{name: "resident"}, {name: "streaming", streaming: true}, {name: "exact", o: engine.Options{Exact: true}}},
+		labels:    [2]string{"fused", "unfused"},
+		promptLen: 21, seed: 6, maxNew: maxNew,
+		prepare: func(e *engine.Engine, r *rig, unfused bool) {
+			if !unfused {
+				return
 			}
-		}
-	}
+			ks := r.ks
+			engine.SetResidualNorm(e, func(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error {
+				calls++
+				n := uint64(T) * uint64(H)
+				if err := ks.Round(y, rdt, n, st); err != nil {
+					return err
+				}
+				if err := ks.Add(x, y, n, st); err != nil {
+					return err
+				}
+				if err := ks.Round(x, rdt, n, st); err != nil {
+					return err
+				}
+				return ks.RMSNorm(x, w, wdt, out, odt, T, H, eps, st)
+			})
+			engine.SetSiluMulIn(e, func(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error {
+				siluCalls++
+				if err := ks.Round(g, rdt, n, st); err != nil {
+					return err
+				}
+				if err := ks.Round(u, rdt, n, st); err != nil {
+					return err
+				}
+				return ks.SiluMul(g, u, out, odt, n, st)
+			})
+		},
+		after: func(t *testing.T, m *llama.Model) {
+			// Prefill (21 ids, chunks of 16: two steps) and maxNew−1 decode steps.
+			if steps, L := 2+maxNew-1, m.Config.Layers; calls != steps*L || siluCalls != steps*L {
+				t.Errorf("%d unfused norm and %d SiLU calls in %d steps of %d blocks, want %d", calls, siluCalls, steps, L, steps*L)
+			}
+			calls, siluCalls = 0, 0
+		},
+	})
 }

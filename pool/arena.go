@@ -353,7 +353,7 @@ func (a *arena) destroy(p *Pool) error {
 	if a.hostBuf != nil {
 		keep(p.dev.HostFree(a.hostBuf))
 	} else {
-		keep(p.dev.Free(a.base))
+		keep(p.up.Free(a.base))
 	}
 	p.devFrees.Add(1)
 	p.reserved.Add(^(a.size - 1))

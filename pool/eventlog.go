@@ -3,6 +3,9 @@ package pool
 import (
 	"io"
 	"sync"
+	"time"
+
+	"github.com/memwall/memwall/device"
 
 	"github.com/memwall/memwall/trace"
 )
@@ -76,4 +79,66 @@ func writeEvent(tw *trace.Writer, ev Event) error {
 		te.Action = trace.FreeCompleted
 	}
 	return tw.Write(te)
+}
+
+// Wrap returns the event-log layer over up: a Resource that records in
+// the log every allocation up hands out and every free up accepts, in an
+// order replay can follow: a free is recorded before any allocation that
+// gets its address (frees through the layer are serialized with the
+// recording of allocations). Set Record as a pool's Options.OnEvent
+// instead to log the pool's own requests, its tenants' included.
+func (l *EventLog) Wrap(up Resource) Resource { return &logged{up: up, log: l} }
+
+// logged is EventLog.Wrap's layer. mu orders the records: a free holds it
+// from before up frees until its event is recorded, an allocation takes it
+// to record, so an allocation that got a freed address records after the
+// free.
+type logged struct {
+	up  Resource
+	log *EventLog
+	mu  sync.Mutex
+}
+
+func (r *logged) Upstream() Resource { return r.up }
+
+func (r *logged) Alloc(size uint64, o AllocOptions) (Block, error) {
+	b, err := r.up.Alloc(size, o)
+	if err == nil {
+		if b.m == nil {
+			size = b.Size // what the free will know
+		}
+		ev := Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: o.Stream, Purpose: o.Purpose, Tenant: b.owner.name()}
+		r.mu.Lock()
+		r.log.Record(ev)
+		r.mu.Unlock()
+	}
+	return b, err
+}
+
+func (r *logged) Free(b Block) error { return r.free(b, 0) }
+
+func (r *logged) FreeAsync(b Block, s device.Stream) error { return r.free(b, s) }
+
+// free frees b (stream-ordered on s when s is not 0) and records it. A
+// pool's block is logged with the size it was asked for and its purpose,
+// another resource's with its Size (as its allocation was).
+func (r *logged) free(b Block, s device.Stream) error {
+	size, purpose := b.Size, Other
+	if m := b.m; m != nil && m.state.Load() == b.gen {
+		size, purpose = m.req, m.purpose
+	}
+	ev := Event{Free: true, Ptr: b.Ptr, Size: size, Stream: s, Purpose: purpose, Tenant: b.owner.name()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var err error
+	if s == 0 {
+		err = r.up.Free(b)
+	} else {
+		err = r.up.FreeAsync(b, s)
+	}
+	if err == nil {
+		ev.Time = time.Now()
+		r.log.Record(ev)
+	}
+	return err
 }

@@ -68,7 +68,7 @@ func (h *history) events() []Event {
 // held.
 func (p *Pool) snapshot(size uint64) *Snapshot {
 	s := &Snapshot{Pool: p.opts.Name, Time: time.Now(), Requested: size}
-	if free, _, err := p.dev.MemInfo(); err == nil {
+	if free, _, err := p.up.MemInfo(); err == nil {
 		s.DeviceFree = free
 	}
 	s.Reserved = p.reservationsLocked()

@@ -173,6 +173,11 @@ func (g Growth) String() string {
 type Options struct {
 	// Name labels the pool in stats and metrics.
 	Name string
+	// Upstream is the memory the pool's chunks come from (nil: the
+	// device). A pool over an Upstream grows by chunks (Growth is
+	// GrowChunks whatever it says) and its Limit defaults to the
+	// upstream's total. Host pools take memory from the device only.
+	Upstream Upstream
 	// Strategy is the alloc strategy for arena offsets (default "bestfit":
 	// address-ordered best fit keeps live data low in the arena, so fewer
 	// pages stay mapped).
@@ -410,6 +415,9 @@ type AllocOptions struct {
 	// Stream, when non-zero, is the stream that will use the block: blocks
 	// freed on that same stream with FreeAsync may be reused at once.
 	Stream device.Stream
+	// tenant is the tenant the block is for, set by Tenant.Alloc: the
+	// label of the pool's events and snapshots.
+	tenant *Tenant
 }
 
 // Block is a live allocation. Ptr is its device address (for a host pool,
@@ -417,10 +425,11 @@ type AllocOptions struct {
 // and Size its usable size (≥ requested); a host pool's block also has its
 // bytes (Bytes). A Block is a handle: copies refer to the same allocation.
 type Block struct {
-	Ptr  device.Ptr
-	Size uint64
-	m    *meta
-	gen  uint64
+	Ptr   device.Ptr
+	Size  uint64
+	m     *meta
+	gen   uint64
+	owner *Tenant // the tenant that handed the block out; nil: the pool
 }
 
 // Bytes returns a host pool's block as a byte slice of length Size; nil for
@@ -455,12 +464,11 @@ type meta struct {
 	req     uint64       // requested bytes
 	class   int          // size class + 1 when cacheable, else 0
 	node    alloc.Handle // the allocator's handle, when it has them
-	charged uint64       // bytes charged to the tenant
 	shift   uint64       // bytes from the allocator's offset to the handed-out address (alignment slack)
 	purpose Purpose
-	tenant  *Tenant
-	home    *Pool // the shard whose arenas hold the block (the pool itself without shards)
-	next    *meta // free-list / cache link
+	tenant  *Tenant // label: the tenant it was allocated for
+	home    *Pool   // the shard whose arenas hold the block (the pool itself without shards)
+	next    *meta   // free-list / cache link
 }
 
 // assign records who asked for the block and what for.
@@ -484,6 +492,7 @@ type Pool struct {
 	// so that a processor working under the lock does not take these
 	// cache lines from all the others.
 	dev  device.Device
+	up   Upstream // Options.Upstream, or dev
 	opts Options
 	host bool
 	info device.Info
@@ -633,6 +642,17 @@ func NewHost(d device.Device, o Options) (*Pool, error) {
 
 func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	in := d.Info()
+	var up Upstream = d
+	if o.Upstream != nil {
+		if host {
+			return nil, fmt.Errorf("pool %s: a pinned host pool takes its memory from the device, not from Options.Upstream", o.Name)
+		}
+		up = o.Upstream
+		o.Growth = GrowChunks
+		if _, total, err := up.MemInfo(); err == nil && total > 0 {
+			in.TotalBytes = total
+		}
+	}
 	if host {
 		// Host pools are never virtual; keep the requested growth fixed.
 		in.VirtualMemory = false
@@ -658,7 +678,7 @@ func newPool(d device.Device, o Options, host bool) (*Pool, error) {
 	if o.Cache != CachePerProcessor || host {
 		o.Shards = 1 // shards serve processors that would share a lock
 	}
-	p := &Pool{dev: d, opts: o, host: host, info: in,
+	p := &Pool{dev: d, up: up, opts: o, host: host, info: in,
 		pending: map[device.Stream]*pendingList{},
 		tenants: map[string]*Tenant{},
 		ledger:  &ledger{},
@@ -765,10 +785,10 @@ func roundUp(x, a uint64) uint64 {
 // *OOMError (errors.Is(err, ErrOutOfMemory)) saying why, after trying to
 // release cached, pending and free memory and to grow.
 func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
-	if o.Align == 0 && o.Stream == 0 && p.plain {
+	if o.Align == 0 && o.Stream == 0 && o.tenant == nil && p.plain {
 		return p.allocPlain(size, o.Purpose)
 	}
-	return p.alloc(nil, size, o)
+	return p.alloc(o.tenant, size, o)
 }
 
 // allocPlain is alloc for the common request (the pool's alignment, no
@@ -799,7 +819,6 @@ func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
 		cls := classOf(size)
 		if m = c.pop(cls); m != nil {
 			m.assign(size, purpose, nil)
-			m.charged = sizeClasses[cls]
 			c.c.add(m)
 			c.g.exit()
 			procUnpin()
@@ -809,14 +828,10 @@ func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
 		c.g.exit()
 		procUnpin()
 		m, err = p.cacheAlloc(cls, size, purpose, nil, true, batch, parked)
-		if err == nil {
-			m.charged = sizeClasses[cls]
-		}
 	} else {
 		c.lastLarge = size
 		if m = c.takeLarge(size, p.opts.Alignment); m != nil {
 			m.assign(size, purpose, nil)
-			m.charged = size
 			c.c.add(m)
 			c.g.exit()
 			procUnpin()
@@ -829,9 +844,6 @@ func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
 		c.g.exit()
 		procUnpin()
 		m, err = p.centralLarge(size, purpose, parked)
-		if err == nil {
-			m.charged = size
-		}
 	}
 	if err != nil {
 		p.ooms.Add(1)
@@ -853,16 +865,8 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 	// parked by an earlier free.
 	cached := align <= p.opts.Alignment && o.Stream == 0 && p.procs != nil
 	cls := -1
-	charge := size
 	if cached && size <= p.cacheMax {
 		cls = classOf(size)
-		charge = sizeClasses[cls]
-	}
-	if t != nil {
-		if err := t.charge(charge); err != nil {
-			p.ooms.Add(1)
-			return Block{}, err
-		}
 	}
 	timed, lat := false, 0
 	// A miss on the fast path leaves what the central path needs from
@@ -893,7 +897,6 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 				}
 				if m != nil {
 					m.assign(size, o.Purpose, t)
-					m.charged = charge
 					c.c.add(m)
 					p.unpin(c)
 					if p.opts.OnEvent == nil {
@@ -935,13 +938,9 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		m, err = p.slowAlloc(size, align, o.Stream, o.Purpose, t, parked)
 	}
 	if err != nil {
-		if t != nil {
-			t.uncharge(charge)
-		}
 		p.ooms.Add(1)
 		return Block{}, err
 	}
-	m.charged = charge
 	b := p.handout(m, size, o.Stream)
 	if timed {
 		p.lat[lat%len(p.lat)].Observe(time.Since(start))
@@ -1000,47 +999,36 @@ func updateMax(a *atomic.Uint64, v uint64) {
 	}
 }
 
-// validate checks that b is a live block of this pool (and of tenant t when
-// t is non-nil) and marks it dead. It changes nothing on error. One
-// compare-and-swap moves the generation on; refuseHandle diagnoses the
-// rest.
-func (p *Pool) validate(b Block, t *Tenant) (*meta, error) {
-	if m := b.m; m != nil && m.pool == p && m.tenant == t && m.state.CompareAndSwap(b.gen, b.gen+1) {
+// validate checks that b is a live block of this pool, handed out by the
+// pool itself (not by a tenant over it), and marks it dead. It changes
+// nothing on error. One compare-and-swap moves the generation on;
+// refuseHandle diagnoses the rest.
+func (p *Pool) validate(b Block) (*meta, error) {
+	if m := b.m; m != nil && m.pool == p && b.owner == nil && m.state.CompareAndSwap(b.gen, b.gen+1) {
 		return m, nil
 	}
-	return nil, p.refuseHandle(b, t)
+	return nil, p.refuseHandle(b)
 }
 
 // refuseHandle says why validate refused b.
-func (p *Pool) refuseHandle(b Block, t *Tenant) error {
+func (p *Pool) refuseHandle(b Block) error {
+	if b.owner != nil {
+		return fmt.Errorf("pool %s: block %#x belongs to tenant %q: free it through the tenant: %w", p.opts.Name, uint64(b.Ptr), b.owner.nm, ErrInvalidHandle)
+	}
 	if b.m == nil || b.m.pool != p {
 		return fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
 	m := b.m
-	if cur := m.state.Load(); cur != b.gen {
-		if cur == b.gen+1 {
-			return fmt.Errorf("pool %s: %#x was already freed (double free, or a copy of a freed handle): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
-		}
-		return fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+	// The generation only moves on: the compare-and-swap failed on one
+	// that differs (the block was freed meanwhile).
+	if cur := m.state.Load(); cur == b.gen+1 {
+		return fmt.Errorf("pool %s: %#x was already freed (double free, or a copy of a freed handle): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 	}
-	// The generation only moves on, so with the tenant right the
-	// compare-and-swap fails only on a generation that differs: what is
-	// left is the tenant.
-	return fmt.Errorf("pool %s: block %#x belongs to tenant %q, not %q: %w", p.opts.Name, uint64(b.Ptr), m.tenant.name(), t.name(), ErrInvalidHandle)
+	return fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
 }
 
-// freed does what every free does besides accounting: the tenant's charge
-// and the event hook.
+// freed does what every free does besides accounting: the event hook.
 func (p *Pool) freed(m *meta) {
-	if m.tenant != nil || p.opts.OnEvent != nil {
-		p.freedSlow(m)
-	}
-}
-
-func (p *Pool) freedSlow(m *meta) {
-	if m.tenant != nil {
-		m.tenant.uncharge(m.charged)
-	}
 	if p.opts.OnEvent != nil {
 		p.mu.Lock()
 		p.opts.OnEvent(Event{Time: time.Now(), Free: true, Ptr: m.ptr(), Size: m.req, Purpose: m.purpose, Tenant: m.tenant.name()})
@@ -1058,14 +1046,19 @@ func (p *Pool) freedSlow(m *meta) {
 // a stale copy of a handle, or another pool's or tenant's block returns an
 // error wrapping ErrInvalidHandle and changes nothing.
 func (p *Pool) Free(b Block) error {
-	if m := b.m; m != nil && m.pool == p && m.tenant == nil && p.plain && m.state.CompareAndSwap(b.gen, b.gen+1) {
+	if m := b.m; m != nil && m.pool == p && b.owner == nil && p.plain && m.state.CompareAndSwap(b.gen, b.gen+1) {
 		p.freePlain(m)
 		return nil
 	}
-	return p.free(nil, b)
+	m, err := p.validate(b)
+	if err != nil {
+		return err
+	}
+	p.freeValid(m)
+	return nil
 }
 
-// freePlain is free for a block of no tenant, just validated, in a pool
+// freePlain is free for a block just validated, in a pool
 // where Alloc takes allocPlain: into this processor's cache when it can be
 // used, as free does.
 func (p *Pool) freePlain(m *meta) {
@@ -1103,15 +1096,6 @@ func (p *Pool) freePlain(m *meta) {
 	}
 }
 
-func (p *Pool) free(t *Tenant, b Block) error {
-	m, err := p.validate(b, t)
-	if err != nil {
-		return err
-	}
-	p.freeValid(m)
-	return nil
-}
-
 // freeValid frees m, which validate has just accepted.
 func (p *Pool) freeValid(m *meta) {
 	p.freed(m)
@@ -1138,13 +1122,11 @@ func (p *Pool) centralFree(m *meta) {
 // block is reusable at once by allocations on s and by other streams only
 // after an event recorded on s has completed. No device-wide
 // synchronization happens.
-func (p *Pool) FreeAsync(b Block, s device.Stream) error { return p.freeAsync(nil, b, s) }
-
-func (p *Pool) freeAsync(t *Tenant, b Block, s device.Stream) error {
+func (p *Pool) FreeAsync(b Block, s device.Stream) error {
 	if s == 0 {
 		return fmt.Errorf("pool %s: FreeAsync on stream 0: %w", p.opts.Name, device.ErrInvalid)
 	}
-	m, err := p.validate(b, t)
+	m, err := p.validate(b)
 	if err != nil {
 		return err
 	}
@@ -1192,7 +1174,7 @@ func (p *Pool) newMeta() *meta {
 }
 
 func (p *Pool) putMeta(m *meta) {
-	m.arena, m.tenant, m.class, m.shift, m.charged = nil, nil, 0, 0, 0 // its generation already moved on when it was freed
+	m.arena, m.tenant, m.class, m.shift = nil, nil, 0, 0 // its generation already moved on when it was freed
 	m.next = p.metaFree
 	p.metaFree = m
 }

@@ -27,9 +27,9 @@ func PurposePriority(p Purpose) float32 {
 // is set and the device implements PriorityAllocator, else by Alloc.
 func (p *Pool) devAlloc(size uint64) (device.Ptr, error) {
 	if p.opts.Priority > 0 {
-		if pa, ok := p.dev.(PriorityAllocator); ok {
+		if pa, ok := p.up.(PriorityAllocator); ok {
 			return pa.AllocPriority(size, p.opts.Priority)
 		}
 	}
-	return p.dev.Alloc(size)
+	return p.up.Alloc(size)
 }

@@ -66,6 +66,11 @@ type propConfig struct {
 	// instead of the pool's goroutine.
 	hold   time.Duration
 	caller bool
+	// overPool: the pool takes its chunks from another pool on the same
+	// device (Options.Upstream = Chunks(parent)), the parent of the
+	// default configuration, which allocates blocks of its own between
+	// the child's operations.
+	overPool bool
 }
 
 func (c propConfig) String() string {
@@ -101,6 +106,9 @@ func (c propConfig) String() string {
 	}
 	if c.limit > 0 {
 		s += fmt.Sprintf("-limit%dM", c.limit>>20)
+	}
+	if c.overPool {
+		s = "over-pool-" + s
 	}
 	return s
 }
@@ -188,6 +196,15 @@ func propConfigs() []propConfig {
 				propConfig{growth: g, strategy: "bestfit", cache: "per-processor", hold: 200 * time.Microsecond, limit: 64 << 20},
 				propConfig{growth: g, strategy: "tlsf", cache: "sharded", hold: hotHold, caller: true, limit: 16 << 20},
 			)
+		} else {
+			// Pools over a pool: chunks from a parent pool's blocks, whose
+			// addresses are only as aligned as the parent's blocks.
+			cs = append(cs,
+				propConfig{growth: g, strategy: "bestfit", cache: "per-processor", overPool: true},
+				propConfig{growth: g, strategy: "tlsf", cache: "sharded", overPool: true},
+				propConfig{growth: g, strategy: "buddy", cache: "none", overPool: true},
+				propConfig{growth: g, strategy: "bestfit", cache: "single", overPool: true, limit: 64 << 20},
+			)
 		}
 	}
 	return cs
@@ -200,6 +217,7 @@ type propBlock struct {
 	align  uint64
 	tag    uint64
 	tenant bool
+	parent bool // a block of the parent pool (overPool), not the pool's
 }
 
 // propSpots are the offsets of b's sampled words: its first and last
@@ -227,6 +245,8 @@ type propState struct {
 	d       device.Device
 	p       *pool.Pool
 	tn      *pool.Tenant
+	parent  *pool.Pool // overPool: the pool p takes its chunks from
+	own     int        // live blocks of p (live also holds parent's)
 	s       device.Stream
 	backing bool
 	// shadow, when set, holds the pattern instead of the device's bytes.
@@ -258,6 +278,16 @@ func (st *propState) find(ptr device.Ptr) int {
 // add checks a block just allocated against the request and against every
 // live block (by device address), records it and writes its pattern.
 func (st *propState) add(op int, b pool.Block, size, align uint64, tenant bool) {
+	pb := st.place(op, b, size, align)
+	pb.tenant = tenant
+	st.own++
+	st.bytes += b.Size
+	st.slack += pb.slack()
+}
+
+// place checks block b against the request and every live block, records
+// it and writes its pattern.
+func (st *propState) place(op int, b pool.Block, size, align uint64) *propBlock {
 	t := st.t
 	if b.Size < size {
 		t.Fatalf("op %d: %d-byte block for a request of %d bytes (align %d)", op, b.Size, size, align)
@@ -283,13 +313,12 @@ func (st *propState) add(op int, b pool.Block, size, align uint64, tenant bool) 
 				op, uint64(b.Ptr), b.Size, size, align, uint64(next.Ptr), next.Size)
 		}
 	}
-	pb := &propBlock{b: b, size: size, align: align, tag: uint64(op)*0x9e3779b97f4a7c15 | 1, tenant: tenant}
+	pb := &propBlock{b: b, size: size, align: align, tag: uint64(op)*0x9e3779b97f4a7c15 | 1}
 	st.live = slices.Insert(st.live, i, pb)
-	st.bytes += b.Size
-	st.slack += pb.slack()
 	if st.backing {
 		st.pattern(pb, false)
 	}
+	return pb
 }
 
 // pattern writes (check false) or checks (check true) the words of pb's
@@ -358,6 +387,8 @@ func (st *propState) free(i int, async bool) {
 	switch {
 	case pb.tenant:
 		err = st.tn.Free(pb.b)
+	case pb.parent:
+		err = st.parent.Free(pb.b)
 	case async:
 		err = st.p.FreeAsync(pb.b, st.s)
 	default:
@@ -367,6 +398,10 @@ func (st *propState) free(i int, async bool) {
 		st.t.Fatalf("free %#x: %v", uint64(pb.b.Ptr), err)
 	}
 	st.live = slices.Delete(st.live, i, i+1)
+	if pb.parent {
+		return
+	}
+	st.own--
 	st.bytes -= pb.b.Size
 	st.slack -= pb.slack()
 }
@@ -423,7 +458,16 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := pool.New(d, c.options())
+	o := c.options()
+	var parent *pool.Pool
+	if c.overPool {
+		if parent, err = pool.New(d, pool.Options{Name: "parent"}); err != nil {
+			t.Fatal(err)
+		}
+		defer parent.Close()
+		o.Upstream = pool.Chunks(parent, pool.AllocOptions{Purpose: pool.Scratch})
+	}
+	p, err := pool.New(d, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +484,7 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 		t.Fatal(err)
 	}
 	defer d.DestroyStream(s)
-	st := &propState{t: t, d: d, p: p, tn: tn, s: s, backing: backing || shadow != nil, shadow: shadow}
+	st := &propState{t: t, d: d, p: p, tn: tn, s: s, backing: backing || shadow != nil, shadow: shadow, parent: parent}
 	// Live bytes stay under an eighth of the device, so that running out
 	// of memory is rare and every refusal can be checked for a reason.
 	budget := total / 8
@@ -458,6 +502,15 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 			p.Trim()
 		case k == 98:
 			p.Reclaim()
+		case parent != nil && k%7 == 3:
+			// The parent's own block, between the pool's chunks.
+			size, align := propRequest(r)
+			size = 1 + size%(64<<20)
+			b, err := parent.Alloc(size, pool.AllocOptions{Align: min(align, 1<<20)})
+			if err != nil {
+				t.Fatalf("op %d: parent alloc of %d bytes: %v", op, size, err)
+			}
+			st.place(op, b, size, max(min(align, 1<<20), 256)).parent = true
 		default:
 			size, align := propRequest(r)
 			if c.limit > 0 {
@@ -508,6 +561,11 @@ func runPropertyFrom(t testing.TB, d device.Device, c propConfig, ops int, src r
 	if s := p.Stats(); s.UsedBytes != 0 || s.LiveBlocks != 0 || s.ReservedBytes != 0 {
 		t.Fatalf("after freeing everything and Trim: used %d in %d blocks, %d reserved", s.UsedBytes, s.LiveBlocks, s.ReservedBytes)
 	}
+	if parent != nil {
+		if s := parent.Stats(); s.UsedBytes != 0 || s.LiveBlocks != 0 {
+			t.Fatalf("parent after the pool gave its chunks back: used %d in %d blocks", s.UsedBytes, s.LiveBlocks)
+		}
+	}
 	if ops > 0 && st.ooms > ops/100 && c.limit == 0 {
 		t.Fatalf("%d of %d operations ran out of memory with live bytes under %d; the first: %s", st.ooms, ops, budget, st.firstOOM)
 	}
@@ -535,8 +593,8 @@ func (st *propState) check(op int) {
 	s := st.p.Stats()
 	// A block's used bytes include the alignment slack before its
 	// handed-out address: at most its alignment.
-	if s.UsedBytes < st.bytes || s.UsedBytes > st.bytes+st.slack || s.LiveBlocks != len(st.live) {
-		st.t.Fatalf("op %d: pool counts %d bytes in %d blocks, the test holds %d (+ up to %d of slack) in %d", op, s.UsedBytes, s.LiveBlocks, st.bytes, st.slack, len(st.live))
+	if s.UsedBytes < st.bytes || s.UsedBytes > st.bytes+st.slack || s.LiveBlocks != st.own {
+		st.t.Fatalf("op %d: pool counts %d bytes in %d blocks, the test holds %d (+ up to %d of slack) in %d", op, s.UsedBytes, s.LiveBlocks, st.bytes, st.slack, st.own)
 	}
 	if err := pool.CheckPages(st.p); err != nil {
 		st.t.Fatalf("op %d: %v", op, err)

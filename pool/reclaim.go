@@ -212,7 +212,7 @@ func (p *Pool) hotNow() bool {
 // devicePressed reports whether the device has less than a sixteenth of its
 // memory free.
 func (p *Pool) devicePressed() bool {
-	free, total, err := p.dev.MemInfo()
+	free, total, err := p.up.MemInfo()
 	return err == nil && total > 0 && free < total/16
 }
 

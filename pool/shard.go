@@ -166,7 +166,7 @@ func (p *Pool) makeShard(i int) *Pool {
 	if s := ss.list[i].Load(); s != nil || ss.closed {
 		return s
 	}
-	s := &Pool{dev: p.dev, opts: p.opts, host: p.host, info: p.info, ledger: p.ledger, root: p,
+	s := &Pool{dev: p.dev, up: p.up, opts: p.opts, host: p.host, info: p.info, ledger: p.ledger, root: p,
 		cacheMax: p.cacheMax, smallMax: p.smallMax}
 	s.opts.Warmup = 0
 	s.passAt = time.Since(p.born) // its pace counts from now (hotNow)

@@ -44,7 +44,10 @@ type OOMError struct {
 
 func (e *OOMError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "pool %s: cannot allocate %d bytes", e.Pool, e.Requested)
+	if e.Pool != "" {
+		fmt.Fprintf(&b, "pool %s: ", e.Pool)
+	}
+	fmt.Fprintf(&b, "cannot allocate %d bytes", e.Requested)
 	if e.Tenant != "" {
 		fmt.Fprintf(&b, " for tenant %q", e.Tenant)
 	}

@@ -43,7 +43,10 @@ type Stats struct {
 
 	Allocs uint64 `json:"allocs"`
 	Frees  uint64 `json:"frees"`
-	OOMs   uint64 `json:"ooms"`
+	// OOMs counts the allocations the pool refused; a tenant's refusals
+	// by its quota, made before the pool is asked, count in its
+	// TenantStats.
+	OOMs uint64 `json:"ooms"`
 	// Device calls the pool made.
 	DeviceAllocs uint64 `json:"device_allocs"`
 	DeviceFrees  uint64 `json:"device_frees"`

@@ -71,9 +71,11 @@ func TestMetrics(t *testing.T) {
 		"memwall_pool_purpose_used_bytes{purpose=activations}": 5 << 20,
 		"memwall_pool_tenant_used_bytes{tenant=bert}":          5 << 20,
 		"memwall_pool_tenant_quota_bytes{tenant=bert}":         1 << 30,
-		"memwall_pool_oom_total":                               1,
-		"memwall_pool_allocs_total":                            402,
-		"memwall_pool_frees_total":                             400,
+		// The tenant refused it, before the pool was asked.
+		"memwall_pool_oom_total":                     0,
+		"memwall_pool_tenant_oom_total{tenant=bert}": 1,
+		"memwall_pool_allocs_total":                  402,
+		"memwall_pool_frees_total":                   400,
 	}
 	for k, v := range want {
 		if got[k] != v {

@@ -130,6 +130,17 @@ import (
 	"github.com/memwall/memwall/telemetry/latency"
 )
 
+// Device is what a pool takes of a device: its description, memory
+// (chunks, pinned host buffers, what is free), virtual memory (a GrowVirtual
+// pool's range and pages) and streams and events (stream-ordered frees).
+// Every device.Device is one; a pool neither copies nor launches.
+type Device interface {
+	Info() device.Info
+	device.Memory
+	device.VirtualMemory
+	device.Streams
+}
+
 // Purpose labels what a block holds, for per-purpose accounting.
 type Purpose uint8
 
@@ -351,7 +362,7 @@ type Event struct {
 }
 
 // DefaultOptions returns options suited to d.
-func DefaultOptions(d device.Device) Options {
+func DefaultOptions(d Device) Options {
 	return Options{}.withDefaults(d.Info())
 }
 
@@ -491,7 +502,7 @@ type Pool struct {
 	// apart from the fields the central path writes (below the padding),
 	// so that a processor working under the lock does not take these
 	// cache lines from all the others.
-	dev  device.Device
+	dev  Device
 	up   Upstream // Options.Upstream, or dev
 	opts Options
 	host bool
@@ -629,18 +640,18 @@ func (p *Pool) totals() (c counters, cached uint64) {
 }
 
 // New creates a device memory pool on d.
-func New(d device.Device, o Options) (*Pool, error) {
+func New(d Device, o Options) (*Pool, error) {
 	return newPool(d, o, false)
 }
 
 // NewHost creates a pool of pinned host memory (staging buffers), built from
 // the same code with chunk growth.
-func NewHost(d device.Device, o Options) (*Pool, error) {
+func NewHost(d Device, o Options) (*Pool, error) {
 	o.Growth = GrowChunks
 	return newPool(d, o, true)
 }
 
-func newPool(d device.Device, o Options, host bool) (*Pool, error) {
+func newPool(d Device, o Options, host bool) (*Pool, error) {
 	in := d.Info()
 	var up Upstream = d
 	if o.Upstream != nil {

@@ -228,11 +228,7 @@ var sweepShapes = []struct{ M, K, T uint32 }{
 //
 // KSEL is the launch Matmul makes (Set.Shape): the selection rule's pick.
 func TestCUDAGemvSweep(t *testing.T) {
-	d := openCUDA(t)
-	st, err := d.NewStream()
-	must(t, err)
-	defer d.DestroyStream(st)
-	tm := newTimer(t, d, st)
+	d, tm := openTimed(t)
 	sms := uint32(max(d.Info().Multiprocessors, 1))
 	copyGBs := copySpeed(t, d, tm)
 	fmt.Printf("KCOPY %.0f GB/s (device-to-device, 2 x 512 MiB per copy)\n", copyGBs)
@@ -243,7 +239,7 @@ func TestCUDAGemvSweep(t *testing.T) {
 	for _, sh := range sweepShapes {
 		sweepShape(t, d, sets, tm, sh.M, sh.K, sh.T, sms, copyGBs)
 	}
-	for _, g := range [][]uint32{{4096, 1024, 1024}, {4096, 4096, 4096}, {14336, 14336}, {11008, 11008}} {
+	for _, g := range groupShapes {
 		sweepGroup(t, d, sets, tm, g, 4096, copyGBs)
 	}
 	for _, m := range chainModels {
@@ -262,77 +258,24 @@ func sweepLabel(s *Set) string {
 }
 
 // sweepGroup times the T = 1 products of Ms (K columns, sharing X) cold as
-// one MatmulGroup launch and as one Matmul each, back to back. Prints
+// one MatmulGroup launch and as one Matmul each, back to back, on each Set
+// (compute_90: PDL on and off; MatmulGroup's own launch as Load leaves it).
+// Prints
 //
 //	KFUSE <target> <M1+M2+...,K> <grouped GB/s> <separate GB/s> <grouped % of copy> <separate % of copy>
 func sweepGroup(t *testing.T, d device.Device, sets []*Set, tm *timer, Ms []uint32, K uint32, copyGBs float64) {
-	var total uint64
-	for _, M := range Ms {
-		total += uint64(M) * uint64(K) * 2
-	}
-	copies := min(64, max(1, int((768<<20)/total)))
-	type prod struct{ w, y device.Ptr }
-	sets3 := make([][]prod, copies)
-	var all []device.Ptr
-	for c := range sets3 {
-		for _, M := range Ms {
-			w, y := rawAlloc(t, d, uint64(M)*uint64(K)*2), rawAlloc(t, d, 4*uint64(M))
-			must(t, d.Memset8(w, 0x3c, uint64(M)*uint64(K)*2, tm.st))
-			sets3[c] = append(sets3[c], prod{w, y})
-			all = append(all, w, y)
-		}
-	}
-	x := rawAlloc(t, d, uint64(K)*2)
-	all = append(all, x)
-	defer func() {
-		for _, p := range all {
-			d.Free(p)
-		}
-	}()
-	must(t, d.Memset8(x, 0x3c, uint64(K)*2, tm.st))
-	bytes := float64(total + uint64(K)*2)
-	var shape []string
-	for _, M := range Ms {
-		shape = append(shape, fmt.Sprint(M))
-	}
+	w := newGroupWork(t, d, tm, Ms, K)
+	defer w.free()
 	for _, s := range sets {
-		modes := []struct{ pdl, group bool }{{false, false}}
-		if s.overlap != nil {
-			modes = []struct{ pdl, group bool }{{true, false}, {true, true}, {false, false}}
-		}
-		for _, md := range modes {
-			s.SetOverlap(md.pdl)
-			s.groupOverlap = md.group
-			target := sweepLabel(s)
-			if md.group {
-				target += "-grouppdl" // the group kernel overlapped too, with prefetch
-			}
+		for _, pdl := range pdlModes(s) {
+			s.SetOverlap(pdl)
 			var gbs [2]float64
-			for mode := range 2 {
-				i := 0
-				f := func() error {
-					c := sets3[i%copies]
-					i++
-					if mode == 0 {
-						ops := make([]MatmulOp, len(Ms))
-						for j, M := range Ms {
-							ops[j] = MatmulOp{W: c[j].w, Y: c[j].y, M: M}
-						}
-						return s.MatmulGroup(BF16, x, K, 1, ops, tm.st)
-					}
-					for j, M := range Ms {
-						if err := s.Matmul(BF16, c[j].w, x, c[j].y, M, K, 1, tm.st); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
-				gbs[mode] = bytes / queued(t, s, tm, f).Seconds() / 1e9
+			for mode, f := range []func(*Set) error{w.grouped, w.separate} {
+				gbs[mode] = w.bytes / queued(t, s, tm, func() error { return f(s) }).Seconds() / 1e9
 			}
-			fmt.Printf("KFUSE %s %s,%d %.0f %.0f %.1f %.1f\n", target, strings.Join(shape, "+"), K, gbs[0], gbs[1], 100*gbs[0]/copyGBs, 100*gbs[1]/copyGBs)
+			fmt.Printf("KFUSE %s %s %.0f %.0f %.1f %.1f\n", sweepLabel(s), w.name(), gbs[0], gbs[1], 100*gbs[0]/copyGBs, 100*gbs[1]/copyGBs)
 		}
 		s.SetOverlap(true)
-		s.groupOverlap = false
 	}
 }
 

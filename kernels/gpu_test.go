@@ -149,6 +149,16 @@ func readBack(t testing.TB, d device.Device, p device.Ptr, n uint64, st device.S
 }
 
 // timer measures device time per call with events.
+// openTimed opens the CUDA device (skipping the test without one) with a
+// stream and a timer on it, all released at t's cleanup.
+func openTimed(t *testing.T) (device.Device, *timer) {
+	d := openCUDA(t)
+	st, err := d.NewStream()
+	must(t, err)
+	t.Cleanup(func() { d.DestroyStream(st) })
+	return d, newTimer(t, d, st)
+}
+
 type timer struct {
 	t      testing.TB
 	d      device.Device
@@ -183,11 +193,7 @@ func (tm *timer) per(n int, f func() error) time.Duration {
 // Speed of attention, GEMV and GEMM on the target Load picks (and GEMV on
 // compute_70 too).
 func TestCUDALlamaSpeed(t *testing.T) {
-	d := openCUDA(t)
-	st, err := d.NewStream()
-	must(t, err)
-	defer d.DestroyStream(st)
-	tm := newTimer(t, d, st)
+	d, tm := openTimed(t)
 	for _, target := range Targets() {
 		s := loadTarget(t, d, target)
 		attnSpeed(t, d, s, tm, target)

@@ -295,7 +295,8 @@ type Set struct {
 	// H200 sweep measured it slower so; the sweep turns it on to re-measure).
 	gemvmOverlap bool
 	// groupOverlap: MatmulGroup's kernel too is launched overlapped, with
-	// prefetch (off: slower so on the H200; the sweep turns it on).
+	// prefetch (off: one H200 run measured it slower so, a later one
+	// faster; TestCUDAGroupOverlap times both back to back, in both orders).
 	groupOverlap bool
 
 	scratchMu sync.Mutex

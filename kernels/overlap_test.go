@@ -350,36 +350,34 @@ type chainModel struct {
 
 var chainModels = []chainModel{{"llama2-7b", 4096, 11008, 4096}, {"llama3-8b", 4096, 14336, 1024}}
 
-// sweepChain times a decoder layer's launches as decode runs them, cold
-// (rotating over copies of the layer's weights that exceed L2 many times):
-// RMSNorm → q/k/v (one MatmulGroup) → o → RMSNorm → gate/up (MatmulGroup)
-// → SiluMul → down, 20 layers queued behind a spin, for each Set and, on
-// the compute_90 module, PDL off and on at several prefetch sizes. Prints
-//
-//	KCHAIN <target> <model> <pdl 0|1> <prefetch bytes> <µs per layer> <products' GB/s> <% of copy>
-//
-// where the products' bytes are their weights plus X and Y; the model
-// name "<model>/products" is the four product launches alone.
-func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainModel, copyGBs float64) {
+// chainWork is one decoder layer's launches as decode runs them, T = 1,
+// bf16, over enough copies of the layer's weights (≥ 768 MiB, at least 3)
+// that each call reads them cold: RMSNorm → q/k/v (one MatmulGroup) → o →
+// RMSNorm → gate/up (MatmulGroup) → SiluMul → down.
+type chainWork struct {
+	m                               chainModel
+	tm                              *timer
+	layers                          []chainLayer
+	x, xn, q, k, v, o, g, u, act, y device.Ptr
+	bytes                           float64 // the products' weights, X and Y per layer
+	all                             []device.Ptr
+	i                               int
+}
+
+type chainLayer struct{ wq, wk, wv, wo, wg, wu, wd, n1, n2 device.Ptr }
+
+func newChainWork(t *testing.T, d device.Device, tm *timer, m chainModel) *chainWork {
 	const elt = 2
 	H, I, KV := uint64(m.H), uint64(m.I), uint64(m.KV)
-	type layer struct{ wq, wk, wv, wo, wg, wu, wd, n1, n2 device.Ptr }
 	wBytes := (H*(H+2*KV) + H*H + 2*I*H + H*I) * elt
-	copies := max(3, int((768<<20)/wBytes)+1)
-	var all []device.Ptr
+	c := &chainWork{m: m, tm: tm, layers: make([]chainLayer, max(3, int((768<<20)/wBytes)+1))}
 	get := func(n uint64) device.Ptr {
 		p := rawAlloc(t, d, n)
-		all = append(all, p)
+		c.all = append(c.all, p)
 		return p
 	}
-	defer func() {
-		for _, p := range all {
-			d.Free(p)
-		}
-	}()
-	layers := make([]layer, copies)
-	for i := range layers {
-		l := &layers[i]
+	for i := range c.layers {
+		l := &c.layers[i]
 		for _, w := range []struct {
 			p *device.Ptr
 			n uint64
@@ -388,11 +386,65 @@ func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainMo
 			must(t, d.Memset8(*w.p, 0x3c, w.n*elt, tm.st))
 		}
 	}
-	x, xn, q, k, v, o := get(4*H), get(elt*H), get(4*H), get(4*KV), get(4*KV), get(4*H)
-	g, u, act, y := get(4*I), get(4*I), get(elt*I), get(4*H)
-	must(t, d.Memset8(x, 0, 4*H, tm.st))
-	must(t, d.Memset8(xn, 0x3c, elt*H, tm.st))
-	bytes := float64(wBytes + 2*(H+H+H+I)*elt + 4*(H+2*KV+H+2*I+H))
+	c.x, c.xn, c.q, c.k, c.v, c.o = get(4*H), get(elt*H), get(4*H), get(4*KV), get(4*KV), get(4*H)
+	c.g, c.u, c.act, c.y = get(4*I), get(4*I), get(elt*I), get(4*H)
+	must(t, d.Memset8(c.x, 0, 4*H, tm.st))
+	must(t, d.Memset8(c.xn, 0x3c, elt*H, tm.st))
+	c.bytes = float64(wBytes + 2*(H+H+H+I)*elt + 4*(H+2*KV+H+2*I+H))
+	return c
+}
+
+// free frees the chain's buffers.
+func (c *chainWork) free() {
+	for _, p := range c.all {
+		c.tm.d.Free(p)
+	}
+}
+
+// layer queues the next copy's layer on s: every launch, or with
+// productsOnly the four product launches alone.
+func (c *chainWork) layer(s *Set, productsOnly bool) error {
+	l, m, st := c.layers[c.i%len(c.layers)], c.m, c.tm.st
+	c.i++
+	steps := []func() error{
+		func() error { return s.RMSNorm(c.x, l.n1, BF16, c.xn, BF16, 1, m.H, 1e-5, st) },
+		func() error {
+			return s.MatmulGroup(BF16, c.xn, m.H, 1, []MatmulOp{{l.wq, c.q, m.H}, {l.wk, c.k, m.KV}, {l.wv, c.v, m.KV}}, st)
+		},
+		func() error { return s.Matmul(BF16, l.wo, c.xn, c.o, m.H, m.H, 1, st) },
+		func() error { return s.RMSNorm(c.o, l.n2, BF16, c.xn, BF16, 1, m.H, 1e-5, st) },
+		func() error {
+			return s.MatmulGroup(BF16, c.xn, m.H, 1, []MatmulOp{{l.wg, c.g, m.I}, {l.wu, c.u, m.I}}, st)
+		},
+		func() error { return s.SiluMul(c.g, c.u, c.act, BF16, uint64(m.I), st) },
+		func() error { return s.Matmul(BF16, l.wd, c.act, c.y, m.H, m.I, 1, st) },
+	}
+	if productsOnly {
+		steps = []func() error{steps[1], steps[2], steps[4], steps[6]}
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chainSpin is the spin ahead of a timed batch of layers (20 layers of a
+// 7B model: about 2.5 ms).
+const chainSpin = 3 * time.Millisecond
+
+// sweepChain times a chainWork of m, 20 layers queued behind a spin, for
+// each Set and, on the compute_90 module, PDL off and on at several
+// prefetch sizes. Prints
+//
+//	KCHAIN <target> <model> <pdl 0|1> <prefetch bytes> <µs per layer> <products' GB/s> <% of copy>
+//
+// where the products' bytes are their weights plus X and Y; the model
+// name "<model>/products" is the four product launches alone.
+func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainModel, copyGBs float64) {
+	c := newChainWork(t, d, tm, m)
+	defer c.free()
 	for _, s := range sets {
 		target := strings.TrimSuffix(strings.TrimPrefix(s.Source(), "embedded kernels_"), ".ptx")
 		type cfg struct {
@@ -406,43 +458,16 @@ func sweepChain(t *testing.T, d device.Device, sets []*Set, tm *timer, m chainMo
 				{true, DefaultGemvPrefetch, true}, {false, 0, true}}
 		}
 		was, wasPf := s.Overlap(), s.prefetch
-		for _, c := range cfgs {
-			s.SetOverlap(c.pdl)
-			s.prefetch = c.pf
-			i := 0
-			f := func() error {
-				l := layers[i%copies]
-				i++
-				steps := []func() error{
-					func() error { return s.RMSNorm(x, l.n1, BF16, xn, BF16, 1, m.H, 1e-5, tm.st) },
-					func() error {
-						return s.MatmulGroup(BF16, xn, m.H, 1, []MatmulOp{{l.wq, q, m.H}, {l.wk, k, m.KV}, {l.wv, v, m.KV}}, tm.st)
-					},
-					func() error { return s.Matmul(BF16, l.wo, xn, o, m.H, m.H, 1, tm.st) },
-					func() error { return s.RMSNorm(o, l.n2, BF16, xn, BF16, 1, m.H, 1e-5, tm.st) },
-					func() error {
-						return s.MatmulGroup(BF16, xn, m.H, 1, []MatmulOp{{l.wg, g, m.I}, {l.wu, u, m.I}}, tm.st)
-					},
-					func() error { return s.SiluMul(g, u, act, BF16, uint64(m.I), tm.st) },
-					func() error { return s.Matmul(BF16, l.wd, act, y, m.H, m.I, 1, tm.st) },
-				}
-				if c.products {
-					steps = []func() error{steps[1], steps[2], steps[4], steps[6]}
-				}
-				for _, step := range steps {
-					if err := step(); err != nil {
-						return err
-					}
-				}
-				return nil
-			}
-			per := queuedSpin(t, s, tm, f, 3*time.Millisecond)
-			gbs := bytes / per.Seconds() / 1e9
+		for _, cf := range cfgs {
+			s.SetOverlap(cf.pdl)
+			s.prefetch = cf.pf
+			per := queuedSpin(t, s, tm, func() error { return c.layer(s, cf.products) }, chainSpin)
+			gbs := c.bytes / per.Seconds() / 1e9
 			name := m.name
-			if c.products {
+			if cf.products {
 				name += "/products"
 			}
-			fmt.Printf("KCHAIN %s %s %d %d %.1f %.0f %.1f\n", target, name, map[bool]int{false: 0, true: 1}[c.pdl], c.pf,
+			fmt.Printf("KCHAIN %s %s %d %d %.1f %.0f %.1f\n", target, name, map[bool]int{false: 0, true: 1}[cf.pdl], cf.pf,
 				float64(per.Nanoseconds())/1e3, gbs, 100*gbs/copyGBs)
 		}
 		s.SetOverlap(was)

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Kernels check on the GPU machine (issue 15, kernels), from the repo root.
-# Expected run time: about 110 s (three PTX JIT loads of ~10 s each, cached
-# by the driver for the later steps; the Llama kernels and every GEMV
-# variant of all three targets against their Go twins, the compute_90
-# module's overlapped chain against the plain one, speed runs, the GEMV
-# sweep with PDL on/off, prefetch sizes and the decoder-layer chain ~25 s, a
-# short compute-sanitizer memcheck of the compute_90 module, and racecheck on
-# the quick GEMV cases when time is left); every step has its own timeout.
+# Expected run time: about 100 s, at most 130 (three PTX JIT loads of ~10 s
+# each, cached by the driver for the later steps; the Llama kernels and
+# every GEMV variant of all three targets against their Go twins, the
+# compute_90 module's overlapped chain against the plain one, speed runs,
+# the GEMV sweep with PDL on/off, prefetch sizes and the decoder-layer chain
+# ~25 s, MatmulGroup launched plainly against overlapped ~10 s, a short
+# compute-sanitizer memcheck of the compute_90 module, and racecheck on the
+# quick GEMV cases when time is left); every step has its own timeout, cut
+# to what is left of the 130 s.
 #
 #   OUT=/some/dir scripts/gpu/kernels.sh
 #
 # Needs gpubin/kernels.test (scripts/gpu-build.sh). Writes under
-# $OUT/kernels/: check.txt, speed.txt, sweep.txt, cublaslt.txt, memcheck.txt,
-# racecheck.txt,
+# $OUT/kernels/: check.txt, speed.txt, sweep.txt, group.txt, cublaslt.txt,
+# memcheck.txt, racecheck.txt,
 # and prints tables: kernel, PTX target, max relative error (vs the Go twin
 # and vs the float64 reference); speed; the GEMV sweep (every variant x grid
 # x decode shape, GB/s cold and hot, % of the device-to-device copy) with
-# the best launch per shape and the one Matmul picks.
+# the best launch per shape and the one Matmul picks; MatmulGroup launched
+# plainly (the default) against overlapped, back to back in both orders.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -32,8 +35,15 @@ fi
 export MEMWALL_TEST_DEVICE=cuda
 unset MEMWALL_KERNELS_PTX
 rc=0
-step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
+budget=130
+left() { echo $(( budget - 2 - ($(date +%s) - t0) )); } # seconds left to the budget
+step() { # step NAME SECONDS ARGS...: run the test binary in kernels/ (at most the time left)
   local name=$1 secs=$2; shift 2
+  local l; l=$(left)
+  [ "$l" -lt "$secs" ] && secs=$l
+  if [ "$secs" -lt 5 ]; then
+    echo "kernels: step $name skipped (time)" | tee "$dir/$name.txt"; rc=1; return 0
+  fi
   (cd kernels && timeout --kill-after=5 "$secs" "$bin" -test.timeout "${secs}s" "$@") >"$dir/$name.txt" 2>&1
   local r=$?
   [ $r -ne 0 ] && { rc=1; echo "kernels: step $name rc=$r"; tail -n 15 "$dir/$name.txt"; }
@@ -41,6 +51,7 @@ step() { # step NAME SECONDS ARGS...: run the test binary in kernels/
 }
 step check 110 -test.v -test.run 'TestCUDALlamaKernels|TestCUDAMatmulSM70|TestCUDAKernels$|TestCUDAGemvVariants|TestCUDAOverlapChain|TestCUDAFusedNorms'
 step sweep 75 -test.v -test.run 'TestCUDAGemvSweep'
+step group 30 -test.v -test.run 'TestCUDAGroupOverlap$'
 step speed 30 -test.v -test.run 'TestCUDALlamaSpeed'
 # cuBLASLt bound through purego, against the float64 reference.
 if [ -x "$bindir/device_cuda.test" ]; then
@@ -49,19 +60,20 @@ fi
 # compute-sanitizer memcheck on a quick pass of the Llama and GEMV kernels and
 # the overlapped chain (compute_90, the module an H200 runs: one JIT under the
 # sanitizer).
-if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 170 ]; then
-  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm90 timeout --kill-after=5 60 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$bin" -test.run 'TestCUDALlamaKernels|TestCUDAGemvVariants|TestCUDAOverlapChain' -test.timeout 60s) >"$dir/memcheck.txt" 2>&1
+ms=$(( $(left) - 10 )); [ $ms -gt 60 ] && ms=60
+if command -v compute-sanitizer >/dev/null 2>&1 && [ $ms -ge 15 ]; then
+  (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm90 timeout --kill-after=5 $ms compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$bin" -test.run 'TestCUDALlamaKernels|TestCUDAGemvVariants|TestCUDAOverlapChain' -test.timeout ${ms}s) >"$dir/memcheck.txt" 2>&1
   m=$?
   grep -q "ERROR SUMMARY: 0 errors" "$dir/memcheck.txt" && msum="0 errors" || msum="rc=$m $(grep -m1 'ERROR SUMMARY' "$dir/memcheck.txt")"
   [ $m -eq 124 ] && msum="timed out (no errors before)"
 else
-  msum="skipped"
+  msum="skipped (no compute-sanitizer or time)"
 fi
 # racecheck (shared-memory hazards) on the quick GEMV cases of the compute_90
-# module, only while the script is still under ~95 s.
+# module, only while 25 s are left.
 rsum="skipped (time)"
-if command -v compute-sanitizer >/dev/null 2>&1 && [ $(( $(date +%s) - t0 )) -lt 95 ]; then
+if command -v compute-sanitizer >/dev/null 2>&1 && [ "$(left)" -ge 25 ]; then
   (cd kernels && MEMWALL_TEST_QUICK=1 MEMWALL_TEST_TARGETS=sm90 timeout --kill-after=5 25 compute-sanitizer --tool racecheck --error-exitcode 3 \
     "$bin" -test.run 'TestCUDAGemvVariants' -test.timeout 25s) >"$dir/racecheck.txt" 2>&1
   m=$?
@@ -92,7 +104,13 @@ grep -h '^KCHAIN' "$dir/sweep.txt" | awk '{printf "%-11s %-19s %4s %8s %9s %8s %
 echo "== kernels: T = 1 products sharing X, cold: one MatmulGroup launch vs one Matmul each"
 printf '%-6s %-22s %9s %9s %7s %7s\n' target M+..,K grouped separate %copy %copy
 grep -h '^KFUSE' "$dir/sweep.txt" | awk '{printf "%-6s %-22s %9s %9s %7s %7s\n", $2, $3, $4, $5, $6, $7}'
-grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/sweep.txt" "$dir/speed.txt" | head -20
+echo "== kernels: MatmulGroup launched plainly (default) vs overlapped (PDL, 8 KiB prefetch): compute_90, PDL on, cold, % of copy"
+echo "   samples in pairs P-O, O-P, O-P, P-O (P plain, O overlapped); gain = O - P in points, per order; winner: both orders agree by >= 1"
+printf '%-22s %6s %6s %11s %11s %-10s %s\n' row plain ovl gain:P-first gain:O-first winner 'samples in order'
+awk '$1=="KGOVS" { s[$2]=s[$2] sprintf(" %s%s", toupper(substr($4,1,1)), $5) }
+     $1=="KGOV" { printf "%-22s %6s %6s %11s %11s %-10s%s\n", $2, $3, $4, $5, $6, $7, s[$2] }' "$dir/group.txt"
+echo "   default flip (kernels/kernels.go, Load): s.groupOverlap = true, if both */layer rows say overlapped"
+grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/sweep.txt" "$dir/group.txt" "$dir/speed.txt" | head -20
 echo "cublaslt: $(grep -m1 -o 'cuBLASLt [0-9]* from .*' "$dir/cublaslt.txt" 2>/dev/null || grep -m1 -i 'skip' "$dir/cublaslt.txt" 2>/dev/null) $(grep -c -- '--- PASS' "$dir/cublaslt.txt" 2>/dev/null) passed, $(grep -c -- '--- FAIL' "$dir/cublaslt.txt" 2>/dev/null) failed"
 echo "memcheck: $msum"
 echo "racecheck: $rsum"

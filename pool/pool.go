@@ -25,7 +25,7 @@
 // Options.Alignment. Page maps happen outside the lock. Blocks freed with FreeAsync are
 // stream-ordered: reusable at once on the freeing stream and on other
 // streams only after an event recorded on the freeing stream has completed.
-// Tenants are named sub-pools with quotas. Every failure is a value: an
+// Every failure is a value: an
 // *OOMError explains the numbers and carries a Snapshot of the pool's
 // memory (WriteSnapshot writes it for memwall replay --html), handle
 // misuse returns ErrInvalidHandle and leaves the pool unchanged. Stats
@@ -34,6 +34,31 @@
 // package.
 //
 // A Pool is safe for concurrent use.
+//
+// # Layers
+//
+// A Pool is the bottom of a stack of Resources (Alloc, Free, FreeAsync),
+// the way RMM composes memory resources. Under it is its device memory,
+// the device itself or any Upstream (Options.Upstream; Chunks makes a
+// pool's chunks another pool's blocks). Over it, each layer takes any
+// Resource: a Tenant holds its blocks to a quota and frees only its own
+// (Pool.Tenant makes one listed in the pool's Stats; NewTenant over any
+// Resource), a Counter counts what passes (in a Stats that
+// telemetry.RegisterPool takes), and EventLog.Wrap records what passes as
+// the log memwall replay reads:
+//
+//	p, _ := pool.New(d, pool.DefaultOptions(d))
+//	model, _ := p.Tenant("llama", 20<<30)
+//	r := pool.NewCounter(log.Wrap(model), "llama")
+//	b, _ := r.Alloc(64<<20, pool.AllocOptions{Purpose: pool.KV})
+//	_ = r.Free(b)
+//
+// The per-processor caches and the arenas they stand on are one layer,
+// the Pool itself, as RMM's arena resource keeps its per-thread arenas
+// inside one resource: a trip from a cache to the arenas gives back the
+// blocks the cache held and places the new one under one lock, and an
+// arena out of memory empties every processor's cache before it fails,
+// which a layer below a cache could not reach.
 //
 // # The default configuration, and why
 //

@@ -48,15 +48,36 @@ func TestSimKernels(t *testing.T) {
 	kernelSuite(t, d, s, false)
 }
 
+// TestCUDAKernels runs the kernel suite on the module Load picks (or the
+// one in MEMWALL_KERNELS_PTX), then on the other embedded targets, each
+// with the device's matrix library for prefill products where it has one
+// and again with memwall's own GEMM.
 func TestCUDAKernels(t *testing.T) {
 	d := openCUDA(t)
-	s, err := Load(d, os.Getenv)
+	info := d.Info()
+	picked := TargetFor(info.ComputeMajor, info.ComputeMinor)
+	if os.Getenv(EnvPTX) != "" {
+		picked = "env"
+	}
+	s, err := Load(countLaunches(t, d, picked), os.Getenv)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	t.Logf("kernels from %s on %s", s.Source(), d.Info().Name)
 	defer s.Close()
-	kernelSuite(t, d, s, true)
+	t.Logf("kernels from %s on %s", s.Source(), info.Name)
+	suite := func(target string, s *Set) {
+		t.Run(target+" "+s.GemmLibrary(), func(t *testing.T) { kernelSuite(t, d, s, true) })
+		if s.GemmLibrary() != "memwall" {
+			s.SetGemmLibrary(nil)
+			t.Run(target+" memwall", func(t *testing.T) { kernelSuite(t, d, s, true) })
+		}
+	}
+	suite(picked, s)
+	for _, target := range Targets() {
+		if target != picked {
+			suite(target, loadChecked(t, d, target))
+		}
+	}
 }
 
 func alloc(t testing.TB, d device.Device, n uint64) device.Ptr {

@@ -87,7 +87,7 @@ func TestCUDAFusedNorms(t *testing.T) {
 		targets = strings.Split(v, ",")
 	}
 	for _, target := range targets {
-		s := loadTarget(t, d, target)
+		s := loadChecked(t, d, target)
 		n := fusedCheck(t, newRig(t, d, s), rand.New(rand.NewPCG(31, 31)), target)
 		fmt.Printf("KCHECK residual_rmsnorm+silumul_in %s %s - %d\n", target, map[bool]string{false: "identical", true: "DIFFERS"}[t.Failed()], n)
 	}

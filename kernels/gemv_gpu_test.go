@@ -77,7 +77,7 @@ func TestCUDAGemvVariants(t *testing.T) {
 		}
 	}
 	for _, target := range targets {
-		s := loadTarget(t, d, target)
+		s := loadChecked(t, d, target)
 		r := newRig(t, d, s)
 		per := map[string]*errAgg{}
 		for _, c := range cases {

@@ -20,6 +20,14 @@ import (
 //	KCHECK <kernel> <target> <max rel error vs twin> <max rel error vs float64> <cases>
 //	KPERF <kernel> <target> <shape> <value> <unit>
 
+// loadChecked is loadTarget for the checks against the twins and
+// references: its launches are counted (countLaunches) and printed at t's
+// cleanup, so the GPU script can show that every kernel ran.
+func loadChecked(t testing.TB, d device.Device, target string) *Set {
+	t.Helper()
+	return loadTarget(t, countLaunches(t, d, target), target)
+}
+
 // loadTarget loads an embedded PTX target on d.
 func loadTarget(t testing.TB, d device.Device, target string) *Set {
 	t.Helper()
@@ -68,7 +76,7 @@ func TestCUDALlamaKernels(t *testing.T) {
 		targets = strings.Split(v, ",")
 	}
 	for _, target := range targets {
-		s := loadTarget(t, d, target)
+		s := loadChecked(t, d, target)
 		r := newRig(t, d, s)
 		per := map[string]*errAgg{}
 		for i, c := range cases {
@@ -110,7 +118,7 @@ func errAggAdd(per map[string]*errAgg, kernel string, twin, ref float64) {
 // target Load picks).
 func TestCUDAMatmulSM70(t *testing.T) {
 	d := openCUDA(t)
-	s := loadTarget(t, d, TargetSM70)
+	s := loadChecked(t, d, TargetSM70)
 	st, err := d.NewStream()
 	must(t, err)
 	defer d.DestroyStream(st)

@@ -192,7 +192,7 @@ func TestCUDAOverlapChain(t *testing.T) {
 	if d.Info().ComputeMajor < 9 {
 		t.Skip("programmatic dependent launch needs compute capability 9.0")
 	}
-	s := loadTarget(t, d, TargetSM90)
+	s := loadChecked(t, d, TargetSM90)
 	if !s.Overlap() {
 		t.Fatalf("the compute_90 module on a %d.%d GPU does not launch overlapped", d.Info().ComputeMajor, d.Info().ComputeMinor)
 	}

@@ -85,6 +85,16 @@ echo
 echo "== kernels: correctness (max relative error over the random cases)"
 printf '%-22s %-6s %-11s %-11s %s\n' kernel target vs_twin vs_float64 cases
 grep -h '^KCHECK' "$dir/check.txt" | awk '{printf "%-22s %-6s %-11s %-11s %s\n", $2, $3, $4, $5, $6}'
+echo "== kernels: launches per kernel and module in the checks above (every kernel of each module; 0 = never ran there)"
+echo "   a row _{f32,bf16,f16} counts each dtype's kernel, f32/bf16/f16"
+awk '$1=="KRAN" { x=$3; d=""; if (match(x, /_(f32|bf16|f16)$/)) { d=substr(x, RSTART+1); x=substr(x, 1, RSTART-1) "_{f32,bf16,f16}" }
+       n[x" "$2" "d]+=$4; if (!(x in seen)) { seen[x]=1; order[++k]=x; dts[x]=(d!="") }
+       if ($4==0) z[$3" "$2]=1; else ran[$3" "$2]=1 }
+     function cell(x, tg) { return dts[x] ? n[x" "tg" f32"] "/" n[x" "tg" bf16"] "/" n[x" "tg" f16"] : n[x" "tg" "] "" }
+     END { printf "%-34s %-16s %-16s %-16s\n", "kernel", "sm90", "sm80", "sm70"
+       for (i=1;i<=k;i++) { x=order[i]; printf "%-34s %-16s %-16s %-16s\n", x, cell(x,"sm90"), cell(x,"sm80"), cell(x,"sm70") }
+       for (e in z) if (!(e in ran)) { split(e, a, " "); miss=miss " " a[2] ":" a[1] }
+       print "never ran:" (miss=="" ? " none" : miss) }' "$dir/check.txt"
 echo "== kernels: speed"
 printf '%-26s %-6s %-32s %s\n' kernel target shape speed
 grep -h '^KPERF' "$dir/speed.txt" | awk '{s=$5" "$6; for(i=7;i<=NF;i++) s=s" "$i; printf "%-26s %-6s %-32s %s\n", $2, $3, $4, s}'

@@ -65,6 +65,8 @@ func TestCUDALlamaKernels(t *testing.T) {
 		attnCase(rng, 0, 300, 8, 4, 128, BF16),  // prefill
 		attnCase(rng, 500, 64, 2, 4, 128, F16),  // prefill after a prefix
 		attnCase(rng, 1000, 1, 1, 32, 64, F32),  // four head groups
+		attnCase(rng, 300, 2, 2, 3, 32, BF16),   // memwall_attn_e1 (head dim ≤ 32)
+		attnCase(rng, 600, 1, 1, 4, 256, F16),   // memwall_attn_e8 (head dim > 128), split
 		rmsnormCaseH(rng, 4096), rmsnormCaseH(rng, 4097), rmsnormCaseH(rng, 5000+rng.IntN(4000)),
 	)
 	twins := make([][]float32, len(cases))

@@ -87,16 +87,17 @@ func writeEvent(tw *trace.Writer, ev Event) error {
 // gets its address (frees through the layer are serialized with the
 // recording of allocations). Set Record as a pool's Options.OnEvent
 // instead to log the pool's own requests, its tenants' included.
-func (l *EventLog) Wrap(up Resource) Resource { return &logged{up: up, log: l} }
+func (l *EventLog) Wrap(up Resource) Resource { return &logged{up: up, log: l, tenant: ownerOf(up)} }
 
 // logged is EventLog.Wrap's layer. mu orders the records: a free holds it
 // from before up frees until its event is recorded, an allocation takes it
 // to record, so an allocation that got a freed address records after the
 // free.
 type logged struct {
-	up  Resource
-	log *EventLog
-	mu  sync.Mutex
+	up     Resource
+	log    *EventLog
+	tenant *Tenant // the nearest tenant below, the events' label
+	mu     sync.Mutex
 }
 
 func (r *logged) Upstream() Resource { return r.up }
@@ -107,7 +108,7 @@ func (r *logged) Alloc(size uint64, o AllocOptions) (Block, error) {
 		if b.m == nil {
 			size = b.Size // what the free will know
 		}
-		ev := Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: o.Stream, Purpose: o.Purpose, Tenant: b.owner.name()}
+		ev := Event{Time: time.Now(), Ptr: b.Ptr, Size: size, Stream: o.Stream, Purpose: o.Purpose, Tenant: r.tenant.name()}
 		r.mu.Lock()
 		r.log.Record(ev)
 		r.mu.Unlock()
@@ -124,10 +125,10 @@ func (r *logged) FreeAsync(b Block, s device.Stream) error { return r.free(b, s)
 // another resource's with its Size (as its allocation was).
 func (r *logged) free(b Block, s device.Stream) error {
 	size, purpose := b.Size, Other
-	if m := b.m; m != nil && m.state.Load() == b.gen {
+	if m := b.m; m != nil && m.state.Load() == b.gen&^passed {
 		size, purpose = m.req, m.purpose
 	}
-	ev := Event{Free: true, Ptr: b.Ptr, Size: size, Stream: s, Purpose: purpose, Tenant: b.owner.name()}
+	ev := Event{Free: true, Ptr: b.Ptr, Size: size, Stream: s, Purpose: purpose, Tenant: r.tenant.name()}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var err error

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 
@@ -84,12 +85,13 @@ func (f *fakeResource) calls() (allocs, frees int) {
 
 // TestTenantLayerAlone drives tenants over a fake resource (never a pool):
 // two siblings and a tenant over one of them, random sizes and roundings,
-// frees through the right tenant, the wrong one, twice, or through the
-// layer below. After every operation each tenant's use is the sum of the
-// Sizes of the live blocks charged to it and within its quota; a request
-// its quota cannot hold is refused without asking the layer below; a
-// refusal of the layer below names the tenant; a refused free changes
-// nothing anywhere.
+// frees through the right tenant and double frees. After every operation
+// each tenant's use is the sum of the Sizes of the live blocks charged to
+// it and within its quota; a request its quota cannot hold is refused
+// without asking the layer below; a refusal of the layer below names the
+// tenant asked; a refused free changes nothing. (Blocks of a resource
+// other than a pool carry no record of their tenant: ownership is
+// TestTenantOwnership's, over a pool.)
 func TestTenantLayerAlone(t *testing.T) {
 	for _, round := range []uint64{1, 256, 1 << 16} {
 		t.Run(fmt.Sprint("round", round), func(t *testing.T) {
@@ -127,21 +129,11 @@ func TestTenantLayerAlone(t *testing.T) {
 				case len(live) > 0 && k < 4:
 					i := r.IntN(len(live))
 					h := live[i]
-					fa, ff := fake.calls()
-					// Another tenant refuses it and changes nothing.
-					if w := tenants[r.IntN(3)]; w != h.owner {
-						if err := w.Free(h.blk); !errors.Is(err, pool.ErrInvalidHandle) {
-							t.Fatalf("op %d: %s's block freed through %s: %v", op, h.owner.Name(), w.Name(), err)
-						}
-						if na, nf := fake.calls(); na != fa || nf != ff {
-							t.Fatalf("op %d: a refused free reached the layer below", op)
-						}
-					}
 					if err := h.owner.Free(h.blk); err != nil {
 						t.Fatalf("op %d: %v", op, err)
 					}
-					if err := h.owner.Free(h.blk); err == nil {
-						t.Fatalf("op %d: double free accepted", op)
+					if err := h.owner.Free(h.blk); !errors.Is(err, pool.ErrInvalidHandle) {
+						t.Fatalf("op %d: double free: %v", op, err)
 					}
 					for _, x := range chain(h.owner) {
 						use[x] -= h.blk.Size
@@ -194,6 +186,72 @@ func TestTenantLayerAlone(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTenantOwnership: over a pool, with siblings, a tenant over a tenant
+// and a counter between two tenants, a block is freed only through the
+// tenant that handed it out: the pool, a sibling, the tenant below it and
+// a tenant over it refuse it and change nothing; its own tenant frees it
+// once; the cached and uncached paths alike.
+func TestTenantOwnership(t *testing.T) {
+	p, err := pool.New(newSim(t, false, 1<<30), pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	a, _ := p.Tenant("a", 0)
+	b, _ := p.Tenant("b", 0)
+	c := pool.NewTenant(pool.NewCounter(a, "between"), "c", 0) // c over a counter over a
+	layers := []pool.Resource{p, a, b, c}
+	r := rand.New(rand.NewPCG(4, 4))
+	type held struct {
+		blk   pool.Block
+		owner pool.Resource
+	}
+	var live []held
+	for op := 0; op < 5000; op++ {
+		if len(live) > 0 && r.IntN(2) == 0 {
+			i := r.IntN(len(live))
+			h := live[i]
+			before := p.Stats()
+			for _, w := range layers {
+				if w == h.owner {
+					continue
+				}
+				if err := w.Free(h.blk); !errors.Is(err, pool.ErrInvalidHandle) {
+					t.Fatalf("op %d: a block of layer %d freed through layer %d: %v", op, slices.Index(layers, h.owner), slices.Index(layers, w), err)
+				}
+			}
+			if after := p.Stats(); after.LiveBlocks != before.LiveBlocks || after.UsedBytes != before.UsedBytes {
+				t.Fatalf("op %d: a refused free changed the pool", op)
+			}
+			if err := h.owner.Free(h.blk); err != nil {
+				t.Fatalf("op %d: %v", op, err)
+			}
+			live = append(live[:i], live[i+1:]...)
+			continue
+		}
+		w := layers[r.IntN(len(layers))]
+		size := []uint64{1000, 4 << 10, 300 << 10, 5 << 20}[r.IntN(4)] + r.Uint64N(64)
+		blk, err := w.Alloc(size, pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, held{blk, w})
+	}
+	for _, h := range live {
+		if err := h.owner.Free(h.blk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tn := range []*pool.Tenant{a, b, c} {
+		if tn.Used() != 0 {
+			t.Fatalf("tenant %s uses %d after every free", tn.Name(), tn.Used())
+		}
+	}
+	if st := p.Stats(); st.LiveBlocks != 0 {
+		t.Fatalf("%d blocks live after every free", st.LiveBlocks)
 	}
 }
 

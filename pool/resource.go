@@ -71,7 +71,7 @@ func ownerOf(r Resource) *Tenant {
 // changed b.Size, and accounting must give back what it counted. Read it
 // before the free that may let the block be reused.
 func heldBytes(b Block) uint64 {
-	if m := b.m; m != nil && m.state.Load() == b.gen {
+	if m := b.m; m != nil && m.state.Load() == b.gen&^passed {
 		return m.size - m.shift
 	}
 	return b.Size

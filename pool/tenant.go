@@ -11,16 +11,19 @@ import (
 
 // Tenant is the limit and tenant layer: a named Resource over another that
 // holds the bytes of its live blocks to a quota (a model or a user session
-// on a shared server) and frees only blocks it handed out. Its blocks are
-// its own: the layer below refuses them, and so does another tenant.
-// Tenants stack: a session's tenant over a model's tenant is charged by
-// both. A tenant charges a block's Size as handed out (the pool's rounding
+// on a shared server) and frees only blocks it handed out. A pool's blocks
+// record the tenant that handed them out (the outermost, when tenants
+// stack), so a tenant's block is refused by the pool, by the tenants below
+// it and by any other tenant, freed through anything but its own tenant;
+// a block of another resource carries no such record and is taken on
+// trust. Tenants stack: a session's tenant over a model's tenant is
+// charged by both. A tenant charges a block's Size as handed out (the pool's rounding
 // to a size class or its alignment included) and gives it back when the
 // layer below accepts the free; the quota is never exceeded, not even for
 // a moment between concurrent allocations.
 type Tenant struct {
 	up    Resource
-	below *Tenant // ownerOf(up): the owner the layer below expects
+	below *Tenant // ownerOf(up): the nearest tenant below
 	nm    string
 	pool  string // the pool's name for errors, when made by Pool.Tenant
 	quota uint64 // 0 = no quota
@@ -103,13 +106,15 @@ func (t *Tenant) Alloc(size uint64, o AllocOptions) (Block, error) {
 	if b.Size > size {
 		if err := t.charge(b.Size-size, size); err != nil {
 			t.uncharge(size)
+			if b.m != nil {
+				b.gen |= passed // the tenant's own, passed down
+			}
 			_ = t.up.Free(b) // just handed out: nothing uses it
 			return Block{}, err
 		}
 	} else if b.Size < size {
 		t.uncharge(size - b.Size)
 	}
-	b.owner = t
 	return b, nil
 }
 
@@ -139,20 +144,39 @@ func (t *Tenant) FreeAsync(b Block, s device.Stream) error {
 	return nil
 }
 
-// take checks that b is the tenant's, makes it the layer below's again and
-// returns the bytes it was charged.
+// take checks that b may be freed through the tenant and returns the
+// bytes it was charged. A pool's block handed to Free by the caller must
+// be the tenant's own; take marks its handle passed down, and a tenant
+// below takes it then as a block of a tenant over it.
 func (t *Tenant) take(b *Block) (uint64, error) {
-	if b.owner != t {
-		return 0, t.refuse(*b)
+	if m := b.m; m != nil {
+		owner := m.tenant
+		if b.gen&passed == 0 {
+			if owner != t {
+				return 0, t.refuse(*b, owner)
+			}
+			b.gen |= passed
+		} else if !t.under(owner) {
+			return 0, t.refuse(*b, owner)
+		}
 	}
-	b.owner = t.below
 	return heldBytes(*b), nil
 }
 
-func (t *Tenant) refuse(b Block) error {
+// under reports whether the tenant is o or lies below it.
+func (t *Tenant) under(o *Tenant) bool {
+	for ; o != nil; o = o.below {
+		if o == t {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Tenant) refuse(b Block, owner *Tenant) error {
 	who := "the pool's"
-	if b.owner != nil {
-		who = fmt.Sprintf("tenant %q's", b.owner.nm)
+	if owner != nil {
+		who = fmt.Sprintf("tenant %q's", owner.nm)
 	}
 	return fmt.Errorf("%s: block %#x is %s, not tenant %q's: %w", t.where(), uint64(b.Ptr), who, t.nm, ErrInvalidHandle)
 }

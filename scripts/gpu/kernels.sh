@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Kernels check on the GPU machine (issue 15, kernels), from the repo root.
-# Expected run time: about 100 s, at most 130 (three PTX JIT loads of ~10 s
-# each, cached by the driver for the later steps; the Llama kernels and
-# every GEMV variant of all three targets against their Go twins, the
-# compute_90 module's overlapped chain against the plain one, speed runs,
-# the GEMV sweep with PDL on/off, prefetch sizes and the decoder-layer chain
-# ~25 s, MatmulGroup launched plainly against overlapped ~10 s, a short
-# compute-sanitizer memcheck of the compute_90 module, and racecheck on the
-# quick GEMV cases when time is left); every step has its own timeout, cut
-# to what is left of the 130 s.
+# Expected run time: about 95 s (run 3: 86), at most 130: three PTX JIT
+# loads of ~16 s each (cached by the driver for the later steps); the
+# kernel suite on every module, the Llama kernels and every GEMV variant of
+# all three targets against their Go twins, the compute_90 module's
+# overlapped chain against the plain one (~70 s with the loads); the GEMV
+# sweep with PDL on/off, prefetch sizes and the decoder-layer chain (~5 s);
+# MatmulGroup launched plainly against overlapped (~3 s); speed runs; a
+# short compute-sanitizer memcheck of the compute_90 module and racecheck
+# on the quick GEMV cases while time is left. Every step has its own
+# timeout, cut to what is left of the 130 s.
 #
 #   OUT=/some/dir scripts/gpu/kernels.sh
 #

@@ -95,7 +95,7 @@ awk '$1=="KRAN" { x=$3; d=""; if (match(x, /_(f32|bf16|f16)$/)) { d=substr(x, RS
      END { printf "%-34s %-16s %-16s %-16s\n", "kernel", "sm90", "sm80", "sm70"
        for (i=1;i<=k;i++) { x=order[i]; printf "%-34s %-16s %-16s %-16s\n", x, cell(x,"sm90"), cell(x,"sm80"), cell(x,"sm70") }
        for (e in z) if (!(e in ran) && e != "memwall_attn_flash sm70") { split(e, a, " "); miss=miss " " a[2] ":" a[1] }
-       print "never ran:" (miss=="" ? " none" : miss) " (sm70 memwall_attn_flash, a trap there, is not counted)" }' "$dir/check.txt"
+       print "never ran:" (miss=="" ? " none" : miss) " (sm70 memwall_attn_flash, a trap there, is not counted)" }' "$dir/check.txt" | tee "$dir/launches.txt"
 echo "== kernels: speed"
 printf '%-26s %-6s %-32s %s\n' kernel target shape speed
 grep -h '^KPERF' "$dir/speed.txt" | awk '{s=$5" "$6; for(i=7;i<=NF;i++) s=s" "$i; printf "%-26s %-6s %-32s %s\n", $2, $3, $4, s}'
@@ -122,6 +122,7 @@ awk '$1=="KGOVS" { s[$2]=s[$2] sprintf(" %s%s", toupper(substr($4,1,1)), $5) }
      $1=="KGOV" { printf "%-22s %6s %6s %11s %11s %-10s%s\n", $2, $3, $4, $5, $6, $7, s[$2] }' "$dir/group.txt"
 echo "   default flip (kernels/kernels.go, Load): s.groupOverlap = true, if both */layer rows say overlapped"
 grep -h -- '^--- FAIL' "$dir/check.txt" "$dir/sweep.txt" "$dir/group.txt" "$dir/speed.txt" | head -20
+echo "launches: $(grep -c '^memwall' "$dir/launches.txt") kernel rows x 3 modules; $(tail -n 1 "$dir/launches.txt")"
 echo "cublaslt: $(grep -m1 -o 'cuBLASLt [0-9]* from .*' "$dir/cublaslt.txt" 2>/dev/null || grep -m1 -i 'skip' "$dir/cublaslt.txt" 2>/dev/null) $(grep -c -- '--- PASS' "$dir/cublaslt.txt" 2>/dev/null) passed, $(grep -c -- '--- FAIL' "$dir/cublaslt.txt" 2>/dev/null) failed"
 echo "memcheck: $msum"
 echo "racecheck: $rsum"

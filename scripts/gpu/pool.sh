@@ -16,7 +16,8 @@
 #     with a CPU profile (cpu1.pprof), ~10 s;
 #  3. cuda.Wrap's test (a pool on an adopted context and stream, ~1 s);
 #  4. last, so that a hang costs the figures nothing: the pool's shard,
-#     reclaimer and property tests on the GPU's own memory (pool.test
+#     reclaimer, property (pools over a pool included), tenant, layer
+#     stack and handle tests on the GPU's own memory (pool.test
 #     -test.short, MEMWALL_TEST_DEVICE=cuda), ~65 s; POOL_SUITE=full runs
 #     the whole suite (~110 s);
 #  5. the table: pairs/s, p50, p99, their ratios to cuMemAllocAsync and
@@ -52,7 +53,7 @@ fi
 # The suite last: a hang in it costs the figures above nothing.
 if [ -x "$bin/pool.test" ]; then
   sel=()
-  [ "${POOL_SUITE:-short}" = short ] && sel=(-test.run 'TestShard|TestReclaim|TestPropertyBlocks$')
+  [ "${POOL_SUITE:-short}" = short ] && sel=(-test.run 'TestShard|TestReclaim|TestPropertyBlocks$|TestTenant|TestStack|TestPoolOverPool|TestHandle|Example')
   run "pool tests (cuda) ${POOL_SUITE:-short}" 130 bash -c "cd pool && MEMWALL_TEST_DEVICE=cuda '$bin/pool.test' -test.short -test.v -test.timeout 120s ${sel[*]@Q} >'$dir/suite.txt' 2>&1; rc=\$?; tail -n 5 '$dir/suite.txt'; exit \$rc"
 fi
 echo

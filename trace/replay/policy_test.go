@@ -2,8 +2,10 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +55,16 @@ func policyConfigs() []Config {
 // MEMWALL_POLICY_TABLE is set (to a comma-separated list of trace names
 // or config names to restrict it, or to 1 for all): a full table takes
 // about a minute.
+//
+// MEMWALL_POLICY_SCALES (a comma-separated list of factors, such as
+// 0.9,0.95,1.05,1.1) also replays each trace with every request scaled
+// by each factor (a line named trace@factor): the same program at other
+// widths, whose blocks fall differently on page boundaries. Placement
+// rules that win on one trace by where its sizes happen to fall lose on
+// its variants, so a rule is judged on both. The table ends with each
+// configuration's totals over every line: the lines meeting both goals,
+// within 1.05× and within 1% calls, the geometric mean of the ratio and
+// the sum of driver time.
 func TestPolicyTable(t *testing.T) {
 	sel := os.Getenv("MEMWALL_POLICY_TABLE")
 	if sel == "" {
@@ -62,13 +74,25 @@ func TestPolicyTable(t *testing.T) {
 	for _, s := range strings.Split(sel, ",") {
 		want[s] = true
 	}
+	scales := []float64{1}
+	if env := os.Getenv("MEMWALL_POLICY_SCALES"); env != "" {
+		for _, s := range strings.Split(env, ",") {
+			f, err := strconv.ParseFloat(s, 64)
+			if err != nil || f <= 0 {
+				t.Fatalf("MEMWALL_POLICY_SCALES: %q is not a positive factor", s)
+			}
+			scales = append(scales, f)
+		}
+	}
 	files, _ := filepath.Glob(tracesDir + "*.csv.gz")
 	var out strings.Builder
-	fmt.Fprintf(&out, "%-22s %-14s %6s %8s %8s %10s %10s %s\n", "trace", "config", "hold", "ratio", "calls%", "drv µs/1k", "bg µs/1k", "goal")
+	fmt.Fprintf(&out, "%-27s %-14s %6s %8s %8s %10s %10s %s\n", "trace", "config", "hold", "ratio", "calls%", "drv µs/1k", "bg µs/1k", "goal")
+	totals := map[string]*policyTotals{}
+	var order []string
 	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
+		base := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
 		cs := policyConfigs()
-		if !want["1"] && !want[name] {
+		if !want["1"] && !want[base] {
 			var keep []Config
 			for _, c := range cs {
 				if want[c.Name] {
@@ -80,37 +104,105 @@ func TestPolicyTable(t *testing.T) {
 			}
 			cs = keep
 		}
-		tr, err := Load(f, LoadOptions{})
+		loaded, err := Load(f, LoadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		allocs := float64(tr.Allocs)
-		for _, c := range cs {
-			ro := Options{Samples: -1}
-			if strings.HasSuffix(c.Name, "@5µs") {
-				ro.OpTime = 5 * time.Microsecond
+		for _, scale := range scales {
+			tr, name := loaded, base
+			if scale != 1 {
+				tr, name = scaledTrace(loaded, scale), fmt.Sprintf("%s@%g", base, scale)
 			}
-			r, err := Run(tr, c, ro)
-			if err != nil {
-				fmt.Fprintf(&out, "%-22s %-14s error: %v\n", name, c.Name, err)
-				continue
-			}
-			calls := float64(r.DeviceCalls) / allocs
-			goal := ""
-			if r.Ratio <= GoalRatio && calls <= GoalCallsPerAlloc {
-				goal = "✓"
-			}
-			hold := "eager"
-			if o := r.Options; o.HoldTime > 0 && o.TargetRatio > 0 {
-				hold = o.HoldTime.String()
-			} else if o.TargetRatio < 0 {
-				hold = "-"
-			}
-			fmt.Fprintf(&out, "%-22s %-14s %6s %8.3f %7.2f%% %10.0f %10.0f %s\n", name, c.Name, hold, r.Ratio, 100*calls,
-				float64(r.DriverTime/time.Microsecond)*1000/allocs, float64(r.ReclaimTime/time.Microsecond)*1000/allocs, goal)
+			policyLines(&out, tr, name, cs, totals, &order)
 		}
 	}
+	fmt.Fprintf(&out, "\n%-14s %6s %8s %8s %8s %10s %12s\n", "config", "lines", "goals", "≤1.05×", "≤1%", "gm ratio", "drv µs/1k Σ")
+	for _, name := range order {
+		tt := totals[name]
+		fmt.Fprintf(&out, "%-14s %6d %8d %8d %8d %10.4f %12.0f\n", name, tt.lines, tt.both, tt.mem, tt.calls, math.Exp(tt.logRatio/float64(tt.lines)), tt.driver)
+	}
 	t.Log("\n" + out.String())
+}
+
+// policyTotals sums one configuration's lines of TestPolicyTable.
+type policyTotals struct {
+	lines, both, mem, calls int
+	logRatio, driver        float64
+}
+
+// policyLines replays tr (named name) through each configuration, writes
+// a line for each to out and adds it to the configuration's totals.
+func policyLines(out *strings.Builder, tr *Trace, name string, cs []Config, totals map[string]*policyTotals, order *[]string) {
+	allocs := float64(tr.Allocs)
+	for _, c := range cs {
+		ro := Options{Samples: -1}
+		if strings.HasSuffix(c.Name, "@5µs") {
+			ro.OpTime = 5 * time.Microsecond
+		}
+		r, err := Run(tr, c, ro)
+		if err != nil {
+			fmt.Fprintf(out, "%-27s %-14s error: %v\n", name, c.Name, err)
+			continue
+		}
+		calls := float64(r.DeviceCalls) / allocs
+		goal := ""
+		if r.Ratio <= GoalRatio && calls <= GoalCallsPerAlloc {
+			goal = "✓"
+		}
+		hold := "eager"
+		if o := r.Options; o.HoldTime > 0 && o.TargetRatio > 0 {
+			hold = o.HoldTime.String()
+		} else if o.TargetRatio < 0 {
+			hold = "-"
+		}
+		drv := float64(r.DriverTime/time.Microsecond) * 1000 / allocs
+		fmt.Fprintf(out, "%-27s %-14s %6s %8.3f %7.2f%% %10.0f %10.0f %s\n", name, c.Name, hold, r.Ratio, 100*calls,
+			drv, float64(r.ReclaimTime/time.Microsecond)*1000/allocs, goal)
+		tt := totals[c.Name]
+		if tt == nil {
+			tt = &policyTotals{}
+			totals[c.Name] = tt
+			*order = append(*order, c.Name)
+		}
+		tt.lines++
+		tt.logRatio += math.Log(r.Ratio)
+		tt.driver += drv
+		if goal != "" {
+			tt.both++
+		}
+		if r.Ratio <= GoalRatio {
+			tt.mem++
+		}
+		if calls <= GoalCallsPerAlloc {
+			tt.calls++
+		}
+	}
+}
+
+// scaledTrace returns t with every request multiplied by f and rounded up
+// to 512 bytes (frees follow their allocation's new size): the same
+// sequence of allocations and frees at other tensor widths.
+func scaledTrace(t *Trace, f float64) *Trace {
+	n := *t
+	n.Ops = make([]Op, len(t.Ops))
+	sizes := make([]uint64, t.MaxID)
+	var live uint64
+	n.PeakLive, n.PeakOp = 0, 0
+	for i, op := range t.Ops {
+		if op.Free {
+			op.Size = sizes[op.ID]
+			live -= op.Size
+		} else {
+			op.Size = max(512, (uint64(float64(op.Size)*f)+511)&^511)
+			sizes[op.ID] = op.Size
+			live += op.Size
+			if live > n.PeakLive {
+				n.PeakLive, n.PeakOp = live, i
+			}
+		}
+		n.Ops[i] = op
+	}
+	return &n
 }
 
 // TestReclaimAtTraceTime: the reclaimer's passes run on the replay's clock,

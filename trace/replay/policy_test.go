@@ -3,6 +3,7 @@ package replay
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -236,5 +237,52 @@ func TestReclaimAtTraceTime(t *testing.T) {
 	}
 	if fast.DeviceCalls >= e.DeviceCalls || fast.PeakReserved <= e.PeakReserved || fast.ReclaimTime > fast.DriverTime {
 		t.Errorf("hot at 5 µs per op: %d calls, %d B (eager %d calls, %d B), reclaim %v of %v", fast.DeviceCalls, fast.PeakReserved, e.DeviceCalls, e.PeakReserved, fast.ReclaimTime, fast.DriverTime)
+	}
+}
+
+// TestScaledTrace: a scaled trace keeps every op and block, each request
+// becomes at least f times its size in whole 512-byte units, each free
+// names its allocation's new size, and the peak is the new sequence's.
+func TestScaledTrace(t *testing.T) {
+	tr, err := Load(tracesDir+"unet_denoise.csv.gz", LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(13, 2))
+	for range 4 {
+		f := 0.5 + r.Float64()
+		s := scaledTrace(tr, f)
+		if len(s.Ops) != len(tr.Ops) || s.MaxID != tr.MaxID {
+			t.Fatalf("×%.3f: %d ops, %d ids; want %d, %d", f, len(s.Ops), s.MaxID, len(tr.Ops), tr.MaxID)
+		}
+		sizes := make([]uint64, s.MaxID)
+		var live, peak uint64
+		peakOp := 0
+		for i, op := range s.Ops {
+			o := tr.Ops[i]
+			if op.ID != o.ID || op.Free != o.Free {
+				t.Fatalf("×%.3f op %d: %+v, want the block and action of %+v", f, i, op, o)
+			}
+			if op.Free {
+				if op.Size != sizes[op.ID] || live < op.Size {
+					t.Fatalf("×%.3f op %d: free of %d bytes, allocated %d, %d live", f, i, op.Size, sizes[op.ID], live)
+				}
+				live -= op.Size
+				continue
+			}
+			if op.Size%512 != 0 || float64(op.Size) < float64(o.Size)*f || op.Size > max(512, uint64(float64(o.Size)*f)+512) {
+				t.Fatalf("×%.3f op %d: %d bytes for a request of %d", f, i, op.Size, o.Size)
+			}
+			sizes[op.ID] = op.Size
+			if live += op.Size; live > peak {
+				peak, peakOp = live, i
+			}
+		}
+		if s.PeakLive != peak || s.PeakOp != peakOp {
+			t.Fatalf("×%.3f: peak %d at op %d, recomputed %d at %d", f, s.PeakLive, s.PeakOp, peak, peakOp)
+		}
+	}
+	if p := scaledTrace(tr, 1).PeakLive; p < tr.PeakLive {
+		t.Fatalf("×1 (sizes rounded up) lowers the peak: %d < %d", p, tr.PeakLive)
 	}
 }

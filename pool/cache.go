@@ -324,7 +324,11 @@ func (p *Pool) parkable(m *meta) bool {
 //
 // The block is parked, to serve the next request of its size, when its
 // size is the one last requested here (a loop allocating the same shapes
-// step after step). Otherwise, and for a parked block it evicts, its
+// step after step) and the slack before its address is less than the
+// pool's alignment: a parked block serves only requests at the pool's
+// alignment, and one placed with more (an over-aligned request in a chunk
+// whose base is less aligned) would hand them that slack too, memory no
+// request asked for. Otherwise, and for a parked block it evicts, its
 // range goes back to the arena on this processor's next trip to the
 // arenas: the next allocation that misses the cache takes it there under
 // the same lock, before it places anything, so placement is as if it had
@@ -345,7 +349,7 @@ func (p *Pool) keepFree(m *meta) bool {
 		return false
 	}
 	c.c.sub(m)
-	if m.req == c.lastLarge {
+	if m.req == c.lastLarge && m.shift < p.opts.Alignment {
 		m = c.park(m)
 	}
 	var chain *meta

@@ -514,3 +514,82 @@ func TestDeferredFrees(t *testing.T) {
 		})
 	}
 }
+
+// TestParkedBlockHasNoSlack: a block placed with alignment slack (a chunk
+// whose base is less aligned than the request) is not parked for the next
+// request of its size at the pool's alignment, nor reused for one on the
+// stream it was freed on, which would hand that request the slack too:
+// the bytes the pool counts as used stay those of the blocks handed out,
+// plus only the slack of over-aligned requests.
+func TestParkedBlockHasNoSlack(t *testing.T) {
+	for _, cache := range []pool.CacheMode{pool.CachePerProcessor, pool.CacheShared} {
+		d := newSim(t, false, 1<<30)
+		// A chunk's base only 256-aligned: the chunks are another pool's
+		// blocks, placed after one of 1 MiB + 256 bytes.
+		parent, err := pool.New(d, pool.Options{Name: "parent", Cache: pool.CacheOff})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pad, err := parent.Alloc(1<<20+256, pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := pool.New(d, pool.Options{Growth: pool.GrowChunks, Cache: cache, Upstream: pool.Chunks(parent, pool.AllocOptions{})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const size = 300 << 10
+		a, err := p.Alloc(size, pool.AllocOptions{}) // the size last asked for here
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Placed right after a, at a chunk offset that is a multiple of
+		// 512 on a base 256 past one: the whole slack goes before it, so
+		// it holds exactly size bytes after its address.
+		over, err := p.Alloc(size, pool.AllocOptions{Align: 512})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uint64(over.Ptr)%512 != 0 {
+			t.Fatalf("block %#x not aligned to 512", uint64(over.Ptr))
+		}
+		if err := p.Free(over); err != nil {
+			t.Fatal(err)
+		}
+		b, err := p.Alloc(size, pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if used, held := p.Stats().UsedBytes, a.Size+b.Size; used != held {
+			t.Fatalf("%v: the pool counts %d bytes used, its two blocks hold %d: %d of slack handed to a request that asked for none", cache, used, held, used-held)
+		}
+		// The same through a stream-ordered free, reused on its stream.
+		s, err := d.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if over, err = p.Alloc(size, pool.AllocOptions{Align: 512}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.FreeAsync(over, s); err != nil {
+			t.Fatal(err)
+		}
+		c, err := p.Alloc(size, pool.AllocOptions{Stream: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if used, held := p.Stats().UsedBytes, a.Size+b.Size+c.Size; used != held {
+			t.Fatalf("%v: after a stream-ordered reuse the pool counts %d bytes used, its blocks hold %d", cache, used, held)
+		}
+		for _, x := range []pool.Block{a, b, c} {
+			if err := p.Free(x); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = d.StreamSynchronize(s)
+		_ = d.DestroyStream(s)
+		p.Close()
+		_ = parent.Free(pad)
+		parent.Close()
+	}
+}

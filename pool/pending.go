@@ -27,11 +27,12 @@ func (l *pendingList) add(m *meta) {
 }
 
 // take removes and returns a block that fits size and align without wasting
-// more than a quarter of it, or nil.
+// more than a quarter of it, or nil. The slack before its address must be
+// less than align, as a placement for this request would leave it.
 func (l *pendingList) take(size, align uint64) *meta {
 	var prev *meta
 	for m := l.head; m != nil; prev, m = m, m.next {
-		if m.size-m.shift < size || m.size > size+size/4 || uint64(m.ptr())%align != 0 {
+		if m.size-m.shift < size || m.size > size+size/4 || uint64(m.ptr())%align != 0 || m.shift >= align {
 			continue
 		}
 		if prev == nil {

@@ -1130,7 +1130,7 @@ func (p *Pool) freePlain(m *meta) {
 			chain = appendChain(c.takeDeferred(), c.drain(cls, procMaxBytes/2))
 		}
 	case m.size <= p.opts.Limit/64:
-		if m.req == c.lastLarge {
+		if m.req == c.lastLarge && m.shift < p.opts.Alignment { // as keepFree
 			m = c.park(m)
 		}
 		if m != nil && c.deferFree(m) {

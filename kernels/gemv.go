@@ -205,8 +205,7 @@ func (s *Set) MatmulGroup(dtype string, X device.Ptr, K, T uint32, ops []MatmulO
 	if s.groupOverlap {
 		err = s.launchK(s.gemvg[dtype], g, blockDim(), 0, st, append(args, s.prefetch)...)
 	} else {
-		// Plainly, without prefetch (H200, % of copy, cold: q/k/v 79, gate/up
-		// 97 plain against 72-79 and 84-89 overlapped).
+		// Plainly, without prefetch: a module without overlap, or PDL off.
 		err = s.d.Launch(s.gemvg[dtype], g, blockDim(), 0, st, append(args, uint32(0))...)
 	}
 	if err != nil {

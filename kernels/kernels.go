@@ -295,8 +295,8 @@ type Set struct {
 	// H200 sweep measured it slower so; the sweep turns it on to re-measure).
 	gemvmOverlap bool
 	// groupOverlap: MatmulGroup's kernel too is launched overlapped, with
-	// prefetch (off: one H200 run measured it slower so, a later one
-	// faster; TestCUDAGroupOverlap times both back to back, in both orders).
+	// prefetch (on at Load: TestCUDAGroupOverlap on the H200 measured every
+	// grouped shape and both decoder layers faster so, in both orders).
 	groupOverlap bool
 
 	scratchMu sync.Mutex
@@ -423,6 +423,7 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		s.overlap, s.overlapOn = ol, true
 	}
 	s.prefetch = DefaultGemvPrefetch
+	s.groupOverlap = true
 	s.flashOK = s.tensor
 	s.flash = s.flashOK
 	resolve := func(name string) (device.Function, error) {
@@ -526,9 +527,9 @@ const DefaultGemvPrefetch = 8 << 10
 // SetGemvPrefetch sets how many bytes of its rows of W each block of the
 // GEMV kernel (Matmul for T = 1) prefetches into L2 before it waits for the
 // previous kernel on the stream, capped at the block's rows (8 rows); 0
-// prefetches nothing. (Matmul's T = 2..8 kernel and MatmulGroup's are
-// launched plainly and prefetch nothing: the H200 measured them slower
-// overlapped.) Only the compute_90 module prefetches; the hint never changes a
+// prefetches nothing; MatmulGroup's blocks prefetch as much. (Matmul's
+// T = 2..8 kernel is launched plainly and prefetches nothing: the H200
+// measured it slower overlapped.) Only the compute_90 module prefetches; the hint never changes a
 // result. bytes is taken modulo 2²⁹. It must not race with launches.
 func (s *Set) SetGemvPrefetch(bytes uint32) { s.prefetch = bytes & prefetchBytesMask }
 

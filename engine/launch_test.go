@@ -121,31 +121,13 @@ func total(c map[string]int) int {
 
 // perLayer is what a decode step launches per layer besides the products,
 // RoPE, the KV write and attention: RMSNorms, Rounds, Adds and SiLU·ups,
-// as ks fuses them (kernels.Set's ResidualRMSNorm and SiluMulIn, when it
-// has them) and as I (the intermediate size) lets one Round cover gate and
-// up (4·I bytes a multiple of the parts' 256-byte alignment).
+// with kernels.Set's fused residual norm and SiLU·up.
 type perLayer struct{ rmsnorm, round, add, silu, residualNorm int }
 
-func launchesPerLayer(ks any, I int) perLayer {
-	_, fusedNorm := ks.(interface {
-		ResidualRMSNorm(x, y device.Ptr, rdt string, w device.Ptr, wdt string, out device.Ptr, odt string, T, H uint32, eps float32, st device.Stream) error
-	})
-	_, fusedSilu := ks.(interface {
-		SiluMulIn(g, u device.Ptr, rdt string, out device.Ptr, odt string, n uint64, st device.Stream) error
-	})
-	p := perLayer{rmsnorm: 2, round: 2, add: 1, silu: 1} // down's residual: Round, Add, Round
-	if fusedNorm {
-		p.residualNorm = 1
-	} else {
-		p.round, p.add = p.round+2, p.add+1
-	}
-	if !fusedSilu {
-		p.round++
-		if 4*I%256 != 0 {
-			p.round++
-		}
-	}
-	return p
+func launchesPerLayer() perLayer {
+	// down's residual: Round, Add, Round; the fused residual add and
+	// RMSNorm after attention; SiLU·up reading gate and up as they are.
+	return perLayer{rmsnorm: 2, round: 2, add: 1, silu: 1, residualNorm: 1}
 }
 
 func describe(c map[string]int) string {
@@ -167,8 +149,7 @@ func TestDecodeLaunches(t *testing.T) {
 		L := m.Config.Layers
 		o := engine.Options{Budget: 256 << 20, MaxTokens: 96, PrefillChunk: 16}
 		got := decodeLaunches(t, "tiny", f, o)
-		r := newRig(t, testDevice(t))
-		p := launchesPerLayer(r.ks, m.Config.Intermediate)
+		p := launchesPerLayer()
 		want := map[string]int{
 			"memwall_gemvg1_bf16": 2 * L,
 			"memwall_rope":        L,
@@ -379,7 +360,7 @@ func TestProfile(t *testing.T) {
 	}
 	// Every op its own segment: the op counts are the launches'.
 	L := m.Config.Layers
-	pl := launchesPerLayer(newRig(t, testDevice(t)).ks, m.Config.Intermediate)
+	pl := launchesPerLayer()
 	opSum := 0.0
 	for op, want := range map[string]int{"rmsnorm": (pl.rmsnorm-pl.residualNorm)*L + 1, "add + rmsnorm": pl.residualNorm * L,
 		"q, k, v": L, "o": L, "gate, up": L, "down": L, "lm head": 1, "attention": L, "kv write": L, "rope": L,

@@ -103,18 +103,15 @@ func TestSetOverlap(t *testing.T) {
 					t.Fatalf("step %d: %v", i, err)
 				}
 			}
-			n := len(d.launches) - 1 // MatmulGroup's kernel goes plainly, without prefetch
+			n := len(d.launches) // MatmulGroup's kernel too, with prefetch
 			if want := map[bool]int{true: n, false: 0}[tc.want]; len(d.overlapped) != want {
-				t.Errorf("%d of %d launches overlapped, want %d", len(d.overlapped), n+1, want)
+				t.Errorf("%d of %d launches overlapped, want %d", len(d.overlapped), n, want)
 			}
 			for _, l := range d.launches {
 				if !strings.HasPrefix(l.name, "memwall_gemv") {
 					continue
 				}
 				want := tc.wantPf
-				if strings.HasPrefix(l.name, "memwall_gemvg1") {
-					want = 0
-				}
 				if pf, ok := l.args[len(l.args)-1].(uint32); !ok || pf != want {
 					t.Errorf("%s: last argument %v, want the prefetch bytes %d", l.name, l.args[len(l.args)-1], want)
 				}

@@ -328,9 +328,14 @@ func (p *Pool) parkable(m *meta) bool {
 // pool's alignment: a parked block serves only requests at the pool's
 // alignment, and one placed with more (an over-aligned request in a chunk
 // whose base is less aligned) would hand them that slack too, memory no
-// request asked for. Otherwise, and for a parked block it evicts, its
-// range goes back to the arena on this processor's next trip to the
-// arenas: the next allocation that misses the cache takes it there under
+// request asked for. Nor is a block that the search for mapped pages
+// placed (meta.paged: its best-fit place lay on unmapped pages): its place
+// was chosen by the pages mapped at the time, not by its fit, and parked it
+// would hand that place whole to the next request of its size, often a
+// block that stays (a layer's K or V in a prefill, docs/pool-policy.md);
+// the next request is placed afresh. Otherwise, and for a parked block it
+// evicts, its range goes back to the arena on this processor's next trip
+// to the arenas: the next allocation that misses the cache takes it there under
 // the same lock, before it places anything, so placement is as if it had
 // gone back at once, one lock acquisition fewer per free. maxDeferred
 // blocks waiting make the free take them itself; an allocation that would
@@ -349,7 +354,7 @@ func (p *Pool) keepFree(m *meta) bool {
 		return false
 	}
 	c.c.sub(m)
-	if m.req == c.lastLarge && m.shift < p.opts.Alignment {
+	if m.req == c.lastLarge && m.shift < p.opts.Alignment && !m.paged {
 		m = c.park(m)
 	}
 	var chain *meta

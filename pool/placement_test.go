@@ -48,6 +48,29 @@ func checkBooks(t *testing.T, p *pool.Pool) {
 	}
 }
 
+// holeOverGivenBackPage lays out x1 [0, 3 MiB), x2 [3, 11), x3 [11, 16)
+// and x4 [16, 20) in a pool with no blocks yet, gives page 0 back to the
+// device (x1 freed, Trim) and frees x3, whose pages stay mapped: best fit
+// puts a block of up to 3 MiB in x1's hole, over the unmapped page, while
+// x3's hole over mapped pages holds it too. It returns x1, whose address is
+// the range's start.
+func holeOverGivenBackPage(t *testing.T, p *pool.Pool) pool.Block {
+	t.Helper()
+	x1 := mustAlloc(t, p, 3*mib)
+	mustAlloc(t, p, 8*mib)
+	x3 := mustAlloc(t, p, 5*mib)
+	mustAlloc(t, p, 4*mib)
+	if off := uint64(x3.Ptr - x1.Ptr); off != 11*mib {
+		t.Fatalf("setup: x3 at %d MiB from x1, want 11", off>>20)
+	}
+	mustFree(t, p, x1)
+	if n := p.Trim(); n != 2*mib {
+		t.Fatalf("trim gave back %d bytes, want the one free page", n)
+	}
+	mustFree(t, p, x3)
+	return x1
+}
+
 // TestPlaceMapped: where best fit's choice for a block lies on a page that
 // was given back while a free range over mapped pages holds the block,
 // PlaceMapped puts it there with no device call; PlaceStrategy keeps best
@@ -67,20 +90,7 @@ func TestPlaceMapped(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer p.Close()
-			// x1 [0, 3 MiB), x2 [3, 11), x3 [11, 16), x4 [16, 20).
-			x1 := mustAlloc(t, p, 3*mib)
-			mustAlloc(t, p, 8*mib)
-			x3 := mustAlloc(t, p, 5*mib)
-			mustAlloc(t, p, 4*mib)
-			if off := uint64(x3.Ptr - x1.Ptr); off != 11*mib {
-				t.Fatalf("setup: x3 at %d MiB from x1, want 11", off>>20)
-			}
-			// Page 0 goes back to the device; x3's pages stay mapped.
-			mustFree(t, p, x1)
-			if n := p.Trim(); n != 2*mib {
-				t.Fatalf("trim gave back %d bytes, want the one free page", n)
-			}
-			mustFree(t, p, x3)
+			x1 := holeOverGivenBackPage(t, p)
 			before := p.Stats()
 			y := mustAlloc(t, p, 5*mib/2) // best fit: the 3 MiB hole at 0, over page 0
 			after := p.Stats()
@@ -186,4 +196,42 @@ func TestHandleMove(t *testing.T) {
 		t.Errorf("peak reserved %d MiB, target plus one handle %d MiB", after.PeakReservedBytes>>20, lim>>20)
 	}
 	checkBooks(t, p)
+}
+
+// TestSearchedNotParked: a block whose best-fit place lay on unmapped
+// pages, placed by the search for mapped pages (PlaceMapped), is not parked
+// for the next request of its size when it is freed: that request is
+// placed by the arena again. A block at best fit's own choice on mapped
+// pages is parked and serves the next request of its size whole, without
+// the arena.
+func TestSearchedNotParked(t *testing.T) {
+	p, err := pool.New(simVirtual(t), pool.Options{Cache: pool.CacheShared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	x1 := holeOverGivenBackPage(t, p)
+	again := func(size uint64, wantOff uint64, parked bool) {
+		t.Helper()
+		b := mustAlloc(t, p, size)
+		if off := uint64(b.Ptr - x1.Ptr); off != wantOff {
+			t.Fatalf("%d-byte block at %.2f MiB, want %.2f", size, float64(off)/mib, float64(wantOff)/mib)
+		}
+		mustFree(t, p, b)
+		before := pool.ArenaAllocs(p)
+		b = mustAlloc(t, p, size)
+		if off := uint64(b.Ptr - x1.Ptr); off != wantOff {
+			t.Fatalf("the next %d-byte block at %.2f MiB, want %.2f", size, float64(off)/mib, float64(wantOff)/mib)
+		}
+		if fromArena := pool.ArenaAllocs(p) != before; fromArena == parked {
+			t.Errorf("%d-byte block at %.2f MiB: next request from the arena %v, want %v", size, float64(wantOff)/mib, fromArena, !parked)
+		}
+		checkBooks(t, p)
+	}
+	// Best fit's choice, the 3 MiB hole at 0, lies over the unmapped page:
+	// the block moves to x3's mapped pages and is not parked.
+	again(5*mib/2, 11*mib, false)
+	// Now held at 11 MiB: best fit puts 1 MiB in the 2.5 MiB hole after
+	// it, on mapped pages, and the freed block is parked.
+	again(mib, 11*mib+5*mib/2, true)
 }

@@ -103,23 +103,23 @@
 // time per 1,000 allocations at the H200's costs:
 //
 //	trace              PyTorch         default                keep every page
-//	GPT-2 generate     1.26×   6 µs    1.015×  0.24%   102 µs  1.048× 0.04%  18 µs
-//	GPT-2 batch/req    1.16×  10 µs    1.034×  0.96%   398 µs  1.074× 0.14%  62 µs
-//	T5 generate        1.30×   3 µs    1.046×  0.33%   135 µs  1.109× 0.03%  11 µs
-//	BERT varlen        2.33×  14 µs    1.046×  7.06% 2,726 µs  1.292× 0.09%  41 µs
-//	encoder varlen     2.46×  21 µs    1.022× 24.0%  9,199 µs  1.283× 0.22% 101 µs
-//	ViT varbatch       1.79× 116 µs    1.056× 25.4%  9,964 µs  1.411× 1.00% 456 µs
-//	UNet, SD widths    1.82×  19 µs    1.044×  1.51%   634 µs  1.342× 0.20%  92 µs
-//	MoE generate       1.73×   6 µs    1.085×  0.61%   255 µs  1.184× 0.04%  20 µs
-//	Llama generate     1.32×   5 µs    1.124×  0.08%    35 µs  1.124× 0.04%  18 µs
+//	GPT-2 generate     1.26×   6 µs    1.015×  0.22%    94 µs  1.048× 0.04%  18 µs
+//	GPT-2 batch/req    1.16×  10 µs    1.018×  0.73%   310 µs  1.074× 0.14%  63 µs
+//	T5 generate        1.30×   3 µs    1.032×  0.33%   135 µs  1.102× 0.02%  11 µs
+//	BERT varlen        2.33×  14 µs    1.055×  9.62% 3,700 µs  1.292× 0.09%  41 µs
+//	encoder varlen     2.46×  21 µs    1.036× 25.8%  9,893 µs  1.283× 0.22% 101 µs
+//	ViT varbatch       1.79× 116 µs    1.033×  8.25% 3,451 µs  1.411× 1.00% 456 µs
+//	UNet, SD widths    1.82×  19 µs    1.044×  4.61% 1,810 µs  1.342× 0.20%  92 µs
+//	MoE generate       1.73×   6 µs    1.072×  0.58%   243 µs  1.184× 0.04%  20 µs
+//	Llama generate     1.32×   5 µs    1.146×  0.09%    40 µs  1.124× 0.04%  18 µs
 //	UNet denoise       1.64×  10 µs    1.145×  1.13%   443 µs  1.431× 0.11%  48 µs
 //
 // The default beats PyTorch's memory on every trace and meets both goals
 // (≤ 1.05×, ≤ 1% calls) on the two GPT-2 traces and T5. Where shapes
 // change from call to call (BERT, the encoder, ViT, the UNet at two
-// resolutions), memory within 1.05× costs a page move on 1.5–25% of the
-// allocations (best fit's own placement: 10–74%), and calls within 1% cost
-// 1.28–1.41× memory; no configuration measured meets both. On the small
+// resolutions), memory within 1.03–1.06× costs a page move on 4.6–26% of
+// the allocations (best fit's own placement: 10–74%), and calls within 1%
+// cost 1.28–1.41× memory; no configuration measured meets both. On the small
 // traces (Llama 92.5 MiB, UNet 48.9 MiB of peak live) 2 MiB pages leave
 // 1.10–1.15× even when every free page is unmapped; the MoE reaches 1.05×
 // only so.
@@ -509,6 +509,7 @@ type meta struct {
 	node    alloc.Handle // the allocator's handle, when it has them
 	shift   uint64       // bytes from the allocator's offset to the handed-out address (alignment slack)
 	purpose Purpose
+	paged   bool    // placed by the search for mapped pages (preferMapped): never parked for the next request of its size
 	tenant  *Tenant // the tenant it was handed out by (the outermost), nil for the pool's own
 	home    *Pool   // the shard whose arenas hold the block (the pool itself without shards)
 	next    *meta   // free-list / cache link
@@ -1130,7 +1131,7 @@ func (p *Pool) freePlain(m *meta) {
 			chain = appendChain(c.takeDeferred(), c.drain(cls, procMaxBytes/2))
 		}
 	case m.size <= p.opts.Limit/64:
-		if m.req == c.lastLarge && m.shift < p.opts.Alignment { // as keepFree
+		if m.req == c.lastLarge && m.shift < p.opts.Alignment && !m.paged { // as keepFree
 			m = c.park(m)
 		}
 		if m != nil && c.deferFree(m) {

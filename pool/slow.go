@@ -166,11 +166,13 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 			}
 			return nil, err
 		}
+		searched := false
 		if a.virtual {
 			if a.lean && p.opts.Placement == PlaceMapped && !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
 				if b, h, err = a.preferMapped(b, h, size+slack, want); err != nil {
 					return nil, err
 				}
+				searched = true
 			}
 			if err := a.touch(p, b.Offset, b.Size); err != nil {
 				_ = a.placeFree(b.Offset, h)
@@ -181,7 +183,9 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		if slack != 0 {
 			shift = (align - (uint64(a.ptr(b.Offset)) % align)) % align
 		}
-		return p.placed(a, b, h, shift), nil
+		m := p.placed(a, b, h, shift)
+		m.paged = searched
+		return m, nil
 	}
 	return nil, nil
 }
@@ -201,11 +205,13 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 	if err != nil {
 		return nil, nil
 	}
+	searched := false
 	if !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
 		if p.opts.Placement == PlaceMapped {
 			if b, h, err = a.preferMapped(b, h, size, p.opts.Alignment); err != nil {
 				return nil, err
 			}
+			searched = true
 		}
 		if err := a.touch(p, b.Offset, b.Size); err != nil {
 			_ = a.placeFree(b.Offset, h)
@@ -215,7 +221,9 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 		a.markTouched(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1))
 	}
 	a.stale = true
-	return p.placed(a, b, h, 0), nil
+	m := p.placed(a, b, h, 0)
+	m.paged = searched
+	return m, nil
 }
 
 // centralLarge is slowAlloc for allocPlain's large blocks: it gives the

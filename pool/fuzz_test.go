@@ -32,10 +32,7 @@ func runPoolOps(t *testing.T, data []byte) {
 			return
 		}
 		cfg, data := data[0], data[1:]
-		so := sim.DefaultOptions()
-		so.Backing = false
-		so.TotalBytes = 1 << 30
-		d := sim.New(so)
+		d := fuzzDevice()
 		o := pool.Options{Strategy: []string{"bestfit", "tlsf"}[cfg&1]}
 		if cfg&64 != 0 {
 			// A strategy without handles: pages of a virtual arena are
@@ -165,4 +162,13 @@ func runPoolOps(t *testing.T, data []byte) {
 			t.Fatalf("after freeing everything and Trim: %+v", st)
 		}
 	}
+}
+
+// fuzzDevice is the fuzz targets' device: 1 GiB, simulated, no bytes behind
+// its memory.
+func fuzzDevice() device.Device {
+	so := sim.DefaultOptions()
+	so.Backing = false
+	so.TotalBytes = 1 << 30
+	return sim.New(so)
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/pool"
 	"github.com/memwall/memwall/trace"
 )
@@ -38,10 +37,7 @@ func runLayers(t *testing.T, data []byte) {
 		return
 	}
 	cfg, data := data[0], data[1:]
-	so := sim.DefaultOptions()
-	so.Backing = false
-	so.TotalBytes = 1 << 30
-	d := sim.New(so)
+	d := fuzzDevice()
 	o := pool.Options{}
 	if cfg&1 != 0 {
 		o.Growth = pool.GrowChunks

@@ -4,7 +4,9 @@
 # Expected time: about 150 s on 16 cores (give the area 200 s):
 #  1. TestPropertyBlocks -long (10^6 operations per configuration) on the
 #     configurations selected by POOL_LONG_RUN (default: the pools over a
-#     pool, the defaults' family and the hold-time ones), 16 at a time;
+#     pool, the defaults' family and the hold-time ones), 16 at a time,
+#     within POOL_LONG_S seconds (default 110; every configuration,
+#     POOL_LONG_RUN='TestPropertyBlocks$', takes about 150 s);
 #  2. the race detector (gpupack/pool.race.test.xz, built with
 #     CGO_ENABLED=1 go test -race -c) on the layers' tests and the same
 #     configurations at 2x10^5 operations each.
@@ -19,7 +21,8 @@ log=$dir/log.txt
 : >"$log"
 . scripts/gpu/lib.sh
 sel=${POOL_LONG_RUN:-'TestPropertyBlocks$/(over-pool|virtual-bestfit-per-processor|virtual-bestfit-sharded).*'}
-run "property -long ($sel)" 110 bash -c "cd pool && '$bin/pool.test' -test.run '$sel' -long -test.v -test.parallel 16 -test.timeout 105s >'$dir/long.txt' 2>&1; rc=\$?; tail -n 3 '$dir/long.txt'; exit \$rc"
+lim=${POOL_LONG_S:-110}
+run "property -long ($sel)" "$lim" bash -c "cd pool && '$bin/pool.test' -test.run '$sel' -long -test.v -test.parallel 16 -test.timeout $((lim - 5))s >'$dir/long.txt' 2>&1; rc=\$?; tail -n 3 '$dir/long.txt'; exit \$rc"
 if [ -f gpupack/pool.race.test.xz ]; then
   xz -dc gpupack/pool.race.test.xz >"$dir/pool.race.test" && chmod +x "$dir/pool.race.test"
   run "race: layers and over-pool (2e5 ops)" 80 bash -c "cd pool && MEMWALL_POOL_OPS=200000 '$dir/pool.race.test' -test.run 'TestTenant|TestCounter|TestLogLayer|TestStack|TestPoolOverPool|TestPropertyBlocks\$/over-pool' -test.v -test.parallel 16 -test.timeout 75s >'$dir/race.txt' 2>&1; rc=\$?; tail -n 3 '$dir/race.txt'; exit \$rc"

@@ -241,7 +241,7 @@ func TestMinCapacity(t *testing.T) {
 // side of the trade-off must exist.
 func TestDefaultAgainstGoal(t *testing.T) {
 	if testing.Short() {
-		t.Skip("replays ten traces through every configuration")
+		t.Skip("replays thirteen traces through every configuration")
 	}
 	for _, tc := range []struct {
 		name      string
@@ -249,16 +249,25 @@ func TestDefaultAgainstGoal(t *testing.T) {
 		maxRatio  float64 // a regression bound for the default's peak reserved / peak live
 		maxCalls  float64 // a regression bound for the default's calls per alloc
 	}{
+		// Bounds a little above the default's figures since db2eb9d (blocks
+		// the search placed are not parked), which moved BERT, the
+		// encoder, Llama generate and the SD-size UNet the wrong way and
+		// ViT, GPT-2 with batch per request, the MoE and Whisper the right
+		// way (docs/pool-policy.md has the totals over every trace at five
+		// widths: no line lost a goal, six gained one).
 		{"gpt2_medium_generate", true, GoalRatio, 0.004},
-		{"bert_base_varlen", false, GoalRatio, 0.08},
-		{"encoder_varlen", false, GoalRatio, 0.25},
-		{"vit_varbatch", false, 1.06, 0.26},
-		{"llama_generate", false, 1.13, 0.0015},
+		{"bert_base_varlen", false, 1.06, 0.10},
+		{"encoder_varlen", false, GoalRatio, 0.265},
+		{"vit_varbatch", false, GoalRatio, 0.09},
+		{"llama_generate", false, 1.15, 0.0015},
 		{"unet_denoise", false, 1.15, 0.012},
-		{"gpt2_varbatch", true, GoalRatio, 0.01},
+		{"gpt2_varbatch", true, GoalRatio, 0.008},
 		{"t5_generate", true, GoalRatio, 0.004},
-		{"moe_generate", false, 1.09, 0.007},
-		{"unet_sd", false, GoalRatio, 0.02},
+		{"moe_generate", false, 1.08, 0.007},
+		{"unet_sd", false, GoalRatio, 0.05},
+		{"whisper_generate", true, GoalRatio, 0.006},
+		{"resnet_varbatch", false, 1.02, 0.22},
+		{"llama_long", false, 1.23, 0.004},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, err := Load(tracesDir+tc.name+".csv.gz", LoadOptions{})
@@ -276,8 +285,11 @@ func TestDefaultAgainstGoal(t *testing.T) {
 			if def.Ratio > tc.maxRatio || def.Ratio < 1 {
 				t.Errorf("default reserves %.3f× peak live, bound %.2f×", def.Ratio, tc.maxRatio)
 			}
-			if *rep.PyTorchRatio <= def.Ratio {
-				t.Errorf("PyTorch %.3f× beats the default %.3f×", *rep.PyTorchRatio, def.Ratio)
+			// llama_long is the one trace where PyTorch's caching allocator
+			// reserves less (1.13× against 1.22×: docs/pool-policy.md,
+			// "Where mapped-first placement costs memory").
+			if beats := *rep.PyTorchRatio > def.Ratio; beats != (tc.name != "llama_long") {
+				t.Errorf("PyTorch %.3f×, the default %.3f×: the default beats it = %v", *rep.PyTorchRatio, def.Ratio, beats)
 			}
 			if def.CallsPerAlloc > tc.maxCalls {
 				t.Errorf("default makes %.4f device calls per alloc, bound %.4f", def.CallsPerAlloc, tc.maxCalls)

@@ -12,7 +12,7 @@ import "github.com/memwall/memwall/device"
 //
 //	p, _ := pool.New(d, pool.DefaultOptions(d))     // arenas and caches
 //	t, _ := p.Tenant("bert", 8<<30)                 // a quota
-//	r := pool.NewCounter(log.Wrap(t))               // a log, then counts
+//	r := pool.NewCounter(log.Wrap(t), "bert")       // a log, then counts
 //	b, _ := r.Alloc(1<<20, pool.AllocOptions{})
 //	_ = r.Free(b)
 //

@@ -108,9 +108,13 @@ type LatencyResult struct {
 	P99ns      float64 `json:"p99_ns"`
 	AllocP50ns float64 `json:"alloc_p50_ns"`
 	FreeP50ns  float64 `json:"free_p50_ns"`
-	// PairsPerSec is total throughput over all goroutines; TotalPairs
-	// counts every timed pair (batched, one by one, and split), the pairs
-	// DeviceCalls were made in.
+	// PairsPerSec is total throughput over all goroutines, for every
+	// allocator the same way: the pairs timed in batches (two clock
+	// reads per BatchPairs pairs) over the longest goroutine's time in
+	// them, so that it counts neither the clock reads of the pairs timed
+	// one by one nor the goroutines' start. TotalPairs counts every timed
+	// pair (batched, one by one, and split), the pairs DeviceCalls were
+	// made in.
 	PairsPerSec  float64 `json:"pairs_per_sec"`
 	TotalPairs   int     `json:"total_pairs,omitempty"`
 	DeviceCalls  uint64  `json:"device_calls,omitempty"`
@@ -365,7 +369,7 @@ func driverLatency(anchor DriverAnchor, name string, mix Mix, w AllocWorkload, a
 		return res
 	}
 	var sum time.Duration
-	for _, x := range pt {
+	for _, x := range bt {
 		sum += x
 	}
 	batch := durs(bt)
@@ -376,7 +380,9 @@ func driverLatency(anchor DriverAnchor, name string, mix Mix, w AllocWorkload, a
 	res.BatchP50ns = quantile(batch, 0.5)
 	res.P50ns, res.P99ns = quantile(durs(pt), 0.5), quantile(durs(pt), 0.99)
 	res.AllocP50ns, res.FreeP50ns = quantile(durs(a), 0.5), quantile(durs(f), 0.5)
-	res.PairsPerSec = float64(len(pt)) / sum.Seconds()
+	if sum > 0 {
+		res.PairsPerSec = float64(len(bt)*BatchPairs) / sum.Seconds()
+	}
 	return res
 }
 
@@ -422,6 +428,7 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 	liveN := liveBlocks(d, mix, goroutines, o)
 	type perG struct {
 		pairs, batches, allocs, frees []float64
+		batched                       time.Duration // time in the batches
 		err                           error
 	}
 	res := make([]perG, goroutines)
@@ -479,7 +486,9 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 					}
 					live[k] = b
 				}
-				pr.batches = append(pr.batches, float64(time.Since(t0))/BatchPairs)
+				dt := time.Since(t0)
+				pr.batched += dt
+				pr.batches = append(pr.batches, float64(dt)/BatchPairs)
 			}
 			// Pairs: one clock read before the free and one after the
 			// allocation, nothing between them (the same stream again).
@@ -525,15 +534,15 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 	// Nothing is allocated while pairs are timed: with a collection done
 	// now, none runs (and no write barrier slows the pool) meanwhile.
 	runtime.GC()
-	t0 := time.Now()
 	close(start)
 	wg.Wait()
-	wall := time.Since(t0)
 	var pairs, batches, allocs, frees []float64
+	var longest time.Duration
 	for _, r := range res {
 		if r.err != nil {
 			return LatencyResult{}, r.err
 		}
+		longest = max(longest, r.batched)
 		pairs = append(pairs, r.pairs...)
 		batches = append(batches, r.batches...)
 		allocs = append(allocs, r.allocs...)
@@ -546,7 +555,7 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 		BatchP50ns: quantile(batches, 0.5),
 		P50ns:      quantile(pairs, 0.5), P99ns: quantile(pairs, 0.99),
 		AllocP50ns: quantile(allocs, 0.5), FreeP50ns: quantile(frees, 0.5),
-		PairsPerSec:  float64(len(batches)*BatchPairs+len(pairs)+len(allocs)) / wall.Seconds(),
+		PairsPerSec:  float64(len(batches)*BatchPairs) / longest.Seconds(),
 		TotalPairs:   len(batches)*BatchPairs + len(pairs) + len(allocs),
 		DeviceCalls:  calls,
 		ReservedPeak: st.PeakReservedBytes,

@@ -142,6 +142,13 @@ func TestAllocDriverRows(t *testing.T) {
 				t.Fatalf("row %s: %+v", key, r)
 			}
 		}
+		// Throughput counts the batched pairs only, each at least fakePair
+		// long: one goroutine makes at most 1e9/fakePair pairs a second
+		// (the pairs timed one by one, with their clock reads, do not
+		// count).
+		if r := rows[name+"/1/32"]; r.PairsPerSec > 1e9/float64(fakePair)*1.0001 {
+			t.Fatalf("%s on 1 goroutine: %.0f pairs/s, more than its pairs allow", name, r.PairsPerSec)
+		}
 		r := rows[name+"/4/32"]
 		if r.Pairs != 4*320 {
 			t.Fatalf("%s on 4 goroutines timed %d pairs one by one, want %d", name, r.Pairs, 4*320)

@@ -108,7 +108,7 @@ func printBenchAlloc(e *env, rep bench.AllocReport) {
 	}
 	if len(anchor) > 0 {
 		fmt.Fprintln(w, "(every pair frees one of the goroutine's live blocks and allocates its replacement; the driver replays the pool's goroutines' requests, each of its goroutines on a stream of its own, and \"freed at once\" rows allocate and free each block back to back;")
-		fmt.Fprintln(w, " \"vs async\" is the p50 over cuMemAllocAsync's on one goroutine's requests. The driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C)")
+		fmt.Fprintln(w, " \"vs async\" is the p50 over cuMemAllocAsync's on one goroutine's requests; pairs/s counts the batched pairs over their time, for every row alike. The driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C)")
 	}
 	if rep.Backend == "sim" {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")

@@ -30,7 +30,7 @@ type BestFit struct {
 // capacity is clamped to MaxCapacity (New reports that as an error).
 func NewBestFit(capacity uint64) *BestFit {
 	b := &BestFit{rng: 0x9E3779B9}
-	b.rangeList = rangeList{name: "bestfit", capacity: min(capacity, MaxCapacity), idx: b}
+	b.rangeList = rangeList{name: "bestfit", capacity: min(capacity, MaxCapacity), idx: b, bf: b}
 	b.Reset()
 	return b
 }
@@ -39,9 +39,11 @@ func NewBestFit(capacity uint64) *BestFit {
 func (b *BestFit) Name() string { return "bestfit" }
 
 // less orders free ranges by size, then offset.
-func (b *BestFit) less(x, y int32) bool {
-	nx, ny := &b.nodes[x], &b.nodes[y]
-	return nx.size < ny.size || nx.size == ny.size && nx.off < ny.off
+func (b *BestFit) less(x, y int32) bool { return lessNode(&b.nodes[x], &b.nodes[y]) }
+
+// lessNode is less on the nodes themselves.
+func lessNode(x, y *rangeNode) bool {
+	return x.size < y.size || x.size == y.size && x.off < y.off
 }
 
 func (b *BestFit) nextPrio() uint32 {
@@ -54,32 +56,37 @@ func (b *BestFit) nextPrio() uint32 {
 	return x
 }
 
-// insert adds free node id to the treap of its class.
+// insert adds free node id to the treap of its class. (It and
+// removeFree index a local copy of the node slice, which neither grows:
+// through b, every access would load the slice again.)
 func (b *BestFit) insertFree(id int32) {
-	fl, sl := tlsfMapping(b.nodes[id].size)
+	nodes := b.nodes
+	n := &nodes[id]
+	fl, sl := tlsfMapping(n.size)
 	b.mark(fl, sl)
 	prio := b.nextPrio()
-	b.nodes[id].prio, b.nodes[id].cls = prio, classID(fl, sl)
+	n.prio, n.cls = prio, classID(fl, sl)
 	link := b.root(fl, sl)
-	for *link != nilID && b.nodes[*link].prio >= prio {
-		if b.less(id, *link) {
-			link = &b.nodes[*link].left
+	for *link != nilID && nodes[*link].prio >= prio {
+		if c := &nodes[*link]; lessNode(n, c) {
+			link = &c.left
 		} else {
-			link = &b.nodes[*link].right
+			link = &c.right
 		}
 	}
 	// Split the subtree at *link around id's key; id becomes its root.
 	cur := *link
-	l, r := &b.nodes[id].left, &b.nodes[id].right
+	l, r := &n.left, &n.right
 	for cur != nilID {
-		if b.less(cur, id) {
+		c := &nodes[cur]
+		if lessNode(c, n) {
 			*l = cur
-			l = &b.nodes[cur].right
-			cur = b.nodes[cur].right
+			l = &c.right
+			cur = c.right
 		} else {
 			*r = cur
-			r = &b.nodes[cur].left
-			cur = b.nodes[cur].left
+			r = &c.left
+			cur = c.left
 		}
 	}
 	*l, *r = nilID, nilID
@@ -88,27 +95,29 @@ func (b *BestFit) insertFree(id int32) {
 
 // remove deletes free node id from the treap of its class.
 func (b *BestFit) removeFree(id int32) {
-	fl, sl := splitClass(b.nodes[id].cls)
+	nodes := b.nodes
+	n := &nodes[id]
+	fl, sl := splitClass(n.cls)
 	root := b.root(fl, sl)
 	link := root
 	for *link != id {
-		if b.less(id, *link) {
-			link = &b.nodes[*link].left
+		if c := &nodes[*link]; lessNode(n, c) {
+			link = &c.left
 		} else {
-			link = &b.nodes[*link].right
+			link = &c.right
 		}
 	}
 	// Merge id's subtrees in its place.
-	x, y := b.nodes[id].left, b.nodes[id].right
+	x, y := n.left, n.right
 	for x != nilID && y != nilID {
-		if b.nodes[x].prio >= b.nodes[y].prio {
+		if nx, ny := &nodes[x], &nodes[y]; nx.prio >= ny.prio {
 			*link = x
-			link = &b.nodes[x].right
-			x = b.nodes[x].right
+			link = &nx.right
+			x = nx.right
 		} else {
 			*link = y
-			link = &b.nodes[y].left
-			y = b.nodes[y].left
+			link = &ny.left
+			y = ny.left
 		}
 	}
 	if x != nilID {

@@ -24,6 +24,10 @@ type rangeList struct {
 	failures   uint64
 
 	idx freeIndex
+	// bf is idx when the strategy is best fit (else nil): the calls
+	// through it are direct, which the central path of a pool feels
+	// (a few of them on every allocation and free).
+	bf *BestFit
 }
 
 // rangeNode is one block or free range. prevFree/nextFree are TLSF's list
@@ -96,14 +100,18 @@ func (r *rangeList) AllocHandle(size, align uint64) (Block, Handle, error) {
 
 // allocNode carves a live node of size bytes and returns its id.
 func (r *rangeList) allocNode(size, align uint64) (int32, error) {
-	align, err := checkRequest(r.name, size, align, MaxCapacity)
-	if err != nil {
+	if size-1 >= MaxCapacity || align&(align-1) != 0 { // checkRequest, inline: this runs on every allocation
 		r.failures++
-		return nilID, err
+		return nilID, requestError(r.name, size, align, MaxCapacity)
 	}
+	align = max(align, 1)
 	id := int32(nilID)
 	if size <= r.capacity-r.used {
-		id = r.idx.find(size, align)
+		if r.bf != nil {
+			id = r.bf.find(size, align)
+		} else {
+			id = r.idx.find(size, align)
+		}
 	}
 	if id == nilID {
 		r.failures++
@@ -150,7 +158,11 @@ func (r *rangeList) AllocHandleAt(offset, size uint64) (Block, Handle, error) {
 // carve turns free node id into a live node of [start, start+size), which
 // it holds, leaving free nodes for the bytes before and after.
 func (r *rangeList) carve(id int32, start, size uint64) {
-	r.idx.removeFree(id)
+	if r.bf != nil {
+		r.bf.removeFree(id)
+	} else {
+		r.idx.removeFree(id)
+	}
 	r.freeRanges--
 	n := &r.nodes[id]
 	if off := n.off; start > off {
@@ -158,7 +170,11 @@ func (r *rangeList) carve(id int32, start, size uint64) {
 		n = &r.nodes[id] // newNode may have moved the nodes
 		r.linkBefore(pad, id)
 		n.off, n.size = start, n.size-(start-off)
-		r.idx.insertFree(pad)
+		if r.bf != nil {
+			r.bf.insertFree(pad)
+		} else {
+			r.idx.insertFree(pad)
+		}
 		r.freeRanges++
 	}
 	if rest := n.size - size; rest > 0 {
@@ -166,7 +182,11 @@ func (r *rangeList) carve(id int32, start, size uint64) {
 		n = &r.nodes[id]
 		r.linkAfter(tail, id)
 		n.size = size
-		r.idx.insertFree(tail)
+		if r.bf != nil {
+			r.bf.insertFree(tail)
+		} else {
+			r.idx.insertFree(tail)
+		}
 		r.freeRanges++
 	}
 	n.free = false
@@ -260,7 +280,11 @@ func (r *rangeList) freeNode(id int32) int32 {
 	r.freeRanges++
 	if prev := n.prevPhys; prev != nilID {
 		if pn := &nodes[prev]; pn.free {
-			r.idx.removeFree(prev)
+			if r.bf != nil {
+				r.bf.removeFree(prev)
+			} else {
+				r.idx.removeFree(prev)
+			}
 			pn.size += n.size
 			r.unlink(id)
 			id, n = prev, pn
@@ -269,13 +293,21 @@ func (r *rangeList) freeNode(id int32) int32 {
 	}
 	if next := n.nextPhys; next != nilID {
 		if nn := &nodes[next]; nn.free {
-			r.idx.removeFree(next)
+			if r.bf != nil {
+				r.bf.removeFree(next)
+			} else {
+				r.idx.removeFree(next)
+			}
 			n.size += nn.size
 			r.unlink(next)
 			r.freeRanges--
 		}
 	}
-	r.idx.insertFree(id)
+	if r.bf != nil {
+		r.bf.insertFree(id)
+	} else {
+		r.idx.insertFree(id)
+	}
 	return id
 }
 

@@ -20,7 +20,12 @@ type arena struct {
 	// are then freed by handle, and a virtual arena finds its free pages
 	// from the allocator's free ranges instead of counting references per
 	// page (see lean).
-	ha   alloc.HandleAllocator
+	ha alloc.HandleAllocator
+	// pa is alloc as a PlacingAllocator (else nil), and bf as best fit,
+	// the default (else nil): the central path calls bf directly rather
+	// than through the interfaces, which it feels on every allocation.
+	pa   alloc.PlacingAllocator
+	bf   *alloc.BestFit
 	live int    // live (or cached/pending) blocks
 	held uint64 // bytes of those blocks
 
@@ -115,7 +120,7 @@ func (p *Pool) newVirtualArenaSized(size uint64) (*arena, error) {
 	words := (o.ReserveBytes/o.PageBytes + 63) / 64
 	a := &arena{base: base, size: o.ReserveBytes, alloc: al, virtual: true, pageBytes: o.PageBytes,
 		pages: make([]page, o.ReserveBytes/o.PageBytes), freeSet: make([]uint64, words), ready: make([]uint64, words)}
-	a.ha, _ = al.(alloc.HandleAllocator)
+	a.setAllocator(al)
 	a.lean = a.ha != nil
 	if p.holding() {
 		a.idle, a.touched = make([]uint64, words), make([]uint64, words)
@@ -132,8 +137,8 @@ func (p *Pool) newChunk(size uint64) (*arena, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &arena{size: size, alloc: al}
-	a.ha, _ = al.(alloc.HandleAllocator)
+	a := &arena{size: size}
+	a.setAllocator(al)
 	if p.host {
 		hb, err := p.dev.HostAlloc(size)
 		if err != nil {
@@ -150,6 +155,15 @@ func (p *Pool) newChunk(size uint64) (*arena, error) {
 	p.devAllocs.Add(1)
 	p.addReserved(size)
 	return a, nil
+}
+
+// setAllocator makes al the arena's allocator (alloc, and ha, pa and bf
+// where it is one).
+func (a *arena) setAllocator(al alloc.Allocator) {
+	a.alloc = al
+	a.ha, _ = al.(alloc.HandleAllocator)
+	a.pa, _ = al.(alloc.PlacingAllocator)
+	a.bf, _ = al.(*alloc.BestFit)
 }
 
 func (p *Pool) addReserved(n uint64) {
@@ -214,8 +228,8 @@ func (a *arena) freshen() {
 		return true
 	}
 	// Only free ranges of a page or more can hold a whole page.
-	if pa, ok := a.ha.(alloc.PlacingAllocator); ok {
-		pa.WalkFree(pb, add)
+	if a.pa != nil {
+		a.pa.WalkFree(pb, add)
 	} else {
 		a.alloc.Walk(add)
 	}
@@ -280,6 +294,9 @@ func (a *arena) markUsed(i uint64) {
 // place allocates size bytes at the alignment from the arena's
 // allocator, by handle where it has them.
 func (a *arena) place(size, align uint64) (alloc.Block, alloc.Handle, error) {
+	if a.bf != nil {
+		return a.bf.AllocHandle(size, align)
+	}
 	if a.ha != nil {
 		return a.ha.AllocHandle(size, align)
 	}
@@ -291,10 +308,15 @@ func (a *arena) place(size, align uint64) (alloc.Block, alloc.Handle, error) {
 // free set is then stale). The caller accounts for the block (released
 // does, for a block handed out).
 func (a *arena) placeFree(off uint64, h alloc.Handle) error {
-	if a.ha == nil {
+	var err error
+	switch {
+	case a.bf != nil:
+		_, err = a.bf.FreeHandle(h, off)
+	case a.ha != nil:
+		_, err = a.ha.FreeHandle(h, off)
+	default:
 		return a.alloc.Free(off)
 	}
-	_, err := a.ha.FreeHandle(h, off)
 	a.stale = a.stale || a.lean
 	return err
 }
@@ -403,16 +425,15 @@ func (a *arena) unready(first, last uint64) uint64 {
 // blocks) and their runs of mapped pages a bitset word at a time; it runs
 // only where best fit's choice needs pages. Called with p.mu held.
 func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) (alloc.Block, alloc.Handle, error) {
-	pa, ok := a.ha.(alloc.PlacingAllocator)
-	if !ok {
+	pa := a.pa
+	if pa == nil {
 		return b, h, nil
 	}
 	if err := a.placeFree(b.Offset, h); err != nil {
 		return b, h, err
 	}
 	ps := &a.search
-	_, ordered := pa.(*alloc.BestFit)
-	*ps = placeSearch{a: a, size: size, align: align, orig: b.Offset, best: b.Offset, bestCost: math.MaxUint64, ordered: ordered}
+	*ps = placeSearch{a: a, size: size, align: align, orig: b.Offset, best: b.Offset, bestCost: math.MaxUint64, ordered: a.bf != nil}
 	if a.visit == nil {
 		a.visit = ps.visit // bound once: a method value passed on escapes
 	}
@@ -465,6 +486,11 @@ func (ps *placeSearch) visit(seg alloc.Segment) bool {
 		ps.try(ps.orig)
 	}
 	ps.try((s + align - 1) &^ (align - 1))
+	if ps.ordered && ps.bestCost == 0 {
+		// The range's lowest place needs no page (orig, tried first,
+		// needs one): no later place, here or in a later range, wins.
+		return false
+	}
 	ps.try((e - size) &^ (align - 1))
 	// The fewest unmapped pages under a window slid over the range lie
 	// with the window's start at the start of a run of ready pages, or

@@ -141,7 +141,7 @@ func QueuedFrees(p *Pool) int {
 // Balanced turns on p's balancing of free pages across shards.
 func Balanced(p *Pool) {
 	if p.shards != nil {
-		p.shards.balancing.Store(true)
+		p.balancing.Store(true)
 	}
 }
 

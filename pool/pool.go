@@ -888,7 +888,7 @@ func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
 		}
 		c.g.exit()
 		procUnpin()
-		m, err = p.centralLarge(size, purpose, parked)
+		m, err = p.centralLarge(pid, size, purpose, parked)
 	}
 	if err != nil {
 		p.ooms.Add(1)
@@ -1143,8 +1143,10 @@ func (p *Pool) freePlain(m *meta) {
 	}
 	c.g.exit()
 	procUnpin()
-	if chain != nil {
-		p.releaseChain(chain)
+	if chain != nil { // releaseChain, on the processor just pinned
+		s := p.lockShardOf(pid)
+		s.releaseList(chain)
+		s.mu.Unlock()
 	}
 }
 
@@ -1212,7 +1214,11 @@ func (p *Pool) release(m *meta) {
 		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
 	}
 	a.released(p, m.off, m.size)
-	p.noteHeld()
+	// noteHeld, for a held that only fell: the peak of use it recorded
+	// stands, so only shards' published figures change.
+	if p.spread.Load() {
+		p.heldPub.Store(p.held)
+	}
 	p.putMeta(m)
 }
 

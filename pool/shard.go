@@ -52,6 +52,14 @@ type ledger struct {
 	// central allocation and free of every processor wrote was where 16
 	// goroutines queued (one cache line, 14 M writes a second).
 	spread atomic.Bool
+	// balancing (set by tests and benchmarks, on pools with shards)
+	// turns balance on. It is off by default: on the H200 it cut the
+	// default's peak reserved memory on 16 goroutines from 3.1x to 1.3x
+	// of peak use, but the pages it gave back were mapped again at once,
+	// and 16 goroutines ran 0.3-0.5 M pairs/s instead of 6.8 M (GPU run
+	// 2). In the ledger, so that the check of every central allocation
+	// reads no other structure.
+	balancing atomic.Bool
 	// balanced is the reserved bytes when balance last ran: it runs
 	// again only once the pool has grown past them.
 	balanced atomic.Uint64
@@ -75,12 +83,6 @@ type shardSet struct {
 	// in turn, so that one goroutine exercises remote frees.
 	spread atomic.Bool
 	turn   atomic.Uint32
-	// balancing (set by tests and benchmarks) turns balance on. It is
-	// off by default: on the H200 it cut the default's peak reserved
-	// memory on 16 goroutines from 3.1x to 1.3x of peak use, but the
-	// pages it gave back were mapped again at once, and 16 goroutines
-	// ran 0.3-0.5 M pairs/s instead of 6.8 M (GPU run 2).
-	balancing atomic.Bool
 }
 
 // procShard is one processor's choice of shard.
@@ -107,6 +109,18 @@ func newShardSet(root *Pool, n, nproc int) *shardSet {
 // from, after giving back the blocks queued to it. Called on the root,
 // with no lock held.
 func (p *Pool) lockShard() *Pool {
+	if p.shards == nil {
+		return p.lockShardOf(0)
+	}
+	pid := procPin()
+	procUnpin()
+	return p.lockShardOf(pid)
+}
+
+// lockShardOf is lockShard for a caller that has just been pinned to
+// processor pid (and unpinned again): the shard of pid, without pinning
+// a second time.
+func (p *Pool) lockShardOf(pid int) *Pool {
 	ss := p.shards
 	if ss == nil {
 		p.mu.Lock()
@@ -116,8 +130,6 @@ func (p *Pool) lockShard() *Pool {
 	if ss.spread.Load() {
 		return p.lockTurn()
 	}
-	pid := procPin()
-	procUnpin()
 	if pid >= len(ss.of) { // processors added since New; a division otherwise costs every call
 		pid %= len(ss.of)
 	}
@@ -253,9 +265,13 @@ func (p *Pool) releaseRemote(m *meta) {
 
 // drainRemote releases the blocks queued to p. Called with p.mu held.
 func (p *Pool) drainRemote() {
-	if p.remote.Load() == nil {
-		return
+	if p.remote.Load() != nil { // inlined: the queue is usually empty
+		p.drainQueue()
 	}
+}
+
+// drainQueue is drainRemote when blocks are queued.
+func (p *Pool) drainQueue() {
 	for m := p.remote.Swap(nil); m != nil; {
 		next := m.next
 		m.next = nil
@@ -302,8 +318,15 @@ func (p *Pool) shardAlloc(size, align uint64, parked *meta) (*meta, *Pool, error
 // pages of the other shards whose locks are free. Called with home's lock
 // held (the others are only tried).
 func (p *Pool) balance(home *Pool) {
+	if p.balancing.Load() { // inlined: off by default
+		p.rebalance(home)
+	}
+}
+
+// rebalance is balance with balancing on.
+func (p *Pool) rebalance(home *Pool) {
 	r := p.opts.TargetRatio
-	if r <= 0 || !p.spread.Load() || !p.shards.balancing.Load() {
+	if r <= 0 || !p.spread.Load() {
 		return
 	}
 	res := p.reserved.Load()

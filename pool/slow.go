@@ -168,13 +168,20 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		}
 		searched := false
 		if a.virtual {
-			if a.lean && p.opts.Placement == PlaceMapped && !a.allReady(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)) {
+			first, last := a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1)
+			ready := a.lean && a.allReady(first, last)
+			if a.lean && !ready && p.opts.Placement == PlaceMapped {
 				if b, h, err = a.preferMapped(b, h, size+slack, want); err != nil {
 					return nil, err
 				}
 				searched = true
 			}
-			if err := a.touch(p, b.Offset, b.Size); err != nil {
+			if ready { // touch, for pages all mapped: nothing to wait for or map
+				if a.touched != nil {
+					a.markTouched(first, last)
+				}
+				a.stale = true
+			} else if err := a.touch(p, b.Offset, b.Size); err != nil {
 				_ = a.placeFree(b.Offset, h)
 				return nil, err
 			}
@@ -201,7 +208,7 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 	if a == nil || size <= p.smallMax {
 		return nil, nil
 	}
-	b, h, err := a.ha.AllocHandle(size, p.opts.Alignment)
+	b, h, err := a.place(size, p.opts.Alignment)
 	if err != nil {
 		return nil, nil
 	}
@@ -226,16 +233,30 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 	return m, nil
 }
 
-// centralLarge is slowAlloc for allocPlain's large blocks: it gives the
-// chain parked back, then places the block, directly where it can.
-func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, error) {
-	s := p.lockShard()
-	locked := true
-	defer func() {
-		if locked { // also on a panic, so that Close cannot wedge on the lock
-			s.mu.Unlock()
-		}
-	}()
+// centralLarge is slowAlloc for allocPlain's large blocks, on processor
+// pid (just pinned and unpinned): it gives the chain parked back, then
+// places the block, directly where it can.
+func (p *Pool) centralLarge(pid int, size uint64, purpose Purpose, parked *meta) (*meta, error) {
+	s := p.lockShardOf(pid)
+	m, err := p.largeIn(s, size, purpose, parked)
+	if err == nil || p.shards == nil || !errors.Is(err, ErrOutOfMemory) {
+		return m, err
+	}
+	m, s, err = p.rescue(size, p.opts.Alignment, s)
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	p.balance(s)
+	m.assign(size, purpose, nil)
+	s.central.add(m)
+	return m, nil
+}
+
+// largeIn is centralLarge in shard s, whose lock the caller holds and
+// largeIn releases (also on a panic, so that Close cannot wedge on it).
+func (p *Pool) largeIn(s *Pool, size uint64, purpose Purpose, parked *meta) (*meta, error) {
+	defer s.mu.Unlock()
 	s.releaseList(parked)
 	m, err := s.placeDirect((size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1))
 	if m == nil {
@@ -243,12 +264,6 @@ func (p *Pool) centralLarge(size uint64, purpose Purpose, parked *meta) (*meta, 
 			m, err = s.arenaRetry(size, p.opts.Alignment, 0, err)
 		} else {
 			m, err = s.arenaAlloc(size, p.opts.Alignment, 0)
-		}
-		if err != nil && p.shards != nil && errors.Is(err, ErrOutOfMemory) {
-			locked = false
-			s.mu.Unlock()
-			m, s, err = p.rescue(size, p.opts.Alignment, s)
-			locked = err == nil
 		}
 		if err != nil {
 			return nil, err

@@ -105,20 +105,67 @@ func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 		return nilID, requestError(r.name, size, align, MaxCapacity)
 	}
 	align = max(align, 1)
-	id := int32(nilID)
-	if size <= r.capacity-r.used {
-		if r.bf != nil {
-			id = r.bf.find(size, align)
-		} else {
-			id = r.idx.find(size, align)
-		}
-	}
+	id := r.choose(size, align)
 	if id == nilID {
 		r.failures++
 		return nilID, r.oom(size, align)
 	}
 	r.carve(id, alignUp(r.nodes[id].off, align), size)
 	return id, nil
+}
+
+// choose returns the free node the index finds for a valid request of
+// size bytes at the alignment (≥ 1), or nilID.
+func (r *rangeList) choose(size, align uint64) int32 {
+	switch {
+	case size > r.capacity-r.used:
+		return nilID
+	case r.bf != nil:
+		return r.bf.find(size, align)
+	}
+	return r.idx.find(size, align)
+}
+
+// A Fit is the place Find chose for a block: its offset, and the free
+// range that holds it.
+type Fit struct {
+	Offset uint64 // where the block starts
+	size   uint64
+	node   int32
+}
+
+// Find returns where AllocHandle(size, align) would place a block now,
+// placing nothing: ok is false where AllocHandle would fail. It changes
+// nothing, not the Failures count either. A caller that looks at the
+// place before taking it (AllocFit) saves the allocation and free of a
+// place it would refuse.
+func (r *rangeList) Find(size, align uint64) (f Fit, ok bool) {
+	if size-1 >= MaxCapacity || align&(align-1) != 0 {
+		return Fit{}, false
+	}
+	align = max(align, 1)
+	id := r.choose(size, align)
+	if id == nilID {
+		return Fit{}, false
+	}
+	return Fit{Offset: alignUp(r.nodes[id].off, align), size: size, node: id}, true
+}
+
+// AllocFit allocates the block of Fit f, as AllocHandle would have when
+// Find returned f. f must come from Find with no change to the allocator
+// since: a Fit whose range is no longer free there returns an error
+// wrapping ErrInvalidArgument and changes nothing.
+func (r *rangeList) AllocFit(f Fit) (Block, Handle, error) {
+	if f.node < 0 || int(f.node) >= len(r.nodes) {
+		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, f.Offset, ErrInvalidArgument)
+	}
+	if n := &r.nodes[f.node]; !n.free || f.size == 0 || f.Offset < n.off || f.Offset-n.off > n.size || f.size > n.size-(f.Offset-n.off) {
+		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, f.Offset, ErrInvalidArgument)
+	}
+	r.carve(f.node, f.Offset, f.size)
+	b := &r.nodes[f.node]
+	b.byHandle = true
+	return Block{Offset: b.off, Size: f.size}, Handle(f.node), nil
 }
 
 // AllocHandleAt is AllocHandle at an offset the caller chose: it carves

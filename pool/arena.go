@@ -425,15 +425,22 @@ func (a *arena) unready(first, last uint64) uint64 {
 // blocks) and their runs of mapped pages a bitset word at a time; it runs
 // only where best fit's choice needs pages. Called with p.mu held.
 func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) (alloc.Block, alloc.Handle, error) {
-	pa := a.pa
-	if pa == nil {
+	if a.pa == nil {
 		return b, h, nil
 	}
 	if err := a.placeFree(b.Offset, h); err != nil {
 		return b, h, err
 	}
+	return a.searchMapped(b.Offset, size, align)
+}
+
+// searchMapped is preferMapped for the strategy's choice at offset orig,
+// found but not placed (alloc.BestFit.Find): it places the block where
+// preferMapped would have. Called with p.mu held.
+func (a *arena) searchMapped(orig, size, align uint64) (alloc.Block, alloc.Handle, error) {
+	pa := a.pa
 	ps := &a.search
-	*ps = placeSearch{a: a, size: size, align: align, orig: b.Offset, best: b.Offset, bestCost: math.MaxUint64, ordered: a.bf != nil}
+	*ps = placeSearch{a: a, size: size, align: align, orig: orig, best: orig, bestCost: math.MaxUint64, ordered: a.bf != nil}
 	if a.visit == nil {
 		a.visit = ps.visit // bound once: a method value passed on escapes
 	}

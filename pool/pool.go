@@ -567,6 +567,10 @@ type Pool struct {
 	// allocator whose base is aligned to Options.Alignment: tryArenas
 	// places large blocks there without the general loop. Nil otherwise.
 	direct *arena
+	// smallFit is the small-block range of a virtual pool over best fit
+	// whose base is aligned to Options.Alignment: tryArenas places small
+	// blocks there (placeFit) before the general loop. Nil otherwise.
+	smallFit *arena
 	// rec is the root's background reclaimer (nil until the pool is
 	// first hot), started once (recStart) unless Close has begun
 	// (recStopped); recMu (root only) serializes reclaimer passes with
@@ -801,6 +805,9 @@ func (p *Pool) reserveRanges() error {
 			return fmt.Errorf("small-block range: %w", err)
 		}
 		p.arenas = append(p.arenas, small)
+		if small.bf != nil && small.lean && uint64(small.base)%o.Alignment == 0 {
+			p.smallFit = small
+		}
 	}
 	return nil
 }

@@ -452,7 +452,7 @@ func (p *Pool) destroyArenas() error {
 			first = err
 		}
 	}
-	p.arenas, p.direct = nil, nil
+	p.arenas, p.direct, p.smallFit = nil, nil, nil
 	return first
 }
 

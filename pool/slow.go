@@ -123,6 +123,11 @@ func (p *Pool) tryArenas(size, align uint64) (*meta, error) {
 		if m, err := p.placeDirect(size); m != nil || err != nil {
 			return m, err
 		}
+		if p.smallFit != nil && size <= p.smallMax {
+			if m, err := p.placeFit(p.smallFit, size); m != nil || err != nil {
+				return m, err
+			}
+		}
 	}
 	arenas := p.arenas
 	if len(arenas) == 2 && arenas[1].virtual {
@@ -208,6 +213,9 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 	if a == nil || size <= p.smallMax {
 		return nil, nil
 	}
+	if a.bf != nil {
+		return p.placeFit(a, size)
+	}
 	b, h, err := a.place(size, p.opts.Alignment)
 	if err != nil {
 		return nil, nil
@@ -226,6 +234,52 @@ func (p *Pool) placeDirect(size uint64) (*meta, error) {
 		}
 	} else if a.touched != nil {
 		a.markTouched(a.pageOf(b.Offset), a.pageOf(b.Offset+b.Size-1))
+	}
+	a.stale = true
+	m := p.placed(a, b, h, 0)
+	m.paged = searched
+	return m, nil
+}
+
+// placeFit is placeDirect for a range a over best fit, also serving the
+// small-block range (Pool.smallFit): it looks at best fit's place (Find)
+// before taking it, and where its pages are not all ready it searches for
+// mapped pages from there (searchMapped) without placing and freeing it
+// first, as placeDirect's place and preferMapped would; the block lands
+// where theirs would. It returns (nil, nil) when nothing fits below the
+// range's frontier. Called with p.mu held.
+func (p *Pool) placeFit(a *arena, size uint64) (*meta, error) {
+	align := p.opts.Alignment
+	f, ok := a.bf.Find(size, align)
+	if !ok {
+		return nil, nil
+	}
+	var b alloc.Block
+	var h alloc.Handle
+	var err error
+	searched := false
+	first, last := a.pageOf(f.Offset), a.pageOf(f.Offset+size-1)
+	if a.allReady(first, last) {
+		if b, h, err = a.bf.AllocFit(f); err != nil {
+			return nil, err
+		}
+		if a.touched != nil {
+			a.markTouched(first, last)
+		}
+	} else {
+		if p.opts.Placement == PlaceMapped {
+			b, h, err = a.searchMapped(f.Offset, size, align)
+			searched = true
+		} else {
+			b, h, err = a.bf.AllocFit(f)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := a.touch(p, b.Offset, b.Size); err != nil {
+			_ = a.placeFree(b.Offset, h)
+			return nil, err
+		}
 	}
 	a.stale = true
 	m := p.placed(a, b, h, 0)

@@ -202,6 +202,35 @@ func (b *BestFit) findIn(root int32, size, align uint64) int32 {
 	return found
 }
 
+// FitIn returns the Fit of a block of size bytes at offset in the free
+// range free, as Walk or WalkFree reported it with no change to the
+// allocator since, for AllocFit: AllocHandleAt's block, found through
+// the free ranges' index instead of the blocks in address order. ok is
+// false when free is not one of the free ranges or does not hold the
+// block.
+func (b *BestFit) FitIn(free Segment, offset, size uint64) (f Fit, ok bool) {
+	if size == 0 || offset < free.Offset || offset-free.Offset > free.Size || size > free.Size-(offset-free.Offset) {
+		return Fit{}, false
+	}
+	fl, sl := tlsfMapping(free.Size)
+	if fl >= tlsfFLCount {
+		return Fit{}, false
+	}
+	key := rangeNode{off: free.Offset, size: free.Size}
+	for cur := *b.root(fl, sl); cur != nilID; {
+		n := &b.nodes[cur]
+		switch {
+		case n.off == key.off && n.size == key.size:
+			return Fit{Offset: offset, size: size, node: cur}, n.free
+		case lessNode(&key, n):
+			cur = n.left
+		default:
+			cur = n.right
+		}
+	}
+	return Fit{}, false
+}
+
 // WalkFree calls fn for each free range of at least min bytes, smallest
 // first (ties by offset), until fn returns false. It visits only those
 // ranges (through the size classes), not the blocks.

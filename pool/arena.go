@@ -445,7 +445,14 @@ func (a *arena) searchMapped(orig, size, align uint64) (alloc.Block, alloc.Handl
 		a.visit = ps.visit // bound once: a method value passed on escapes
 	}
 	pa.WalkFree(size, a.visit)
-	nb, nh, err := pa.AllocHandleAt(ps.best, size)
+	var nb alloc.Block
+	var nh alloc.Handle
+	var err error
+	if f, ok := a.fitIn(alloc.Segment{Offset: ps.bestStart, Size: ps.bestRange, Free: true}, ps.best, size); ok {
+		nb, nh, err = a.bf.AllocFit(f)
+	} else {
+		nb, nh, err = pa.AllocHandleAt(ps.best, size)
+	}
 	if err != nil {
 		// best lies in a free range (orig did a moment ago): this does
 		// not happen. Place as the strategy would.
@@ -453,6 +460,14 @@ func (a *arena) searchMapped(orig, size, align uint64) (alloc.Block, alloc.Handl
 	}
 	a.stale = true
 	return nb, nh, err
+}
+
+// fitIn is best fit's FitIn (ok false for other strategies).
+func (a *arena) fitIn(free alloc.Segment, off, size uint64) (alloc.Fit, bool) {
+	if a.bf == nil {
+		return alloc.Fit{}, false
+	}
+	return a.bf.FitIn(free, off, size)
 }
 
 // placeSearch is preferMapped's search, kept in the arena so that the
@@ -465,6 +480,7 @@ type placeSearch struct {
 	a                         *arena
 	size, align, orig         uint64
 	best, bestCost, bestRange uint64
+	bestStart                 uint64 // the free range holding best is [bestStart, bestStart+bestRange)
 	s, e                      uint64
 	ordered                   bool
 }
@@ -479,7 +495,7 @@ func (ps *placeSearch) try(off uint64) {
 	c := a.unready(a.pageOf(off), a.pageOf(off+ps.size-1))
 	if c < ps.bestCost || c == ps.bestCost && ps.best != ps.orig &&
 		(off == ps.orig || e-s < ps.bestRange || e-s == ps.bestRange && off < ps.best) {
-		ps.best, ps.bestCost, ps.bestRange = off, c, e-s
+		ps.best, ps.bestCost, ps.bestRange, ps.bestStart = off, c, e-s, s
 	}
 }
 

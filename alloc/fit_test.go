@@ -96,6 +96,9 @@ func TestFitRandom(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			want := mustNew(t, name, 160*MiB).(alloc.HandleAllocator)
 			got := mustNew(t, name, 160*MiB).(fitter)
+			if _, _, err := got.AllocFit(alloc.Fit{}); !errors.Is(err, alloc.ErrInvalidArgument) {
+				t.Fatalf("AllocFit of the zero Fit: %v, want ErrInvalidArgument", err)
+			}
 			var live []pair
 			r := rand.New(rand.NewPCG(5, 6))
 			for op := 0; op < ops; op++ {

@@ -159,7 +159,9 @@ func (r *rangeList) AllocFit(f Fit) (Block, Handle, error) {
 	if f.node < 0 || int(f.node) >= len(r.nodes) {
 		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, f.Offset, ErrInvalidArgument)
 	}
-	if n := &r.nodes[f.node]; !n.free || f.size == 0 || f.Offset < n.off || f.Offset-n.off > n.size || f.size > n.size-(f.Offset-n.off) {
+	// [f.Offset, f.Offset+f.size) within the free node: an offset below
+	// it wraps around, a size of 0 too.
+	if n := &r.nodes[f.node]; !n.free || f.size-1 >= n.size || f.Offset-n.off > n.size-f.size {
 		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, f.Offset, ErrInvalidArgument)
 	}
 	r.carve(f.node, f.Offset, f.size)

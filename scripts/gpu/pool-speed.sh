@@ -24,7 +24,8 @@
 # default 2), beside the simulator's BenchmarkPair pinned the same way
 # (gpubin/pool.test; pure CPU work, no driver): is a CPU of the host slower
 # than another, and does it stay so? (+16 s a round on 16 CPUs.)
-# The host's topology (lscpu, numactl -H) is logged first, and the summary
+# CONFIGS (words) picks among plain, node0, node1, gmp1, long, gcoff and alt
+# (default all). The host's topology (lscpu, numactl -H) is logged first, and the summary
 # (scripts/gpu/pool-speed.py) prints per configuration the median, minimum
 # and maximum of the default's and keep's p50 and pairs/s, the driver's,
 # and how many passes met the goals. Logs go to $OUT/pool-speed/.
@@ -60,16 +61,18 @@ one() { # one CONFIG REP PREFIX... -- extra bench flags
     --out "$dir/$cfg-$rep.json" >"$dir/$cfg-$rep.txt" 2>&1 || echo "$cfg $rep: rc=$?" >>"$dir/errors.txt"
 }
 t0=$(date +%s)
+configs=" ${CONFIGS:-plain node0 node1 gmp1 long gcoff alt} "
+want() { [[ $configs == *" $1 "* ]]; }
 for rep in $(seq 1 "$reps"); do
-  one plain "$rep" env --
+  want plain && one plain "$rep" env --
   if [ "${nodes:-0}" -ge 2 ]; then
-    one node0 "$rep" numactl --cpunodebind=0 --membind=0 --
-    one node1 "$rep" numactl --cpunodebind=1 --membind=1 --
+    want node0 && one node0 "$rep" numactl --cpunodebind=0 --membind=0 --
+    want node1 && one node1 "$rep" numactl --cpunodebind=1 --membind=1 --
   fi
-  one gmp1 "$rep" env GOMAXPROCS=1 --
-  one long "$rep" env -- --pairs 200000
-  one gcoff "$rep" env GOGC=off --
-  [ -n "${ALT_BIN:-}" ] && one alt "$rep" env ${ALT_ENV:-} --
+  want gmp1 && one gmp1 "$rep" env GOMAXPROCS=1 --
+  want long && one long "$rep" env -- --pairs 200000
+  want gcoff && one gcoff "$rep" env GOGC=off --
+  [ -n "${ALT_BIN:-}" ] && want alt && one alt "$rep" env ${ALT_ENV:-} --
 done
 if [ "${PERCPU:-0}" = 1 ]; then
   ncpu=$(nproc)

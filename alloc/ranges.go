@@ -100,30 +100,16 @@ func (r *rangeList) AllocHandle(size, align uint64) (Block, Handle, error) {
 
 // allocNode carves a live node of size bytes and returns its id.
 func (r *rangeList) allocNode(size, align uint64) (int32, error) {
-	if size-1 >= MaxCapacity || align&(align-1) != 0 { // checkRequest, inline: this runs on every allocation
+	f, ok := r.Find(size, align)
+	if !ok {
 		r.failures++
-		return nilID, requestError(r.name, size, align, MaxCapacity)
+		if size-1 >= MaxCapacity || align&(align-1) != 0 {
+			return nilID, requestError(r.name, size, align, MaxCapacity)
+		}
+		return nilID, r.oom(size, max(align, 1))
 	}
-	align = max(align, 1)
-	id := r.choose(size, align)
-	if id == nilID {
-		r.failures++
-		return nilID, r.oom(size, align)
-	}
-	r.carve(id, alignUp(r.nodes[id].off, align), size)
-	return id, nil
-}
-
-// choose returns the free node the index finds for a valid request of
-// size bytes at the alignment (≥ 1), or nilID.
-func (r *rangeList) choose(size, align uint64) int32 {
-	switch {
-	case size > r.capacity-r.used:
-		return nilID
-	case r.bf != nil:
-		return r.bf.find(size, align)
-	}
-	return r.idx.find(size, align)
+	r.carve(f.node, f.Offset, size)
+	return f.node, nil
 }
 
 // A Fit is the place Find chose for a block: its offset, and the free
@@ -140,11 +126,17 @@ type Fit struct {
 // place before taking it (AllocFit) saves the allocation and free of a
 // place it would refuse.
 func (r *rangeList) Find(size, align uint64) (f Fit, ok bool) {
-	if size-1 >= MaxCapacity || align&(align-1) != 0 {
+	// checkRequest, inline: this runs on every allocation.
+	if size-1 >= MaxCapacity || align&(align-1) != 0 || size > r.capacity-r.used {
 		return Fit{}, false
 	}
 	align = max(align, 1)
-	id := r.choose(size, align)
+	var id int32
+	if r.bf != nil {
+		id = r.bf.find(size, align)
+	} else {
+		id = r.idx.find(size, align)
+	}
 	if id == nilID {
 		return Fit{}, false
 	}

@@ -47,3 +47,17 @@ func ExampleStrategies() {
 	fmt.Println(alloc.Strategies())
 	// Output: [tlsf bestfit buddy slab linear]
 }
+
+// A caller that may refuse best fit's place (a device pool whose pages
+// there are not mapped) looks at it first with Find, and takes it with
+// AllocFit only if it suits; refusing it costs nothing.
+func ExampleBestFit_Find() {
+	a := alloc.NewBestFit(1 << 20)
+	f, ok := a.Find(4096, 256)
+	fmt.Println(ok, f.Offset)
+	b, _, err := a.AllocFit(f)
+	fmt.Println(b.Offset, b.Size, err)
+	// Output:
+	// true 0
+	// 0 4096 <nil>
+}

@@ -60,7 +60,7 @@ type Policy struct {
 func DefaultPolicies() []Policy {
 	return []Policy{
 		{"virtual", pool.Options{Growth: pool.GrowVirtual}},
-		{"virtual-keep", pool.Options{Growth: pool.GrowVirtual, TargetRatio: -1}},
+		{"virtual-keep", pool.Options{Growth: pool.GrowVirtual, TargetRatio: pool.NoTarget}},
 		{"chunks", pool.Options{Growth: pool.GrowChunks}},
 	}
 }

@@ -48,7 +48,7 @@ func TestAllocOnSim(t *testing.T) {
 	rep, err := bench.Alloc(context.Background(), d, bench.AllocOptions{
 		Mixes:      []bench.Mix{{Name: "fixed 4KiB", Min: 4096, Max: 4096}, {Name: "random", Min: 512, Max: 8 << 20}},
 		Strategies: []string{"bestfit"},
-		Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
+		Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: pool.NoTarget}}},
 		Goroutines: []int{1, 4},
 		Pairs:      500,
 	})
@@ -116,7 +116,7 @@ func TestAllocDriverRows(t *testing.T) {
 	rep, err := bench.Alloc(context.Background(), d, bench.AllocOptions{
 		Mixes:       []bench.Mix{{Name: "fixed 4KiB", Min: 4096, Max: 4096}},
 		Strategies:  []string{"bestfit"},
-		Policies:    []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
+		Policies:    []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: pool.NoTarget}}},
 		Goroutines:  []int{1, 4},
 		Pairs:       320,
 		DriverPairs: 320,
@@ -184,7 +184,7 @@ func TestAllocBusyDevice(t *testing.T) {
 		rep, err := bench.Alloc(context.Background(), d, bench.AllocOptions{
 			Mixes:      []bench.Mix{{Name: "fixed 64MiB", Min: 64 << 20, Max: 64 << 20}},
 			Strategies: []string{"bestfit"},
-			Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: -1}}},
+			Policies:   []bench.Policy{{Name: "keep", Options: pool.Options{TargetRatio: pool.NoTarget}}},
 			Goroutines: []int{1}, Pairs: 200,
 		})
 		if err != nil {

@@ -215,7 +215,7 @@ func (a *arena) maxRun(p *Pool, peak uint64, hold bool) uint64 {
 	if k := p.opts.KeepFreeBytes; k != 0 {
 		n = min(n, k/a.pageBytes)
 	}
-	if r := p.opts.TargetRatio; r > 0 && !hold {
+	if r := p.opts.TargetRatio; p.opts.hasTarget() && !hold {
 		n = min(n, uint64((r-1)*float64(peak))/2/a.pageBytes)
 	}
 	return max(1, n)
@@ -227,7 +227,7 @@ func (a *arena) maxRun(p *Pool, peak uint64, hold bool) uint64 {
 // warm-up is never counted against it). Called with p.mu held.
 func (a *arena) overTarget(p *Pool, peak, extra, releasing uint64) bool {
 	r := p.opts.TargetRatio
-	if r <= 0 {
+	if !p.opts.hasTarget() {
 		return false
 	}
 	target := max(uint64(r*float64(peak)), p.opts.Warmup)

@@ -15,7 +15,7 @@ import (
 // Sizes and victims are drawn in advance, as memwall bench alloc does.
 func BenchmarkPair(b *testing.B) {
 	cs := configs()
-	cs = append(cs, pool.Options{Name: "virtual-keep-bestfit", TargetRatio: -1})
+	cs = append(cs, pool.Options{Name: "virtual-keep-bestfit", TargetRatio: pool.NoTarget})
 	for _, o := range cs {
 		b.Run(o.Name, func(b *testing.B) {
 			d := newSim(b, false, 64<<30)
@@ -103,7 +103,7 @@ func BenchmarkCentralPair(b *testing.B) {
 		for _, s := range []string{"bestfit", "tlsf"} {
 			b.Run(mix.name+"/"+s, func(b *testing.B) {
 				d := newSim(b, false, 64<<30)
-				p, err := pool.New(d, pool.Options{Strategy: s, TargetRatio: -1})
+				p, err := pool.New(d, pool.Options{Strategy: s, TargetRatio: pool.NoTarget})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -171,8 +171,8 @@ func BenchmarkParallelPair(b *testing.B) {
 		{Name: "oneshard", Shards: 1},
 		{Name: "balanced"},           // shards give back each other's free pages above the target
 		{Name: "shards4", Shards: 4}, // processors share shards: memory against speed
-		{Name: "keep", TargetRatio: -1},
-		{Name: "keep-oneshard", TargetRatio: -1, Shards: 1},
+		{Name: "keep", TargetRatio: pool.NoTarget},
+		{Name: "keep-oneshard", TargetRatio: pool.NoTarget, Shards: 1},
 	} {
 		for _, g := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("%s/g%d", o.Name, g), func(b *testing.B) {

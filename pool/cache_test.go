@@ -452,7 +452,7 @@ func TestDeferredFrees(t *testing.T) {
 	for _, o := range configs() {
 		t.Run(o.Name, func(t *testing.T) {
 			o.Cache = pool.CacheShared // one cache: the test sees what it frees
-			o.TargetRatio = -1
+			o.TargetRatio = pool.NoTarget
 			d := newSim(t, false, 4<<30)
 			p, err := pool.New(d, o)
 			if err != nil {

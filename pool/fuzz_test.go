@@ -48,7 +48,7 @@ func runPoolOps(t *testing.T, data []byte) {
 			o.Cache = pool.CacheShared
 		}
 		if cfg&16 != 0 {
-			o.TargetRatio = -1
+			o.TargetRatio = pool.NoTarget
 		}
 		if cfg&32 != 0 {
 			o.Limit = 256 << 20

@@ -112,7 +112,7 @@ func TestPlaceMapped(t *testing.T) {
 // a small pool maps single pages, so that any free page can go back.
 func TestHandleRuns(t *testing.T) {
 	t.Run("keep", func(t *testing.T) {
-		p, err := pool.New(simVirtual(t), pool.Options{Cache: pool.CacheOff, TargetRatio: -1})
+		p, err := pool.New(simVirtual(t), pool.Options{Cache: pool.CacheOff, TargetRatio: pool.NoTarget})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +138,7 @@ func TestHandleRuns(t *testing.T) {
 		checkBooks(t, p)
 	})
 	t.Run("limit", func(t *testing.T) {
-		p, err := pool.New(simVirtual(t), pool.Options{Cache: pool.CacheOff, TargetRatio: -1, Limit: 64 * mib})
+		p, err := pool.New(simVirtual(t), pool.Options{Cache: pool.CacheOff, TargetRatio: pool.NoTarget, Limit: 64 * mib})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -74,7 +74,7 @@
 //     handle (one create and one map), which goes back to the device only
 //     whole; under the target a handle stays within half the target's
 //     slack (a single page below about 200 MiB of use), with pages kept
-//     (TargetRatio -1) it covers the whole run, up to a sixteenth of the
+//     (TargetRatio NoTarget) it covers the whole run, up to a sixteenth of the
 //     limit;
 //   - while the pool holds 1.02 × its peak used bytes, the pages a block
 //     needs come from free handles elsewhere, in either range (moved: one
@@ -126,7 +126,7 @@
 // only so.
 // The default takes the memory side, since running out of memory is what
 // the pool exists to prevent; a workload that prefers fewer calls sets
-// TargetRatio -1 (keep every page: no driver call in steady state, pages
+// TargetRatio NoTarget (keep every page: no driver call in steady state, pages
 // go back under the limit's pressure, on device OOM, or on Trim).
 //
 // Page moves run outside the lock, but the driver serializes them: while
@@ -136,7 +136,7 @@
 // goroutine alone, and so every replay, keeps the target exactly).
 //
 // For the lowest latency on sizes that do not repeat, Strategy "tlsf" with
-// TargetRatio -1 measured best on the H200: a median of 0.068 of
+// TargetRatio NoTarget measured best on the H200: a median of 0.068 of
 // cuMemAllocAsync's time per free+alloc pair on a random size mix (the
 // default: 0.077), p99 0.72 µs where the default's is a page move of tens
 // of microseconds (BENCHMARKS.md, issue 3).
@@ -146,6 +146,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -235,8 +236,9 @@ type Options struct {
 	// steady workload makes no driver calls.
 	KeepFreeBytes uint64
 	// TargetRatio is a soft cap on a GrowVirtual pool's reserved bytes as
-	// a multiple of its peak used bytes (default DefaultTargetRatio; a
-	// negative value turns it off): a page that must be mapped while the
+	// a multiple of its peak used bytes: at least 1, DefaultTargetRatio
+	// when 0, NoTarget for none (every page the pool maps stays mapped;
+	// New refuses a ratio below 1): a page that must be mapped while the
 	// pool holds that much takes the physical memory of the highest free
 	// mapped page instead of a new allocation (one unmap and one map).
 	// Reserved memory then tracks the peak of use, at the price of driver
@@ -375,6 +377,17 @@ const Off = ^uint64(0)
 
 // DefaultTargetRatio is the default Options.TargetRatio.
 const DefaultTargetRatio = 1.02
+
+// NoTarget, as Options.TargetRatio, sets no soft target: a GrowVirtual
+// pool keeps every page it has mapped until its limit, the device's
+// memory or KeepFreeBytes asks for pages back (or Trim), so a steady
+// workload makes no driver calls once warm; the latency end of the
+// trade-off the package documentation measures. It is the largest ratio
+// there is: no pool reserves more than NoTarget × its peak use.
+const NoTarget = math.MaxFloat64
+
+// hasTarget reports whether o sets a soft target (after withDefaults).
+func (o *Options) hasTarget() bool { return o.TargetRatio < NoTarget }
 
 // Event is an allocation or free, as reported to Options.OnEvent.
 type Event struct {
@@ -707,6 +720,9 @@ func newPool(d Device, o Options, host bool) (*Pool, error) {
 		in.VirtualMemory = false
 	}
 	o = o.withDefaults(in)
+	if o.TargetRatio < 1 || math.IsNaN(o.TargetRatio) {
+		return nil, fmt.Errorf("pool %s: TargetRatio %v is below 1 (a pool reserves at least what it uses; 0 = DefaultTargetRatio %v, pool.NoTarget = keep every page)", o.Name, o.TargetRatio, DefaultTargetRatio)
+	}
 	if o.Alignment&(o.Alignment-1) != 0 {
 		return nil, fmt.Errorf("pool %s: alignment %d is not a power of two", o.Name, o.Alignment)
 	}

@@ -75,7 +75,7 @@ type propConfig struct {
 
 func (c propConfig) String() string {
 	s := fmt.Sprintf("%s-%s-%s", c.growth, c.strategy, c.cache)
-	if c.target < 0 {
+	if c.target == pool.NoTarget {
 		s += "-keep"
 	} else if c.target > 0 {
 		s += fmt.Sprintf("-target%.2f", c.target)
@@ -142,7 +142,7 @@ func propConfigs() []propConfig {
 	for _, g := range []pool.Growth{pool.GrowVirtual, pool.GrowChunks} {
 		for _, s := range []string{"bestfit", "tlsf", "buddy"} {
 			for _, cache := range []string{"per-processor", "sharded", "single", "none"} {
-				for _, target := range []float64{0, -1} {
+				for _, target := range []float64{0, pool.NoTarget} {
 					c := propConfig{growth: g, strategy: s, cache: cache, target: target}
 					// 1, 3 or 0 granules reserved (or 512 B, 1 MiB + 256 B
 					// or nothing allocated) before the pool, in turn.
@@ -172,13 +172,13 @@ func propConfigs() []propConfig {
 			// sixteenth of the limit).
 			cs = append(cs,
 				propConfig{growth: g, strategy: "bestfit", cache: "single", place: pool.PlaceStrategy},
-				propConfig{growth: g, strategy: "tlsf", cache: "none", target: -1, place: pool.PlaceStrategy, preReserve: 1},
+				propConfig{growth: g, strategy: "tlsf", cache: "none", target: pool.NoTarget, place: pool.PlaceStrategy, preReserve: 1},
 				propConfig{growth: g, strategy: "bestfit", cache: "none", target: 1.2},
 				propConfig{growth: g, strategy: "tlsf", cache: "per-processor", target: 1.5, preReserve: 3},
 				propConfig{growth: g, strategy: "bestfit", cache: "sharded", target: 2},
-				propConfig{growth: g, strategy: "bestfit", cache: "single", target: -1, keepFree: 4 << 20},
-				propConfig{growth: g, strategy: "bestfit", cache: "none", target: -1, limit: 64 << 20},
-				propConfig{growth: g, strategy: "tlsf", cache: "sharded", target: -1, limit: 256 << 20},
+				propConfig{growth: g, strategy: "bestfit", cache: "single", target: pool.NoTarget, keepFree: 4 << 20},
+				propConfig{growth: g, strategy: "bestfit", cache: "none", target: pool.NoTarget, limit: 64 << 20},
+				propConfig{growth: g, strategy: "tlsf", cache: "sharded", target: pool.NoTarget, limit: 256 << 20},
 				propConfig{growth: g, strategy: "bestfit", cache: "per-processor", target: 1.5, limit: 128 << 20},
 			)
 			// Hold times: none (eager), small ones with the pool's

@@ -79,7 +79,7 @@ type reclaimer struct {
 // reclaimer (a GrowVirtual pool with a soft target and a hold time).
 func (p *Pool) holding() bool {
 	o := &p.opts
-	return o.HoldTime > 0 && o.TargetRatio > 0 && o.Growth == GrowVirtual && !p.host
+	return o.HoldTime > 0 && o.hasTarget() && o.Growth == GrowVirtual && !p.host
 }
 
 // startReclaimer starts the background reclaimer of root pool p the first

@@ -326,7 +326,7 @@ func (p *Pool) balance(home *Pool) {
 // rebalance is balance with balancing on.
 func (p *Pool) rebalance(home *Pool) {
 	r := p.opts.TargetRatio
-	if r <= 0 || !p.spread.Load() {
+	if !p.opts.hasTarget() || !p.spread.Load() {
 		return
 	}
 	res := p.reserved.Load()

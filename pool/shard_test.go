@@ -71,7 +71,7 @@ func TestShardStress(t *testing.T) {
 		{"contention", pool.Options{Shards: 4}, false},
 		{"spread", pool.Options{Shards: 4}, true},
 		{"spread-limit", pool.Options{Shards: 4, Limit: 48 << 20}, true},
-		{"spread-tlsf-keep", pool.Options{Shards: 3, Strategy: "tlsf", TargetRatio: -1}, true},
+		{"spread-tlsf-keep", pool.Options{Shards: 3, Strategy: "tlsf", TargetRatio: pool.NoTarget}, true},
 		{"spread-chunks", pool.Options{Shards: 4, Growth: pool.GrowChunks}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -211,7 +211,7 @@ func stressShards(t *testing.T, p *pool.Pool, goroutines, ops int, maxSize uint6
 // gives every byte back.
 func TestShardQueuedFree(t *testing.T) {
 	d := newSim(t, false, 8<<30)
-	p, err := pool.New(d, pool.Options{Shards: 4, Limit: 1 << 30, TargetRatio: -1})
+	p, err := pool.New(d, pool.Options{Shards: 4, Limit: 1 << 30, TargetRatio: pool.NoTarget})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestShardOOMTriesOthers(t *testing.T) {
 		t.Run(growth.String(), func(t *testing.T) {
 			d := newSim(t, false, 8<<30)
 			const limit = 64 << 20
-			p, err := pool.New(d, pool.Options{Shards: 4, Limit: limit, TargetRatio: -1, Growth: growth, ChunkBytes: 8 << 20})
+			p, err := pool.New(d, pool.Options{Shards: 4, Limit: limit, TargetRatio: pool.NoTarget, Growth: growth, ChunkBytes: 8 << 20})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -331,7 +331,7 @@ func TestShardOOMTriesOthers(t *testing.T) {
 func TestShardPeakUsed(t *testing.T) {
 	d := newSim(t, false, 8<<30)
 	for _, spread := range []bool{false, true} {
-		p, err := pool.New(d, pool.Options{Shards: 4, TargetRatio: -1})
+		p, err := pool.New(d, pool.Options{Shards: 4, TargetRatio: pool.NoTarget})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -109,7 +109,7 @@ func demoPool(e *env, d device.Device) error {
 		fmt.Fprintln(e.stdout, line)
 	}
 	fmt.Fprintln(e.stdout, "  the default keeps reserved memory near 1.02x its peak use by moving pages, which random sizes make frequent;")
-	fmt.Fprintln(e.stdout, "  keep-pages (Options.TargetRatio -1) calls the driver only when its footprint grows, and holds more memory")
+	fmt.Fprintln(e.stdout, "  keep-pages (Options.TargetRatio pool.NoTarget) calls the driver only when its footprint grows, and holds more memory")
 	if rep.Backend == "sim" {
 		fmt.Fprintln(e.stdout, "  (no GPU: the driver's allocators are measured only on a real one)")
 	}
@@ -120,7 +120,7 @@ const repeated = "1 MiB repeated"
 
 // keepPages is o with the soft memory target off.
 func keepPages(o pool.Options) pool.Options {
-	o.TargetRatio = -1
+	o.TargetRatio = pool.NoTarget
 	return o
 }
 

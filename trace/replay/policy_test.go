@@ -28,14 +28,14 @@ func policyConfigs() []Config {
 		{Name: "default@5µs", Options: pool.Options{}},
 		{Name: "eager@5µs", Options: pool.Options{HoldTime: -1}},
 		{Name: "strategy-place", Options: pool.Options{Placement: pool.PlaceStrategy}},
-		{Name: "keep-pages", Options: pool.Options{TargetRatio: -1}},
-		{Name: "keep-strategy", Options: pool.Options{TargetRatio: -1, Placement: pool.PlaceStrategy}},
+		{Name: "keep-pages", Options: pool.Options{TargetRatio: pool.NoTarget}},
+		{Name: "keep-strategy", Options: pool.Options{TargetRatio: pool.NoTarget, Placement: pool.PlaceStrategy}},
 		{Name: "target1.01", Options: pool.Options{TargetRatio: 1.01}},
 		{Name: "target1.03", Options: pool.Options{TargetRatio: 1.03}},
 		{Name: "target1.05", Options: pool.Options{TargetRatio: 1.05}},
 		{Name: "target1.10", Options: pool.Options{TargetRatio: 1.10}},
 		{Name: "target1.20", Options: pool.Options{TargetRatio: 1.20}},
-		{Name: "unmap-all", Options: pool.Options{TargetRatio: -1, KeepFreeBytes: 1}},
+		{Name: "unmap-all", Options: pool.Options{TargetRatio: pool.NoTarget, KeepFreeBytes: 1}},
 		{Name: "page4M", Options: pool.Options{PageBytes: 4 << 20}},
 		{Name: "mixsmall", Options: pool.Options{SmallMax: pool.Off}},
 		{Name: "small64k", Options: pool.Options{SmallMax: 64 << 10}},
@@ -151,9 +151,9 @@ func policyLines(out *strings.Builder, tr *Trace, name string, cs []Config, tota
 			goal = "✓"
 		}
 		hold := "eager"
-		if o := r.Options; o.HoldTime > 0 && o.TargetRatio > 0 {
+		if o := r.Options; o.HoldTime > 0 && o.TargetRatio < pool.NoTarget {
 			hold = o.HoldTime.String()
-		} else if o.TargetRatio < 0 {
+		} else if o.TargetRatio == pool.NoTarget {
 			hold = "-"
 		}
 		drv := float64(r.DriverTime/time.Microsecond) * 1000 / allocs

@@ -40,7 +40,7 @@ func ConfigName(o pool.Options) string {
 	case o.KeepFreeBytes > 0:
 		fmt.Fprintf(&b, "-keep%dM", o.KeepFreeBytes>>20)
 	}
-	if o.TargetRatio > 0 {
+	if o.TargetRatio > 0 && o.TargetRatio < pool.NoTarget {
 		fmt.Fprintf(&b, "-target%.2f", o.TargetRatio)
 	}
 	if o.SmallMax == pool.Off {
@@ -75,13 +75,13 @@ func Configs() []Config {
 	for _, s := range []string{"tlsf", "buddy"} {
 		add(pool.Options{Strategy: s})
 	}
-	add(pool.Options{Strategy: "bestfit", Placement: pool.PlaceStrategy})       // best fit's own placement (before issue 13)
-	add(pool.Options{Strategy: "bestfit", TargetRatio: -1})                     // keep every page: the previous default
-	add(pool.Options{Strategy: "bestfit", TargetRatio: -1, SmallMax: pool.Off}) // ... with small blocks among large
-	add(pool.Options{Strategy: "bestfit", TargetRatio: 1.2})                    // a looser target
-	add(pool.Options{Strategy: "bestfit", PageBytes: 4 << 20})                  // larger pages
-	add(pool.Options{Strategy: "bestfit", PageBytes: 8 << 20})                  // ...
-	add(pool.Options{Strategy: "bestfit", TargetRatio: -1, KeepFreeBytes: 1})   // unmap every free page
+	add(pool.Options{Strategy: "bestfit", Placement: pool.PlaceStrategy})                  // best fit's own placement (before issue 13)
+	add(pool.Options{Strategy: "bestfit", TargetRatio: pool.NoTarget})                     // keep every page: the previous default
+	add(pool.Options{Strategy: "bestfit", TargetRatio: pool.NoTarget, SmallMax: pool.Off}) // ... with small blocks among large
+	add(pool.Options{Strategy: "bestfit", TargetRatio: 1.2})                               // a looser target
+	add(pool.Options{Strategy: "bestfit", PageBytes: 4 << 20})                             // larger pages
+	add(pool.Options{Strategy: "bestfit", PageBytes: 8 << 20})                             // ...
+	add(pool.Options{Strategy: "bestfit", TargetRatio: pool.NoTarget, KeepFreeBytes: 1})   // unmap every free page
 	for _, s := range []string{"bestfit", "tlsf", "buddy"} {
 		add(pool.Options{Strategy: s, Growth: pool.GrowChunks})
 	}
@@ -242,7 +242,7 @@ func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 			line.DriverPer1k = r.DriverTime.Seconds() * 1e6 / float64(t.Allocs) * 1000
 			line.ReclaimPer1k = r.ReclaimTime.Seconds() * 1e6 / float64(t.Allocs) * 1000
 		}
-		if ro := r.Options; ro.HoldTime > 0 && ro.TargetRatio > 0 && r.Growth == "virtual" {
+		if ro := r.Options; ro.HoldTime > 0 && ro.TargetRatio < pool.NoTarget && r.Growth == "virtual" {
 			line.HoldMs = ro.HoldTime.Seconds() * 1000
 		}
 		if r.Elapsed > 0 {

@@ -1,0 +1,76 @@
+package pool_test
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/memwall/memwall/pool"
+)
+
+// TestTargetRatioValues: 0 is the default, NoTarget sets none, a ratio
+// below 1 (a negative one included, which meant "none" before NoTarget)
+// is refused with an error naming the field and the values that work.
+func TestTargetRatioValues(t *testing.T) {
+	for _, r := range []float64{-1, -0.5, 0.5, 0.999, math.NaN()} {
+		p, err := pool.New(simVirtual(t), pool.Options{TargetRatio: r})
+		if err == nil {
+			p.Close()
+			t.Fatalf("TargetRatio %v: accepted", r)
+		}
+		if msg := err.Error(); !strings.Contains(msg, "TargetRatio") || !strings.Contains(msg, "NoTarget") {
+			t.Errorf("TargetRatio %v: %v", r, err)
+		}
+	}
+	for _, c := range []struct {
+		in, want float64
+	}{{0, pool.DefaultTargetRatio}, {1, 1}, {1.5, 1.5}, {pool.NoTarget, pool.NoTarget}} {
+		p, err := pool.New(simVirtual(t), pool.Options{TargetRatio: c.in})
+		if err != nil {
+			t.Fatalf("TargetRatio %v: %v", c.in, err)
+		}
+		if got := p.Options().TargetRatio; got != c.want {
+			t.Errorf("TargetRatio %v: in effect %v, want %v", c.in, got, c.want)
+		}
+		p.Close()
+	}
+}
+
+// TestNoTargetKeepsPages: with NoTarget a pool unmaps nothing while it
+// stays within its limit, however far its reserve passes its peak of use;
+// the same requests under a target (moving pages at once) unmap.
+func TestNoTargetKeepsPages(t *testing.T) {
+	run := func(o pool.Options) pool.Stats {
+		o.Cache = pool.CacheOff
+		p, err := pool.New(simVirtual(t), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		// Each block a little larger than the last and freed before the
+		// next, a small block kept live after each: use stays near 10 MiB,
+		// while no freed range holds the next block, which goes on new
+		// pages (or, under a target, on pages moved from the holes).
+		for i := uint64(1); i <= 8; i++ {
+			b, err := p.Alloc(i<<20+4096, pool.AllocOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Alloc(300<<10, pool.AllocOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p.Stats()
+	}
+	keep := run(pool.Options{TargetRatio: pool.NoTarget})
+	if keep.Unmaps != 0 {
+		t.Errorf("NoTarget: %d unmaps, peak reserved %d MiB; want every page kept", keep.Unmaps, keep.PeakReservedBytes>>20)
+	}
+	moved := run(pool.Options{HoldTime: -1})
+	if moved.Unmaps == 0 || moved.PeakReservedBytes >= keep.PeakReservedBytes {
+		t.Errorf("default target, eager: %d unmaps, peak reserved %d MiB (NoTarget %d MiB); want pages moved", moved.Unmaps, moved.PeakReservedBytes>>20, keep.PeakReservedBytes>>20)
+	}
+}

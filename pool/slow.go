@@ -312,7 +312,16 @@ func (p *Pool) centralLarge(pid int, size uint64, purpose Purpose, parked *meta)
 func (p *Pool) largeIn(s *Pool, size uint64, purpose Purpose, parked *meta) (*meta, error) {
 	defer s.mu.Unlock()
 	s.releaseList(parked)
-	m, err := s.placeDirect((size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1))
+	// tryArenas's first steps, taken here: a small block (SmallMax) goes
+	// to the small-block range, a large one to the main range, each
+	// looked at once.
+	var m *meta
+	var err error
+	if rounded := (size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1); rounded > s.smallMax {
+		m, err = s.placeDirect(rounded)
+	} else if s.smallFit != nil {
+		m, err = s.placeFit(s.smallFit, rounded)
+	}
 	if m == nil {
 		if err != nil {
 			m, err = s.arenaRetry(size, p.opts.Alignment, 0, err)

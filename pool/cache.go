@@ -142,6 +142,9 @@ func fits(m *meta, size, align uint64) bool {
 
 // takeLarge removes and returns a parked block that fits size, or nil.
 func (c *procCache) takeLarge(size, align uint64) *meta {
+	if c.large[0] == nil { // the slots fill from the front: none parked
+		return nil
+	}
 	for i := range c.large {
 		if m := c.large[i]; fits(m, size, align) {
 			copy(c.large[i:], c.large[i+1:])

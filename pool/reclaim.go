@@ -285,10 +285,6 @@ func (p *Pool) takenPeak() uint64 {
 // markTouched records that a block now lies on pages [first, last], which
 // keeps them from the reclaimer's next pass. Called with p.mu held.
 func (a *arena) markTouched(first, last uint64) {
-	if fw := first / 64; fw == last/64 { // the usual case: one word
-		a.touched[fw] |= ^uint64(0) << (first % 64) & (^uint64(0) >> (63 - last%64))
-		return
-	}
 	for w := first / 64; w <= last/64; w++ {
 		a.touched[w] |= wordMask(w, first, last)
 	}

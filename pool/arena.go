@@ -305,8 +305,8 @@ func (a *arena) place(size, align uint64) (alloc.Block, alloc.Handle, error) {
 }
 
 // placeFree returns a range from place to the allocator (a lean arena's
-// free set is then stale). The caller accounts for the block (released
-// does, for a block handed out).
+// free set is then stale). The caller accounts for the block
+// (Pool.release does, for a block handed out).
 func (a *arena) placeFree(off uint64, h alloc.Handle) error {
 	var err error
 	switch {
@@ -321,15 +321,11 @@ func (a *arena) placeFree(off uint64, h alloc.Handle) error {
 	return err
 }
 
-// released is called after a block's range went back to the allocator
-// (placeFree).
-func (a *arena) released(p *Pool, off, size uint64) {
-	a.live--
-	a.held -= size
-	p.held -= size
-	if !a.virtual {
-		return
-	}
+// releasedPages is called after a block's range in a virtual arena went
+// back to the allocator (placeFree) and was accounted for (Pool.release):
+// it drops the pages' references when the arena is not lean, and gives
+// back the free pages above the bytes to keep.
+func (a *arena) releasedPages(p *Pool, off, size uint64) {
 	if !a.lean {
 		first, last := a.pageOf(off), a.pageOf(off+size-1)
 		for i := first; i <= last; i++ {

@@ -1232,11 +1232,25 @@ func (p *Pool) release(m *meta) {
 		return
 	}
 	a := m.arena
-	if err := a.placeFree(m.off, m.node); err != nil {
+	var err error
+	if a.bf != nil { // placeFree for best fit, the default, inline
+		_, err = a.bf.FreeHandle(m.node, m.off)
+		a.stale = a.stale || a.lean
+	} else {
+		err = a.placeFree(m.off, m.node)
+	}
+	if err != nil {
 		// The handle was validated, so this is a bookkeeping bug.
 		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
 	}
-	a.released(p, m.off, m.size)
+	a.live--
+	a.held -= m.size
+	p.held -= m.size
+	// A lean virtual arena keeping all its free pages, the default, has
+	// nothing more to do.
+	if a.virtual && (!a.lean || a.keepBytes(p) != math.MaxUint64) {
+		a.releasedPages(p, m.off, m.size)
+	}
 	// noteHeld, for a held that only fell: the peak of use it recorded
 	// stands, so only shards' published figures change.
 	if p.spread.Load() {

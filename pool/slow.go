@@ -318,7 +318,11 @@ func (p *Pool) largeIn(s *Pool, size uint64, purpose Purpose, parked *meta) (*me
 	var m *meta
 	var err error
 	if rounded := (size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1); rounded > s.smallMax {
-		m, err = s.placeDirect(rounded)
+		if a := s.direct; a != nil && a.bf != nil {
+			m, err = s.placeFit(a, rounded) // placeDirect's first step
+		} else {
+			m, err = s.placeDirect(rounded)
+		}
 	} else if s.smallFit != nil {
 		m, err = s.placeFit(s.smallFit, rounded)
 	}

@@ -504,7 +504,11 @@ func (ps *placeSearch) visit(seg alloc.Segment) bool {
 	if s <= ps.orig && ps.orig+size <= e {
 		ps.try(ps.orig)
 	}
-	ps.try((s + align - 1) &^ (align - 1))
+	// The lowest place: in best fit's own range it is orig (Find places
+	// there), whose second try could not change the best.
+	if lo := (s + align - 1) &^ (align - 1); lo != ps.orig {
+		ps.try(lo)
+	}
 	if ps.ordered && ps.bestCost == 0 {
 		// The range's lowest place needs no page (orig, tried first,
 		// needs one): no later place, here or in a later range, wins.

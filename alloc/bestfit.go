@@ -22,7 +22,7 @@ import (
 type BestFit struct {
 	rangeList // blocks in address order; this type indexes the free ones
 	classMap  // per class, the root of a treap of free ranges
-	rng       uint32
+	rng       uint64
 	stack     []int32 // scratch for in-order iteration
 }
 
@@ -46,14 +46,12 @@ func lessNode(x, y *rangeNode) bool {
 	return x.size < y.size || x.size == y.size && x.off < y.off
 }
 
+// nextPrio returns a treap priority: the high half of a 64-bit linear
+// congruential step (Knuth's MMIX constants), one multiply and add,
+// cheaper than a shift generator on the path every free range takes.
 func (b *BestFit) nextPrio() uint32 {
-	// xorshift32: cheap, deterministic, never zero.
-	x := b.rng
-	x ^= x << 13
-	x ^= x >> 17
-	x ^= x << 5
-	b.rng = x
-	return x
+	b.rng = b.rng*6364136223846793005 + 1442695040888963407
+	return uint32(b.rng >> 32)
 }
 
 // insert adds free node id to the treap of its class. (It and

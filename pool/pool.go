@@ -563,7 +563,7 @@ type Pool struct {
 	// 0 when the caches or the small range are off.
 	cacheMax, smallMax uint64
 	// plain: per-processor caches (CachePerProcessor) and no event hook,
-	// so Alloc may take allocPlain.
+	// so Alloc and Free may take their plain paths.
 	plain   bool
 	revoked atomic.Bool
 	lat     []latency.Histogram
@@ -853,18 +853,16 @@ func roundUp(x, a uint64) uint64 {
 // *OOMError (errors.Is(err, ErrOutOfMemory)) saying why, after trying to
 // release cached, pending and free memory and to grow.
 func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
-	if o.Align == 0 && o.Stream == 0 && o.tenant == nil && p.plain {
-		return p.allocPlain(size, o.Purpose)
+	if o.Align != 0 || o.Stream != 0 || o.tenant != nil || !p.plain {
+		return p.alloc(o.tenant, size, o)
 	}
-	return p.alloc(o.tenant, size, o)
-}
-
-// allocPlain is alloc for the common request (the pool's alignment, no
-// stream, no tenant) of a pool with per-processor caches and no event hook:
-// the same steps with less to carry, which the central path of random
-// sizes feels. Anything unusual (an invalid request, caches stopped, an
-// allocation timed for the latency histogram) takes alloc.
-func (p *Pool) allocPlain(size uint64, purpose Purpose) (Block, error) {
+	// The common request (the pool's alignment, no stream, no tenant) of
+	// a pool with per-processor caches and no event hook: alloc's steps
+	// with less to carry, here rather than in a function of its own (a
+	// call less on every allocation). Anything unusual (an invalid
+	// request, caches stopped, an allocation timed for the latency
+	// histogram) takes alloc.
+	purpose := o.Purpose
 	pid := procPin()
 	if pid >= len(p.procs) || size == 0 || purpose >= numPurposes || p.revoked.Load() {
 		procUnpin()
@@ -1117,31 +1115,19 @@ func (p *Pool) freed(m *meta) {
 // a stale copy of a handle, or another pool's or tenant's block returns an
 // error wrapping ErrInvalidHandle and changes nothing.
 func (p *Pool) Free(b Block) error {
-	if m := b.m; m != nil && m.pool == p && m.tenant == nil && p.plain && m.state.CompareAndSwap(b.gen, b.gen+1) {
-		p.freePlain(m)
-		return nil
+	m := b.m
+	if m == nil || m.pool != p || m.tenant != nil || !p.plain || !m.state.CompareAndSwap(b.gen, b.gen+1) {
+		return p.free(b)
 	}
-	return p.free(b)
-}
-
-func (p *Pool) free(b Block) error {
-	m, err := p.validate(b)
-	if err != nil {
-		return err
-	}
-	p.freeValid(m)
-	return nil
-}
-
-// freePlain is free for a block just validated, in a pool
-// where Alloc takes allocPlain: into this processor's cache when it can be
-// used, as free does.
-func (p *Pool) freePlain(m *meta) {
+	// The block is valid and dead now. What follows is free for a pool
+	// where Alloc takes its plain path, here rather than in a function
+	// of its own (a call less on every free): into this processor's
+	// cache when it can be used, as free does.
 	pid := procPin()
 	if pid >= len(p.procs) || p.revoked.Load() || !p.procs[pid].g.enter() {
 		procUnpin()
 		p.freeValid(m)
-		return
+		return nil
 	}
 	c := &p.procs[pid]
 	c.c.sub(m)
@@ -1171,6 +1157,16 @@ func (p *Pool) freePlain(m *meta) {
 		s.releaseList(chain)
 		s.mu.Unlock()
 	}
+	return nil
+}
+
+func (p *Pool) free(b Block) error {
+	m, err := p.validate(b)
+	if err != nil {
+		return err
+	}
+	p.freeValid(m)
+	return nil
 }
 
 // freeValid frees m, which validate has just accepted.

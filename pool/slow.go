@@ -287,9 +287,9 @@ func (p *Pool) placeFit(a *arena, size uint64) (*meta, error) {
 	return m, nil
 }
 
-// centralLarge is slowAlloc for allocPlain's large blocks, on processor
-// pid (just pinned and unpinned): it gives the chain parked back, then
-// places the block, directly where it can.
+// centralLarge is slowAlloc for the large blocks of Alloc's plain path,
+// on processor pid (just pinned and unpinned): it gives the chain parked
+// back, then places the block, directly where it can.
 func (p *Pool) centralLarge(pid int, size uint64, purpose Purpose, parked *meta) (*meta, error) {
 	s := p.lockShardOf(pid)
 	m, err := p.largeIn(s, size, purpose, parked)

@@ -909,7 +909,10 @@ func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
 		}
 		c.g.exit()
 		procUnpin()
-		m, err = p.centralLarge(pid, size, purpose, parked)
+		s := p.lockShardOf(pid)
+		if m, err = p.largeIn(s, size, purpose, parked); err != nil {
+			m, err = p.rescueLarge(s, size, purpose, err)
+		}
 	}
 	if err != nil {
 		p.ooms.Add(1)

@@ -287,16 +287,14 @@ func (p *Pool) placeFit(a *arena, size uint64) (*meta, error) {
 	return m, nil
 }
 
-// centralLarge is slowAlloc for the large blocks of Alloc's plain path,
-// on processor pid (just pinned and unpinned): it gives the chain parked
-// back, then places the block, directly where it can.
-func (p *Pool) centralLarge(pid int, size uint64, purpose Purpose, parked *meta) (*meta, error) {
-	s := p.lockShardOf(pid)
-	m, err := p.largeIn(s, size, purpose, parked)
-	if err == nil || p.shards == nil || !errors.Is(err, ErrOutOfMemory) {
-		return m, err
+// rescueLarge follows largeIn for the large blocks of Alloc's plain path
+// when shard s, whose lock largeIn released, could not place the block
+// (err): with shards, another shard may (rescue).
+func (p *Pool) rescueLarge(s *Pool, size uint64, purpose Purpose, err error) (*meta, error) {
+	if p.shards == nil || !errors.Is(err, ErrOutOfMemory) {
+		return nil, err
 	}
-	m, s, err = p.rescue(size, p.opts.Alignment, s)
+	m, s, err := p.rescue(size, p.opts.Alignment, s)
 	if err != nil {
 		return nil, err
 	}
@@ -307,8 +305,11 @@ func (p *Pool) centralLarge(pid int, size uint64, purpose Purpose, parked *meta)
 	return m, nil
 }
 
-// largeIn is centralLarge in shard s, whose lock the caller holds and
-// largeIn releases (also on a panic, so that Close cannot wedge on it).
+// largeIn is slowAlloc for the large blocks of Alloc's plain path, in
+// shard s of the processor just pinned and unpinned, whose lock the
+// caller holds and largeIn releases (also on a panic, so that Close
+// cannot wedge on it): it gives the chain parked back, then places the
+// block, directly where it can.
 func (p *Pool) largeIn(s *Pool, size uint64, purpose Purpose, parked *meta) (*meta, error) {
 	defer s.mu.Unlock()
 	s.releaseList(parked)

@@ -254,14 +254,16 @@ func (b *BestFit) walkTreap(id int32, min uint64, fn func(Segment) bool) bool {
 	if id == nilID {
 		return true
 	}
+	// Children that are not there are not called for: most treaps hold
+	// one range.
 	n := &b.nodes[id]
-	if n.size >= min && !b.walkTreap(n.left, min, fn) {
+	if n.size >= min && n.left != nilID && !b.walkTreap(n.left, min, fn) {
 		return false
 	}
 	if n.size >= min && !fn(Segment{Offset: n.off, Size: n.size, Free: true}) {
 		return false
 	}
-	return b.walkTreap(n.right, min, fn)
+	return n.right == nilID || b.walkTreap(n.right, min, fn)
 }
 
 // resetIndex empties the treaps.

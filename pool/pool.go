@@ -1234,7 +1234,9 @@ func (p *Pool) release(m *meta) {
 	var err error
 	if a.bf != nil { // placeFree for best fit, the default, inline
 		_, err = a.bf.FreeHandle(m.node, m.off)
-		a.stale = a.stale || a.lean
+		if a.lean {
+			a.stale = true
+		}
 	} else {
 		err = a.placeFree(m.off, m.node)
 	}

@@ -1260,13 +1260,15 @@ func (p *Pool) release(m *meta) {
 	p.putMeta(m)
 }
 
+// newMeta returns a meta for a block placed in p's arenas: class 0 and
+// home p (putMeta takes only those of p: release calls it on m.home).
 func (p *Pool) newMeta() *meta {
 	if m := p.metaFree; m != nil {
 		p.metaFree = m.next
 		m.next = nil
 		return m
 	}
-	return &meta{pool: p.root}
+	return &meta{pool: p.root, home: p}
 }
 
 func (p *Pool) putMeta(m *meta) {

@@ -347,9 +347,8 @@ func (p *Pool) largeIn(s *Pool, size uint64, purpose Purpose, parked *meta) (*me
 // handed out shift bytes into its range, and returns its meta. Called with
 // p.mu held.
 func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *meta {
-	m := p.newMeta()
-	m.arena, m.off, m.size, m.class, m.node, m.shift = a, b.Offset, b.Size, 0, h, shift
-	m.home = p
+	m := p.newMeta() // class 0 and home p already
+	m.arena, m.off, m.size, m.node, m.shift = a, b.Offset, b.Size, h, shift
 	p.placements++
 	a.live++
 	a.held += b.Size

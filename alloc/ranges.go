@@ -26,7 +26,9 @@ type rangeList struct {
 	idx freeIndex
 	// bf is idx when the strategy is best fit (else nil): the calls
 	// through it are direct, which the central path of a pool feels
-	// (a few of them on every allocation and free).
+	// (a few of them on every allocation and free). The choice between
+	// bf and idx is written out at each call: a method holding both
+	// calls is past the inliner's budget and would cost a call again.
 	bf *BestFit
 }
 

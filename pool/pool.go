@@ -1232,7 +1232,7 @@ func (p *Pool) release(m *meta) {
 	}
 	a := m.arena
 	var err error
-	if a.bf != nil { // placeFree for best fit, the default, inline
+	if a.bf != nil { // placeFree for best fit, the default, inline (placeFree is past the inliner's budget)
 		_, err = a.bf.FreeHandle(m.node, m.off)
 		if a.lean {
 			a.stale = true
@@ -1252,11 +1252,7 @@ func (p *Pool) release(m *meta) {
 	if a.virtual && (!a.lean || a.keepBytes(p) != math.MaxUint64) {
 		a.releasedPages(p, m.off, m.size)
 	}
-	// noteHeld, for a held that only fell: the peak of use it recorded
-	// stands, so only shards' published figures change.
-	if p.spread.Load() {
-		p.heldPub.Store(p.held)
-	}
+	p.noteHeldFell()
 	p.putMeta(m)
 }
 

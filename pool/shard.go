@@ -233,6 +233,15 @@ func (p *Pool) noteHeld() {
 	p.heldPub.Store(p.held)
 }
 
+// noteHeldFell is noteHeld after p.held fell: the peak of use it
+// recorded stands, so only the figure published for takenNow changes.
+// Called with p.mu held.
+func (p *Pool) noteHeldFell() {
+	if p.spread.Load() {
+		p.heldPub.Store(p.held)
+	}
+}
+
 // eachShard calls fn on every shard made so far but the root.
 func (p *Pool) eachShard(fn func(s *Pool)) {
 	if p.shards == nil {

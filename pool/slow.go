@@ -320,7 +320,7 @@ func (p *Pool) largeIn(s *Pool, size uint64, purpose Purpose, parked *meta) (*me
 	var err error
 	if rounded := (size + p.opts.Alignment - 1) &^ (p.opts.Alignment - 1); rounded > s.smallMax {
 		if a := s.direct; a != nil && a.bf != nil {
-			m, err = s.placeFit(a, rounded) // placeDirect's first step
+			m, err = s.placeFit(a, rounded) // placeDirect's first step, without its call
 		} else {
 			m, err = s.placeDirect(rounded)
 		}

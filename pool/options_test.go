@@ -2,6 +2,7 @@ package pool_test
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -20,6 +21,28 @@ func TestTargetRatioValues(t *testing.T) {
 		}
 		if msg := err.Error(); !strings.Contains(msg, "TargetRatio") || !strings.Contains(msg, "NoTarget") {
 			t.Errorf("TargetRatio %v: %v", r, err)
+		}
+	}
+	// And ratios drawn over the whole line: below 1 refused, from 1 up
+	// (to NoTarget) in effect as given.
+	r := rand.New(rand.NewPCG(7, 13))
+	for range 200 {
+		x := math.Ldexp(r.Float64(), r.IntN(2000)-1000) // 2^-1000 .. 2^1000
+		if r.IntN(2) == 0 {
+			x = -x
+		}
+		p, err := pool.New(simVirtual(t), pool.Options{TargetRatio: x})
+		switch {
+		case x < 1 && err == nil:
+			p.Close()
+			t.Fatalf("TargetRatio %v: accepted", x)
+		case x >= 1 && err != nil:
+			t.Fatalf("TargetRatio %v: %v", x, err)
+		case x >= 1:
+			if got := p.Options().TargetRatio; got != x {
+				t.Errorf("TargetRatio %v: in effect %v", x, got)
+			}
+			p.Close()
 		}
 	}
 	for _, c := range []struct {

@@ -131,6 +131,11 @@ type AllocReport struct {
 	Device  string          `json:"device"`
 	Backend string          `json:"backend"`
 	Results []LatencyResult `json:"results"`
+	// Interleaved compares, per mix, the first policy and strategy with
+	// the anchor the ratios are taken against, timed in alternating
+	// windows on one goroutine (InterleavedResult); empty without an
+	// anchor.
+	Interleaved []InterleavedResult `json:"interleaved,omitempty"`
 	// TimerOverheadNs is the cost of one pair of clock reads, included in
 	// every per-operation latency above.
 	TimerOverheadNs float64 `json:"timer_overhead_ns"`
@@ -212,7 +217,11 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 	}
 	in := d.Info()
 	rep := AllocReport{Device: in.Name, Backend: in.Backend, TimerOverheadNs: timerOverhead()}
+	anchor, hasAnchor := d.(DriverAnchor)
 	total := len(o.Mixes) * (len(o.Strategies)*len(o.Policies) + 2) * len(o.Goroutines)
+	if hasAnchor {
+		total += len(o.Mixes)
+	}
 	done := 0
 	step := func(name string) {
 		done++
@@ -239,7 +248,6 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 				}
 			}
 		}
-		anchor, ok := d.(DriverAnchor)
 		for _, async := range []bool{false, true} {
 			name := "cuMemAlloc"
 			if async {
@@ -250,7 +258,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 					continue // the backend has no such allocator
 				}
 			}
-			if !ok {
+			if !hasAnchor {
 				for range o.Goroutines {
 					step(name)
 				}
@@ -278,9 +286,46 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 				step(name)
 			}
 		}
+		if hasAnchor {
+			if err := ctx.Err(); err != nil {
+				return rep, err
+			}
+			r, err := interleavedRow(anchor, d, mix, o)
+			if err != nil {
+				return rep, fmt.Errorf("bench alloc: interleaved %s: %w", mix.Name, err)
+			}
+			if r != nil {
+				rep.Interleaved = append(rep.Interleaved, *r)
+			}
+			step("interleaved")
+		}
 	}
 	rep.fillRatios()
 	return rep, nil
+}
+
+// interleavedRow times the first policy the device can run, with the first
+// strategy, against the anchor the ratios are taken against (DriverAsync,
+// or the AnchorNamer's), in alternating windows; nil when there is no such
+// policy or anchor.
+func interleavedRow(anchor DriverAnchor, d device.Device, mix Mix, o AllocOptions) (*InterleavedResult, error) {
+	name, async := DriverAsync, true
+	if nm, named := d.(AnchorNamer); named {
+		if name = nm.AnchorName(true); name == "" {
+			name, async = nm.AnchorName(false), false
+		}
+	}
+	if name == "" {
+		return nil, nil
+	}
+	for _, g := range o.Policies {
+		if g.Options.Growth == pool.GrowVirtual && !d.Info().VirtualMemory {
+			continue
+		}
+		r, err := interleaved(anchor, name, async, d, o.Strategies[0], g, mix, o)
+		return &r, err
+	}
+	return nil, nil
 }
 
 // driverConcurrent times the driver's allocator on n goroutines at once,

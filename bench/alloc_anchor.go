@@ -85,30 +85,62 @@ func anchorTimes(a DriverAnchor, w AllocWorkload, async, split bool, batch int) 
 	if err := w.Check(); err != nil {
 		return nil, nil, err
 	}
-	allocOne, freeOne, release, err := a.DriverAllocator(async)
+	r, err := openAnchor(a, async, w.Initial)
 	if err != nil {
 		return nil, nil, err
 	}
-	live := make([]uint64, 0, len(w.Initial))
 	defer func() {
-		for _, h := range live {
-			if ferr := freeOne(h); ferr != nil && err == nil {
-				err = ferr
-			}
-		}
-		if rerr := release(); rerr != nil && err == nil {
-			err = rerr
+		if cerr := r.close(); cerr != nil && err == nil {
+			err = cerr
 		}
 	}()
-	for _, size := range w.Initial {
-		h, err := allocOne(size)
-		if err != nil {
-			return nil, nil, err
-		}
-		live = append(live, h)
-	}
-	alloc, free, live, err = timePairs(w, allocOne, freeOne, live, time.Now, split, batch)
+	alloc, free, r.live, err = timePairs(w, r.alloc, r.free, r.live, time.Now, split, batch)
 	return alloc, free, err
+}
+
+// anchorRun is the anchor's allocator opened on one goroutine, with the
+// handles it holds live.
+type anchorRun struct {
+	alloc   func(size uint64) (uint64, error)
+	free    func(handle uint64) error
+	release func() error
+	live    []uint64
+}
+
+// openAnchor opens the anchor's allocator (stream-ordered with async) on
+// this goroutine and allocates the blocks of sizes initial; on an error
+// it has freed them and released the allocator.
+func openAnchor(a DriverAnchor, async bool, initial []uint64) (*anchorRun, error) {
+	alloc, free, release, err := a.DriverAllocator(async)
+	if err != nil {
+		return nil, err
+	}
+	r := &anchorRun{alloc: alloc, free: free, release: release, live: make([]uint64, 0, len(initial))}
+	for _, size := range initial {
+		h, err := alloc(size)
+		if err != nil {
+			_ = r.close() // the allocation's error is the one to report
+			return nil, err
+		}
+		r.live = append(r.live, h)
+	}
+	return r, nil
+}
+
+// close frees every block still live and releases the allocator; the
+// first error is returned.
+func (r *anchorRun) close() error {
+	var err error
+	for _, h := range r.live {
+		if ferr := r.free(h); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	r.live = nil
+	if rerr := r.release(); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
 }
 
 // timePairs runs w's pairs over the working set live (empty when each

@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -282,5 +283,94 @@ func TestAnchorOnGPU(t *testing.T) {
 	}
 	if after+16<<20 < before {
 		t.Errorf("free device memory %d after the anchor runs, %d before: blocks leaked", after, before)
+	}
+}
+
+// TestInterleave runs random workloads through interleave on the fake
+// driver's clock: after the warm-up, every window runs its pool batches
+// and then one driver batch on the pairs of the window's first pool batch;
+// each window's ratio is its median pool batch over its driver batch, and
+// the result's figures follow from the batches. A driver failure at a
+// random call returns the error with every live handle freed and the
+// allocator released.
+func TestInterleave(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for trial := 0; trial < 200; trial++ {
+		live, windows := 1+r.IntN(40), 1+r.IntN(12)
+		w := workload(Mix{Min: 512, Max: 64 << 20}, r.Uint64(), live, r.IntN(50), windows*WindowPoolPairs)
+		f := newFakeDriver(t)
+		fail := trial%3 == 0
+		if fail {
+			f.failAt = 1 + r.IntN(2*(live+w.Warmup+windows*BatchPairs))
+		}
+		var order []int // pool batches by first pair; -1 for a driver batch's first call
+		lastCalls := 0
+		batch := func(from int) (time.Duration, error) {
+			if f.calls != lastCalls {
+				order = append(order, -1)
+			}
+			order = append(order, from)
+			lastCalls = f.calls
+			return time.Duration(BatchPairs*(100+from%37)) * time.Nanosecond, nil
+		}
+		pb, ab, ratios, err := interleave(f, true, w, windows, f.now, batch)
+		if len(f.live) != 0 || f.released != 1 {
+			t.Fatalf("trial %d: %d handles live and %d releases after the run (err %v)", trial, len(f.live), f.released, err)
+		}
+		if fail {
+			if !errors.Is(err, errFake) {
+				t.Fatalf("trial %d: failing call %d of %d: err %v", trial, f.failAt, f.calls, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		per := WindowPoolPairs / BatchPairs
+		if len(pb) != windows*per || len(ab) != windows || len(ratios) != windows {
+			t.Fatalf("trial %d: %d pool batches, %d driver batches, %d ratios for %d windows", trial, len(pb), len(ab), len(ratios), windows)
+		}
+		// The warm-up ran on the driver before the first pool batch; then
+		// each window: its pool batches in order, then the driver's.
+		want := []int{}
+		for k := 0; k < windows; k++ {
+			if k > 0 || live+w.Warmup > 0 {
+				want = append(want, -1)
+			}
+			for b := 0; b < per; b++ {
+				want = append(want, w.Warmup+k*WindowPoolPairs+b*BatchPairs)
+			}
+		}
+		if fmt.Sprint(order) != fmt.Sprint(want) {
+			t.Fatalf("trial %d: order %v, want %v", trial, order, want)
+		}
+		// The driver's batches are its pairs' cost on the fake clock, and
+		// it was asked the sizes of the pairs each window names.
+		pair := float64(fakeAllocCost + fakeFreeCost)
+		for k, a := range ab {
+			if a != pair {
+				t.Fatalf("trial %d: driver batch %d took %v a pair, want %v", trial, k, a, pair)
+			}
+			first := w.Warmup + k*WindowPoolPairs
+			got := f.allocs[live+w.Warmup+k*BatchPairs : live+w.Warmup+(k+1)*BatchPairs]
+			if fmt.Sprint(got) != fmt.Sprint(w.Sizes[first:first+BatchPairs]) {
+				t.Fatalf("trial %d: window %d asked the driver %v, want %v", trial, k, got, w.Sizes[first:first+BatchPairs])
+			}
+			win := append([]float64(nil), pb[k*per:(k+1)*per]...)
+			if want := quantile(win, 0.5) / a; ratios[k] != want {
+				t.Fatalf("trial %d: window %d ratio %v, want %v", trial, k, ratios[k], want)
+			}
+		}
+		var res InterleavedResult
+		res.fill(append([]float64(nil), pb...), append([]float64(nil), ab...), append([]float64(nil), ratios...))
+		var sum float64
+		for _, x := range pb {
+			sum += x
+		}
+		if res.Windows != windows || res.PoolPairs != windows*WindowPoolPairs || res.AnchorPairs != windows*BatchPairs ||
+			res.P50Ratio != res.PoolBatchP50ns/pair || math.Abs(res.ThroughputRatio-pair*float64(len(pb))/sum) > 1e-9*res.ThroughputRatio ||
+			res.WindowRatioP50 > res.WindowRatioP90 {
+			t.Fatalf("trial %d: result %+v", trial, res)
+		}
 	}
 }

@@ -57,8 +57,8 @@ func TestAllocOnSim(t *testing.T) {
 	}
 	// 2 mixes × 1 policy × 2 goroutine counts; the simulator has no driver
 	// allocator to time, so no anchor rows.
-	if len(rep.Results) != 4 {
-		t.Fatalf("%d results, want 4", len(rep.Results))
+	if len(rep.Results) != 4 || len(rep.Interleaved) != 0 {
+		t.Fatalf("%d results and %d interleaved, want 4 and none", len(rep.Results), len(rep.Interleaved))
 	}
 	for _, r := range rep.Results {
 		if r.Allocator == "cuMemAlloc" || r.Allocator == "cuMemAllocAsync" {
@@ -169,6 +169,18 @@ func TestAllocDriverRows(t *testing.T) {
 	}
 	if m := d.most.Load(); m != 4 {
 		t.Fatalf("at most %d driver timings ran at once, want the 4 goroutines'", m)
+	}
+	// The pool and the async anchor, interleaved on one goroutine: a
+	// window per driver batch, ten pool batches in each.
+	if len(rep.Interleaved) != 1 {
+		t.Fatalf("%d interleaved rows, want 1", len(rep.Interleaved))
+	}
+	il := rep.Interleaved[0]
+	if il.Pool != "memwall bestfit/keep" || il.Anchor != "cuMemAllocAsync" || il.Windows != 320/bench.BatchPairs ||
+		il.PoolPairs != il.Windows*bench.WindowPoolPairs || il.AnchorPairs != 320 || il.Note != "" ||
+		il.AnchorBatchP50ns < float64(fakePair) || il.PoolBatchP50ns <= 0 || il.P50Ratio != il.PoolBatchP50ns/il.AnchorBatchP50ns ||
+		il.ThroughputRatio <= 0 || il.WindowRatioP50 <= 0 || il.WindowRatioP90 < il.WindowRatioP50 {
+		t.Fatalf("interleaved row %+v", il)
 	}
 }
 

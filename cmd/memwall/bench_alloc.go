@@ -110,11 +110,31 @@ func printBenchAlloc(e *env, rep bench.AllocReport) {
 		fmt.Fprintln(w, "(every pair frees one of the goroutine's live blocks and allocates its replacement; the driver replays the pool's goroutines' requests, each of its goroutines on a stream of its own, and \"freed at once\" rows allocate and free each block back to back;")
 		fmt.Fprintln(w, " \"vs async\" is the p50 over cuMemAllocAsync's on one goroutine's requests; pairs/s counts the batched pairs over their time, for every row alike. The driver is timed here through memwall's Go binding; scripts/anchor-alloc.c times it from C)")
 	}
+	printInterleaved(e, rep.Interleaved)
 	if rep.Backend == "sim" {
 		fmt.Fprintln(w, "(simulated device: the driver anchors need a real GPU; pool times are real host times)")
 	}
 	if rep.Backend == "vulkan" {
 		fmt.Fprintf(w, "(Vulkan has no stream-ordered allocator: \"vs async\" is against %s, each block its own VkDeviceMemory)\n", bench.DriverVulkan)
+	}
+}
+
+// printInterleaved prints the pool against the anchor timed in alternating
+// windows, one line a mix.
+func printInterleaved(e *env, rows []bench.InterleavedResult) {
+	if len(rows) == 0 {
+		return
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "interleaved on one goroutine: windows of %d pool pairs then %d of the driver's, so both are timed at the same moments of the host\n",
+		bench.WindowPoolPairs, bench.BatchPairs)
+	for _, r := range rows {
+		if r.Note != "" {
+			fmt.Fprintf(w, "  %-18s %s against %s: %s\n", r.Mix, r.Pool, r.Anchor, r.Note)
+			continue
+		}
+		fmt.Fprintf(w, "  %-18s %s p50 %.0f ns, %s %.0f ns: %.3f× (per window: p50 %.3f×, p90 %.3f×); pairs/s %.1f× (%d windows)\n",
+			r.Mix, r.Pool, r.PoolBatchP50ns, r.Anchor, r.AnchorBatchP50ns, r.P50Ratio, r.WindowRatioP50, r.WindowRatioP90, r.ThroughputRatio, r.Windows)
 	}
 }
 

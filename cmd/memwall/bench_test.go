@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/memwall/memwall/bench"
 )
 
 func runVerb(t *testing.T, getenv func(string) string, args ...string) (code int, stdout, stderr string) {
@@ -76,5 +78,27 @@ func TestCPUProfile(t *testing.T) {
 	code, _, errOut := runVerb(t, env, "info", "--device", "sim")
 	if code != 1 || !strings.Contains(errOut, "MEMWALL_CPUPROFILE") || !strings.Contains(errOut, "missing") {
 		t.Fatalf("exit %d, %q; want 1 naming the variable and the path", code, errOut)
+	}
+}
+
+// TestPrintInterleaved: the interleaved rows print the numbers the JSON
+// carries, a failed one its note.
+func TestPrintInterleaved(t *testing.T) {
+	var o bytes.Buffer
+	e := &env{ctx: context.Background(), stdout: &o, stderr: &o, getenv: func(string) string { return "" }}
+	printInterleaved(e, nil)
+	if o.Len() != 0 {
+		t.Fatalf("no rows printed %q", o.String())
+	}
+	printInterleaved(e, []bench.InterleavedResult{
+		{Pool: "memwall bestfit/virtual", Anchor: "cuMemAllocAsync", Mix: "random 512B-64MiB", Windows: 125,
+			PoolBatchP50ns: 171, AnchorBatchP50ns: 1812, P50Ratio: 171.0 / 1812, WindowRatioP50: 0.093, WindowRatioP90: 0.12, ThroughputRatio: 10.6},
+		{Pool: "memwall bestfit/virtual", Anchor: "cuMemAllocAsync", Mix: "fixed 64MiB", Note: "out of memory"},
+	})
+	for _, want := range []string{"windows of 160 pool pairs then 16", "p50 171 ns, cuMemAllocAsync 1812 ns: 0.094×",
+		"p50 0.093×, p90 0.120×", "pairs/s 10.6× (125 windows)", "fixed 64MiB", "against cuMemAllocAsync: out of memory"} {
+		if !strings.Contains(o.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, o.String())
+		}
 	}
 }

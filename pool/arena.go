@@ -488,7 +488,14 @@ func (ps *placeSearch) try(off uint64) {
 		return
 	}
 	a := ps.a
-	c := a.unready(a.pageOf(off), a.pageOf(off+ps.size-1))
+	first, last := a.pageOf(off), a.pageOf(off+ps.size-1)
+	var c uint64
+	if fw := first / 64; fw == last/64 { // unready's usual case: one word
+		m := ^uint64(0) << (first % 64) & (^uint64(0) >> (63 - last%64))
+		c = uint64(bits.OnesCount64(m &^ a.ready[fw]))
+	} else {
+		c = a.unready(first, last)
+	}
 	if c < ps.bestCost || c == ps.bestCost && ps.best != ps.orig &&
 		(off == ps.orig || e-s < ps.bestRange || e-s == ps.bestRange && off < ps.best) {
 		ps.best, ps.bestCost, ps.bestRange, ps.bestStart = off, c, e-s, s
@@ -518,36 +525,36 @@ func (ps *placeSearch) visit(seg alloc.Segment) bool {
 	// The fewest unmapped pages under a window slid over the range lie
 	// with the window's start at the start of a run of ready pages, or
 	// its end at the end of one.
+	// (readyEdges, written out: a call through a closure per edge cost
+	// more than the edge's try.)
 	a := ps.a
-	a.readyEdges(a.pageOf(s)+1, a.pageOf(e-1), func(i uint64, starts bool) {
-		switch {
-		case starts:
-			ps.try((i*a.pageBytes + align - 1) &^ (align - 1))
-		case i*a.pageBytes >= size:
-			ps.try((i*a.pageBytes - size) &^ (align - 1))
+	first, last := a.pageOf(s)+1, a.pageOf(e-1)
+	for w := first / 64; first <= last && w <= last/64; w++ {
+		d, x := a.edgeBits(w, first, last)
+		for ; d != 0; d &= d - 1 {
+			k := uint64(bits.TrailingZeros64(d))
+			switch i := w*64 + k; {
+			case x&(1<<k) != 0:
+				ps.try((i*a.pageBytes + align - 1) &^ (align - 1))
+			case i*a.pageBytes >= size:
+				ps.try((i*a.pageBytes - size) &^ (align - 1))
+			}
 		}
-	})
+	}
 	return !ps.ordered || ps.bestCost != 0
 }
 
-// readyEdges calls fn for each page i in [first, last] whose ready bit
-// differs from page i-1's: starts says a run of ready pages starts at i
-// (else one ended at i). It reads the ready set a word at a time, so
+// edgeBits returns the pages of [first, last] in word w of the ready set
+// whose ready bit differs from page i-1's (bit k: page 64w+k), and the
+// word itself: where a bit of x is set, a run of ready pages starts at the
+// edge, else one ended there. It reads the ready set a word at a time, so
 // long runs cost little. first must be at least 1.
-func (a *arena) readyEdges(first, last uint64, fn func(i uint64, starts bool)) {
-	if first > last {
-		return
+func (a *arena) edgeBits(w, first, last uint64) (d, x uint64) {
+	x = a.ready[w]
+	// prev holds, at bit k, the ready bit of page 64w+k-1.
+	prev := x << 1
+	if w > 0 {
+		prev |= a.ready[w-1] >> 63
 	}
-	for w := first / 64; w <= last/64; w++ {
-		x := a.ready[w]
-		// prev holds, at bit k, the ready bit of page 64w+k-1.
-		prev := x << 1
-		if w > 0 {
-			prev |= a.ready[w-1] >> 63
-		}
-		for d := (x ^ prev) & wordMask(w, first, last); d != 0; d &= d - 1 {
-			k := uint64(bits.TrailingZeros64(d))
-			fn(w*64+k, x&(1<<k) != 0)
-		}
-	}
+	return (x ^ prev) & wordMask(w, first, last), x
 }

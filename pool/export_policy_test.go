@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"testing"
 )
@@ -55,6 +56,19 @@ func checkHandles(p *Pool) error {
 		}
 	}
 	return nil
+}
+
+// readyEdges calls fn for each page i in [first, last] whose ready bit
+// differs from page i-1's: starts says a run of ready pages starts at i
+// (else one ended at i). It is placeSearch.visit's scan, through edgeBits.
+func (a *arena) readyEdges(first, last uint64, fn func(i uint64, starts bool)) {
+	for w := first / 64; first <= last && w <= last/64; w++ {
+		d, x := a.edgeBits(w, first, last)
+		for ; d != 0; d &= d - 1 {
+			k := uint64(bits.TrailingZeros64(d))
+			fn(w*64+k, x&(1<<k) != 0)
+		}
+	}
 }
 
 // TestReadyEdges: the word-at-a-time scan of the ready set reports exactly

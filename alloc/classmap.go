@@ -10,11 +10,12 @@ import (
 // two levels of bitmaps of the non-empty classes, so the first class that
 // can hold a size is found in constant time.
 //
-// The arrays have 64 first-level rows (tlsfFLCount are used) so that an
-// index masked to 6 bits needs no bounds check.
+// The arrays have 64 first-level rows (tlsfFLCount are used; slBitmap
+// 128, the rest empty) so that an index masked to 6 (7) bits needs no
+// bounds check.
 type classMap struct {
 	flBitmap uint64
-	slBitmap [64]uint32
+	slBitmap [128]uint32 // rows 64 and up are never set (see above)
 	roots    [64][tlsfSLCount]int32
 }
 
@@ -33,7 +34,7 @@ func (c *classMap) root(fl, sl int) *int32 { return &c.roots[fl&63][sl&(tlsfSLCo
 // reset empties every class.
 func (c *classMap) reset() {
 	c.flBitmap = 0
-	c.slBitmap = [64]uint32{}
+	c.slBitmap = [128]uint32{}
 	for fl := range c.roots {
 		for sl := range c.roots[fl] {
 			c.roots[fl][sl] = nilID
@@ -70,12 +71,13 @@ func b2u(b bool) uint32 {
 // above returns the first non-empty class after (fl, sl) in size order
 // (fl < tlsfFLCount). Whether it lies in fl's own row or in a row above is
 // a coin toss on sizes that vary: both are read, and one is selected
-// without a branch.
+// without a branch. (The row above is slBitmap[64], always empty, when
+// there is none; the masks' shifts stay below the width, which keeps the
+// function within the inliner's budget.)
 func (c *classMap) above(fl, sl int) (int, int, bool) {
-	row := c.slBitmap[fl&63] & (^uint32(0) << (uint(sl&31) + 1)) // a shift by 32 gives 0
-	up := c.flBitmap & (^uint64(0) << (uint(fl+1) & 63))         // fl+1 < 64
-	upFl := bits.TrailingZeros64(up)                             // 64 when no row above
-	upRow := c.slBitmap[upFl&63] & -b2u(up != 0)
+	row := c.slBitmap[fl&63] & (^uint32(1) << (uint(sl) & 31))                 // bits sl+1..31
+	upFl := bits.TrailingZeros64(c.flBitmap & (^uint64(1) << (uint(fl) & 63))) // 64 when no row above
+	upRow := c.slBitmap[upFl&127]
 	if row == 0 {
 		fl, row = upFl, upRow
 	}

@@ -192,11 +192,17 @@ func wordMask(w, first, last uint64) uint64 {
 	return m
 }
 
+// spanMask returns the bits of pages [first, last] in their bitset word,
+// which holds them all (first/64 == last/64).
+func spanMask(first, last uint64) uint64 {
+	return ^uint64(0) << (first % 64) & (^uint64(0) >> (63 - last%64))
+}
+
 // allReady reports whether pages [first, last] are all mapped and none is
 // busy.
 func (a *arena) allReady(first, last uint64) bool {
 	if fw := first / 64; fw == last/64 { // the usual case: one word
-		m := ^uint64(0) << (first % 64) & (^uint64(0) >> (63 - last%64))
+		m := spanMask(first, last)
 		return a.ready[fw]&m == m
 	}
 	for w := first / 64; w <= last/64; w++ {
@@ -491,8 +497,7 @@ func (ps *placeSearch) try(off uint64) {
 	first, last := a.pageOf(off), a.pageOf(off+ps.size-1)
 	var c uint64
 	if fw := first / 64; fw == last/64 { // unready's usual case: one word
-		m := ^uint64(0) << (first % 64) & (^uint64(0) >> (63 - last%64))
-		c = uint64(bits.OnesCount64(m &^ a.ready[fw]))
+		c = uint64(bits.OnesCount64(spanMask(first, last) &^ a.ready[fw]))
 	} else {
 		c = a.unready(first, last)
 	}

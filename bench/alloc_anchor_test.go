@@ -288,8 +288,9 @@ func TestAnchorOnGPU(t *testing.T) {
 
 // TestInterleave runs random workloads through interleave on the fake
 // driver's clock: after the warm-up, every window runs its pool batches
-// and then one driver batch on the pairs of the window's first pool batch;
-// each window's ratio is its median pool batch over its driver batch, and
+// and then the driver's batches on the window's first WindowAnchorPairs;
+// each window's ratio is its median pool batch over its median driver
+// batch, and
 // the result's figures follow from the batches. A driver failure at a
 // random call returns the error with every live handle freed and the
 // allocator released.
@@ -301,7 +302,7 @@ func TestInterleave(t *testing.T) {
 		f := newFakeDriver(t)
 		fail := trial%3 == 0
 		if fail {
-			f.failAt = 1 + r.IntN(2*(live+w.Warmup+windows*BatchPairs))
+			f.failAt = 1 + r.IntN(2*(live+w.Warmup+windows*WindowAnchorPairs))
 		}
 		var order []int // pool batches by first pair; -1 for a driver batch's first call
 		lastCalls := 0
@@ -327,7 +328,8 @@ func TestInterleave(t *testing.T) {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
 		per := WindowPoolPairs / BatchPairs
-		if len(pb) != windows*per || len(ab) != windows || len(ratios) != windows {
+		aper := WindowAnchorPairs / BatchPairs
+		if len(pb) != windows*per || len(ab) != windows*aper || len(ratios) != windows {
 			t.Fatalf("trial %d: %d pool batches, %d driver batches, %d ratios for %d windows", trial, len(pb), len(ab), len(ratios), windows)
 		}
 		// The warm-up ran on the driver before the first pool batch; then
@@ -351,13 +353,15 @@ func TestInterleave(t *testing.T) {
 			if a != pair {
 				t.Fatalf("trial %d: driver batch %d took %v a pair, want %v", trial, k, a, pair)
 			}
+		}
+		for k := range ratios {
 			first := w.Warmup + k*WindowPoolPairs
-			got := f.allocs[live+w.Warmup+k*BatchPairs : live+w.Warmup+(k+1)*BatchPairs]
-			if fmt.Sprint(got) != fmt.Sprint(w.Sizes[first:first+BatchPairs]) {
-				t.Fatalf("trial %d: window %d asked the driver %v, want %v", trial, k, got, w.Sizes[first:first+BatchPairs])
+			got := f.allocs[live+w.Warmup+k*WindowAnchorPairs : live+w.Warmup+(k+1)*WindowAnchorPairs]
+			if fmt.Sprint(got) != fmt.Sprint(w.Sizes[first:first+WindowAnchorPairs]) {
+				t.Fatalf("trial %d: window %d asked the driver %v, want %v", trial, k, got, w.Sizes[first:first+WindowAnchorPairs])
 			}
 			win := append([]float64(nil), pb[k*per:(k+1)*per]...)
-			if want := quantile(win, 0.5) / a; ratios[k] != want {
+			if want := quantile(win, 0.5) / pair; ratios[k] != want {
 				t.Fatalf("trial %d: window %d ratio %v, want %v", trial, k, ratios[k], want)
 			}
 		}
@@ -367,8 +371,9 @@ func TestInterleave(t *testing.T) {
 		for _, x := range pb {
 			sum += x
 		}
-		if res.Windows != windows || res.PoolPairs != windows*WindowPoolPairs || res.AnchorPairs != windows*BatchPairs ||
+		if res.Windows != windows || res.PoolPairs != windows*WindowPoolPairs || res.AnchorPairs != windows*WindowAnchorPairs ||
 			res.P50Ratio != res.PoolBatchP50ns/pair || math.Abs(res.ThroughputRatio-pair*float64(len(pb))/sum) > 1e-9*res.ThroughputRatio ||
+			math.Abs(res.AnchorPairsPerSec-1e9/pair) > 1e-9*res.AnchorPairsPerSec || math.Abs(res.PoolPairsPerSec-1e9*float64(len(pb))/sum) > 1e-9*res.PoolPairsPerSec ||
 			res.WindowRatioP50 > res.WindowRatioP90 {
 			t.Fatalf("trial %d: result %+v", trial, res)
 		}

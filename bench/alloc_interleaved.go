@@ -11,8 +11,9 @@ import (
 
 // InterleavedResult compares one pool configuration with the driver's
 // stream-ordered allocator on one goroutine, the two timed in alternating
-// windows: a window runs WindowPoolPairs of the pool's pairs in batches of
-// BatchPairs, then one batch of the driver's, on the same request stream
+// windows: a window runs WindowPoolPairs of the pool's pairs, then
+// WindowAnchorPairs of the driver's, in batches of BatchPairs, on the same
+// request stream
 // (the pool's first goroutine's), each with a working set of its own live
 // at once. A host whose speed moves from one moment to the next (a virtual
 // machine's CPU shared with others, a clock that steps) then moves both
@@ -35,28 +36,35 @@ type InterleavedResult struct {
 	AnchorBatchP50ns float64 `json:"anchor_batch_p50_ns"`
 	P50Ratio         float64 `json:"p50_ratio"`
 	// WindowRatioP50 and WindowRatioP90 are quantiles over the windows of
-	// the window's median pool batch over its driver batch: the ratio
-	// taken moment by moment.
+	// the window's median pool batch over its median driver batch: the
+	// ratio taken moment by moment.
 	WindowRatioP50 float64 `json:"window_ratio_p50"`
 	WindowRatioP90 float64 `json:"window_ratio_p90"`
-	// ThroughputRatio is the pool's pairs per second over the driver's,
-	// each its batched pairs over the time spent in them.
-	ThroughputRatio float64 `json:"throughput_ratio"`
-	Note            string  `json:"note,omitempty"`
+	// PoolPairsPerSec and AnchorPairsPerSec are each one's batched pairs
+	// over the time spent in them (every window's, stalls included);
+	// ThroughputRatio is the first over the second.
+	PoolPairsPerSec   float64 `json:"pool_pairs_per_sec"`
+	AnchorPairsPerSec float64 `json:"anchor_pairs_per_sec"`
+	ThroughputRatio   float64 `json:"throughput_ratio"`
+	Note              string  `json:"note,omitempty"`
 }
 
-// WindowPoolPairs is how many of the pool's pairs an interleaved window
-// holds: ten batches, about as long on an H200 host as the driver's one
-// batch of BatchPairs.
-const WindowPoolPairs = 10 * BatchPairs
+// WindowPoolPairs and WindowAnchorPairs are how many pairs of the pool's
+// and of the driver's an interleaved window holds: on an H200 host about
+// as long each (some 100 µs), long enough that the caches each leaves to
+// the other cost little, short against the host's changes of speed.
+const (
+	WindowPoolPairs   = 40 * BatchPairs
+	WindowAnchorPairs = 4 * BatchPairs
+)
 
 // interleaved times g's pool (strategy s) against the anchor's allocator
-// as InterleavedResult says, for o.DriverPairs of the driver's pairs (one
-// batch a window) and as many windows of the pool's, after both ran the
+// as InterleavedResult says, for o.DriverPairs of the driver's pairs
+// (WindowAnchorPairs a window) and as many windows of the pool's, after both ran the
 // same o.Pairs/4 warm-up pairs untimed. A failure of the driver becomes
 // the row's note; one of the pool is returned.
 func interleaved(anchor DriverAnchor, name string, async bool, d device.Device, s string, g Policy, mix Mix, o AllocOptions) (InterleavedResult, error) {
-	windows := max(1, o.DriverPairs/BatchPairs)
+	windows := max(1, o.DriverPairs/WindowAnchorPairs)
 	live := liveBlocks(d, mix, 2, o)
 	w := workload(mix, 1, live, o.Pairs/4, windows*WindowPoolPairs)
 	res := InterleavedResult{Pool: fmt.Sprintf("memwall %s/%s", s, g.Name), Anchor: name, Mix: mix.Name, Live: live}
@@ -106,7 +114,7 @@ func (e poolError) Unwrap() error { return e.error }
 // this goroutine with w's working set, runs
 // w's warm-up pairs on it untimed, then windows times: batches of the
 // pool's through batch (the index of the batch's first pair in w.Sizes),
-// then one driver batch on the pairs the window's first pool batch ran. It
+// then the driver's batches on the window's first WindowAnchorPairs. It
 // returns the pool's and the driver's batch times, per pair, and each
 // window's ratio; the driver's are read from now.
 func interleave(anchor DriverAnchor, async bool, w AllocWorkload, windows int, now func() time.Time, batch func(from int) (time.Duration, error)) (poolBatches, anchorBatches, ratios []float64, err error) {
@@ -125,6 +133,7 @@ func interleave(anchor DriverAnchor, async bool, w AllocWorkload, windows int, n
 	}
 	runtime.GC() // no collection while the two are timed
 	window := make([]float64, 0, WindowPoolPairs/BatchPairs)
+	var drv []float64
 	for k := 0; k < windows; k++ {
 		first := w.Warmup + k*WindowPoolPairs
 		window = window[:0]
@@ -136,14 +145,17 @@ func interleave(anchor DriverAnchor, async bool, w AllocWorkload, windows int, n
 			window = append(window, float64(dt)/BatchPairs)
 		}
 		poolBatches = append(poolBatches, window...)
-		ws := AllocWorkload{Initial: w.Initial, Sizes: w.Sizes[first : first+BatchPairs], Victims: w.Victims[first : first+BatchPairs]}
+		ws := AllocWorkload{Initial: w.Initial, Sizes: w.Sizes[first : first+WindowAnchorPairs], Victims: w.Victims[first : first+WindowAnchorPairs]}
 		var ts []time.Duration
 		if ts, _, r.live, err = timePairs(ws, r.alloc, r.free, r.live, now, false, BatchPairs); err != nil {
 			return nil, nil, nil, err
 		}
-		a := float64(ts[0]) / BatchPairs
-		anchorBatches = append(anchorBatches, a)
-		ratios = append(ratios, quantile(window, 0.5)/a)
+		drv = drv[:0]
+		for _, t := range ts {
+			drv = append(drv, float64(t)/BatchPairs)
+		}
+		anchorBatches = append(anchorBatches, drv...)
+		ratios = append(ratios, quantile(window, 0.5)/quantile(drv, 0.5))
 	}
 	return poolBatches, anchorBatches, ratios, nil
 }
@@ -161,8 +173,11 @@ func (res *InterleavedResult) fill(poolBatches, anchorBatches, ratios []float64)
 		anchorSum += x
 	}
 	if poolSum > 0 && anchorSum > 0 {
-		// pairs/s of each: pairs over time; the ratio of the two.
-		res.ThroughputRatio = (float64(len(poolBatches)) / poolSum) / (float64(len(anchorBatches)) / anchorSum)
+		// Each batch time is per pair: pairs over time is batches over
+		// their sum.
+		res.PoolPairsPerSec = float64(len(poolBatches)) / poolSum * 1e9
+		res.AnchorPairsPerSec = float64(len(anchorBatches)) / anchorSum * 1e9
+		res.ThroughputRatio = res.PoolPairsPerSec / res.AnchorPairsPerSec
 	}
 	res.PoolBatchP50ns, res.AnchorBatchP50ns = quantile(poolBatches, 0.5), quantile(anchorBatches, 0.5)
 	if res.AnchorBatchP50ns > 0 {

@@ -70,7 +70,8 @@ def main(d):
             span(ap, "%.0f"), met, len(runs)))
     print("(median [min-max] over repetitions; p50 over batches of 16 pairs, p99 of pairs timed alone)")
     print("interleaved with cuMemAllocAsync on one goroutine (the same moments of the host):")
-    print("%-6s %4s  %-26s %-26s %-26s %s" % ("config", "runs", "p50 ratio", "window ratio p50", "pairs/s ratio", "goals met"))
+    print("%-6s %4s  %-22s %-22s %-22s %-22s %-22s %s" % ("config", "runs", "p50 ratio", "window ratio p50", "pairs/s ratio",
+                                                         "pool M pairs/s", "driver M pairs/s", "goals met"))
     for cfg in sorted(by):
         runs = [r for r in by[cfg] if "interleaved" in r and "default" in r]
         if not runs:
@@ -78,9 +79,12 @@ def main(d):
         pr = [r["interleaved"]["p50_ratio"] for r in runs]
         wr = [r["interleaved"]["window_ratio_p50"] for r in runs]
         tr = [r["interleaved"]["throughput_ratio"] for r in runs]
+        pp = [r["interleaved"].get("pool_pairs_per_sec", 0) / 1e6 for r in runs]
+        dp = [r["interleaved"].get("anchor_pairs_per_sec", 0) / 1e6 for r in runs]
         met = sum(1 for r in runs if r["interleaved"]["p50_ratio"] <= 0.1 and r["interleaved"]["throughput_ratio"] >= 10
                   and r["default"]["p99_ns"] <= 1000)
-        print("%-6s %4d  %-26s %-26s %-26s %d/%d" % (cfg, len(runs), span(pr, "%.3f"), span(wr, "%.3f"), span(tr, "%.1f"), met, len(runs)))
+        print("%-6s %4d  %-22s %-22s %-22s %-22s %-22s %d/%d" % (cfg, len(runs), span(pr, "%.3f"), span(wr, "%.3f"), span(tr, "%.1f"),
+                                                             span(pp, "%.2f"), span(dp, "%.3f"), met, len(runs)))
     print("each run in order (rep, config: default / keep / async p50 ns):")
     runs = []
     for p in glob.glob(os.path.join(d, "*-*.json")):

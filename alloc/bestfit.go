@@ -95,8 +95,7 @@ func (b *BestFit) insertFree(id int32) {
 func (b *BestFit) removeFree(id int32) {
 	nodes := b.nodes
 	n := &nodes[id]
-	fl, sl := splitClass(n.cls)
-	root := b.root(fl, sl)
+	root := b.rootOf(n.cls)
 	link := root
 	for *link != id {
 		if c := &nodes[*link]; lessNode(n, c) {
@@ -124,7 +123,7 @@ func (b *BestFit) removeFree(id int32) {
 		*link = y
 	}
 	if *root == nilID {
-		b.unmark(fl, sl)
+		b.unmark(splitClass(n.cls))
 	}
 }
 
@@ -239,8 +238,17 @@ func (b *BestFit) WalkFree(min uint64, fn func(Segment) bool) {
 	}
 	ok := b.slBitmap[fl]&(1<<sl) != 0
 	for {
-		if ok && !b.walkTreap(*b.root(fl, sl), min, fn) {
-			return
+		if ok {
+			// Most classes hold one range: it is visited without
+			// walkTreap's call.
+			root := *b.root(fl, sl)
+			if n := &b.nodes[root]; n.left == nilID && n.right == nilID {
+				if n.size >= min && !fn(Segment{Offset: n.off, Size: n.size, Free: true}) {
+					return
+				}
+			} else if !b.walkTreap(root, min, fn) {
+				return
+			}
 		}
 		if fl, sl, ok = b.above(fl, sl); !ok {
 			return
@@ -275,7 +283,7 @@ func (b *BestFit) largestFree() uint64 {
 	if !ok {
 		return 0
 	}
-	id := b.roots[fl][sl]
+	id := *b.root(fl, sl)
 	for id != nilID && b.nodes[id].right != nilID {
 		id = b.nodes[id].right
 	}
@@ -302,7 +310,7 @@ func (b *BestFit) checkInternal() error {
 	var stack []int32
 	for fl := 0; fl < tlsfFLCount; fl++ {
 		for sl := 0; sl < tlsfSLCount; sl++ {
-			root := b.roots[fl][sl]
+			root := *b.root(fl, sl)
 			last := int32(nilID)
 			cur := root
 			for cur != nilID || len(stack) > 0 {

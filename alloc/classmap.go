@@ -15,8 +15,8 @@ import (
 // bounds check.
 type classMap struct {
 	flBitmap uint64
-	slBitmap [128]uint32 // rows 64 and up are never set (see above)
-	roots    [64][tlsfSLCount]int32
+	slBitmap [128]uint32             // rows 64 and up are never set (see above)
+	roots    [64 * tlsfSLCount]int32 // class (fl, sl) at classID(fl, sl)
 }
 
 // classID packs a class into the 11 bits a free node keeps (rangeNode.cls),
@@ -29,16 +29,20 @@ func splitClass(id uint16) (fl, sl int) {
 }
 
 // root returns the root slot of class (fl, sl); fl < 64, sl < tlsfSLCount.
-func (c *classMap) root(fl, sl int) *int32 { return &c.roots[fl&63][sl&(tlsfSLCount-1)] }
+func (c *classMap) root(fl, sl int) *int32 {
+	return &c.roots[(fl&63)<<tlsfSLLog2|sl&(tlsfSLCount-1)]
+}
+
+// rootOf is root for a class as classID packs it: a free node's cls
+// indexes the roots directly.
+func (c *classMap) rootOf(cls uint16) *int32 { return &c.roots[cls&(64*tlsfSLCount-1)] }
 
 // reset empties every class.
 func (c *classMap) reset() {
 	c.flBitmap = 0
 	c.slBitmap = [128]uint32{}
-	for fl := range c.roots {
-		for sl := range c.roots[fl] {
-			c.roots[fl][sl] = nilID
-		}
+	for i := range c.roots {
+		c.roots[i] = nilID
 	}
 }
 
@@ -105,7 +109,7 @@ func (c *classMap) check(name string) error {
 			return fmt.Errorf("%s: first-level bit %d disagrees with its second-level bitmap %#x", name, fl, c.slBitmap[fl])
 		}
 		for sl := 0; sl < tlsfSLCount; sl++ {
-			set, rooted := c.slBitmap[fl]&(1<<sl) != 0, c.roots[fl][sl] != nilID
+			set, rooted := c.slBitmap[fl]&(1<<sl) != 0, *c.root(fl, sl) != nilID
 			switch {
 			case set && !rooted:
 				return fmt.Errorf("%s: class (%d,%d): bitmap bit set but the class is empty", name, fl, sl)

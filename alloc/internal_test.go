@@ -202,7 +202,7 @@ func TestCheckFindsCorruption(t *testing.T) {
 			func(a Allocator, _ []Block) {
 				b := a.(*BestFit)
 				fl := log2(b.flBitmap)
-				root := b.roots[fl][bits.Len32(b.slBitmap[fl])-1]
+				root := *b.root(fl, bits.Len32(b.slBitmap[fl])-1)
 				b.nodes[root].size++ // key no longer fits its class or order
 			}, ""},
 		{"bestfit free range counter", func() Allocator { return NewBestFit(MiB) },

@@ -104,10 +104,9 @@ func (t *TLSF) removeFree(id int32) {
 		t.nodes[n.prevFree].nextFree = n.nextFree
 		return
 	}
-	fl, sl := splitClass(n.cls)
-	*t.root(fl, sl) = n.nextFree
+	*t.rootOf(n.cls) = n.nextFree
 	if n.nextFree == nilID {
-		t.unmark(fl, sl)
+		t.unmark(splitClass(n.cls))
 	}
 }
 
@@ -121,7 +120,7 @@ func (t *TLSF) WalkFree(min uint64, fn func(Segment) bool) {
 	}
 	ok := t.slBitmap[fl]&(1<<sl) != 0
 	for {
-		for id := t.roots[fl][sl]; ok && id != nilID; id = t.nodes[id].nextFree {
+		for id := *t.root(fl, sl); ok && id != nilID; id = t.nodes[id].nextFree {
 			if n := &t.nodes[id]; n.size >= min && !fn(Segment{Offset: n.off, Size: n.size, Free: true}) {
 				return
 			}
@@ -141,14 +140,14 @@ func (t *TLSF) fits(id int32, size, align uint64) bool {
 // nilID.
 func (t *TLSF) find(size, align uint64) int32 {
 	if fl, sl, ok := t.findClass(size); ok {
-		if id := t.roots[fl][sl]; t.fits(id, size, align) {
+		if id := *t.root(fl, sl); t.fits(id, size, align) {
 			return id
 		}
 	}
 	worst := size + align - 1 // any block this large fits at any alignment
 	if align > 1 && worst <= t.capacity {
 		if fl, sl, ok := t.findClass(worst); ok {
-			return t.roots[fl][sl]
+			return *t.root(fl, sl)
 		}
 	}
 	// Slow path, taken only near exhaustion: blocks that might fit but are
@@ -165,7 +164,7 @@ func (t *TLSF) find(size, align uint64) int32 {
 		}
 		for ; m != 0; m &= m - 1 {
 			sl := bits.TrailingZeros32(m)
-			for id := t.roots[fl][sl]; id != nilID; id = t.nodes[id].nextFree {
+			for id := *t.root(fl, sl); id != nilID; id = t.nodes[id].nextFree {
 				if t.fits(id, size, align) {
 					return id
 				}
@@ -185,7 +184,7 @@ func (t *TLSF) largestFree() uint64 {
 		return 0
 	}
 	var largest uint64
-	for id := t.roots[fl][sl]; id != nilID; id = t.nodes[id].nextFree {
+	for id := *t.root(fl, sl); id != nilID; id = t.nodes[id].nextFree {
 		largest = max(largest, t.nodes[id].size)
 	}
 	return largest
@@ -205,7 +204,7 @@ func (t *TLSF) checkInternal() error {
 	for fl := 0; fl < tlsfFLCount; fl++ {
 		for m := t.slBitmap[fl]; m != 0; m &= m - 1 {
 			sl := bits.TrailingZeros32(m)
-			head := t.roots[fl][sl]
+			head := *t.root(fl, sl)
 			if head == nilID {
 				return fmt.Errorf("tlsf: class (%d,%d) bit set but list empty", fl, sl)
 			}

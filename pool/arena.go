@@ -77,7 +77,7 @@ type page struct {
 // the usual power-of-two page size: this runs on every allocation).
 func (a *arena) pageOf(off uint64) uint64 {
 	if a.pageShift != 0 {
-		return off >> a.pageShift
+		return off >> (a.pageShift & 63) // the mask: no check for a shift past the width
 	}
 	return off / a.pageBytes
 }
@@ -187,7 +187,7 @@ func wordMask(w, first, last uint64) uint64 {
 		m &= ^uint64(0) << (first % 64)
 	}
 	if w == last/64 {
-		m &= ^uint64(0) >> (63 - last%64)
+		m &= ^uint64(0) >> (^last % 64) // 63 - last%64
 	}
 	return m
 }
@@ -195,7 +195,7 @@ func wordMask(w, first, last uint64) uint64 {
 // spanMask returns the bits of pages [first, last] in their bitset word,
 // which holds them all (first/64 == last/64).
 func spanMask(first, last uint64) uint64 {
-	return ^uint64(0) << (first % 64) & (^uint64(0) >> (63 - last%64))
+	return ^uint64(0) << (first % 64) & (^uint64(0) >> (^last % 64)) // ^last%64 = 63 - last%64
 }
 
 // allReady reports whether pages [first, last] are all mapped and none is
@@ -442,7 +442,9 @@ func (a *arena) preferMapped(b alloc.Block, h alloc.Handle, size, align uint64) 
 func (a *arena) searchMapped(orig, size, align uint64) (alloc.Block, alloc.Handle, error) {
 	pa := a.pa
 	ps := &a.search
-	*ps = placeSearch{a: a, size: size, align: align, orig: orig, best: orig, bestCost: math.MaxUint64, ordered: a.bf != nil}
+	// Field by field: the composite literal was built aside and copied.
+	ps.a, ps.size, ps.align, ps.orig, ps.ordered = a, size, align, orig, a.bf != nil
+	ps.best, ps.bestCost, ps.bestRange, ps.bestStart, ps.s, ps.e = orig, math.MaxUint64, 0, 0, 0, 0
 	if a.visit == nil {
 		a.visit = ps.visit // bound once: a method value passed on escapes
 	}

@@ -37,8 +37,10 @@ func classOf(size uint64) int {
 		return int((size+255)/256) - 1
 	}
 	exp := bits.Len64(size-1) - 1 // base = 1<<exp < size ≤ 2*base
-	shift := uint(exp - 3)        // steps of base/8 (a shift, not a division)
-	return 8 + (exp-11)*8 + int((size-(1<<exp)+(1<<shift)-1)>>shift) - 1
+	// Steps of base/8 (a shift, not a division); the masks spare the
+	// checks for a shift past the width.
+	e, shift := uint(exp)&63, uint(exp-3)&63
+	return 8 + (exp-11)*8 + int((size-(1<<e)+(1<<shift)-1)>>shift) - 1
 }
 
 // classOfSearch is classOf by binary search over the table (the test's

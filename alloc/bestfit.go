@@ -62,9 +62,17 @@ func (b *BestFit) insertFree(id int32) {
 	n := &nodes[id]
 	fl, sl := tlsfMapping(n.size)
 	b.mark(fl, sl)
-	prio := b.nextPrio()
-	n.prio, n.cls = prio, classID(fl, sl)
+	n.cls = classID(fl, sl)
 	link := b.root(fl, sl)
+	if *link == nilID {
+		// Most classes hold one range: it needs no priority (any keeps
+		// the heap order of a treap of one) until a second one comes.
+		n.left, n.right = nilID, nilID
+		*link = id
+		return
+	}
+	prio := b.nextPrio()
+	n.prio = prio
 	for *link != nilID && nodes[*link].prio >= prio {
 		if c := &nodes[*link]; lessNode(n, c) {
 			link = &c.left

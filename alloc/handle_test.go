@@ -2,6 +2,7 @@ package alloc_test
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -120,5 +121,88 @@ func TestFreeHandleInvalid(t *testing.T) {
 		if err := alloc.Check(a); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestFreeByHandle runs one random sequence on two allocators of each
+// strategy, one freeing with FreeHandle and the other with FreeByHandle,
+// valid and invalid frees alike (a wrong offset, a freed or out-of-range
+// handle, a block allocated without one): the same errors, the same
+// accounting after every operation, the same blocks and free ranges after
+// every 16th.
+func TestFreeByHandle(t *testing.T) {
+	type byHandle interface {
+		alloc.HandleAllocator
+		FreeByHandle(h alloc.Handle, offset uint64) error
+	}
+	ops := randomOps() / 5
+	for _, name := range handleStrategies {
+		t.Run(name, func(t *testing.T) {
+			a := mustNew(t, name, 160*MiB).(alloc.HandleAllocator)
+			b := mustNew(t, name, 160*MiB).(byHandle)
+			var blocks []handleBlock
+			r := rand.New(rand.NewPCG(5, 6))
+			for op := 0; op < ops; op++ {
+				if len(blocks) > 0 && (len(blocks) >= 64 || r.IntN(2) == 0) {
+					k := r.IntN(len(blocks))
+					x := blocks[k]
+					h, off := x.h, x.b.Offset
+					switch r.IntN(6) {
+					case 0:
+						off++
+					case 1:
+						h = alloc.Handle(r.IntN(1<<20) - 1<<19)
+					}
+					_, errA := a.FreeHandle(h, off)
+					errB := b.FreeByHandle(h, off)
+					if (errA == nil) != (errB == nil) || errA != nil && !errors.Is(errB, alloc.ErrInvalidFree) {
+						t.Fatalf("op %d: FreeHandle(%d, %d): %v; FreeByHandle: %v", op, h, off, errA, errB)
+					}
+					if errA == nil || !x.handle {
+						if !x.handle {
+							if err := a.Free(x.b.Offset); err != nil {
+								t.Fatalf("op %d: free %d: %v", op, x.b.Offset, err)
+							}
+							if err := b.Free(x.b.Offset); err != nil {
+								t.Fatalf("op %d: free %d: %v", op, x.b.Offset, err)
+							}
+						}
+						blocks[k] = blocks[len(blocks)-1]
+						blocks = blocks[:len(blocks)-1]
+					}
+				} else {
+					size, align := gpuSize(r, 40*MiB), gpuAlign(r)
+					x := handleBlock{handle: r.IntN(3) != 0}
+					var bb alloc.Block
+					var hb alloc.Handle
+					var errA, errB error
+					if x.handle {
+						x.b, x.h, errA = a.AllocHandle(size, align)
+						bb, hb, errB = b.AllocHandle(size, align)
+					} else {
+						x.b, errA = a.Alloc(size, align)
+						bb, errB = b.Alloc(size, align)
+					}
+					if (errA == nil) != (errB == nil) || bb != x.b || hb != x.h {
+						t.Fatalf("op %d: alloc %d: %+v %d %v, and %+v %d %v", op, size, x.b, x.h, errA, bb, hb, errB)
+					}
+					if errA == nil {
+						blocks = append(blocks, x)
+					}
+				}
+				if sa, sb := a.Stats(), b.Stats(); sa != sb {
+					t.Fatalf("op %d: stats after FreeHandle %+v, after FreeByHandle %+v", op, sa, sb)
+				}
+				if op%16 != 0 {
+					continue
+				}
+				if sa, sb := fmt.Sprint(segments(a)), fmt.Sprint(segments(b)); sa != sb {
+					t.Fatalf("op %d: after FreeHandle\n%s\nafter FreeByHandle\n%s", op, sa, sb)
+				}
+				if err := alloc.Check(b); err != nil {
+					t.Fatalf("op %d: %v", op, err)
+				}
+			}
+		})
 	}
 }

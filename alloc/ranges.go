@@ -310,6 +310,20 @@ func (r *rangeList) FreeHandle(h Handle, offset uint64) (Segment, error) {
 	return Segment{Offset: n.off, Size: n.size, Free: true}, nil
 }
 
+// FreeByHandle is FreeHandle for a caller that needs no merged range: the
+// same checks and errors, the same free, a little less work.
+func (r *rangeList) FreeByHandle(h Handle, offset uint64) error {
+	id := int32(h)
+	if id < 0 || int(id) >= len(r.nodes) {
+		return invalidFree(r.name, offset)
+	}
+	if n := &r.nodes[id]; n.free || !n.byHandle || n.off != offset {
+		return invalidFree(r.name, offset)
+	}
+	r.freeNode(id)
+	return nil
+}
+
 // freeNode frees live node id, merges it with its free neighbours and
 // returns the id of the merged free node. (The index and unlink leave the
 // node slice where it is.)

@@ -1233,7 +1233,7 @@ func (p *Pool) release(m *meta) {
 	a := m.arena
 	var err error
 	if a.bf != nil { // placeFree for best fit, the default, inline (placeFree is past the inliner's budget)
-		_, err = a.bf.FreeHandle(m.node, m.off)
+		err = a.bf.FreeByHandle(m.node, m.off)
 		if a.lean {
 			a.stale = true
 		}

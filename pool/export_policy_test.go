@@ -111,3 +111,27 @@ func TestReadyEdges(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkTouched: markTouched sets exactly the bits of pages [first,
+// last], over random ranges within a word, across two, and across many.
+func TestMarkTouched(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for trial := 0; trial < 5000; trial++ {
+		n := 1 + r.IntN(400)
+		a := &arena{touched: make([]uint64, (n+63)/64)}
+		want := make([]uint64, len(a.touched))
+		for i := range a.touched {
+			a.touched[i] = r.Uint64() & r.Uint64()
+			want[i] = a.touched[i]
+		}
+		first := uint64(r.IntN(n))
+		last := first + uint64(r.IntN(min(n-int(first), 1+r.IntN(130))))
+		for i := first; i <= last; i++ {
+			want[i/64] |= 1 << (i % 64)
+		}
+		a.markTouched(first, last)
+		if fmt.Sprint(a.touched) != fmt.Sprint(want) {
+			t.Fatalf("trial %d [%d, %d]: %x, want %x", trial, first, last, a.touched, want)
+		}
+	}
+}

@@ -285,9 +285,19 @@ func (p *Pool) takenPeak() uint64 {
 // markTouched records that a block now lies on pages [first, last], which
 // keeps them from the reclaimer's next pass. Called with p.mu held.
 func (a *arena) markTouched(first, last uint64) {
-	for w := first / 64; w <= last/64; w++ {
-		a.touched[w] |= wordMask(w, first, last)
+	// The first word's bits from first on, the last word's up to last,
+	// every bit of the words between: no mask per word.
+	fw, lw := first/64, last/64
+	hi := ^uint64(0) >> (^last % 64) // 63 - last%64
+	if fw == lw {
+		hi &= ^uint64(0) << (first % 64)
+	} else {
+		a.touched[fw] |= ^uint64(0) << (first % 64)
+		for w := fw + 1; w < lw; w++ {
+			a.touched[w] = ^uint64(0)
+		}
 	}
+	a.touched[lw] |= hi
 }
 
 // idleRun reports whether pages [first, first+n) were free at the

@@ -145,19 +145,24 @@ func (b *BestFit) find(size, align uint64) int32 {
 	if fl >= tlsfFLCount {
 		return nilID
 	}
-	if root := *b.root(fl, sl); root != nilID {
-		if id := b.findIn(root, size, align); id != nilID {
-			return id
-		}
-	}
+	root := *b.root(fl, sl)
 	for {
+		if root != nilID {
+			// A class of one range, the usual case, is looked at here
+			// rather than through findIn's call.
+			if n := &b.nodes[root]; n.left == nilID && n.right == nilID {
+				if n.size >= size && alignUp(n.off, align)-n.off+size <= n.size {
+					return root
+				}
+			} else if id := b.findIn(root, size, align); id != nilID {
+				return id
+			}
+		}
 		var ok bool
 		if fl, sl, ok = b.above(fl, sl); !ok {
 			return nilID
 		}
-		if id := b.findIn(*b.root(fl, sl), size, align); id != nilID {
-			return id
-		}
+		root = *b.root(fl, sl)
 	}
 }
 

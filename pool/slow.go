@@ -259,7 +259,14 @@ func (p *Pool) placeFit(a *arena, size uint64) (*meta, error) {
 	var err error
 	searched := false
 	first, last := a.pageOf(f.Offset), a.pageOf(f.Offset+size-1)
-	if a.allReady(first, last) {
+	ready := false
+	if fw := first / 64; fw == last/64 { // allReady's usual case, without its call
+		m := spanMask(first, last)
+		ready = a.ready[fw]&m == m
+	} else {
+		ready = a.allReady(first, last)
+	}
+	if ready {
 		if b, h, err = a.bf.AllocFit(f); err != nil {
 			return nil, err
 		}

@@ -43,6 +43,9 @@ type rangeNode struct {
 	cls                uint16 // a free node's class (classID), set by the index's insertFree
 	free               bool
 	byHandle           bool // live, allocated by AllocHandle: not in the offset index
+	// 64 bytes a node: an index is a shift, not a multiply, and a node
+	// of a large (page-aligned) slice lies in one cache line.
+	_ [16]byte
 }
 
 // freeIndex finds free ranges. insertFree and removeFree keep it in step

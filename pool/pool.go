@@ -536,8 +536,8 @@ func (m *meta) assign(req uint64, purpose Purpose, t *Tenant) {
 
 // ptr is the block's handed-out address.
 func (m *meta) ptr() device.Ptr {
-	if p := m.arena.ptr(m.off); p != 0 {
-		return p + device.Ptr(m.shift)
+	if base := m.arena.base; base != 0 { // arena.ptr, with one test
+		return base + device.Ptr(m.off+m.shift)
 	}
 	return 0
 }
@@ -905,7 +905,11 @@ func (p *Pool) Alloc(size uint64, o AllocOptions) (Block, error) {
 		}
 		var parked *meta
 		if c.largeBytes > 0 {
-			parked = c.unparkAll()
+			if c.large[0] == nil { // unparkAll with none parked, without its call
+				parked = c.takeDeferred()
+			} else {
+				parked = c.unparkAll()
+			}
 		}
 		c.g.exit()
 		procUnpin()

@@ -141,9 +141,16 @@ func (b *BestFit) removeFree(id int32) {
 // whose ranges all hold size bytes (so the first range of the next
 // non-empty class fits unless the alignment does not).
 func (b *BestFit) find(size, align uint64) int32 {
+	id, _ := b.findOff(size, align)
+	return id
+}
+
+// findOff is find, also returning the range's offset (Find's caller
+// needs it; here the node is at hand).
+func (b *BestFit) findOff(size, align uint64) (int32, uint64) {
 	fl, sl := tlsfMapping(size)
 	if fl >= tlsfFLCount {
-		return nilID
+		return nilID, 0
 	}
 	root := *b.root(fl, sl)
 	for {
@@ -152,15 +159,15 @@ func (b *BestFit) find(size, align uint64) int32 {
 			// rather than through findIn's call.
 			if n := &b.nodes[root]; n.left == nilID && n.right == nilID {
 				if n.size >= size && alignUp(n.off, align)-n.off+size <= n.size {
-					return root
+					return root, n.off
 				}
 			} else if id := b.findIn(root, size, align); id != nilID {
-				return id
+				return id, b.nodes[id].off
 			}
 		}
 		var ok bool
 		if fl, sl, ok = b.above(fl, sl); !ok {
-			return nilID
+			return nilID, 0
 		}
 		root = *b.root(fl, sl)
 	}

@@ -137,15 +137,16 @@ func (r *rangeList) Find(size, align uint64) (f Fit, ok bool) {
 	}
 	align = max(align, 1)
 	var id int32
+	var off uint64
 	if r.bf != nil {
-		id = r.bf.find(size, align)
-	} else {
-		id = r.idx.find(size, align)
+		id, off = r.bf.findOff(size, align)
+	} else if id = r.idx.find(size, align); id != nilID {
+		off = r.nodes[id].off
 	}
 	if id == nilID {
 		return Fit{}, false
 	}
-	return Fit{Offset: alignUp(r.nodes[id].off, align), size: size, node: id}, true
+	return Fit{Offset: alignUp(off, align), size: size, node: id}, true
 }
 
 // AllocFit allocates the block of Fit f, as AllocHandle would have when

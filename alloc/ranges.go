@@ -113,7 +113,7 @@ func (r *rangeList) allocNode(size, align uint64) (int32, error) {
 		}
 		return nilID, r.oom(size, max(align, 1))
 	}
-	r.carve(f.node, f.Offset, size)
+	r.take(f, false) // f is Find's: no error
 	return f.node, nil
 }
 
@@ -154,18 +154,7 @@ func (r *rangeList) Find(size, align uint64) (f Fit, ok bool) {
 // since: a Fit whose range is no longer free there returns an error
 // wrapping ErrInvalidArgument and changes nothing.
 func (r *rangeList) AllocFit(f Fit) (Block, Handle, error) {
-	if f.node < 0 || int(f.node) >= len(r.nodes) {
-		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, f.Offset, ErrInvalidArgument)
-	}
-	// [f.Offset, f.Offset+f.size) within the free node: an offset below
-	// it wraps around, a size of 0 too.
-	if n := &r.nodes[f.node]; !n.free || f.size-1 >= n.size || f.Offset-n.off > n.size-f.size {
-		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, f.Offset, ErrInvalidArgument)
-	}
-	r.carve(f.node, f.Offset, f.size)
-	b := &r.nodes[f.node]
-	b.byHandle = true
-	return Block{Offset: b.off, Size: f.size}, Handle(f.node), nil
+	return r.take(f, true)
 }
 
 // AllocHandleAt is AllocHandle at an offset the caller chose: it carves
@@ -196,15 +185,25 @@ func (r *rangeList) AllocHandleAt(offset, size uint64) (Block, Handle, error) {
 		r.failures++
 		return Block{}, 0, fmt.Errorf("%s: [%d, %d) is not free: %w", r.name, offset, offset+size, ErrOutOfMemory)
 	}
-	r.carve(id, offset, size)
-	b := &r.nodes[id]
-	b.byHandle = true
-	return Block{Offset: b.off, Size: size}, Handle(id), nil
+	return r.take(Fit{Offset: offset, size: size, node: id}, true) // [offset, offset+size) lies in free node id: no error
 }
 
-// carve turns free node id into a live node of [start, start+size), which
-// it holds, leaving free nodes for the bytes before and after.
-func (r *rangeList) carve(id int32, start, size uint64) {
+// take turns the free node of Fit f into the live node of its block,
+// allocated by handle or not (byHandle), leaving free nodes for the bytes
+// before and after, and returns the block and its handle. A Fit whose
+// block does not lie in a free node returns an error wrapping
+// ErrInvalidArgument and changes nothing. (AllocFit, inlined into its
+// caller, is a call to take.)
+func (r *rangeList) take(f Fit, byHandle bool) (Block, Handle, error) {
+	id, start, size := f.node, f.Offset, f.size
+	if id < 0 || int(id) >= len(r.nodes) {
+		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, start, ErrInvalidArgument)
+	}
+	// [start, start+size) within the free node: an offset below it wraps
+	// around, a size of 0 too.
+	if n := &r.nodes[id]; !n.free || size-1 >= n.size || start-n.off > n.size-size {
+		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, start, ErrInvalidArgument)
+	}
 	if r.bf != nil {
 		r.bf.removeFree(id)
 	} else {
@@ -236,10 +235,11 @@ func (r *rangeList) carve(id int32, start, size uint64) {
 		}
 		r.freeRanges++
 	}
-	n.free = false
+	n.free, n.byHandle = false, byHandle
 	r.used += size
 	r.liveBlocks++
 	r.allocs++
+	return Block{Offset: start, Size: size}, Handle(id), nil
 }
 
 // linkBefore inserts node id into the physical list just before next.
@@ -293,8 +293,8 @@ func (r *rangeList) Free(offset uint64) error {
 	if !ok {
 		return invalidFree(r.name, offset)
 	}
-	r.freeNode(int32(v))
-	return nil
+	_, err := r.freeAt(int32(v), offset, false) // the offset index holds only such blocks: no error
+	return err
 }
 
 // FreeHandle frees the block AllocHandle returned with h at offset and
@@ -302,38 +302,36 @@ func (r *rangeList) Free(offset uint64) error {
 // live block from AllocHandle at that offset returns an error wrapping
 // ErrInvalidFree and changes nothing.
 func (r *rangeList) FreeHandle(h Handle, offset uint64) (Segment, error) {
-	id := int32(h)
-	if id < 0 || int(id) >= len(r.nodes) {
-		return Segment{}, invalidFree(r.name, offset)
+	id, err := r.freeAt(int32(h), offset, true)
+	if err != nil {
+		return Segment{}, err
 	}
-	if n := &r.nodes[id]; n.free || !n.byHandle || n.off != offset {
-		return Segment{}, invalidFree(r.name, offset)
-	}
-	id = r.freeNode(id)
 	n := &r.nodes[id]
 	return Segment{Offset: n.off, Size: n.size, Free: true}, nil
 }
 
 // FreeByHandle is FreeHandle for a caller that needs no merged range: the
-// same checks and errors, the same free, a little less work.
+// same checks and errors, the same free, a little less work (it is
+// inlined into its caller).
 func (r *rangeList) FreeByHandle(h Handle, offset uint64) error {
-	id := int32(h)
-	if id < 0 || int(id) >= len(r.nodes) {
-		return invalidFree(r.name, offset)
-	}
-	if n := &r.nodes[id]; n.free || !n.byHandle || n.off != offset {
-		return invalidFree(r.name, offset)
-	}
-	r.freeNode(id)
-	return nil
+	_, err := r.freeAt(int32(h), offset, true)
+	return err
 }
 
-// freeNode frees live node id, merges it with its free neighbours and
-// returns the id of the merged free node. (The index and unlink leave the
-// node slice where it is.)
-func (r *rangeList) freeNode(id int32) int32 {
+// freeAt frees live node id, the block at offset allocated by handle or
+// not (byHandle), merges it with its free neighbours and returns the id of
+// the merged free node; where id is no such block it returns an error
+// wrapping ErrInvalidFree and changes nothing. (The index and unlink leave
+// the node slice where it is.)
+func (r *rangeList) freeAt(id int32, offset uint64, byHandle bool) (int32, error) {
+	if id < 0 || int(id) >= len(r.nodes) {
+		return nilID, invalidFree(r.name, offset)
+	}
 	nodes := r.nodes
 	n := &nodes[id]
+	if n.free || n.byHandle != byHandle || n.off != offset {
+		return nilID, invalidFree(r.name, offset)
+	}
 	n.free, n.byHandle = true, false
 	r.used -= n.size
 	r.liveBlocks--
@@ -369,7 +367,7 @@ func (r *rangeList) freeNode(id int32) int32 {
 	} else {
 		r.idx.insertFree(id)
 	}
-	return id
+	return id, nil
 }
 
 // Grow extends the range to capacity bytes; the new space merges with a

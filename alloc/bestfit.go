@@ -145,9 +145,24 @@ func (b *BestFit) find(size, align uint64) int32 {
 	return id
 }
 
-// findOff is find, also returning the range's offset (Find's caller
-// needs it; here the node is at hand).
+// Find returns where AllocHandle(size, align) would place a block now,
+// placing nothing: ok is false where AllocHandle would fail (f is then
+// no place: AllocFit refuses it). It changes nothing, not the Failures
+// count either; AllocFit takes the place. (The work is findOff's, so
+// that Find is inlined into its caller.)
+func (b *BestFit) Find(size, align uint64) (f Fit, ok bool) {
+	id, off := b.findOff(size, align)
+	return Fit{Offset: off, size: size, node: id}, id != nilID
+}
+
+// findOff is Find's work: it returns find's range and the block's offset
+// in it (the node is at hand here), or nilID for a request Find refuses.
 func (b *BestFit) findOff(size, align uint64) (int32, uint64) {
+	// checkRequest, inline: this runs on every allocation.
+	if size-1 >= MaxCapacity || align&(align-1) != 0 || size > b.capacity-b.used {
+		return nilID, 0
+	}
+	align = max(align, 1)
 	fl, sl := tlsfMapping(size)
 	if fl >= tlsfFLCount {
 		return nilID, 0
@@ -159,10 +174,10 @@ func (b *BestFit) findOff(size, align uint64) (int32, uint64) {
 			// rather than through findIn's call.
 			if n := &b.nodes[root]; n.left == nilID && n.right == nilID {
 				if n.size >= size && alignUp(n.off, align)-n.off+size <= n.size {
-					return root, n.off
+					return root, alignUp(n.off, align)
 				}
 			} else if id := b.findIn(root, size, align); id != nilID {
-				return id, b.nodes[id].off
+				return id, alignUp(b.nodes[id].off, align)
 			}
 		}
 		var ok bool

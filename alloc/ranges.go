@@ -131,22 +131,19 @@ type Fit struct {
 // place before taking it (AllocFit) saves the allocation and free of a
 // place it would refuse.
 func (r *rangeList) Find(size, align uint64) (f Fit, ok bool) {
+	if r.bf != nil {
+		return r.bf.Find(size, align)
+	}
 	// checkRequest, inline: this runs on every allocation.
 	if size-1 >= MaxCapacity || align&(align-1) != 0 || size > r.capacity-r.used {
 		return Fit{}, false
 	}
 	align = max(align, 1)
-	var id int32
-	var off uint64
-	if r.bf != nil {
-		id, off = r.bf.findOff(size, align)
-	} else if id = r.idx.find(size, align); id != nilID {
-		off = r.nodes[id].off
-	}
+	id := r.idx.find(size, align)
 	if id == nilID {
 		return Fit{}, false
 	}
-	return Fit{Offset: alignUp(off, align), size: size, node: id}, true
+	return Fit{Offset: alignUp(r.nodes[id].off, align), size: size, node: id}, true
 }
 
 // AllocFit allocates the block of Fit f, as AllocHandle would have when

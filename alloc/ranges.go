@@ -72,9 +72,36 @@ func (r *rangeList) newNode(off, size uint64, free bool) int32 {
 		n.prevPhys, n.nextPhys, n.prevFree, n.nextFree, n.left, n.right = nilID, nilID, nilID, nilID, nilID, nilID
 		return id
 	}
-	r.nodes = append(r.nodes, rangeNode{off: off, size: size, free: free, prevPhys: nilID, nextPhys: nilID,
-		prevFree: nilID, nextFree: nilID, left: nilID, right: nilID})
+	id := r.appendNode()
+	n := &r.nodes[id]
+	n.off, n.size, n.free = off, size, free
+	return id
+}
+
+// appendNode appends a node in no list to the slice and returns its id.
+func (r *rangeList) appendNode() int32 {
+	r.nodes = append(r.nodes, rangeNode{prevPhys: nilID, nextPhys: nilID, prevFree: nilID, nextFree: nilID, left: nilID, right: nilID})
 	return int32(len(r.nodes) - 1)
+}
+
+// spareNode is newNode for a free node when a spare one is sure to be
+// there (take makes sure of two): inlined, no slice to grow, and the
+// nodes stay where they are.
+func (r *rangeList) spareNode(off, size uint64) int32 {
+	k := len(r.spare) - 1
+	id := r.spare[k]
+	r.spare = r.spare[:k]
+	n := &r.nodes[id]
+	n.off, n.size, n.free, n.byHandle = off, size, true, false
+	n.prevPhys, n.nextPhys, n.prevFree, n.nextFree, n.left, n.right = nilID, nilID, nilID, nilID, nilID, nilID
+	return id
+}
+
+// growSpare adds two nodes to the slice, spare (in no list).
+func (r *rangeList) growSpare() {
+	for range 2 {
+		r.spare = append(r.spare, r.appendNode())
+	}
 }
 
 // Alloc returns a block of exactly size bytes at the alignment, carved from
@@ -201,6 +228,9 @@ func (r *rangeList) take(f Fit, byHandle bool) (Block, Handle, error) {
 	if n := &r.nodes[id]; !n.free || size-1 >= n.size || start-n.off > n.size-size {
 		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, start, ErrInvalidArgument)
 	}
+	if len(r.spare) < 2 { // the two nodes the bytes around the block may need
+		r.growSpare()
+	}
 	if r.bf != nil {
 		r.bf.removeFree(id)
 	} else {
@@ -209,8 +239,7 @@ func (r *rangeList) take(f Fit, byHandle bool) (Block, Handle, error) {
 	r.freeRanges--
 	n := &r.nodes[id]
 	if off := n.off; start > off {
-		pad := r.newNode(off, start-off, true)
-		n = &r.nodes[id] // newNode may have moved the nodes
+		pad := r.spareNode(off, start-off)
 		r.linkBefore(pad, id)
 		n.off, n.size = start, n.size-(start-off)
 		if r.bf != nil {
@@ -221,8 +250,7 @@ func (r *rangeList) take(f Fit, byHandle bool) (Block, Handle, error) {
 		r.freeRanges++
 	}
 	if rest := n.size - size; rest > 0 {
-		tail := r.newNode(n.off+size, rest, true)
-		n = &r.nodes[id]
+		tail := r.spareNode(n.off+size, rest)
 		r.linkAfter(tail, id)
 		n.size = size
 		if r.bf != nil {

@@ -62,8 +62,9 @@ func (b *BestFit) insertFree(id int32) {
 	n := &nodes[id]
 	fl, sl := tlsfMapping(n.size)
 	b.mark(fl, sl)
-	n.cls = classID(fl, sl)
-	link := b.root(fl, sl)
+	cls := classID(fl, sl)
+	n.cls = cls
+	link := b.rootOf(cls)
 	if *link == nilID {
 		// Most classes hold one range: it needs no priority (any keeps
 		// the heap order of a treap of one) until a second one comes.

@@ -340,7 +340,7 @@ func (b *BestFit) checkInternal() error {
 	if err := b.check("bestfit"); err != nil {
 		return err
 	}
-	inUse := len(b.nodes) - len(b.spare)
+	inUse := len(b.nodes) - b.nSpare
 	// In-order traversal of every class's treap.
 	count := 0
 	var stack []int32

@@ -9,11 +9,14 @@ import "fmt"
 // ranges are found — TLSF's segregated lists, best fit's treaps — is the
 // strategy's, behind freeIndex.
 type rangeList struct {
-	name        string
-	capacity    uint64
-	nodes       []rangeNode
-	spare       []int32 // recycled node ids
-	first, last int32   // physical list ends (nilID when capacity is 0)
+	name     string
+	capacity uint64
+	nodes    []rangeNode
+	// spareHead heads the recycled nodes, linked through nextPhys (a
+	// push and a pop are two stores, not an append); nSpare counts them.
+	spareHead   int32
+	nSpare      int
+	first, last int32 // physical list ends (nilID when capacity is 0)
 	live        offsetMap
 
 	used       uint64
@@ -64,10 +67,10 @@ type freeIndex interface {
 func (r *rangeList) Capacity() uint64 { return r.capacity }
 
 func (r *rangeList) newNode(off, size uint64, free bool) int32 {
-	if k := len(r.spare); k > 0 {
-		id := r.spare[k-1]
-		r.spare = r.spare[:k-1]
+	if r.nSpare > 0 {
+		id := r.spareHead
 		n := &r.nodes[id]
+		r.spareHead, r.nSpare = n.nextPhys, r.nSpare-1
 		n.off, n.size, n.free, n.byHandle = off, size, free, false
 		n.prevPhys, n.nextPhys, n.prevFree, n.nextFree, n.left, n.right = nilID, nilID, nilID, nilID, nilID, nilID
 		return id
@@ -88,10 +91,9 @@ func (r *rangeList) appendNode() int32 {
 // there (take makes sure of two): inlined, no slice to grow, and the
 // nodes stay where they are.
 func (r *rangeList) spareNode(off, size uint64) int32 {
-	k := len(r.spare) - 1
-	id := r.spare[k]
-	r.spare = r.spare[:k]
+	id := r.spareHead
 	n := &r.nodes[id]
+	r.spareHead, r.nSpare = n.nextPhys, r.nSpare-1
 	n.off, n.size, n.free, n.byHandle = off, size, true, false
 	n.prevPhys, n.nextPhys, n.prevFree, n.nextFree, n.left, n.right = nilID, nilID, nilID, nilID, nilID, nilID
 	return id
@@ -100,7 +102,9 @@ func (r *rangeList) spareNode(off, size uint64) int32 {
 // growSpare adds two nodes to the slice, spare (in no list).
 func (r *rangeList) growSpare() {
 	for range 2 {
-		r.spare = append(r.spare, r.appendNode())
+		id := r.appendNode()
+		r.nodes[id].nextPhys, r.spareHead = r.spareHead, id
+		r.nSpare++
 	}
 }
 
@@ -228,7 +232,7 @@ func (r *rangeList) take(f Fit, byHandle bool) (Block, Handle, error) {
 	if n := &r.nodes[id]; !n.free || size-1 >= n.size || start-n.off > n.size-size {
 		return Block{}, 0, fmt.Errorf("%s: stale fit at offset %d: %w", r.name, start, ErrInvalidArgument)
 	}
-	if len(r.spare) < 2 { // the two nodes the bytes around the block may need
+	if r.nSpare < 2 { // the two nodes the bytes around the block may need
 		r.growSpare()
 	}
 	if r.bf != nil {
@@ -307,7 +311,8 @@ func (r *rangeList) unlink(id int32) {
 	} else {
 		nodes[n.nextPhys].prevPhys = n.prevPhys
 	}
-	r.spare = append(r.spare, id)
+	n.nextPhys, r.spareHead = r.spareHead, id
+	r.nSpare++
 }
 
 // Free releases the live block at offset and merges it with free
@@ -425,7 +430,7 @@ func (r *rangeList) Grow(capacity uint64) error {
 // Reset frees every block. The Allocs, Frees and Failures counts are kept.
 func (r *rangeList) Reset() {
 	r.nodes = r.nodes[:0]
-	r.spare = r.spare[:0]
+	r.spareHead, r.nSpare = nilID, 0
 	r.idx.resetIndex()
 	r.live.clear()
 	r.used, r.liveBlocks, r.freeRanges = 0, 0, 0
@@ -478,7 +483,16 @@ func (r *rangeList) emptyFreeRanges() int   { return boolInt(r.capacity > 0) }
 // leaked or cyclic nodes) and the live index, and returns the number of
 // free nodes for the strategy to compare with its index.
 func (r *rangeList) checkPhysical() (free int, err error) {
-	inUse := len(r.nodes) - len(r.spare)
+	inUse := len(r.nodes) - r.nSpare
+	spares := 0
+	for id := r.spareHead; id != nilID; id = r.nodes[id].nextPhys {
+		if spares++; spares > r.nSpare {
+			return 0, fmt.Errorf("%s: spare list longer than its count %d (cycle?)", r.name, r.nSpare)
+		}
+	}
+	if spares != r.nSpare {
+		return 0, fmt.Errorf("%s: spare list holds %d nodes, counted %d", r.name, spares, r.nSpare)
+	}
 	var seen, live, handled int
 	prev := int32(nilID)
 	for id := r.first; id != nilID; id = r.nodes[id].nextPhys {

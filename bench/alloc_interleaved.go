@@ -132,8 +132,13 @@ func interleave(anchor DriverAnchor, async bool, w AllocWorkload, windows int, n
 		return nil, nil, nil, err
 	}
 	runtime.GC() // no collection while the two are timed
+	// Nothing grows while the two are timed: no allocation for a collection
+	// to follow.
+	poolBatches = make([]float64, 0, windows*WindowPoolPairs/BatchPairs)
+	anchorBatches = make([]float64, 0, windows*WindowAnchorPairs/BatchPairs)
+	ratios = make([]float64, 0, windows)
 	window := make([]float64, 0, WindowPoolPairs/BatchPairs)
-	var drv []float64
+	drv := make([]float64, 0, WindowAnchorPairs/BatchPairs)
 	for k := 0; k < windows; k++ {
 		first := w.Warmup + k*WindowPoolPairs
 		window = window[:0]

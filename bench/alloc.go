@@ -131,10 +131,10 @@ type AllocReport struct {
 	Device  string          `json:"device"`
 	Backend string          `json:"backend"`
 	Results []LatencyResult `json:"results"`
-	// Interleaved compares, per mix, the first policy and strategy with
-	// the anchor the ratios are taken against, timed in alternating
-	// windows on one goroutine (InterleavedResult); empty without an
-	// anchor.
+	// Interleaved compares, per mix and goroutine count, the first policy
+	// and strategy with the anchor the ratios are taken against on one
+	// goroutine, timed in alternating windows (InterleavedResult); empty
+	// without an anchor.
 	Interleaved []InterleavedResult `json:"interleaved,omitempty"`
 	// TimerOverheadNs is the cost of one pair of clock reads, included in
 	// every per-operation latency above.
@@ -220,7 +220,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 	anchor, hasAnchor := d.(DriverAnchor)
 	total := len(o.Mixes) * (len(o.Strategies)*len(o.Policies) + 2) * len(o.Goroutines)
 	if hasAnchor {
-		total += len(o.Mixes)
+		total += len(o.Mixes) * len(o.Goroutines)
 	}
 	done := 0
 	step := func(name string) {
@@ -286,13 +286,16 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 				step(name)
 			}
 		}
-		if hasAnchor {
+		for _, n := range o.Goroutines {
+			if !hasAnchor {
+				break
+			}
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			r, err := interleavedRow(anchor, d, mix, o)
+			r, err := interleavedRow(anchor, d, mix, n, o)
 			if err != nil {
-				return rep, fmt.Errorf("bench alloc: interleaved %s: %w", mix.Name, err)
+				return rep, fmt.Errorf("bench alloc: interleaved %s ×%d: %w", mix.Name, n, err)
 			}
 			if r != nil {
 				rep.Interleaved = append(rep.Interleaved, *r)
@@ -305,10 +308,10 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 }
 
 // interleavedRow times the first policy the device can run, with the first
-// strategy, against the anchor the ratios are taken against (DriverAsync,
-// or the AnchorNamer's), in alternating windows; nil when there is no such
-// policy or anchor.
-func interleavedRow(anchor DriverAnchor, d device.Device, mix Mix, o AllocOptions) (*InterleavedResult, error) {
+// strategy, on n goroutines, against the anchor the ratios are taken
+// against (DriverAsync, or the AnchorNamer's) on one, in alternating
+// windows; nil when there is no such policy or anchor.
+func interleavedRow(anchor DriverAnchor, d device.Device, mix Mix, n int, o AllocOptions) (*InterleavedResult, error) {
 	name, async := DriverAsync, true
 	if nm, named := d.(AnchorNamer); named {
 		if name = nm.AnchorName(true); name == "" {
@@ -322,7 +325,7 @@ func interleavedRow(anchor DriverAnchor, d device.Device, mix Mix, o AllocOption
 		if g.Options.Growth == pool.GrowVirtual && !d.Info().VirtualMemory {
 			continue
 		}
-		r, err := interleaved(anchor, name, async, d, o.Strategies[0], g, mix, o)
+		r, err := interleaved(anchor, name, async, d, o.Strategies[0], g, mix, n, o)
 		return &r, err
 	}
 	return nil, nil

@@ -6,12 +6,15 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
+	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/device/vulkan"
+	"github.com/memwall/memwall/pool"
 )
 
 // Both drivers are anchors: a signature that drifts from DriverAnchor's
@@ -287,34 +290,41 @@ func TestAnchorOnGPU(t *testing.T) {
 }
 
 // TestInterleave runs random workloads through interleave on the fake
-// driver's clock: after the warm-up, every window runs its pool batches
-// and then the driver's batches on the window's first WindowAnchorPairs;
-// each window's ratio is its median pool batch over its median driver
-// batch, and
-// the result's figures follow from the batches. A driver failure at a
-// random call returns the error with every live handle freed and the
-// allocator released.
+// driver's clock: after the warm-up, every window runs the pool's side
+// (of one to four goroutines) and then the driver's batches on the
+// window's first WindowAnchorPairs; each window's ratio is its median pool
+// batch over its median driver batch, and the result's figures follow
+// from the batches and the windows' times. A driver failure at a random
+// call returns the error with every live handle freed and the allocator
+// released.
 func TestInterleave(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for trial := 0; trial < 200; trial++ {
-		live, windows := 1+r.IntN(40), 1+r.IntN(12)
+		live, windows, n := 1+r.IntN(40), 1+r.IntN(12), 1+r.IntN(4)
 		w := workload(Mix{Min: 512, Max: 64 << 20}, r.Uint64(), live, r.IntN(50), windows*WindowPoolPairs)
 		f := newFakeDriver(t)
 		fail := trial%3 == 0
 		if fail {
 			f.failAt = 1 + r.IntN(2*(live+w.Warmup+windows*WindowAnchorPairs))
 		}
-		var order []int // pool batches by first pair; -1 for a driver batch's first call
+		per := n * WindowPoolPairs / BatchPairs
+		var order []int // pool windows; -1 where the driver was called since the last
 		lastCalls := 0
-		batch := func(from int) (time.Duration, error) {
+		var spent time.Duration
+		poolWindow := func(k int, into []float64) ([]float64, time.Duration, error) {
 			if f.calls != lastCalls {
 				order = append(order, -1)
 			}
-			order = append(order, from)
+			order = append(order, k)
 			lastCalls = f.calls
-			return time.Duration(BatchPairs*(100+from%37)) * time.Nanosecond, nil
+			for b := 0; b < per; b++ {
+				into = append(into, float64(100+r.IntN(300)))
+			}
+			dt := time.Duration(1+r.IntN(1000)) * time.Microsecond
+			spent += dt
+			return into, dt, nil
 		}
-		pb, ab, ratios, err := interleave(f, true, w, windows, f.now, batch)
+		pb, ab, ratios, poolTime, err := interleave(f, true, w, windows, f.now, poolWindow)
 		if len(f.live) != 0 || f.released != 1 {
 			t.Fatalf("trial %d: %d handles live and %d releases after the run (err %v)", trial, len(f.live), f.released, err)
 		}
@@ -327,21 +337,19 @@ func TestInterleave(t *testing.T) {
 		if err != nil {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
-		per := WindowPoolPairs / BatchPairs
 		aper := WindowAnchorPairs / BatchPairs
-		if len(pb) != windows*per || len(ab) != windows*aper || len(ratios) != windows {
-			t.Fatalf("trial %d: %d pool batches, %d driver batches, %d ratios for %d windows", trial, len(pb), len(ab), len(ratios), windows)
+		if len(pb) != windows*per || len(ab) != windows*aper || len(ratios) != windows || poolTime != spent {
+			t.Fatalf("trial %d: %d pool batches, %d driver batches, %d ratios for %d windows; pool time %v of %v",
+				trial, len(pb), len(ab), len(ratios), windows, poolTime, spent)
 		}
-		// The warm-up ran on the driver before the first pool batch; then
-		// each window: its pool batches in order, then the driver's.
+		// The warm-up ran on the driver before the first pool window; then
+		// each window: the pool's side, then the driver's.
 		want := []int{}
 		for k := 0; k < windows; k++ {
 			if k > 0 || live+w.Warmup > 0 {
 				want = append(want, -1)
 			}
-			for b := 0; b < per; b++ {
-				want = append(want, w.Warmup+k*WindowPoolPairs+b*BatchPairs)
-			}
+			want = append(want, k)
 		}
 		if fmt.Sprint(order) != fmt.Sprint(want) {
 			t.Fatalf("trial %d: order %v, want %v", trial, order, want)
@@ -366,16 +374,98 @@ func TestInterleave(t *testing.T) {
 			}
 		}
 		var res InterleavedResult
-		res.fill(append([]float64(nil), pb...), append([]float64(nil), ab...), append([]float64(nil), ratios...))
-		var sum float64
-		for _, x := range pb {
-			sum += x
-		}
-		if res.Windows != windows || res.PoolPairs != windows*WindowPoolPairs || res.AnchorPairs != windows*WindowAnchorPairs ||
-			res.P50Ratio != res.PoolBatchP50ns/pair || math.Abs(res.ThroughputRatio-pair*float64(len(pb))/sum) > 1e-9*res.ThroughputRatio ||
-			math.Abs(res.AnchorPairsPerSec-1e9/pair) > 1e-9*res.AnchorPairsPerSec || math.Abs(res.PoolPairsPerSec-1e9*float64(len(pb))/sum) > 1e-9*res.PoolPairsPerSec ||
+		res.fill(append([]float64(nil), pb...), append([]float64(nil), ab...), append([]float64(nil), ratios...), poolTime)
+		if res.Windows != windows || res.PoolPairs != len(pb)*BatchPairs || res.AnchorPairs != windows*WindowAnchorPairs ||
+			res.P50Ratio != res.PoolBatchP50ns/pair || res.ThroughputRatio != res.PoolPairsPerSec/res.AnchorPairsPerSec ||
+			math.Abs(res.AnchorPairsPerSec-1e9/pair) > 1e-9*res.AnchorPairsPerSec ||
+			math.Abs(res.PoolPairsPerSec-float64(res.PoolPairs)/poolTime.Seconds()) > 1e-9*res.PoolPairsPerSec ||
 			res.WindowRatioP50 > res.WindowRatioP90 {
 			t.Fatalf("trial %d: result %+v", trial, res)
 		}
 	}
+}
+
+// TestPoolWindows runs the pool's side of interleaved windows on a
+// simulated device with one to five goroutines: every window times every
+// goroutine's batches, the pool holds exactly the working sets' bytes
+// after each window, the window's time is its slowest goroutine's, and a
+// failure of one goroutine's pool (a device that runs out of memory) is
+// returned naming it, with nothing left held after close.
+func TestPoolWindows(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for trial := 0; trial < 12; trial++ {
+		n, live, windows := 1+r.IntN(5), 1+r.IntN(16), 1+r.IntN(3)
+		o := sim.DefaultOptions()
+		o.Backing = false
+		d := sim.New(o)
+		p, err := pool.New(d, pool.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws := make([]AllocWorkload, n)
+		for gi := range ws {
+			ws[gi] = workload(Mix{Min: 512, Max: 8 << 20}, uint64(trial*10+gi), live, r.IntN(100), windows*WindowPoolPairs)
+		}
+		pw, err := newPoolWindows(p, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k < windows; k++ {
+			times, dt, err := pw.window(k, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(times) != n*WindowPoolPairs/BatchPairs {
+				t.Fatalf("trial %d window %d: %d batch times for %d goroutines", trial, k, len(times), n)
+			}
+			var longest time.Duration
+			for gi := range ws {
+				longest = max(longest, pw.spent[gi])
+			}
+			if dt != longest || dt <= 0 {
+				t.Fatalf("trial %d window %d: window time %v, slowest goroutine %v", trial, k, dt, longest)
+			}
+			// Every goroutine's working set: its sizes as of this window's
+			// last pair.
+			var want uint64
+			for _, w := range ws {
+				sizes := append([]uint64(nil), w.Initial...)
+				last := w.Warmup + (k+1)*WindowPoolPairs
+				for i := 0; i < last; i++ {
+					sizes[w.Victims[i]] = w.Sizes[i]
+				}
+				for _, s := range sizes {
+					want += s
+				}
+			}
+			if got := p.Stats().RequestedBytes; got != want {
+				t.Fatalf("trial %d window %d: pool holds %d requested bytes, the working sets %d", trial, k, got, want)
+			}
+		}
+		pw.close()
+		if st := p.Stats(); st.UsedBytes != 0 {
+			t.Fatalf("trial %d: %d bytes still used after close", trial, st.UsedBytes)
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pool that cannot hold the working sets: the goroutine that ran out
+	// is named.
+	o := sim.DefaultOptions()
+	o.Backing = false
+	o.TotalBytes = 64 << 20
+	p, err := pool.New(sim.New(o), pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := []AllocWorkload{workload(Mix{Min: 1 << 20, Max: 1 << 20}, 1, 4, 0, WindowPoolPairs),
+		workload(Mix{Min: 48 << 20, Max: 48 << 20}, 2, 2, 0, WindowPoolPairs)}
+	if _, err := newPoolWindows(p, ws); err == nil || !strings.Contains(err.Error(), "goroutine 1") {
+		t.Fatalf("working sets of 4 MiB and 96 MiB on 64 MiB: err %v", err)
+	}
+	if st := p.Stats(); st.UsedBytes != 0 {
+		t.Fatalf("%d bytes still used after the failed start", st.UsedBytes)
+	}
+	_ = p.Close()
 }

@@ -126,15 +126,15 @@ func printInterleaved(e *env, rows []bench.InterleavedResult) {
 		return
 	}
 	w := e.stdout
-	fmt.Fprintf(w, "interleaved on one goroutine: windows of %d pool pairs then %d of the driver's, so both are timed at the same moments of the host\n",
+	fmt.Fprintf(w, "interleaved: windows of %d pool pairs on each of its goroutines, then %d of the driver's on one, so both are timed at the same moments of the host\n",
 		bench.WindowPoolPairs, bench.WindowAnchorPairs)
 	for _, r := range rows {
 		if r.Note != "" {
-			fmt.Fprintf(w, "  %-18s %s against %s: %s\n", r.Mix, r.Pool, r.Anchor, r.Note)
+			fmt.Fprintf(w, "  %-18s %s ×%d against %s: %s\n", r.Mix, r.Pool, r.Goroutines, r.Anchor, r.Note)
 			continue
 		}
-		fmt.Fprintf(w, "  %-18s %s p50 %.0f ns, %s %.0f ns: %.3f× (per window: p50 %.3f×, p90 %.3f×); pairs/s %.0f against %.0f: %.1f× (%d windows)\n",
-			r.Mix, r.Pool, r.PoolBatchP50ns, r.Anchor, r.AnchorBatchP50ns, r.P50Ratio, r.WindowRatioP50, r.WindowRatioP90,
+		fmt.Fprintf(w, "  %-18s %s ×%-2d p50 %.0f ns, %s ×1 %.0f ns: %.3f× (per window: p50 %.3f×, p90 %.3f×); pairs/s %.0f against %.0f: %.1f× (%d windows)\n",
+			r.Mix, r.Pool, r.Goroutines, r.PoolBatchP50ns, r.Anchor, r.AnchorBatchP50ns, r.P50Ratio, r.WindowRatioP50, r.WindowRatioP90,
 			r.PoolPairsPerSec, r.AnchorPairsPerSec, r.ThroughputRatio, r.Windows)
 	}
 }

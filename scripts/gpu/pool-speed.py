@@ -28,7 +28,7 @@ def rows(path):
         elif a == "cuMemAllocAsync":
             out["async"] = r
     for r in rep.get("interleaved") or []:
-        if r["pool"].endswith("/virtual") and not r.get("note"):
+        if r["pool"].endswith("/virtual") and r.get("goroutines", 1) == 1 and not r.get("note"):
             out["interleaved"] = r
     return out
 

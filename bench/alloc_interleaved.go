@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/memwall/memwall/device"
@@ -191,7 +192,11 @@ func (res *InterleavedResult) fill(poolBatches, anchorBatches, ratios []float64,
 
 // poolWindows runs the pool's side of interleaved windows on as many
 // goroutines as it has request streams: the caller's for the first, a
-// worker of its own for each other.
+// worker of its own for each other. Between windows the workers wait
+// spinning (for up to spinFor, then yielding as they spin), not parked: a
+// parked goroutine wakes on whichever processor is free, away from the
+// pool's per-processor cache and shard it used, and on a cold CPU; the
+// rows timed apart keep their goroutines running too.
 type poolWindows struct {
 	p      *pool.Pool
 	ws     []AllocWorkload
@@ -199,9 +204,27 @@ type poolWindows struct {
 	times  [][]float64     // per goroutine: the window's batch times per pair
 	spent  []time.Duration // per goroutine: the window's time in batches
 	errs   []error
-	start  []chan int // per worker: the window to run (-1: warm up)
-	done   sync.WaitGroup
+	k      int          // the window to run (-1: working sets and warm-up); written before seq moves
+	seq    atomic.Int64 // windows started
+	ended  atomic.Int64 // windows the workers ended, over all workers
+	stop   atomic.Bool
 	exited sync.WaitGroup
+}
+
+// spinFor is how long a goroutine waiting between windows spins before it
+// yields its processor at every turn (so that a machine with fewer
+// processors than goroutines still makes progress).
+const spinFor = time.Millisecond
+
+// spinUntil spins until done reports true, yielding at every turn after
+// spinFor.
+func spinUntil(done func() bool) {
+	t0 := time.Now()
+	for i := 0; !done(); i++ {
+		if i%64 == 63 && time.Since(t0) > spinFor {
+			runtime.Gosched()
+		}
+	}
 }
 
 // newPoolWindows allocates every stream's working set on p and runs its
@@ -209,18 +232,21 @@ type poolWindows struct {
 func newPoolWindows(p *pool.Pool, ws []AllocWorkload) (*poolWindows, error) {
 	n := len(ws)
 	pw := &poolWindows{p: p, ws: ws, blocks: make([][]pool.Block, n), times: make([][]float64, n),
-		spent: make([]time.Duration, n), errs: make([]error, n), start: make([]chan int, n)}
+		spent: make([]time.Duration, n), errs: make([]error, n)}
 	for gi := range ws {
 		pw.times[gi] = make([]float64, 0, WindowPoolPairs/BatchPairs)
 	}
 	for gi := 1; gi < n; gi++ {
-		pw.start[gi] = make(chan int)
 		pw.exited.Add(1)
 		go func() {
 			defer pw.exited.Done()
-			for k := range pw.start[gi] {
-				pw.run(gi, k)
-				pw.done.Done()
+			for seen := int64(0); ; seen++ {
+				spinUntil(func() bool { return pw.seq.Load() > seen || pw.stop.Load() })
+				if pw.stop.Load() {
+					return
+				}
+				pw.run(gi, pw.k)
+				pw.ended.Add(1)
 			}
 		}()
 	}
@@ -235,12 +261,11 @@ func newPoolWindows(p *pool.Pool, ws []AllocWorkload) (*poolWindows, error) {
 // goroutine at once, appends every batch time per pair to into and
 // returns it with the longest goroutine's time in its batches.
 func (pw *poolWindows) window(k int, into []float64) ([]float64, time.Duration, error) {
-	pw.done.Add(len(pw.ws) - 1)
-	for gi := 1; gi < len(pw.ws); gi++ {
-		pw.start[gi] <- k
-	}
+	workers := int64(len(pw.ws) - 1)
+	pw.k = k
+	want := (pw.seq.Add(1)) * workers
 	pw.run(0, k)
-	pw.done.Wait()
+	spinUntil(func() bool { return pw.ended.Load() == want })
 	var longest time.Duration
 	for gi := range pw.ws {
 		if pw.errs[gi] != nil {
@@ -285,9 +310,7 @@ func (pw *poolWindows) run(gi, k int) {
 
 // close stops the workers and frees every block still held.
 func (pw *poolWindows) close() {
-	for gi := 1; gi < len(pw.ws); gi++ {
-		close(pw.start[gi])
-	}
+	pw.stop.Store(true)
 	pw.exited.Wait()
 	for _, bs := range pw.blocks {
 		for _, b := range bs {

@@ -54,7 +54,11 @@ type InterleavedResult struct {
 	PoolPairsPerSec   float64 `json:"pool_pairs_per_sec"`
 	AnchorPairsPerSec float64 `json:"anchor_pairs_per_sec"`
 	ThroughputRatio   float64 `json:"throughput_ratio"`
-	Note              string  `json:"note,omitempty"`
+	// DeviceCalls counts the pool's driver calls from the first window to
+	// the last (maps, unmaps, creates and releases: each tens of µs on
+	// the goroutine that makes it).
+	DeviceCalls uint64 `json:"device_calls"`
+	Note        string `json:"note,omitempty"`
 }
 
 // WindowPoolPairs and WindowAnchorPairs are how many pairs of the pool's
@@ -93,7 +97,9 @@ func interleaved(anchor DriverAnchor, name string, async bool, d device.Device, 
 		return res, err
 	}
 	defer pw.close()
+	calls := p.Stats().DeviceCalls()
 	poolBatches, anchorBatches, ratios, poolTime, err := interleave(anchor, async, ws[0], windows, time.Now, pw.window)
+	res.DeviceCalls = p.Stats().DeviceCalls() - calls
 	if err != nil {
 		if _, ok := err.(poolError); ok {
 			return res, err

@@ -133,9 +133,9 @@ func printInterleaved(e *env, rows []bench.InterleavedResult) {
 			fmt.Fprintf(w, "  %-18s %s ×%d against %s: %s\n", r.Mix, r.Pool, r.Goroutines, r.Anchor, r.Note)
 			continue
 		}
-		fmt.Fprintf(w, "  %-18s %s ×%-2d p50 %.0f ns, %s ×1 %.0f ns: %.3f× (per window: p50 %.3f×, p90 %.3f×); pairs/s %.0f against %.0f: %.1f× (%d windows)\n",
+		fmt.Fprintf(w, "  %-18s %s ×%-2d p50 %.0f ns, %s ×1 %.0f ns: %.3f× (per window: p50 %.3f×, p90 %.3f×); pairs/s %.0f against %.0f: %.1f× (%d windows, %d pool device calls)\n",
 			r.Mix, r.Pool, r.Goroutines, r.PoolBatchP50ns, r.Anchor, r.AnchorBatchP50ns, r.P50Ratio, r.WindowRatioP50, r.WindowRatioP90,
-			r.PoolPairsPerSec, r.AnchorPairsPerSec, r.ThroughputRatio, r.Windows)
+			r.PoolPairsPerSec, r.AnchorPairsPerSec, r.ThroughputRatio, r.Windows, r.DeviceCalls)
 	}
 }
 

@@ -92,11 +92,11 @@ func TestPrintInterleaved(t *testing.T) {
 	}
 	printInterleaved(e, []bench.InterleavedResult{
 		{Pool: "memwall bestfit/virtual", Anchor: "cuMemAllocAsync", Mix: "random 512B-64MiB", Goroutines: 16, Windows: 125,
-			PoolBatchP50ns: 171, AnchorBatchP50ns: 1812, P50Ratio: 171.0 / 1812, WindowRatioP50: 0.093, WindowRatioP90: 0.12, PoolPairsPerSec: 5.3e6, AnchorPairsPerSec: 5e5, ThroughputRatio: 10.6},
+			PoolBatchP50ns: 171, AnchorBatchP50ns: 1812, P50Ratio: 171.0 / 1812, WindowRatioP50: 0.093, WindowRatioP90: 0.12, PoolPairsPerSec: 5.3e6, AnchorPairsPerSec: 5e5, ThroughputRatio: 10.6, DeviceCalls: 3},
 		{Pool: "memwall bestfit/virtual", Anchor: "cuMemAllocAsync", Mix: "fixed 64MiB", Goroutines: 1, Note: "out of memory"},
 	})
 	for _, want := range []string{"windows of 640 pool pairs on each of its goroutines, then 64", "virtual ×16 p50 171 ns, cuMemAllocAsync ×1 1812 ns: 0.094×",
-		"p50 0.093×, p90 0.120×", "pairs/s 5300000 against 500000: 10.6× (125 windows)", "fixed 64MiB", "×1 against cuMemAllocAsync: out of memory"} {
+		"p50 0.093×, p90 0.120×", "pairs/s 5300000 against 500000: 10.6× (125 windows, 3 pool device calls)", "fixed 64MiB", "×1 against cuMemAllocAsync: out of memory"} {
 		if !strings.Contains(o.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, o.String())
 		}

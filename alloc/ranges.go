@@ -68,11 +68,8 @@ func (r *rangeList) Capacity() uint64 { return r.capacity }
 
 func (r *rangeList) newNode(off, size uint64, free bool) int32 {
 	if r.nSpare > 0 {
-		id := r.spareHead
-		n := &r.nodes[id]
-		r.spareHead, r.nSpare = n.nextPhys, r.nSpare-1
-		n.off, n.size, n.free, n.byHandle = off, size, free, false
-		n.prevPhys, n.nextPhys, n.prevFree, n.nextFree, n.left, n.right = nilID, nilID, nilID, nilID, nilID, nilID
+		id := r.spareNode(off, size)
+		r.nodes[id].free = free
 		return id
 	}
 	id := r.appendNode()

@@ -2,7 +2,6 @@ package alloc_test
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -196,12 +195,7 @@ func TestFreeByHandle(t *testing.T) {
 				if op%16 != 0 {
 					continue
 				}
-				if sa, sb := fmt.Sprint(segments(a)), fmt.Sprint(segments(b)); sa != sb {
-					t.Fatalf("op %d: after FreeHandle\n%s\nafter FreeByHandle\n%s", op, sa, sb)
-				}
-				if err := alloc.Check(b); err != nil {
-					t.Fatalf("op %d: %v", op, err)
-				}
+				checkBoth(t, op, a, b)
 			}
 		})
 	}

@@ -288,7 +288,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 		}
 		for _, n := range o.Goroutines {
 			if !hasAnchor {
-				break
+				break // no driver to interleave with
 			}
 			if err := ctx.Err(); err != nil {
 				return rep, err

@@ -131,6 +131,9 @@ func runGenModel(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkFiles(e, nil, o); err != nil {
+		return err
+	}
 	if o.through {
 		return fmt.Errorf("--out %s: not a regular file; gen-model writes a model beside its path and renames it into place, so give a file's path", *out)
 	}

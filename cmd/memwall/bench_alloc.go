@@ -59,6 +59,9 @@ func runBenchAlloc(e *env, args []string) error {
 	if err := snap.check(); err != nil {
 		return err
 	}
+	if err := checkFiles(e, nil, of, snap.out); err != nil {
+		return err
+	}
 	d, _, err := df.open(e)
 	if err != nil {
 		return err
@@ -76,6 +79,9 @@ func runBenchAlloc(e *env, args []string) error {
 	if err := writeJSON(&buf, rep); err != nil {
 		return err
 	}
+	// The file first, then the report (see planLifetimes); a file that
+	// could not be written is the error after the report.
+	werr := of.write(buf.Bytes())
 	if *asJSON {
 		if _, err := e.stdout.Write(buf.Bytes()); err != nil {
 			return err
@@ -83,9 +89,7 @@ func runBenchAlloc(e *env, args []string) error {
 	} else {
 		printBenchAlloc(e, rep)
 	}
-	// The report is out before the file is written: a failed write loses
-	// neither.
-	return of.write(buf.Bytes())
+	return werr
 }
 
 func printBenchAlloc(e *env, rep bench.AllocReport) {

@@ -30,6 +30,9 @@ type env struct {
 	// wrapDevice, when set, wraps every device a verb opens (tests inject
 	// device failures with it); nil in the program.
 	wrapDevice func(device.Device) device.Device
+	// spooled maps an input read from a pipe to the temporary file it was
+	// copied to (spoolPipe); e.local reads it.
+	spooled map[string]string
 }
 
 func newEnv() *env {

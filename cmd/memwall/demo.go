@@ -48,6 +48,9 @@ func runDemo(e *env, args []string) error {
 	if err := snap.check(); err != nil {
 		return err
 	}
+	if err := checkFiles(e, nil, snap.out); err != nil {
+		return err
+	}
 	d, ch, err := df.open(e)
 	if err != nil {
 		return err

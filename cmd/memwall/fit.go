@@ -41,7 +41,10 @@ prefill chunk and staging slots chosen from the budget as run chooses them
 (or --prefill-chunk and --slots), the device context and the kernels and
 GEMM library loaded and warmed up as run does; predicted_peak_bytes is
 run's whole footprint as nvidia-smi shows it. --plain plans any model as
-plain weights, as memwall stream runs them.`
+plain weights, as memwall stream runs them.
+
+MODEL may be a pipe (/dev/stdin): it is copied to a temporary file first
+(in $TMPDIR, removed at the end), as the formats are mapped into memory.`
 
 // planFlags are the flags fit and stream share.
 type planFlags struct {
@@ -135,7 +138,7 @@ func (p *planned) close() {
 // products, and plans. needKernels makes a kernel load failure an error
 // (stream); otherwise the products are modeled (fit).
 func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uint64, needKernels bool) (*planned, error) {
-	m, err := openModel(path)
+	m, err := openInput(e, path, openModel)
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +316,12 @@ func runFit(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if !*plain && isLlamaModel(path) {
+	remove, err := spoolModel(e, path, false)
+	if err != nil {
+		return err
+	}
+	defer remove()
+	if !*plain && isLlamaModel(e.local(path)) {
 		slotsGiven := false
 		fs.Visit(func(fl *flag.Flag) { slotsGiven = slotsGiven || fl.Name == "slots" })
 		return fitLlama(e, &f, &lf, slotsGiven, path, budget)

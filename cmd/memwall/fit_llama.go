@@ -129,7 +129,7 @@ type fitRunJSON struct {
 // does — the same device options, kernels, warm-up, budget and engine
 // plan (reserveRun) — so that its predicted peak is what run reserves.
 func fitLlama(e *env, f *planFlags, lf *llamaFitFlags, slotsGiven bool, path string, vram uint64) error {
-	m, err := llama.Open(path)
+	m, err := openInput(e, path, llama.Open)
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,16 @@ random weights (uniform ±0.05, norms 1±0.05), keyed by --seed and tensor name.
 With --preset, explicitly given flags override the preset. The format follows
 --out's extension (.gguf: GGUF) unless --format is given. --shards N > 1 writes
 N safetensors shards next to --out, which names the index
-(model.safetensors.index.json). A Llama-7B-shaped bf16 model is 13.5 GB.`
+(model.safetensors.index.json). A Llama-7B-shaped bf16 model is 13.5 GB.
+
+The files written: a GGUF model is the one file --out (it holds its config).
+A safetensors model is --out (or the index and its shards
+model-0000K-of-0000N.safetensors beside it) and a config.json in --out's
+directory, Hugging Face's, which memwall run and fit and transformers read.
+gen-model replaces a config.json there only if memwall wrote it (it holds
+the key memwall.synth.config) and refuses to start otherwise; one model per
+directory, then. Each file is written under a temporary name and renamed
+into place at the end.`
 
 func runGenModel(e *env, args []string) error {
 	fs := newFlags(e, "gen-model", genModelUsage)
@@ -122,8 +131,19 @@ func runGenModel(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkFiles(e, nil, o); err != nil {
+		return err
+	}
 	if o.through {
 		return fmt.Errorf("--out %s: not a regular file; gen-model writes a model beside its path and renames it into place, so give a file's path", *out)
+	}
+	if f == synth.Safetensors {
+		var ce *synth.ConfigError
+		if err := synth.CheckConfig(filepath.Dir(o.target)); errors.As(err, &ce) {
+			return fmt.Errorf("--out %s: a safetensors model gets a config.json beside it, and %s %s: not replaced; give --out a path in another directory", *out, ce.Path, ce.Reason)
+		} else if err != nil {
+			return fmt.Errorf("--out %s: %w", *out, synthCause(err))
+		}
 	}
 
 	bar := newProgress(e, "gen-model")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -143,5 +144,72 @@ func TestParamCount(t *testing.T) {
 		if got := paramCount(n); got != want {
 			t.Errorf("paramCount(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestGenModelConfig: a safetensors model gets a config.json beside it;
+// one memwall wrote is replaced, anyone else's is not (exit 1, before any
+// model file is written); a GGUF model writes none; the help says so.
+func TestGenModelConfig(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.safetensors")
+	cfgPath := filepath.Join(dir, "config.json")
+	layers := func() int {
+		var c struct {
+			Layers int `json:"num_hidden_layers"`
+		}
+		b, err := os.ReadFile(cfgPath)
+		if err != nil || json.Unmarshal(b, &c) != nil {
+			t.Fatalf("config.json: %v %s", err, b)
+		}
+		return c.Layers
+	}
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--out", out); code != 0 {
+		t.Fatalf("fresh directory: exit %d: %s", code, errOut)
+	}
+	b, _ := os.ReadFile(cfgPath)
+	if !bytes.Contains(b, []byte(`"`+synth.MetadataKey+`"`)) {
+		t.Fatalf("config.json lacks memwall's key: %s", b)
+	}
+	// Its own config.json, regenerated with another shape: replaced.
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--layers", "3", "--out", out); code != 0 || layers() != 3 {
+		t.Fatalf("memwall's config.json: exit %d: %s (layers %d)", code, errOut, layers())
+	}
+	// Someone else's config.json: refused, untouched, nothing written.
+	other := t.TempDir()
+	theirs := []byte(`{"model_type": "llama", "num_hidden_layers": 80}` + "\n")
+	os.WriteFile(filepath.Join(other, "config.json"), theirs, 0o644)
+	code, stdout, errOut := runGen(t, false, "--preset", "tiny", "--out", filepath.Join(other, "x.safetensors"))
+	want := filepath.Join(other, "config.json") + " exists and memwall did not write it"
+	if code != exitFail || stdout != "" || !strings.Contains(errOut, want) || !strings.Contains(errOut, "--out "+filepath.Join(other, "x.safetensors")) {
+		t.Errorf("a foreign config.json: exit %d, stdout %q, stderr %q; want exit 1 saying %q", code, stdout, errOut, want)
+	}
+	if b, _ := os.ReadFile(filepath.Join(other, "config.json")); !bytes.Equal(b, theirs) {
+		t.Errorf("the foreign config.json was changed: %s", b)
+	}
+	if entries, _ := os.ReadDir(other); len(entries) != 1 {
+		t.Errorf("%d files in the directory, want only config.json", len(entries))
+	}
+	// A config.json that is a directory, or not JSON: refused.
+	odd := t.TempDir()
+	os.Mkdir(filepath.Join(odd, "config.json"), 0o755)
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--out", filepath.Join(odd, "x.safetensors")); code != exitFail || !strings.Contains(errOut, "not a regular file") {
+		t.Errorf("config.json a directory: exit %d: %s", code, errOut)
+	}
+	text := t.TempDir()
+	os.WriteFile(filepath.Join(text, "config.json"), []byte("not json"), 0o644)
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--out", filepath.Join(text, "x.safetensors")); code != exitFail || !strings.Contains(errOut, "not a JSON object") {
+		t.Errorf("config.json not JSON: exit %d: %s", code, errOut)
+	}
+	// A GGUF file holds its config: the foreign config.json stays.
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--out", filepath.Join(other, "x.gguf")); code != 0 {
+		t.Errorf("GGUF beside a foreign config.json: exit %d: %s", code, errOut)
+	}
+	if b, _ := os.ReadFile(filepath.Join(other, "config.json")); !bytes.Equal(b, theirs) {
+		t.Errorf("gen-model of a GGUF changed config.json: %s", b)
+	}
+	code, help, _ := runVerb(t, nil, "help", "gen-model")
+	if code != 0 || !strings.Contains(help, "config.json in --out's") || !strings.Contains(help, synth.MetadataKey) {
+		t.Errorf("help gen-model does not say it writes config.json:\n%s", help)
 	}
 }

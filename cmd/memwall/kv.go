@@ -125,6 +125,16 @@ func runKVSimulate(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	ins := []input{{"--requests", *requests}}
+	if _, preset := sched.Preset(*model); !preset {
+		if isPipe(*model) {
+			return fmt.Errorf("--model %s: cannot read a model from a pipe (its config.json is a file beside it); give a file, a directory or a preset", *model)
+		}
+		ins = append(ins, modelInputs("--model", *model)...)
+	}
+	if err := checkFiles(e, ins, htmlOut, eventsOut); err != nil {
+		return err
+	}
 	m, err := kvModel(*model)
 	if err != nil {
 		return err
@@ -148,6 +158,21 @@ func runKVSimulate(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The files first, then the report (see planLifetimes); one that could
+	// not be written is the error after the report.
+	var werr error
+	if htmlOut != nil {
+		var b bytes.Buffer
+		if err := viz.KVHTML(&b, kvPicture(source, res)); err != nil {
+			return err
+		}
+		werr = htmlOut.write(b.Bytes())
+	}
+	if eventsOut != nil && werr == nil {
+		if werr = evErr(); werr == nil {
+			werr = eventsOut.write(evBuf.Bytes())
+		}
+	}
 	if *asJSON {
 		if err := writeJSON(e.stdout, kvSimulateJSON{Source: source, Result: res}); err != nil {
 			return err
@@ -155,24 +180,7 @@ func runKVSimulate(e *env, args []string) error {
 	} else {
 		printKVSimulate(e, source, res)
 	}
-	if htmlOut != nil {
-		var b bytes.Buffer
-		if err := viz.KVHTML(&b, kvPicture(source, res)); err != nil {
-			return err
-		}
-		if err := htmlOut.write(b.Bytes()); err != nil {
-			return err
-		}
-	}
-	if eventsOut != nil {
-		if err := evErr(); err != nil {
-			return err
-		}
-		if err := eventsOut.write(evBuf.Bytes()); err != nil {
-			return err
-		}
-	}
-	return nil
+	return werr
 }
 
 // kvHardware is the time model --time-model names, with the bandwidth and
@@ -379,6 +387,9 @@ func runBenchKV(e *env, args []string) error {
 		return err
 	}
 	if err := snap.check(); err != nil {
+		return err
+	}
+	if err := checkFiles(e, nil, snap.out); err != nil {
 		return err
 	}
 	var sizes []int

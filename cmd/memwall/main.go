@@ -7,5 +7,13 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], newEnv()))
+	os.Exit(memwall(os.Args[1:]))
+}
+
+// memwall runs the command line args on the process's streams and returns
+// the exit status.
+func memwall(args []string) int {
+	e := newEnv()
+	w := newReportWriter(e)
+	return w.status(e, run(args, e))
 }

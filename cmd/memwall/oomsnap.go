@@ -105,6 +105,11 @@ func (p *poolFlags) check() error {
 	return nil
 }
 
+// outputs are the files given, for checkFiles (nil for a flag not given).
+func (p *poolFlags) outputs() []*outputFile {
+	return []*outputFile{p.snap.out, p.logOut}
+}
+
 // device sets a device pool's options for the flags: the snapshot's
 // history, and the log as its event hook. A nil p changes nothing.
 func (p *poolFlags) device(o *pool.Options) {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -118,7 +117,7 @@ func runPlan(e *env, args []string) error {
 	fs.StringVar(&align, "alignment", "256", "offset alignment in bytes, sizes rounded up to it (default 1 with --lifetimes)")
 	fs.BoolVar(&c.allowUnknown, "allow-unknown", false, "plan a model even if some tensor sizes cannot be inferred (those tensors are left out)")
 	fs.StringVar(&c.algorithm, "algorithm", plan.AlgorithmPortfolio, "offset planner: "+strings.Join(plan.Algorithms(), ", "))
-	fs.StringVar(&capacity, "capacity", "", "arena size to fit (e.g. 1MiB); for --lifetimes the default is the number in the file name (A.1048576.csv), else none; a plan above it exits 1")
+	fs.StringVar(&capacity, "capacity", "", "arena size to fit (e.g. 1MiB); for --lifetimes the default is the number in the file name (A.1048576.csv, A.1048576.csv.gz), else none; a plan above it exits 1")
 	fs.BoolVar(&c.ort, "ort", false, "print ONNX Runtime session and provider options that fit the model (with --json: as JSON)")
 	var ortWorkspace string
 	fs.StringVar(&ortWorkspace, "ort-workspace", "", "with --ort: the margin added to weights + arena (default 64MiB + 3x the arena: ORT's own plan of the activations is larger than memwall's)")
@@ -179,6 +178,13 @@ func runPlan(e *env, args []string) error {
 		return err
 	}
 	if c.svgFile, err = checkOutput("--svg", c.svgPath); err != nil {
+		return err
+	}
+	in := input{"MODEL", c.model}
+	if c.lifetimes != "" {
+		in = input{"--lifetimes", c.lifetimes}
+	}
+	if err := checkFiles(e, []input{in}, c.outFile, c.svgFile); err != nil {
 		return err
 	}
 	if c.lifetimes != "" {
@@ -245,9 +251,10 @@ func planSeconds(d time.Duration) string {
 	return fmt.Sprintf("%.2f s", d.Seconds())
 }
 
-// planCapacityFromName reads MiniMalloc's convention of naming an instance
-// after its capacity: "A.1048576.csv".
-var planCapacityName = regexp.MustCompile(`\.([0-9]+)\.csv$`)
+// planCapacityName reads MiniMalloc's convention of naming an instance
+// after its capacity: "A.1048576.csv", compressed or not ("A.1048576.csv.gz",
+// ".csv.gzip"), in any case.
+var planCapacityName = regexp.MustCompile(`(?i)\.([0-9]+)\.csv(?:\.gz|\.gzip)?$`)
 
 func planLifetimes(e *env, c planConfig) error {
 	bufs, err := readLifetimes(c.lifetimes)
@@ -275,11 +282,16 @@ func planLifetimes(e *env, c planConfig) error {
 	if err != nil {
 		return err
 	}
+	// The files first: a report that names them is printed once they are
+	// there, and a reader of the report that stops early (| head) cannot
+	// keep them from being written. One that could not be written is the
+	// error after the report.
+	werr := files.write()
 	if err := printLifetimes(e, c, bufs, l, rep, secs); err != nil {
 		return err
 	}
-	if err := files.write(); err != nil {
-		return err
+	if werr != nil {
+		return werr
 	}
 	if !rep.Fits {
 		return errNoFit(l.ArenaBytes, c.capacity)
@@ -325,22 +337,18 @@ func printLifetimes(e *env, c planConfig, bufs []plan.Buffer, l plan.Layout, rep
 }
 
 // readLifetimes reads a MiniMalloc CSV instance, gzip-compressed or not
-// (by its bytes, not its name); any other binary file is refused naming
-// what it is, and so is an instance without buffers.
+// (by its bytes, not its name), from a file or a pipe; any other binary
+// file is refused naming what it is, and so is an instance without buffers.
 func readLifetimes(path string) ([]plan.Buffer, error) {
-	kind, err := sniffFile(path)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Open(path)
+	f, br, kind, err := openSniffed(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var r io.Reader = f
+	var r io.Reader = br
 	switch kind {
 	case kindGzip:
-		zr, err := gzip.NewReader(f)
+		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return nil, fmt.Errorf("%s: gzip: %w", path, err)
 		}
@@ -375,16 +383,17 @@ type planModelResult struct {
 }
 
 func planModel(e *env, c planConfig) error {
-	kind, err := sniffFile(c.model)
+	f, br, kind, err := openSniffed(c.model) // read once: it may be a pipe
 	if err != nil {
 		return err
 	}
+	defer f.Close()
 	if kind != kindONNX && !(kind == kindBinary && strings.HasSuffix(c.model, ".onnx")) {
 		return fmt.Errorf("%s: not an ONNX model: it is %s", c.model, kindPhrase(kind))
 	}
-	data, err := os.ReadFile(c.model)
+	data, err := io.ReadAll(br)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", c.model, err)
 	}
 	t0 := time.Now()
 	res, err := planModelData(e, c, filepath.Base(c.model), data)
@@ -411,11 +420,12 @@ func planModel(e *env, c planConfig) error {
 		}
 		ort = &s
 	}
+	werr := files.write() // before the report, as in planLifetimes
 	if err := printPlanModel(e, c, res, chosen, secs, ort); err != nil {
 		return err
 	}
-	if err := files.write(); err != nil {
-		return err
+	if werr != nil {
+		return werr
 	}
 	if !chosen.rep.Fits {
 		return errNoFit(chosen.layout.ArenaBytes, c.capacity)
@@ -673,8 +683,8 @@ type planTensorJSON struct {
 	Buffer int    `json:"buffer"` // tensors of one buffer alias each other
 }
 
-// planSideFiles are --out's and --svg's contents, made before the report
-// is printed and written after it.
+// planSideFiles are --out's and --svg's contents, made and written before
+// the report is printed.
 type planSideFiles struct {
 	c        planConfig
 	out, svg []byte

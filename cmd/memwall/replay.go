@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -57,13 +58,22 @@ func runReplay(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	t, err := replay.Load(pos[0], replay.LoadOptions{FreeAt: fa, Lenient: *lenient})
+	if err := checkFiles(e, []input{{"TRACE", pos[0]}}, hf); err != nil {
+		return err
+	}
+	// A trace may be read twice (its OOM below): a pipe is copied first.
+	remove, _, err := spoolPipe(e, "TRACE", pos[0])
+	if err != nil {
+		return err
+	}
+	defer remove()
+	t, err := loadTrace(e.local(pos[0]), pos[0], replay.LoadOptions{FreeAt: fa, Lenient: *lenient})
 	if err != nil {
 		return err
 	}
 	var oom *traceOOM
 	if t.Meta.OOMs > 0 {
-		if oom, err = readOOM(pos[0], *lenient); err != nil {
+		if oom, err = readOOM(e.local(pos[0]), pos[0], *lenient); err != nil {
 			return err
 		}
 	}
@@ -92,6 +102,10 @@ func runReplay(e *env, args []string) error {
 			return err
 		}
 	}
+	// The page first, so that it is there when the report that names it
+	// is read (and whatever the report's reader does); a page that could
+	// not be written is the error after the report.
+	werr := hf.write(page)
 	if *asJSON {
 		if err := writeJSON(e.stdout, replayJSON(rep, oom)); err != nil {
 			return err
@@ -102,10 +116,8 @@ func runReplay(e *env, args []string) error {
 			fmt.Fprintf(e.stdout, "\n%s\n", oom.note())
 		}
 	}
-	// The report is out before the page is written: a failed write loses
-	// neither.
-	if err := hf.write(page); err != nil {
-		return err
+	if werr != nil {
+		return werr
 	}
 	if hf != nil && !*asJSON {
 		fmt.Fprintf(e.stdout, "\nwrote %s\n", *html)
@@ -124,6 +136,37 @@ func runReplay(e *env, args []string) error {
 		return fmt.Errorf("%d of %d configurations could not replay the trace: %s; the first: %s", len(failed), len(rep.Results), strings.Join(failed, ", "), first)
 	}
 	return nil
+}
+
+// loadTrace loads the trace at path (a pipe's copy: see spoolPipe) as
+// name, which its errors and its format's guess from the extension use.
+func loadTrace(path, name string, o replay.LoadOptions) (*replay.Trace, error) {
+	r, done, err := openTrace(path, name, o.Lenient)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return replay.Read(r, name, o)
+}
+
+// openTrace opens the trace at path as name (see loadTrace); done closes it.
+func openTrace(path, name string, lenient bool) (r *trace.Reader, done func(), err error) {
+	opts := trace.Options{Lenient: lenient}
+	if path == name {
+		if r, err = trace.Open(path, opts); err != nil {
+			return nil, nil, err
+		}
+		return r, func() { r.Close() }, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trace: %w", err)
+	}
+	if r, err = trace.NewReader(f, name, opts); err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return r, func() { r.Close(); f.Close() }, nil
 }
 
 // replayJSON is the report as JSON with no placeholder: a configuration

@@ -32,16 +32,17 @@ type traceOOM struct {
 
 type addrSpan struct{ addr, size uint64 }
 
-// readOOM reads the trace at path for its first oom event (nil when it has
-// none), keeping the segments and live blocks as it goes. Blocks are freed
-// at free_completed; a free of an unknown block is ignored (a snapshot's
-// history may begin after the allocation).
-func readOOM(path string, lenient bool) (*traceOOM, error) {
-	r, err := trace.Open(path, trace.Options{Lenient: lenient})
+// readOOM reads the trace at path (named name: see loadTrace) for its
+// first oom event (nil when it has none), keeping the segments and live
+// blocks as it goes. Blocks are freed at free_completed; a free of an
+// unknown block is ignored (a snapshot's history may begin after the
+// allocation).
+func readOOM(path, name string, lenient bool) (*traceOOM, error) {
+	r, done, err := openTrace(path, name, lenient)
 	if err != nil {
 		return nil, err
 	}
-	defer r.Close()
+	defer done()
 	segs := map[uint64]uint64{}
 	live := map[uint64]uint64{}
 	for n := int64(0); ; n++ {

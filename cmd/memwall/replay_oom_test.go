@@ -36,7 +36,7 @@ func FuzzReplayOOM(f *testing.F) {
 			t.Fatal(err)
 		}
 		for _, lenient := range []bool{false, true} {
-			oom, err := readOOM(path, lenient)
+			oom, err := readOOM(path, path, lenient)
 			if err != nil || oom == nil {
 				continue
 			}

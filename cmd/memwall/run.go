@@ -199,6 +199,14 @@ func runRun(e *env, args []string) error {
 	if err := f.pools.check(); err != nil {
 		return err
 	}
+	if err := checkFiles(e, modelInputs("MODEL", pos[0]), append(f.pools.outputs(), logits)...); err != nil {
+		return err
+	}
+	remove, err := spoolModel(e, pos[0], true)
+	if err != nil {
+		return err
+	}
+	defer remove()
 	return f.pools.finish(runModel(e, &f, pos[0], ids, vram, sampling, source, logits))
 }
 
@@ -218,7 +226,7 @@ func parseIDs(s string) ([]int, error) {
 
 // runModel does the work of `memwall run` once the command line is valid.
 func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling engine.Sampling, source residency.Source, logits *outputFile) error {
-	m, err := llama.Open(path)
+	m, err := openInput(e, path, llama.Open)
 	if err != nil {
 		return err
 	}

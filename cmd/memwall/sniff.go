@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"unicode/utf8"
@@ -72,24 +74,49 @@ func printable(b []byte) bool {
 
 // sniffFile reads the first bytes of path and returns its kind (see sniff).
 func sniffFile(path string) (string, error) {
+	f, _, kind, err := openSniffed(path)
+	if err != nil {
+		return "", err
+	}
+	f.Close()
+	return kind, nil
+}
+
+// sniffBytes is how many bytes sniff looks at.
+const sniffBytes = 512
+
+// openSniffed opens path and finds its kind (see sniff) from its first
+// bytes without consuming them: the file is read through the returned
+// reader, from its first byte, whether it is a file, a pipe or a device
+// (a pipe's size is what it holds until its end). Close the file.
+func openSniffed(path string) (*os.File, *bufio.Reader, string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", err
+		return nil, nil, "", err
 	}
-	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return "", err
+		f.Close()
+		return nil, nil, "", err
 	}
 	if st.IsDir() {
-		return "", fmt.Errorf("%s: is a directory", path)
+		f.Close()
+		return nil, nil, "", fmt.Errorf("%s: is a directory", path)
 	}
-	head := make([]byte, 512)
-	n, err := io.ReadFull(f, head)
-	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
-		return "", err
+	r := bufio.NewReaderSize(f, 64<<10)
+	head, err := r.Peek(sniffBytes)
+	if err != nil && err != io.EOF {
+		f.Close()
+		return nil, nil, "", err
 	}
-	return sniff(head[:n], st.Size()), nil
+	size := st.Size()
+	if !st.Mode().IsRegular() {
+		size = math.MaxInt64
+		if len(head) < sniffBytes {
+			size = int64(len(head))
+		}
+	}
+	return f, r, sniff(head, size), nil
 }
 
 // kindPhrase describes a kind for a message: "a text file", "an empty

@@ -35,7 +35,8 @@ while a step ends. Prints predicted against measured peak memory and step time,
 the streamed GB/s and how well copy and compute overlapped. --source picks the
 host side of the copies: auto, registered-mmap, pinned-copy or bounce. --slots
 is honoured or refused: a budget too small for that many slots is an error, not
-fewer slots.`
+fewer slots. MODEL may be a pipe (/dev/stdin): it is copied to a temporary file
+first (in $TMPDIR, removed at the end).`
 
 // streamJSON is `memwall stream --json`: fit's keys plus the measurements.
 type streamJSON struct {
@@ -101,6 +102,14 @@ func runStream(e *env, args []string) error {
 	if err := pf.check(); err != nil {
 		return err
 	}
+	if err := checkFiles(e, modelInputs("MODEL", path), pf.outputs()...); err != nil {
+		return err
+	}
+	remove, err := spoolModel(e, path, false)
+	if err != nil {
+		return err
+	}
+	defer remove()
 	pl, err := fitModel(e.ctx, e, &f, path, budget, true)
 	if err != nil {
 		return err

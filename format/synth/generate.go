@@ -65,9 +65,11 @@ type shardFile struct {
 // Generate writes the model described by cfg to out. Each file is written to
 // a temporary name in its directory and renamed into place once complete, so
 // a failed or cancelled run leaves no partial model behind (existing files
-// at the destination are replaced only on success). Files get mode 0644. It
-// returns when the data has been handed to the operating system; it does not
-// fsync.
+// at the destination are replaced only on success). A safetensors model also
+// gets config.json in out's directory (HFConfig); a config.json already there
+// is replaced only when Generate wrote it (see CheckConfig), else Generate
+// fails before writing anything. Files get mode 0644. It returns when the
+// data has been handed to the operating system; it does not fsync.
 func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -86,6 +88,11 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 	}
 	if opts.Shards > 1 && !strings.HasSuffix(out, ".json") {
 		return nil, fmt.Errorf("synth: with %d shards, out %q must name the index file (model.safetensors.index.json)", opts.Shards, out)
+	}
+	if opts.Format == Safetensors {
+		if err := CheckConfig(filepath.Dir(out)); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Workers <= 0 {
 		opts.Workers = runtime.GOMAXPROCS(0)
@@ -336,6 +343,52 @@ func (c Config) HFConfig() map[string]any {
 			"high_freq_factor": s.HighFreqFactor, "original_max_position_embeddings": s.OriginalContext}
 	}
 	return m
+}
+
+// ConfigError is Generate's refusal to replace a config.json it did not
+// write.
+type ConfigError struct {
+	Path   string // the config.json
+	Reason string // why it is not replaced
+}
+
+func (e *ConfigError) Error() string { return "synth: " + e.Path + ": " + e.Reason + "; not replaced" }
+
+// configMaxBytes is the largest config.json CheckConfig reads: Generate's
+// are about a kilobyte.
+const configMaxBytes = 1 << 20
+
+// CheckConfig reports whether Generate may write config.json into dir: it
+// may when there is none, or when the one there is a regular file holding a
+// JSON object with the key MetadataKey, which Generate writes and nothing
+// else does. Any other config.json is someone else's: the error is a
+// *ConfigError saying what it is. Note that a config.json Generate wrote
+// for another model in dir is replaced too: keep one model per directory.
+func CheckConfig(dir string) error {
+	path := filepath.Join(dir, "config.json")
+	st, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("synth: %w", err)
+	case !st.Mode().IsRegular():
+		return &ConfigError{path, "exists and is not a regular file (" + st.Mode().Type().String() + ")"}
+	case st.Size() > configMaxBytes:
+		return &ConfigError{path, "exists and memwall did not write it (it is larger than memwall's)"}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil {
+		return &ConfigError{path, "exists and memwall did not write it (it is not a JSON object)"}
+	}
+	if _, ok := m[MetadataKey]; !ok {
+		return &ConfigError{path, fmt.Sprintf("exists and memwall did not write it (it has no %q key)", MetadataKey)}
+	}
+	return nil
 }
 
 // writeConfig writes config.json into dir under a temporary name.

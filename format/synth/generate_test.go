@@ -336,3 +336,37 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 		t.Fatalf("Verify = %v", err)
 	}
 }
+
+// TestGenerateKeepsForeignConfig: Generate replaces a config.json it wrote
+// and refuses, before writing anything, one it did not.
+func TestGenerateKeepsForeignConfig(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "model.safetensors")
+	if _, err := Generate(context.Background(), Tiny(), out, Options{Workers: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckConfig(dir); err != nil {
+		t.Fatalf("its own config.json: %v", err)
+	}
+	if _, err := Generate(context.Background(), Tiny(), out, Options{Workers: 2}); err != nil {
+		t.Fatalf("over its own config.json: %v", err)
+	}
+	other := t.TempDir()
+	cfg := filepath.Join(other, "config.json")
+	theirs := []byte(`{"model_type": "llama"}`)
+	os.WriteFile(cfg, theirs, 0o644)
+	_, err := Generate(context.Background(), Tiny(), filepath.Join(other, "model.safetensors"), Options{Workers: 2})
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Path != cfg || !strings.Contains(err.Error(), MetadataKey) {
+		t.Fatalf("a foreign config.json: %v", err)
+	}
+	if b, _ := os.ReadFile(cfg); !bytes.Equal(b, theirs) {
+		t.Errorf("config.json changed: %s", b)
+	}
+	if entries, _ := os.ReadDir(other); len(entries) != 1 {
+		t.Errorf("%d files written beside it", len(entries)-1)
+	}
+	if _, err := Generate(context.Background(), Tiny(), filepath.Join(other, "model.gguf"), Options{Format: GGUF, Workers: 2}); err != nil {
+		t.Errorf("a GGUF model writes no config.json: %v", err)
+	}
+}

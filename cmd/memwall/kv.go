@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -129,7 +130,7 @@ func runKVSimulate(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	reqs, source, err := kvRequests(*requests, *synthetic, *n, *seed, *rate, m.Context)
+	reqs, source, err := kvRequests(e.ctx, *requests, *synthetic, *n, *seed, *rate, m.Context)
 	if err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ func runKVSimulate(e *env, args []string) error {
 	if eventsOut != nil {
 		o.OnEvent, evErr = kvcache.EventWriter(&evBuf)
 	}
-	res, err := sched.Simulate(reqs, o)
+	res, err := sched.Simulate(e.ctx, reqs, o)
 	if err != nil {
 		return err
 	}
@@ -205,7 +206,7 @@ func kvHardware(name string, hbm, tflops, link float64) (sched.Hardware, error) 
 
 // kvRequests reads the request file, or draws the synthetic mix; source
 // names which for the report.
-func kvRequests(file, synthetic string, n int, seed uint64, rate float64, context int) ([]sched.Request, string, error) {
+func kvRequests(ctx context.Context, file, synthetic string, n int, seed uint64, rate float64, maxLen int) ([]sched.Request, string, error) {
 	if file != "" {
 		f, err := os.Open(file)
 		if err != nil {
@@ -221,7 +222,7 @@ func kvRequests(file, synthetic string, n int, seed uint64, rate float64, contex
 	} else {
 		source += ", all arriving at once"
 	}
-	reqs, err := sched.Synthetic(sched.SyntheticOptions{Kind: synthetic, Requests: n, Seed: seed, RatePerS: rate, MaxLen: context})
+	reqs, err := sched.Synthetic(ctx, sched.SyntheticOptions{Kind: synthetic, Requests: n, Seed: seed, RatePerS: rate, MaxLen: maxLen})
 	return reqs, source, err
 }
 

@@ -65,6 +65,7 @@ func runBenchAlloc(e *env, args []string) error {
 	}
 	defer d.Close()
 	pb := newProgress(e, "alloc")
+	pb.unit = "rows"
 	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{Pairs: *pairs, Goroutines: gs, Mixes: ms, Policies: ps,
 		Strategies: strats,
 		Progress:   func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})

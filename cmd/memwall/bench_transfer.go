@@ -42,6 +42,7 @@ func runBenchTransfer(e *env, args []string) error {
 		return fmt.Errorf("--size %s: the copies need two device buffers of it, %s, and %s has %s free", *size, humanBytes(2*n), d.Info().Name, humanBytes(free))
 	}
 	pb := newProgress(e, "transfer")
+	pb.unit = "kinds of copy"
 	rep, err := bench.Transfer(e.ctx, d, bench.TransferOptions{Bytes: n, Reps: *reps,
 		Progress: func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
 	pb.done()

@@ -127,6 +127,7 @@ func runGenModel(e *env, args []string) error {
 	}
 
 	bar := newProgress(e, "gen-model")
+	bar.unit = "bytes"
 	var last time.Time
 	opts := synth.Options{Format: f, Shards: *shards, Workers: *workers, Progress: func(done, total uint64) {
 		if now := time.Now(); done == total || now.Sub(last) >= 100*time.Millisecond {

@@ -78,6 +78,7 @@ func runReplay(e *env, args []string) error {
 	t.Name = filepath.Base(pos[0])
 	// The timeline is always sampled: the fragmentation figures come from it.
 	pb := newProgress(e, "replay")
+	pb.unit = "configurations"
 	rep, err := replay.Evaluate(e.ctx, t, cs, replay.EvalOptions{Capacity: capBytes, NoSearch: *noSearch,
 		Timeline: true, AddressMap: *html != "",
 		Progress: func(i, n int, name string) { pb.update(float64(i), float64(n), name) }})

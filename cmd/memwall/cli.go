@@ -206,9 +206,7 @@ func newFlags(e *env, name, usage string) *flag.FlagSet {
 			return
 		}
 		fmt.Fprintf(e.stdout, "usage: memwall %s %s\n\nflags:\n", name, usage)
-		fs.SetOutput(e.stdout)
-		fs.PrintDefaults()
-		fs.SetOutput(sink)
+		printDefaults(e.stdout, fs)
 	}
 	return fs
 }
@@ -223,7 +221,8 @@ func (f *flagErrors) Write(p []byte) (int, error) {
 }
 
 // parseFlags parses args, allowing flags after positional arguments, and
-// turns flag errors into usage errors.
+// turns flag errors into usage errors; then it checks the values of the
+// bounded flags given (see bounds.go).
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
@@ -235,7 +234,7 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		args = fs.Args()
 		if len(args) == 0 {
-			return pos, nil
+			return pos, checkBounded(fs)
 		}
 		pos = append(pos, args[0])
 		args = args[1:]

@@ -162,6 +162,17 @@ const DriverAsync = "cuMemAllocAsync"
 // workload draws the request stream of one goroutine: live blocks, then
 // warm pairs and pairs more, each a victim slot and a new size.
 func workload(mix Mix, seed uint64, live, warm, pairs int) AllocWorkload {
+	w, _ := drawWorkload(context.Background(), mix, seed, live, warm, pairs)
+	return w
+}
+
+// checkEvery is how many iterations a long loop runs between two looks at
+// its context: a look costs tens of nanoseconds, an iteration at least a
+// few, so that a cancelled run stops within milliseconds.
+const checkEvery = 1024
+
+// drawWorkload is workload, stopped with ctx's error when ctx is done.
+func drawWorkload(ctx context.Context, mix Mix, seed uint64, live, warm, pairs int) (AllocWorkload, error) {
 	r := rand.New(rand.NewPCG(seed, 99))
 	w := AllocWorkload{Initial: make([]uint64, live), Warmup: warm,
 		Sizes: make([]uint64, warm+pairs), Victims: make([]int, warm+pairs)}
@@ -169,10 +180,15 @@ func workload(mix Mix, seed uint64, live, warm, pairs int) AllocWorkload {
 		w.Initial[i] = mix.sample(r)
 	}
 	for i := range w.Sizes {
+		if i%checkEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return w, fmt.Errorf("drawing the requests, %d of %d: %w", i, len(w.Sizes), err)
+			}
+		}
 		w.Sizes[i] = mix.sample(r)
 		w.Victims[i] = r.IntN(live)
 	}
-	return w
+	return w, nil
 }
 
 // liveBlocks is the working set per goroutine: o.Live, fewer when the
@@ -239,7 +255,7 @@ func Alloc(ctx context.Context, d device.Device, o AllocOptions) (AllocReport, e
 					if err := ctx.Err(); err != nil {
 						return rep, err
 					}
-					r, err := poolLatency(d, s, g, mix, n, o)
+					r, err := poolLatency(ctx, d, s, g, mix, n, o)
 					if err != nil {
 						return rep, fmt.Errorf("bench alloc: %s/%s %s ×%d: %w", s, g.Name, mix.Name, n, err)
 					}
@@ -464,8 +480,9 @@ func timerOverhead() float64 {
 
 // poolLatency times free+alloc pairs on a fresh pool: each goroutine keeps a
 // working set of live blocks and replaces one per pair, on its own request
-// stream (workload; the driver anchor replays the first goroutine's).
-func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines int, o AllocOptions) (LatencyResult, error) {
+// stream (workload; the driver anchor replays the first goroutine's). Every
+// goroutine looks at ctx every checkEvery pairs, between timed batches.
+func poolLatency(ctx context.Context, d device.Device, strategy string, g Policy, mix Mix, goroutines int, o AllocOptions) (LatencyResult, error) {
 	po := g.Options
 	po.Name, po.Strategy = "bench", strategy
 	p, err := pool.New(d, po)
@@ -490,7 +507,18 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 			var once sync.Once
 			signal := func() { once.Do(ready.Done) }
 			defer signal()
-			w := workload(mix, uint64(gi)+1, liveN, o.Pairs/4, o.Pairs)
+			w, err := drawWorkload(ctx, mix, uint64(gi)+1, liveN, o.Pairs/4, o.Pairs)
+			if err != nil {
+				res[gi].err = err
+				return
+			}
+			// stopped is ctx's error, at every checkEvery-th pair of a loop.
+			stopped := func(i int, what string, of int) error {
+				if i%checkEvery != 0 || ctx.Err() == nil {
+					return nil
+				}
+				return fmt.Errorf("goroutine %d: %s: %d of %d done: %w", gi, what, i, of, ctx.Err())
+			}
 			live := make([]pool.Block, liveN)
 			for i, size := range w.Initial {
 				b, err := p.Alloc(size, pool.AllocOptions{})
@@ -504,6 +532,10 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 			// Warm up untimed: the pool reaches its steady-state footprint,
 			// as a server's would after its first requests.
 			for i := 0; i < w.Warmup; i++ {
+				if err := stopped(i, "warm-up pairs", w.Warmup); err != nil {
+					res[gi].err = err
+					return
+				}
 				k := w.Victims[i]
 				if err := p.Free(live[k]); err != nil {
 					res[gi].err = err
@@ -523,6 +555,9 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 			// Batches of pairs timed together: the median pair without
 			// the clock's cost.
 			for i := 0; i+BatchPairs <= o.Pairs && pr.err == nil; i += BatchPairs {
+				if pr.err = stopped(i, "batched pairs", o.Pairs); pr.err != nil {
+					break
+				}
 				t0 := time.Now()
 				for j := i; j < i+BatchPairs; j++ {
 					k := ks[j]
@@ -541,6 +576,9 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 			// Pairs: one clock read before the free and one after the
 			// allocation, nothing between them (the same stream again).
 			for i := 0; i < o.Pairs && pr.err == nil; i++ {
+				if pr.err = stopped(i, "pairs timed one by one", o.Pairs); pr.err != nil {
+					break
+				}
 				k := ks[i]
 				t0 := time.Now()
 				err := p.Free(live[k])
@@ -555,6 +593,9 @@ func poolLatency(d device.Device, strategy string, g Policy, mix Mix, goroutines
 			}
 			// Frees and allocations timed apart, on a quarter as many.
 			for i := 0; i < o.Pairs/4 && pr.err == nil; i++ {
+				if pr.err = stopped(i, "split pairs", o.Pairs/4); pr.err != nil {
+					break
+				}
 				k := ks[i]
 				t0 := time.Now()
 				err := p.Free(live[k])

@@ -140,7 +140,7 @@ func KV(ctx context.Context, o KVOptions) (KVReport, error) {
 		if o.Progress != nil {
 			o.Progress(i, total, fmt.Sprintf("ops at %d blocks", n))
 		}
-		r, err := kvOps(n, o.Ops, o.BlockTokens)
+		r, err := kvOps(ctx, n, o.Ops, o.BlockTokens)
 		if err != nil {
 			return rep, err
 		}
@@ -181,31 +181,45 @@ func KV(ctx context.Context, o KVOptions) (KVReport, error) {
 }
 
 // kvOps times the operations at n blocks: alloc, free and fork on a
-// manager without prefix caching, evict and touch on one with it.
-func kvOps(n, ops, B int) (KVOpResult, error) {
+// manager without prefix caching, evict and touch on one with it. Each
+// loop looks at ctx between timed rounds and stops with its error, saying
+// how many operations were done.
+func kvOps(ctx context.Context, n, ops, B int) (KVOpResult, error) {
 	r := KVOpResult{Blocks: n}
 	round := max(ops/20, 64)
-	plain, err := newKVBench(n, B, true)
+	wrap := func(what string, err error) error {
+		return fmt.Errorf("bench kv: %d blocks: %s: %w", n, what, err)
+	}
+	plain, err := newKVBench(ctx, n, B, true)
 	if err != nil {
-		return r, err
+		return r, wrap("filling the pool", err)
 	}
-	if r.AllocNs, r.FreeNs, err = plain.allocFree(ops, round); err != nil {
-		return r, err
+	if r.AllocNs, r.FreeNs, err = plain.allocFree(ctx, ops, round); err != nil {
+		return r, wrap("alloc and free", err)
 	}
-	if r.ForkNs, err = plain.fork(ops, round); err != nil {
-		return r, err
+	if r.ForkNs, err = plain.fork(ctx, ops, round); err != nil {
+		return r, wrap("fork", err)
 	}
-	cached, err := newKVBench(n, B, false)
+	cached, err := newKVBench(ctx, n, B, false)
 	if err != nil {
-		return r, err
+		return r, wrap("filling the cached pool", err)
 	}
-	if r.EvictNs, _, err = cached.allocFree(ops, round); err != nil {
-		return r, err
+	if r.EvictNs, _, err = cached.allocFree(ctx, ops, round); err != nil {
+		return r, wrap("evict", err)
 	}
-	if r.TouchNs, err = cached.touch(ops, round); err != nil {
-		return r, err
+	if r.TouchNs, err = cached.touch(ctx, ops, round); err != nil {
+		return r, wrap("touch", err)
 	}
 	return r, nil
+}
+
+// stopped is ctx's error once ctx is done, saying how many of ops were
+// done; nil before.
+func stopped(ctx context.Context, done, ops int) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%d of %d ops: %w", done, ops, err)
+	}
+	return nil
 }
 
 // kvBench is a manager in a serving cache's steady state.
@@ -231,7 +245,7 @@ func (k *kvBench) id() kvcache.SeqID { k.next++; return k.next }
 // scattered, as in a server that has run a while), then frees a third of
 // them in random order: with prefix caching their blocks stay cached, so
 // that every block taken evicts the least recently used one.
-func newKVBench(n, B int, noPrefix bool) (*kvBench, error) {
+func newKVBench(ctx context.Context, n, B int, noPrefix bool) (*kvBench, error) {
 	m, err := kvcache.NewManager(kvcache.ManagerConfig{Blocks: n, BlockTokens: B, NoPrefixCache: noPrefix})
 	if err != nil {
 		return nil, err
@@ -246,7 +260,10 @@ func newKVBench(n, B int, noPrefix bool) (*kvBench, error) {
 		}
 	}
 	chunk := k.tokens(B)
-	for m.FreeBlocks() > 0 {
+	for i := 0; m.FreeBlocks() > 0; i++ {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("%d of %d blocks: %w", i, n, ctx.Err())
+		}
 		id := held[k.rng.IntN(history)]
 		chunk[0] = int32(m.FreeBlocks())
 		if err := m.Append(id, chunk...); err != nil {
@@ -263,7 +280,7 @@ func newKVBench(n, B int, noPrefix bool) (*kvBench, error) {
 
 // allocFree grows 8 working sequences a block per Append up to 32 blocks,
 // then frees them: ns per block appended, and per block freed.
-func (k *kvBench) allocFree(ops, round int) (allocNs, freeNs float64, err error) {
+func (k *kvBench) allocFree(ctx context.Context, ops, round int) (allocNs, freeNs float64, err error) {
 	m := k.m
 	ws := make([]kvcache.SeqID, 8)
 	for i := range ws {
@@ -274,7 +291,12 @@ func (k *kvBench) allocFree(ops, round int) (allocNs, freeNs float64, err error)
 	}
 	chunk := k.tokens(k.B)
 	allocT, freeT := bestOf{round: round}, bestOf{round: round}
-	for allocs := 0; allocs < ops; {
+	for i, allocs := 0, 0; allocs < ops; i++ {
+		if i%(checkEvery/8) == 0 {
+			if err := stopped(ctx, allocs, ops); err != nil {
+				return 0, 0, err
+			}
+		}
 		t0 := time.Now()
 		for _, w := range ws {
 			chunk[0] = int32(allocs)
@@ -311,7 +333,7 @@ func (k *kvBench) allocFree(ops, round int) (allocNs, freeNs float64, err error)
 
 // fork times batches of Forks of one 8-block sequence (children freed
 // untimed): ns per Fork.
-func (k *kvBench) fork(ops, round int) (float64, error) {
+func (k *kvBench) fork(ctx context.Context, ops, round int) (float64, error) {
 	m := k.m
 	src := k.id()
 	if _, err := m.Add(src, k.tokens(8*k.B), 0); err != nil {
@@ -321,6 +343,9 @@ func (k *kvBench) fork(ops, round int) (float64, error) {
 	forkT := bestOf{round: round}
 	kids := make([]kvcache.SeqID, batch)
 	for forks := 0; forks < ops; forks += batch {
+		if err := stopped(ctx, forks, ops); err != nil {
+			return 0, err
+		}
 		for i := range kids {
 			kids[i] = k.id()
 		}
@@ -342,7 +367,7 @@ func (k *kvBench) fork(ops, round int) (float64, error) {
 // touch times Adds of 64 popular 4-block prompts whose blocks are free and
 // cached (each block a hash lookup and a removal from the middle of the
 // free list), freed untimed back to the cache's tail: ns per block.
-func (k *kvBench) touch(ops, round int) (float64, error) {
+func (k *kvBench) touch(ctx context.Context, ops, round int) (float64, error) {
 	m := k.m
 	const popular = 64
 	prompts := make([][]int32, popular)
@@ -356,6 +381,9 @@ func (k *kvBench) touch(ops, round int) (float64, error) {
 	touchT := bestOf{round: round}
 	ids := make([]kvcache.SeqID, popular)
 	for touches := 0; touches < ops; touches += popular * 4 {
+		if err := stopped(ctx, touches, ops); err != nil {
+			return 0, err
+		}
 		for i := range ids {
 			ids[i] = k.id()
 		}
@@ -527,8 +555,11 @@ func blockPattern(b []byte, seed uint64, j int) {
 }
 
 // fill writes seed's pattern into every block of sequence 1.
-func (sb *swapBench) fill(seed uint64) error {
+func (sb *swapBench) fill(ctx context.Context, seed uint64) error {
 	for j, b := range sb.c.Table(1) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		blockPattern(sb.pattern.Bytes, seed, j)
 		if err := sb.d.CopyHtoD(sb.c.BlockPtr(b), sb.pattern.Bytes, sb.compute); err != nil {
 			return err
@@ -542,9 +573,12 @@ func (sb *swapBench) fill(seed uint64) error {
 
 // verify reads every block of sequence 1 back and compares it with seed's
 // pattern.
-func (sb *swapBench) verify(seed uint64, what string) error {
+func (sb *swapBench) verify(ctx context.Context, seed uint64, what string) error {
 	want, back := make([]byte, sb.bb), make([]byte, sb.bb)
 	for j, b := range sb.c.Table(1) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		blockPattern(want, seed, j)
 		if err := sb.d.CopyDtoH(back, sb.c.BlockPtr(b), sb.compute); err != nil {
 			return err
@@ -569,7 +603,7 @@ func (sb *swapBench) cacheLayout(ctx context.Context) (KVSwapResult, error) {
 			return r, err
 		}
 		seed := uint64(rep + 1)
-		if err := sb.fill(seed); err != nil {
+		if err := sb.fill(ctx, seed); err != nil {
 			return r, err
 		}
 		g, err := sb.timed(sb.out, func() error { _, err := sb.c.SwapOut(1); return err })
@@ -589,7 +623,7 @@ func (sb *swapBench) cacheLayout(ctx context.Context) (KVSwapResult, error) {
 			return r, fmt.Errorf("bench kv: swap in: %w", err)
 		}
 		ins = append(ins, g)
-		if err := sb.verify(seed, r.Layout); err != nil {
+		if err := sb.verify(ctx, seed, r.Layout); err != nil {
 			return r, err
 		}
 	}
@@ -628,7 +662,7 @@ func (sb *swapBench) perLayer(ctx context.Context) (KVSwapResult, error) {
 			return r, err
 		}
 		seed := uint64(100 + rep)
-		if err := sb.fill(seed); err != nil {
+		if err := sb.fill(ctx, seed); err != nil {
 			return r, err
 		}
 		g, err := sb.timed(sb.out, func() error { return copies(true) })
@@ -647,7 +681,7 @@ func (sb *swapBench) perLayer(ctx context.Context) (KVSwapResult, error) {
 			return r, err
 		}
 		ins = append(ins, g)
-		if err := sb.verify(seed, r.Layout); err != nil {
+		if err := sb.verify(ctx, seed, r.Layout); err != nil {
 			return r, err
 		}
 	}

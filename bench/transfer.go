@@ -154,13 +154,16 @@ func Transfer(ctx context.Context, d device.Device, o TransferOptions) (Transfer
 	}
 	for ci, c := range cases {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return rep, fmt.Errorf("bench transfer: %s: 0 of %d copies: %w", c.name, o.Reps, err)
 		}
 		if err := c.op(); err != nil { // warm-up
 			return rep, fmt.Errorf("bench transfer: %s: %w", c.name, err)
 		}
 		times := make([]float64, 0, o.Reps)
 		for r := 0; r < o.Reps; r++ {
+			if err := ctx.Err(); err != nil {
+				return rep, fmt.Errorf("bench transfer: %s: %d of %d copies: %w", c.name, r, o.Reps, err)
+			}
 			if err := d.EventRecord(e0, s); err != nil {
 				return rep, err
 			}

@@ -132,7 +132,7 @@ func (e *Engine) prefill(ctx context.Context, ids []int32, seq kvcache.SeqID, re
 	var logits []float32
 	for start := 0; start < len(ids); start += e.opt.PrefillChunk {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("engine: prefill: %d of %d prompt tokens: %w", start, len(ids), err)
 		}
 		end := min(start+e.opt.PrefillChunk, len(ids))
 		out, err := e.step(ids[start:end], start, e.kv.Table(seq), end == len(ids))
@@ -184,7 +184,7 @@ func (e *Engine) decode(ctx context.Context, seq kvcache.SeqID, pos, tok int, s 
 			break
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return fmt.Errorf("engine: %d of %d tokens generated: %w", len(res.Tokens), s.MaxNew, err)
 		}
 		if err := e.kv.Append(seq, int32(tok)); err != nil {
 			return fmt.Errorf("engine: KV block for position %d: %w", pos, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/memwall/memwall/alloc"
@@ -17,7 +18,7 @@ func runBenchAlloc(e *env, args []string) error {
 	fs := newFlags(e, "bench alloc", "[--device auto|cuda|sim] [--pairs N] [--goroutines 1,4,16] [--mixes random,4KiB,1MiB,64MiB] [--policies virtual,virtual-keep,virtual-eager,chunks] [--json] [--out FILE] [--oom-snapshot FILE]")
 	var df deviceFlag
 	df.add(fs)
-	pairs := fs.Int("pairs", 20000, "timed free+alloc pairs per goroutine")
+	pairs := intFlagOf(fs, "pairs", 20000, 100, maxAllocPairs, "timed free+alloc pairs per goroutine")
 	gor := fs.String("goroutines", "1,4,16", "goroutine counts to measure")
 	strategies := fs.String("strategies", "bestfit,tlsf", "pool strategies to measure")
 	mixes := fs.String("mixes", "", "size mixes to measure, by name or a word of it (default all: random 512B-64MiB, fixed 4KiB, 1MiB, 64MiB)")
@@ -31,14 +32,15 @@ func runBenchAlloc(e *env, args []string) error {
 	}
 	var gs []int
 	for _, s := range strings.Split(*gor, ",") {
-		var n int
-		if _, err := fmt.Sscanf(strings.TrimSpace(s), "%d", &n); err != nil || n < 1 || n > 1024 {
-			return usagef("--goroutines: bad count %q", s)
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > maxGoroutines {
+			return usagef("--goroutines %q: want counts from 1 to %d, comma-separated", s, maxGoroutines)
 		}
 		gs = append(gs, n)
 	}
-	if *pairs < 100 {
-		return usagef("--pairs must be at least 100")
+	if most := slices.Max(gs); *pairs > maxAllocPairs/most {
+		return usagef("--pairs %d on --goroutines %d: at most %d pairs in all (%d per goroutine), each recorded in about %d bytes",
+			*pairs, most, maxAllocPairs, maxAllocPairs/most, allocPairBytes)
 	}
 	ms, err := pickMixes(*mixes)
 	if err != nil {
@@ -68,6 +70,7 @@ func runBenchAlloc(e *env, args []string) error {
 	}
 	defer d.Close()
 	pb := newProgress(e, "alloc")
+	pb.unit = "rows"
 	rep, err := bench.Alloc(e.ctx, d, bench.AllocOptions{Pairs: *pairs, Goroutines: gs, Mixes: ms, Policies: ps,
 		Strategies: strats,
 		Progress:   func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
@@ -91,6 +94,17 @@ func runBenchAlloc(e *env, args []string) error {
 	}
 	return werr
 }
+
+// Limits of bench alloc's command line. Every goroutine draws its requests
+// and records its times before the pool's results are summed up: about
+// allocPairBytes per pair (a size and a victim for 1.25 pairs, a time for
+// 1.56), so maxAllocPairs in all holds that under 4 GB; maxGoroutines is
+// far past any processor count.
+const (
+	maxAllocPairs  = 100_000_000
+	allocPairBytes = 33
+	maxGoroutines  = 1024
+)
 
 func printBenchAlloc(e *env, rep bench.AllocReport) {
 	w := e.stdout

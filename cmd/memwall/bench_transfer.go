@@ -21,7 +21,7 @@ func runBenchTransfer(e *env, args []string) error {
 	var df deviceFlag
 	df.add(fs)
 	size := fs.String("size", "256MiB", "bytes per copy")
-	reps := fs.Int("reps", 10, "timed copies per case (median reported)")
+	reps := intFlagOf(fs, "reps", 10, 1, 10000, "timed copies per case (median reported)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
@@ -29,9 +29,6 @@ func runBenchTransfer(e *env, args []string) error {
 	n, err := flagSize("size", *size, false)
 	if err != nil {
 		return err
-	}
-	if *reps < 1 {
-		return usagef("--reps must be at least 1")
 	}
 	d, ch, err := df.open(e)
 	if err != nil {
@@ -42,6 +39,7 @@ func runBenchTransfer(e *env, args []string) error {
 		return fmt.Errorf("--size %s: the copies need two device buffers of it, %s, and %s has %s free", *size, humanBytes(2*n), d.Info().Name, humanBytes(free))
 	}
 	pb := newProgress(e, "transfer")
+	pb.unit = "kinds of copy"
 	rep, err := bench.Transfer(e.ctx, d, bench.TransferOptions{Bytes: n, Reps: *reps,
 		Progress: func(done, total int, name string) { pb.update(float64(done), float64(total), name) }})
 	pb.done()

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/memwall/memwall/device"
@@ -33,13 +34,133 @@ type env struct {
 	// spooled maps an input read from a pipe to the temporary file it was
 	// copied to (spoolPipe); e.local reads it.
 	spooled map[string]string
+	// stop is how a signal interrupts the run: it cancels ctx and records
+	// the signal, which sets the exit status. Tests interrupt a verb
+	// through it (stop.signal); nil when nothing can interrupt the run.
+	stop *interruption
+	// work is how far the verb's progress bar got (drawn or not), for the
+	// message of an interrupted run.
+	work workDone
 }
 
 func newEnv() *env {
-	// SIGTERM cancels the work as SIGINT does, so that every verb's cleanup
-	// (temporary files above all) runs for both.
-	ctx, _ := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	return &env{ctx: ctx, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), getenv: os.Getenv}
+	ctx, stop := interruptible(context.Background())
+	e := &env{ctx: ctx, stop: stop, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), getenv: os.Getenv}
+	// SIGTERM stops the work as SIGINT does, so that every verb's cleanup
+	// (temporary files above all) runs for both; a second signal does not
+	// wait for it.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go handleSignals(sigs, stop, os.Stderr, os.Exit)
+	return e
+}
+
+// handleSignals interrupts the run on the first signal from sigs and
+// calls exit on the next, with the status of the first, without waiting
+// for the work to stop (its cleanup included): a user who signals twice
+// wants out now.
+func handleSignals(sigs <-chan os.Signal, stop *interruption, stderr io.Writer, exit func(int)) {
+	for sig := range sigs {
+		if !stop.signal(sig) {
+			first := stop.signalled()
+			fmt.Fprintf(stderr, "memwall: %s after %s: exiting at once\n", signalName(sig), signalName(first))
+			exit(signalStatus(first))
+			return
+		}
+	}
+}
+
+// interruption is what SIGINT and SIGTERM do to a run: the first cancels
+// its context and is recorded, so that the verb stops at its next check,
+// cleans up and exits with signalStatus; newEnv exits at once on a second.
+type interruption struct {
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	sig    os.Signal
+}
+
+// interruptible returns a context that the interruption cancels.
+func interruptible(parent context.Context) (context.Context, *interruption) {
+	ctx, cancel := context.WithCancel(parent)
+	return ctx, &interruption{cancel: cancel}
+}
+
+// signal records sig and cancels the run's context; it reports whether
+// sig is the first signal (a later one changes nothing here).
+func (in *interruption) signal(sig os.Signal) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.sig != nil {
+		return false
+	}
+	in.sig = sig
+	in.cancel()
+	return true
+}
+
+// signalled is the signal that interrupted the run, nil if none did (or
+// in is nil).
+func (in *interruption) signalled() os.Signal {
+	if in == nil {
+		return nil
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.sig
+}
+
+// signalName is the signal's usual name: SIGINT, SIGTERM.
+func signalName(sig os.Signal) string {
+	switch sig {
+	case os.Interrupt:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return sig.String()
+}
+
+// signalStatus is the exit status of a run the signal interrupted, the
+// shell's convention: 128 plus the signal's number (SIGINT 130, SIGTERM
+// 143).
+func signalStatus(sig os.Signal) int {
+	switch sig {
+	case os.Interrupt:
+		return exitSIGINT
+	case syscall.SIGTERM:
+		return exitSIGTERM
+	}
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return exitFail
+}
+
+// workDone is the last progress a verb reported: done of total units.
+type workDone struct {
+	mu          sync.Mutex
+	done, total float64
+	unit        string
+}
+
+func (w *workDone) set(done, total float64, unit string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done, w.total, w.unit = done, total, unit
+}
+
+// String is "3 of 12 rows", "1.2 GiB of 13.5 GiB", or "" when no progress
+// was reported.
+func (w *workDone) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.total <= 0 {
+		return ""
+	}
+	if w.unit == "bytes" {
+		return humanBytes(uint64(w.done)) + " of " + humanBytes(uint64(w.total))
+	}
+	return fmt.Sprintf("%.0f of %.0f %s", w.done, w.total, w.unit)
 }
 
 // isTerminal reports whether f is a terminal: a character device that
@@ -88,9 +209,7 @@ func newFlags(e *env, name, usage string) *flag.FlagSet {
 			return
 		}
 		fmt.Fprintf(e.stdout, "usage: memwall %s %s\n\nflags:\n", name, usage)
-		fs.SetOutput(e.stdout)
-		fs.PrintDefaults()
-		fs.SetOutput(sink)
+		printDefaults(e.stdout, fs)
 	}
 	return fs
 }
@@ -105,7 +224,8 @@ func (f *flagErrors) Write(p []byte) (int, error) {
 }
 
 // parseFlags parses args, allowing flags after positional arguments, and
-// turns flag errors into usage errors.
+// turns flag errors into usage errors; then it checks the values of the
+// bounded flags given (see bounds.go).
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
@@ -117,7 +237,7 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		args = fs.Args()
 		if len(args) == 0 {
-			return pos, nil
+			return pos, checkBounded(fs)
 		}
 		pos = append(pos, args[0])
 		args = args[1:]
@@ -140,16 +260,20 @@ func parseNoArgs(fs *flag.FlagSet, args []string) error {
 
 // Exit statuses: every verb ends in one of these, through run.
 const (
-	exitOK    = 0 // the work was done (a plan that fits, a report written)
-	exitFail  = 1 // the work failed, "does not fit" included
-	exitUsage = 2 // a bad command line: nothing was done
+	exitOK      = 0   // the work was done (a plan that fits, a report written)
+	exitFail    = 1   // the work failed, "does not fit" included
+	exitUsage   = 2   // a bad command line: nothing was done
+	exitSIGINT  = 130 // SIGINT stopped the work (128 + 2)
+	exitSIGTERM = 143 // SIGTERM stopped the work (128 + 15)
 )
 
 // run runs the command line args and returns the exit status: a verb's nil
 // error is exitOK, a usageError (or one wrapping it) exitUsage after the
-// message and a pointer to the verb's help, any other error exitFail after
-// the message. Every message goes to stderr once, prefixed "memwall VERB: ".
-func run(args []string, e *env) int {
+// message and a pointer to the verb's help, an error after a signal
+// interrupted the work the signal's status (exitSIGINT, exitSIGTERM) after
+// saying so, any other error exitFail after the message. Every message goes
+// to stderr once, prefixed "memwall VERB: ".
+func run(args []string, e *env) (code int) {
 	if len(args) == 0 {
 		printHelp(e.stderr)
 		return exitUsage
@@ -173,8 +297,13 @@ func run(args []string, e *env) int {
 			return exitFail
 		}
 		defer func() {
+			// A profile that could not be written fails a run that had
+			// not failed already.
 			if err := stop(); err != nil {
 				fmt.Fprintf(e.stderr, "memwall: %v\n", err)
+				if code == exitOK {
+					code = exitFail
+				}
 			}
 		}()
 	}
@@ -194,14 +323,38 @@ func exitStatus(e *env, verb string, err error) int {
 	case errors.As(err, &u):
 		fmt.Fprintf(e.stderr, "memwall %s: %s\n(run 'memwall help %s' for its flags)\n", verb, tidyMessage(verb, err.Error()), verb)
 		return exitUsage
+	case e.stop.signalled() != nil:
+		// SIGINT or SIGTERM: say so, and how far the work got, rather than
+		// "context canceled".
+		sig := e.stop.signalled()
+		fmt.Fprintf(e.stderr, "memwall %s: %s\n", verb, interrupted(verb, signalName(sig), &e.work, err))
+		return signalStatus(sig)
 	case errors.Is(err, context.Canceled) && e.ctx != nil && e.ctx.Err() != nil:
-		// SIGINT or SIGTERM: say so rather than "context canceled".
-		fmt.Fprintf(e.stderr, "memwall %s: interrupted before the work was done\n", verb)
+		// The caller's own context, no signal.
+		fmt.Fprintf(e.stderr, "memwall %s: %s\n", verb, interrupted(verb, "its context", &e.work, err))
 		return exitFail
 	default:
 		fmt.Fprintf(e.stderr, "memwall %s: %s\n", verb, tidyMessage(verb, err.Error()))
 		return exitFail
 	}
+}
+
+// interrupted is the message of a run stopped before its work was done:
+// by whom, how far its progress got and where its error says it stopped,
+// without the context's own "context canceled".
+func interrupted(verb, by string, work *workDone, err error) string {
+	msg := "interrupted by " + by
+	if w := work.String(); w != "" {
+		msg += " after " + w
+	}
+	where := tidyMessage(verb, err.Error())
+	for _, c := range []error{context.Canceled, context.DeadlineExceeded} {
+		where = strings.TrimSuffix(strings.TrimSuffix(where, c.Error()), ": ")
+	}
+	if where != "" {
+		msg += " (" + where + ")"
+	}
+	return msg
 }
 
 // wordPair is two words before a colon, as in "pool pool:" (a pool with
@@ -254,7 +407,8 @@ func printHelp(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nRun 'memwall help <command>' (or 'memwall <command> -h') for a command's flags.")
 	fmt.Fprintln(w, "Sizes take the units "+sizeUnitsHelp+".")
-	fmt.Fprintln(w, "Exit status: 0 done, 1 the work failed (a plan that does not fit included), 2 a bad command line.")
+	fmt.Fprintln(w, "Exit status: 0 done, 1 the work failed (a plan that does not fit included), 2 a bad command line,")
+	fmt.Fprintln(w, "130 stopped by SIGINT, 143 by SIGTERM (after cleaning up; a second signal exits at once).")
 }
 
 // startCPUProfile writes a CPU profile of the rest of the run to path

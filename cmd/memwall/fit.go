@@ -58,19 +58,14 @@ type planFlags struct {
 	asJSON   bool
 }
 
-func (f *planFlags) add(fs interface {
-	StringVar(*string, string, string, string)
-	IntVar(*int, string, int, string)
-	Float64Var(*float64, string, float64, string)
-	BoolVar(*bool, string, bool, string)
-}) {
+func (f *planFlags) add(fs *flag.FlagSet) {
 	f.df.add(fs)
 	fs.StringVar(&f.vram, "vram", "", "VRAM budget, e.g. 8GiB (required)")
-	fs.IntVar(&f.tokens, "tokens", 1, "activation rows per step: 1 is a decode step, 4096 a prefill-sized one")
-	fs.IntVar(&f.ctx, "ctx", 0, "context length of the KV cache to reserve (0: none)")
-	fs.IntVar(&f.batch, "batch", 1, "sequences in the KV cache")
-	fs.IntVar(&f.slots, "slots", 2, "staging slots in the ring (at least 2)")
-	fs.Float64Var(&f.linkGBps, "link-gbps", 0, "host-to-device bandwidth in GB/s (default: measure it)")
+	intVar(fs, &f.tokens, "tokens", 1, 1, 1<<20, "activation rows per step: 1 is a decode step, 4096 a prefill-sized one")
+	intVar(fs, &f.ctx, "ctx", 0, 0, 1<<24, "context length of the KV cache to reserve (0: none)")
+	intVar(fs, &f.batch, "batch", 1, 1, 1<<16, "sequences in the KV cache")
+	intVar(fs, &f.slots, "slots", 2, 2, 64, "staging slots in the ring")
+	floatVar(fs, &f.linkGBps, "link-gbps", 0, 0, 1e6, true, "host-to-device bandwidth in GB/s (default: measure it)")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 }
 
@@ -88,18 +83,6 @@ func (f *planFlags) check(pos []string) (string, uint64, error) {
 	}
 	if err := f.df.check(); err != nil {
 		return "", 0, err
-	}
-	switch {
-	case f.tokens < 1 || f.tokens > 1<<20:
-		return "", 0, usagef("--tokens must be 1..%d", 1<<20)
-	case f.ctx < 0 || f.ctx > 1<<24:
-		return "", 0, usagef("--ctx must be 0..%d", 1<<24)
-	case f.batch < 1 || f.batch > 1<<16:
-		return "", 0, usagef("--batch must be 1..%d", 1<<16)
-	case f.slots < 2 || f.slots > 64:
-		return "", 0, usagef("--slots must be 2..64")
-	case f.linkGBps < 0:
-		return "", 0, usagef("--link-gbps must be positive")
 	}
 	return pos[0], budget, nil
 }

@@ -34,9 +34,9 @@ type llamaFitFlags struct {
 }
 
 func (lf *llamaFitFlags) add(fs *flag.FlagSet) {
-	fs.IntVar(&lf.prompt, "prompt-tokens", 0, "Llama models: the prompt's length in tokens, as memwall run will get it (default: --ctx, or the model's context, less --max-new)")
-	fs.IntVar(&lf.maxNew, "max-new", 32, "Llama models: tokens to generate, as memwall run's --max-new")
-	fs.IntVar(&lf.chunk, "prefill-chunk", 0, "Llama models: as memwall run's --prefill-chunk (0: chosen from the budget)")
+	intVar(fs, &lf.prompt, "prompt-tokens", 0, 0, 1<<24, "Llama models: the prompt's length in tokens, as memwall run will get it (default: --ctx, or the model's context, less --max-new)")
+	intVar(fs, &lf.maxNew, "max-new", 32, 1, 1<<20, "Llama models: tokens to generate, as memwall run's --max-new")
+	intVar(fs, &lf.chunk, "prefill-chunk", 0, 0, 1<<16, "Llama models: as memwall run's --prefill-chunk (0: chosen from the budget)")
 }
 
 // tokens returns the prompt's length and the KV cache's tokens that `memwall
@@ -44,12 +44,6 @@ func (lf *llamaFitFlags) add(fs *flag.FlagSet) {
 // --max-new, or the model's context less --max-new) and --max-new tokens
 // after it, within the model's context.
 func (lf *llamaFitFlags) tokens(ctxFlag, context int, path string) (prompt, maxTokens int, err error) {
-	if lf.maxNew < 1 || lf.maxNew > 1<<20 {
-		return 0, 0, usagef("--max-new %d: want 1..%d", lf.maxNew, 1<<20)
-	}
-	if lf.chunk < 0 || lf.chunk > 1<<16 {
-		return 0, 0, usagef("--prefill-chunk %d: want 1..65536 (or 0: chosen from the budget)", lf.chunk)
-	}
 	if lf.prompt != 0 && ctxFlag != 0 {
 		return 0, 0, usagef("give at most one of --prompt-tokens and --ctx for a Llama model")
 	}

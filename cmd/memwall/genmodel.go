@@ -41,18 +41,19 @@ func runGenModel(e *env, args []string) error {
 	fs := newFlags(e, "gen-model", genModelUsage)
 	preset := fs.String("preset", "", "start from a preset shape: tiny, tiny-f16, llama-7b or llama3-8b-shape")
 	arch := fs.String("arch", "llama", "architecture (llama)")
-	layers := fs.Int("layers", 0, "transformer blocks")
-	hidden := fs.Int("hidden", 0, "hidden size")
-	inter := fs.Int("inter", 0, "MLP intermediate size")
-	heads := fs.Int("heads", 0, "attention heads")
-	kvHeads := fs.Int("kv-heads", 0, "key/value heads for grouped-query attention (default: --heads)")
-	vocab := fs.Int("vocab", 32000, "vocabulary size")
-	ctxLen := fs.Int("context", 4096, "context length recorded in GGUF metadata")
+	// The ranges are synth.Config.Validate's.
+	layers := intFlagOf(fs, "layers", 0, 1, 1024, "transformer blocks")
+	hidden := intFlagOf(fs, "hidden", 0, 1, 1<<16, "hidden size")
+	inter := intFlagOf(fs, "inter", 0, 1, 1<<20, "MLP intermediate size")
+	heads := intFlagOf(fs, "heads", 0, 1, 1024, "attention heads")
+	kvHeads := intFlagOf(fs, "kv-heads", 0, 0, 1024, "key/value heads for grouped-query attention (default: --heads)")
+	vocab := intFlagOf(fs, "vocab", 32000, 1, 1<<22, "vocabulary size")
+	ctxLen := intFlagOf(fs, "context", 4096, 0, 1<<24, "context length recorded in GGUF metadata")
 	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32")
 	formatName := fs.String("format", "", "safetensors or gguf (default: from --out's extension)")
-	shards := fs.Int("shards", 1, "safetensors shards; > 1 writes an index at --out")
+	shards := intFlagOf(fs, "shards", 1, 1, 9999, "safetensors shards; > 1 writes an index at --out")
 	seed := fs.Uint64("seed", 0, "random seed")
-	workers := fs.Int("workers", 0, "generator goroutines (default: GOMAXPROCS)")
+	workers := intFlagOf(fs, "workers", 0, 0, 1024, "generator goroutines (default: GOMAXPROCS)")
 	out := fs.String("out", "", "output file (the index file with --shards)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -117,9 +118,6 @@ func runGenModel(e *env, args []string) error {
 	if f != synth.Safetensors && f != synth.GGUF {
 		return usagef("--format %q: want safetensors or gguf", *formatName)
 	}
-	if *shards < 1 {
-		return usagef("--shards %d: want 1 or more", *shards)
-	}
 	if *shards > 1 && f != synth.Safetensors {
 		return usagef("--shards needs --format safetensors")
 	}
@@ -147,6 +145,7 @@ func runGenModel(e *env, args []string) error {
 	}
 
 	bar := newProgress(e, "gen-model")
+	bar.unit = "bytes"
 	var last time.Time
 	opts := synth.Options{Format: f, Shards: *shards, Workers: *workers, Progress: func(done, total uint64) {
 		if now := time.Now(); done == total || now.Sub(last) >= 100*time.Millisecond {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -56,21 +57,21 @@ func runKVSimulate(e *env, args []string) error {
 	fs := newFlags(e, "kv simulate", kvSimulateUsage)
 	requests := fs.String("requests", "", "request file: JSON lines with arrival_s, prompt_tokens, output_tokens[, prefix_id, prefix_tokens]")
 	synthetic := fs.String("synthetic", "", "synthetic mix: sharegpt, alpaca or shared-prefix")
-	n := fs.Int("n", 1000, "synthetic requests")
-	rate := fs.Float64("rate", 0, "synthetic arrivals per second (Poisson); 0: all at once")
+	n := intFlagOf(fs, "n", 1000, 1, sched.MaxRequests, "synthetic requests")
+	rate := floatFlagOf(fs, "rate", 0, 0, 1e9, false, "synthetic arrivals per second (Poisson); 0: all at once")
 	seed := fs.Uint64("seed", 1, "seed of the synthetic mix and the token ids")
 	model := fs.String("model", "", "gen-model preset (tiny, tiny-f16, llama-7b, llama3-8b-shape) or a model file or directory")
 	vram := fs.String("vram", "", "device memory ("+sizeUnitsHelp+")")
-	blockTokens := fs.Int("block-tokens", 16, "tokens per KV block")
-	tokenBudget := fs.Int("token-budget", 8192, "tokens computed per step at most")
-	maxSeqs := fs.Int("max-seqs", 256, "sequences running at once at most")
+	blockTokens := intFlagOf(fs, "block-tokens", 16, 1, 4096, "tokens per KV block")
+	tokenBudget := intFlagOf(fs, "token-budget", 8192, 1, sched.MaxTokens, "tokens computed per step at most")
+	maxSeqs := intFlagOf(fs, "max-seqs", 256, 1, 1<<20, "sequences running at once at most")
 	preempt := fs.String("preempt", "recompute", "preemption when blocks run out: recompute or swap")
 	host := fs.String("host", "", "swap space for --preempt swap (default: the KV budget)")
 	noPrefix := fs.Bool("no-prefix-cache", false, "turn the paged policy's prefix caching off")
 	timeModel := fs.String("time-model", "h200", "device time model: h200 (4.8 TB/s, 989 TFLOP/s, 55 GB/s link) or sim (the simulated device's 448 GB/s, 20 TFLOP/s, 25 GB/s); the next three flags override it")
-	hbm := fs.Float64("hbm-gbps", 0, "time model: device memory bandwidth, GB/s")
-	tflops := fs.Float64("tflops", 0, "time model: compute rate, TFLOP/s")
-	link := fs.Float64("link-gbps", 0, "time model: host link for swaps, GB/s")
+	hbm := floatFlagOf(fs, "hbm-gbps", 0, 0, 1e6, true, "time model: device memory bandwidth, GB/s")
+	tflops := floatFlagOf(fs, "tflops", 0, 0, 1e6, true, "time model: compute rate, TFLOP/s")
+	link := floatFlagOf(fs, "link-gbps", 0, 0, 1e6, true, "time model: host link for swaps, GB/s")
 	asJSON := fs.Bool("json", false, "print JSON")
 	html := fs.String("html", "", "write the KV usage and batch timelines of both policies to this HTML file")
 	events := fs.String("events", "", "write the paged policy's KV events (JSON lines) to this file")
@@ -96,21 +97,8 @@ func runKVSimulate(e *env, args []string) error {
 			return err
 		}
 	}
-	switch {
-	case *blockTokens < 1 || *blockTokens > 4096:
-		return usagef("--block-tokens %d: want 1..4096", *blockTokens)
-	case *tokenBudget < 1:
-		return usagef("--token-budget %d: want at least 1", *tokenBudget)
-	case *maxSeqs < 1:
-		return usagef("--max-seqs %d: want at least 1", *maxSeqs)
-	case *preempt != "recompute" && *preempt != "swap":
+	if *preempt != "recompute" && *preempt != "swap" {
 		return usagef("--preempt %q: want recompute or swap", *preempt)
-	case *hbm < 0 || *tflops < 0 || *link < 0:
-		return usagef("--hbm-gbps, --tflops and --link-gbps must be positive")
-	case *n < 1 || *n > sched.MaxRequests:
-		return usagef("--n %d: want 1..%d", *n, sched.MaxRequests)
-	case !(*rate >= 0):
-		return usagef("--rate %v: want ≥ 0", *rate)
 	}
 	switch *synthetic {
 	case "", "sharegpt", "alpaca", "shared-prefix":
@@ -139,7 +127,7 @@ func runKVSimulate(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	reqs, source, err := kvRequests(*requests, *synthetic, *n, *seed, *rate, m.Context)
+	reqs, source, err := kvRequests(e.ctx, *requests, *synthetic, *n, *seed, *rate, m.Context)
 	if err != nil {
 		return err
 	}
@@ -154,7 +142,7 @@ func runKVSimulate(e *env, args []string) error {
 	if eventsOut != nil {
 		o.OnEvent, evErr = kvcache.EventWriter(&evBuf)
 	}
-	res, err := sched.Simulate(reqs, o)
+	res, err := sched.Simulate(e.ctx, reqs, o)
 	if err != nil {
 		return err
 	}
@@ -213,7 +201,7 @@ func kvHardware(name string, hbm, tflops, link float64) (sched.Hardware, error) 
 
 // kvRequests reads the request file, or draws the synthetic mix; source
 // names which for the report.
-func kvRequests(file, synthetic string, n int, seed uint64, rate float64, context int) ([]sched.Request, string, error) {
+func kvRequests(ctx context.Context, file, synthetic string, n int, seed uint64, rate float64, maxLen int) ([]sched.Request, string, error) {
 	if file != "" {
 		f, err := os.Open(file)
 		if err != nil {
@@ -229,7 +217,7 @@ func kvRequests(file, synthetic string, n int, seed uint64, rate float64, contex
 	} else {
 		source += ", all arriving at once"
 	}
-	reqs, err := sched.Synthetic(sched.SyntheticOptions{Kind: synthetic, Requests: n, Seed: seed, RatePerS: rate, MaxLen: context})
+	reqs, err := sched.Synthetic(ctx, sched.SyntheticOptions{Kind: synthetic, Requests: n, Seed: seed, RatePerS: rate, MaxLen: maxLen})
 	return reqs, source, err
 }
 
@@ -373,9 +361,9 @@ func runBenchKV(e *env, args []string) error {
 	var df deviceFlag
 	df.add(fs)
 	blocks := fs.String("blocks", "1000,10000,100000,1000000", "pool sizes in blocks, comma-separated")
-	ops := fs.Int("ops", 200000, "timed operations of each kind per size")
+	ops := intFlagOf(fs, "ops", 200000, 1000, maxKVOps, "timed operations of each kind per size")
 	swapBytes := fs.String("swap-bytes", "", "K/V moved per swap (default 1GiB on a GPU, 256MiB on the simulator)")
-	reps := fs.Int("reps", 3, "timed swaps per direction and layout (median)")
+	reps := intFlagOf(fs, "reps", 3, 1, 1000, "timed swaps per direction and layout (median)")
 	noSwap := fs.Bool("no-swap", false, "skip the swap measurement (no device opened)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	var snap oomSnapshot
@@ -399,9 +387,6 @@ func runBenchKV(e *env, args []string) error {
 			return usagef("--blocks %q: want sizes of %d..%d blocks, comma-separated", f, bench.MinKVBlocks, 1<<26)
 		}
 		sizes = append(sizes, v)
-	}
-	if *ops < 1000 || *reps < 1 {
-		return usagef("--ops must be at least 1000 and --reps at least 1")
 	}
 	o := bench.KVOptions{Blocks: sizes, Ops: *ops, Reps: *reps, PoolHistory: snap.history()}
 	if *swapBytes != "" {
@@ -435,6 +420,11 @@ func runBenchKV(e *env, args []string) error {
 	printBenchKV(e, rep)
 	return nil
 }
+
+// maxKVOps bounds bench kv's --ops: each kind's operations are timed in
+// rounds and not recorded one by one, so the limit is time: a billion of
+// each takes minutes per pool size.
+const maxKVOps = 1_000_000_000
 
 func printBenchKV(e *env, rep bench.KVReport) {
 	w := e.stdout

@@ -163,8 +163,8 @@ func runPlan(e *env, args []string) error {
 	if !slices.Contains(plan.Algorithms(), c.algorithm) {
 		return usagef("--algorithm %q: want one of %s", c.algorithm, strings.Join(plan.Algorithms(), ", "))
 	}
-	if c.timeLimit < 0 {
-		return usagef("--time-limit must not be negative")
+	if c.timeLimit < 0 || c.timeLimit > maxTimeLimit {
+		return usagef("--time-limit %v: want 0s..%v", c.timeLimit, maxTimeLimit)
 	}
 	if c.lifetimes != "" {
 		if len(c.inputs) > 0 {
@@ -192,6 +192,10 @@ func runPlan(e *env, args []string) error {
 	}
 	return planModel(e, c)
 }
+
+// maxTimeLimit bounds --time-limit: the search's own budget, the longest
+// a user waits for an offset plan on purpose.
+const maxTimeLimit = time.Hour
 
 // errNoFit is the failure of a plan above --capacity, returned after the
 // report is printed (exit status 1).

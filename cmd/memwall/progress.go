@@ -7,19 +7,27 @@ import (
 )
 
 // progress draws a one-line progress bar on stderr, only when stdout is a
-// terminal; otherwise it is silent.
+// terminal; otherwise it is silent. Either way it records how far the work
+// got in the env, for the message of an interrupted run.
 type progress struct {
 	w     io.Writer
 	on    bool
 	label string
+	// unit is what done and total count ("rows"; "bytes" prints sizes);
+	// "steps" unless the verb sets it.
+	unit string
+	work *workDone
 }
 
 func newProgress(e *env, label string) *progress {
-	return &progress{w: e.stderr, on: e.terminal, label: label}
+	return &progress{w: e.stderr, on: e.terminal, label: label, unit: "steps", work: &e.work}
 }
 
 // update shows done/total with an optional note.
 func (p *progress) update(done, total float64, note string) {
+	if p.work != nil {
+		p.work.set(done, total, p.unit)
+	}
 	if !p.on || total <= 0 {
 		return
 	}
@@ -53,6 +61,7 @@ func (p *progress) done() {
 // progress of its own but is bounded in time, such as the offset search.
 func ticking(e *env, label, note string, limit time.Duration) (stop func()) {
 	p := newProgress(e, label)
+	p.work = nil // time passed, not work done
 	if !p.on || limit <= 0 {
 		return func() {}
 	}

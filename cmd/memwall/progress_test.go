@@ -57,20 +57,37 @@ func TestProgressOnTerminal(t *testing.T) {
 	}
 }
 
-// TestInterrupted: a verb stopped by SIGINT or SIGTERM (its context
-// cancelled) exits 1 saying it was interrupted, not "context canceled",
-// and writes no output file.
+// TestInterrupted: a verb stopped before its work started (its context
+// cancelled: by the caller, or by SIGINT through the env's interruption)
+// says it was interrupted, not "context canceled", exits 1 or the
+// signal's status, and writes no output file.
 func TestInterrupted(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	out := filepath.Join(t.TempDir(), "alloc.json")
-	code, _, stderr := runEnv(t, func(e *env) { e.ctx = ctx },
-		"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB", "--out", out)
-	if code != exitFail || !strings.Contains(stderr, "memwall bench alloc: interrupted") {
-		t.Fatalf("exit %d, stderr %q", code, stderr)
-	}
-	if _, err := os.Stat(out); err == nil {
-		t.Fatal("an interrupted run wrote its --out file")
+	for _, c := range []struct {
+		name   string
+		signal bool
+		code   int
+		want   string
+	}{
+		{"cancelled", false, exitFail, "memwall bench alloc: interrupted by its context"},
+		{"SIGINT", true, exitSIGINT, "memwall bench alloc: interrupted by SIGINT"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, stop := interruptible(context.Background())
+			if c.signal {
+				stop.signal(os.Interrupt)
+			} else {
+				stop.cancel()
+			}
+			out := filepath.Join(t.TempDir(), "alloc.json")
+			code, _, stderr := runEnv(t, func(e *env) { e.ctx, e.stop = ctx, stop },
+				"bench", "alloc", "--device", "sim", "--pairs", "200", "--goroutines", "1", "--mixes", "1MiB", "--out", out)
+			if code != c.code || !strings.HasPrefix(stderr, c.want) || strings.Contains(stderr, "context canceled") {
+				t.Fatalf("exit %d, stderr %q; want %d, %q", code, stderr, c.code, c.want)
+			}
+			if _, err := os.Stat(out); err == nil {
+				t.Fatal("an interrupted run wrote its --out file")
+			}
+		})
 	}
 }
 

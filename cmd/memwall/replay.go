@@ -88,7 +88,8 @@ func runReplay(e *env, args []string) error {
 	t.Name = filepath.Base(pos[0])
 	// The timeline is always sampled: the fragmentation figures come from it.
 	pb := newProgress(e, "replay")
-	rep, err := replay.Evaluate(t, cs, replay.EvalOptions{Capacity: capBytes, NoSearch: *noSearch,
+	pb.unit = "configurations"
+	rep, err := replay.Evaluate(e.ctx, t, cs, replay.EvalOptions{Capacity: capBytes, NoSearch: *noSearch,
 		Timeline: true, AddressMap: *html != "",
 		Progress: func(i, n int, name string) { pb.update(float64(i), float64(n), name) }})
 	pb.done()
@@ -324,7 +325,7 @@ func demoReplay(e *env, d device.Device) error {
 		return err
 	}
 	def := replay.DefaultConfig()
-	res, err := replay.Run(t, def, replay.Options{Samples: -1})
+	res, err := replay.Run(e.ctx, t, def, replay.Options{Samples: -1})
 	if err != nil {
 		return err
 	}

@@ -134,13 +134,13 @@ func runRun(e *env, args []string) error {
 	fs.StringVar(&f.vram, "vram", "", "the process's device memory budget, context included (default: free memory less a margin)")
 	fs.StringVar(&f.prompt, "prompt", "", "prompt text (needs a tokenizer)")
 	fs.StringVar(&f.ids, "prompt-ids", "", "prompt token ids, comma separated")
-	fs.IntVar(&f.maxNew, "max-new", 32, "most tokens to generate")
-	fs.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
-	fs.IntVar(&f.topK, "top-k", 0, "keep the K most likely tokens (0: all)")
-	fs.Float64Var(&f.topP, "top-p", 0, "keep the smallest set of tokens reaching probability P (0: all)")
+	intVar(fs, &f.maxNew, "max-new", 32, 1, 1<<20, "most tokens to generate")
+	floatVar(fs, &f.temperature, "temperature", 0, 0, 100, false, "sampling temperature; 0 is greedy")
+	intVar(fs, &f.topK, "top-k", 0, 0, 1<<22, "keep the K most likely tokens (0: all)")
+	floatVar(fs, &f.topP, "top-p", 0, 0, 1, false, "keep the smallest set of tokens reaching probability P (0: all)")
 	fs.Uint64Var(&f.seed, "seed", 0, "sampling seed")
-	fs.IntVar(&f.chunk, "prefill-chunk", 0, "most prompt tokens per prefill step (0: the largest up to the prompt and 2048 that the budget holds)")
-	fs.IntVar(&f.slots, "slots", 0, "staging slots for streamed weights, 2..16 (0: 3 for chunks of 1024 tokens or more when the budget holds it, else 2)")
+	intVar(fs, &f.chunk, "prefill-chunk", 0, 0, 1<<16, "most prompt tokens per prefill step (0: the largest up to the prompt and 2048 that the budget holds)")
+	intVar(fs, &f.slots, "slots", 0, 0, 16, "staging slots for streamed weights, 2 or more (0: 3 for chunks of 1024 tokens or more when the budget holds it, else 2)")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "keep generating after an end-of-sequence token")
 	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
 	fs.BoolVar(&f.profile, "profile", false, "time two decode steps on the device, one whole and one per op class (diagnostic: it perturbs timing; those steps are left out of decode tokens/s)")
@@ -175,14 +175,8 @@ func runRun(e *env, args []string) error {
 			return usagef("--prompt-ids: %v", err)
 		}
 	}
-	if f.maxNew < 1 || f.maxNew > 1<<20 {
-		return usagef("--max-new %d: want 1..%d", f.maxNew, 1<<20)
-	}
-	if f.chunk < 0 || f.chunk > 1<<16 {
-		return usagef("--prefill-chunk %d: want 1..65536 (or 0: chosen from the budget)", f.chunk)
-	}
-	if f.slots != 0 && (f.slots < 2 || f.slots > 16) {
-		return usagef("--slots %d: want 2..16 (or 0: chosen)", f.slots)
+	if f.slots == 1 {
+		return usagef("--slots 1: want 2..16 (or 0: chosen)")
 	}
 	sampling := engine.Sampling{MaxNew: f.maxNew, Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, IgnoreEOS: f.ignoreEOS}
 	if err := sampling.Validate(); err != nil {

@@ -73,8 +73,8 @@ func runStream(e *env, args []string) error {
 	fs := newFlags(e, "stream", streamUsage)
 	var f planFlags
 	f.add(fs)
-	steps := fs.Int("steps", 5, "timed steps (after one warm-up step)")
-	prefetch := fs.Int("prefetch", 0, "streamed groups issued ahead of the one computing (default: --slots less one)")
+	steps := intFlagOf(fs, "steps", 5, 1, 100000, "timed steps (after one warm-up step)")
+	prefetch := intFlagOf(fs, "prefetch", 0, 0, 63, "streamed groups issued ahead of the one computing, fewer than --slots (default: --slots less one)")
 	src := fs.String("source", "auto", "host side of the copies: auto, registered-mmap, pinned-copy or bounce")
 	var pf poolFlags
 	pf.add(fs)
@@ -88,9 +88,6 @@ func runStream(e *env, args []string) error {
 	}
 	if f.df.backend == auto.Vulkan {
 		return fmt.Errorf("the vulkan backend has no kernels for the products stream runs yet (they are PTX and Go only): use --device cuda or --device sim")
-	}
-	if *steps < 1 || *steps > 100000 {
-		return usagef("--steps must be 1..100000")
 	}
 	if *prefetch < 0 || *prefetch >= f.slots {
 		return usagef("--prefetch %d needs %d slots; --slots is %d (want 0..%d)", *prefetch, *prefetch+1, f.slots, f.slots-1)

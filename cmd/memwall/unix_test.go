@@ -11,7 +11,8 @@ import (
 )
 
 // TestSIGTERMCancels: SIGTERM cancels newEnv's context as SIGINT does (so
-// the verbs' cleanup runs) instead of killing the process.
+// the verbs' cleanup runs) instead of killing the process, and is recorded
+// for the exit status.
 func TestSIGTERMCancels(t *testing.T) {
 	e := newEnv()
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
@@ -21,6 +22,9 @@ func TestSIGTERMCancels(t *testing.T) {
 	case <-e.ctx.Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("SIGTERM did not cancel the context")
+	}
+	if got := e.stop.signalled(); got != syscall.SIGTERM {
+		t.Errorf("recorded %v, want SIGTERM", got)
 	}
 }
 

@@ -8,8 +8,8 @@
 // # Quick start
 //
 //	m, _ := sched.Preset("llama-7b")
-//	reqs, _ := sched.Synthetic(sched.SyntheticOptions{Kind: "sharegpt", Requests: 1000, MaxLen: m.Context})
-//	res, err := sched.Simulate(reqs, sched.Options{Model: m, VRAMBytes: 40 << 30})
+//	reqs, _ := sched.Synthetic(ctx, sched.SyntheticOptions{Kind: "sharegpt", Requests: 1000, MaxLen: m.Context})
+//	res, err := sched.Simulate(ctx, reqs, sched.Options{Model: m, VRAMBytes: 40 << 30})
 //	fmt.Println(res.Paged.WasteRatio, res.Paged.MeanBatch, res.Contiguous.MeanBatch)
 //
 // Requests come from JSON-lines files (ReadRequests) or synthetic mixes

@@ -1,6 +1,7 @@
 package sched_test
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/memwall/memwall/kvcache/sched"
@@ -10,8 +11,8 @@ import (
 // ShareGPT-like mix for a Llama-7B shape in 40 GiB.
 func ExampleSimulate() {
 	m, _ := sched.Preset("llama-7b")
-	reqs, _ := sched.Synthetic(sched.SyntheticOptions{Kind: "sharegpt", Requests: 300, Seed: 1, MaxLen: m.Context})
-	res, err := sched.Simulate(reqs, sched.Options{Model: m, VRAMBytes: 40 << 30})
+	reqs, _ := sched.Synthetic(context.Background(), sched.SyntheticOptions{Kind: "sharegpt", Requests: 300, Seed: 1, MaxLen: m.Context})
+	res, err := sched.Simulate(context.Background(), reqs, sched.Options{Model: m, VRAMBytes: 40 << 30})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -3,6 +3,7 @@ package sched
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -218,8 +219,9 @@ func SyntheticDescription(kind string) string {
 // MinLen is the shortest synthetic prompt or output.
 const MinLen = 4
 
-// Synthetic returns a synthetic request mix.
-func Synthetic(o SyntheticOptions) ([]Request, error) {
+// Synthetic returns a synthetic request mix. When ctx is done it stops
+// with ctx's error, wrapped with the requests drawn.
+func Synthetic(ctx context.Context, o SyntheticOptions) ([]Request, error) {
 	if o.Requests == 0 {
 		o.Requests = 1000
 	}
@@ -256,6 +258,9 @@ func Synthetic(o SyntheticOptions) ([]Request, error) {
 	out := make([]Request, o.Requests)
 	t := 0.0
 	for i := range out {
+		if i%1024 == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("sched: %d of %d synthetic requests drawn: %w", i, len(out), ctx.Err())
+		}
 		if o.RatePerS > 0 {
 			t += rng.ExpFloat64() / o.RatePerS
 		}

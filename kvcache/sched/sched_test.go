@@ -2,6 +2,7 @@ package sched
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"os"
@@ -107,11 +108,11 @@ func checked(m *kvcache.Manager) error { return m.Check() }
 // the same tokens.
 func TestShareGPTTarget(t *testing.T) {
 	m := llama7b(t)
-	reqs, err := Synthetic(SyntheticOptions{Kind: "sharegpt", Requests: 600, Seed: 3, MaxLen: m.Context})
+	reqs, err := Synthetic(context.Background(), SyntheticOptions{Kind: "sharegpt", Requests: 600, Seed: 3, MaxLen: m.Context})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Simulate(reqs, Options{Model: m, VRAMBytes: 40 << 30, check: checked})
+	res, err := Simulate(context.Background(), reqs, Options{Model: m, VRAMBytes: 40 << 30, check: checked})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestLongSystemPromptTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Simulate(reqs, Options{Model: llama7b(t), VRAMBytes: 40 << 30, check: checked})
+	res, err := Simulate(context.Background(), reqs, Options{Model: llama7b(t), VRAMBytes: 40 << 30, check: checked})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,12 +178,12 @@ func TestLongSystemPromptTrace(t *testing.T) {
 // every request still finishes, and the invariants hold after every step.
 func TestSwapPreemption(t *testing.T) {
 	m := llama7b(t)
-	reqs, err := Synthetic(SyntheticOptions{Kind: "sharegpt", Requests: 300, Seed: 5, MaxLen: m.Context})
+	reqs, err := Synthetic(context.Background(), SyntheticOptions{Kind: "sharegpt", Requests: 300, Seed: 5, MaxLen: m.Context})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mode := range []string{"swap", "recompute"} {
-		res, err := Simulate(reqs, Options{Model: m, VRAMBytes: m.WeightBytes + 6<<30, Preempt: mode, HostBytes: 2 << 30, check: checked})
+		res, err := Simulate(context.Background(), reqs, Options{Model: m, VRAMBytes: m.WeightBytes + 6<<30, Preempt: mode, HostBytes: 2 << 30, check: checked})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +204,7 @@ func TestSwapPreemption(t *testing.T) {
 // no token.
 func TestPrefillOnly(t *testing.T) {
 	reqs := []Request{{PromptTokens: 100, OutputTokens: 0}, {ArrivalS: 0.1, PromptTokens: 50, OutputTokens: 3}}
-	res, err := Simulate(reqs, Options{Model: llama7b(t), VRAMBytes: 40 << 30, check: checked})
+	res, err := Simulate(context.Background(), reqs, Options{Model: llama7b(t), VRAMBytes: 40 << 30, check: checked})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,19 +218,19 @@ func TestPrefillOnly(t *testing.T) {
 func TestSimulateErrors(t *testing.T) {
 	m := llama7b(t)
 	reqs := []Request{{PromptTokens: 10, OutputTokens: 10}}
-	if _, err := Simulate(reqs, Options{Model: m, VRAMBytes: m.WeightBytes}); err == nil || !strings.Contains(err.Error(), "leaves nothing for K/V") {
+	if _, err := Simulate(context.Background(), reqs, Options{Model: m, VRAMBytes: m.WeightBytes}); err == nil || !strings.Contains(err.Error(), "leaves nothing for K/V") {
 		t.Errorf("VRAM = weights: %v", err)
 	}
 	big := []Request{{PromptTokens: 4000, OutputTokens: 90}}
-	if _, err := Simulate(big, Options{Model: m, VRAMBytes: m.WeightBytes + 1<<30}); err == nil || !strings.Contains(err.Error(), "request 0") {
+	if _, err := Simulate(context.Background(), big, Options{Model: m, VRAMBytes: m.WeightBytes + 1<<30}); err == nil || !strings.Contains(err.Error(), "request 0") {
 		t.Errorf("a request larger than the budget: %v", err)
 	}
 	// Contiguous cannot hold one full context: a note, not an error.
-	res, err := Simulate(reqs, Options{Model: m, VRAMBytes: m.WeightBytes + 1<<30})
+	res, err := Simulate(context.Background(), reqs, Options{Model: m, VRAMBytes: m.WeightBytes + 1<<30})
 	if err != nil || res.Contiguous.Note == "" || res.Paged.Finished != 1 {
 		t.Errorf("contiguous with no room: %v, %+v", err, res.Contiguous)
 	}
-	if _, err := Simulate(reqs, Options{Model: m, VRAMBytes: 40 << 30, Preempt: "drop"}); err == nil {
+	if _, err := Simulate(context.Background(), reqs, Options{Model: m, VRAMBytes: 40 << 30, Preempt: "drop"}); err == nil {
 		t.Error("preempt mode drop accepted")
 	}
 }
@@ -239,7 +240,7 @@ func TestSyntheticMeans(t *testing.T) {
 		kind        string
 		prompt, out float64
 	}{{"sharegpt", 161, 338}, {"alpaca", 19, 58}} {
-		reqs, err := Synthetic(SyntheticOptions{Kind: tc.kind, Requests: 20000, Seed: 9})
+		reqs, err := Synthetic(context.Background(), SyntheticOptions{Kind: tc.kind, Requests: 20000, Seed: 9})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +255,7 @@ func TestSyntheticMeans(t *testing.T) {
 			t.Errorf("%s: means %.1f / %.1f, published %.0f / %.0f", tc.kind, p, o, tc.prompt, tc.out)
 		}
 	}
-	if _, err := Synthetic(SyntheticOptions{Kind: "nope"}); err == nil {
+	if _, err := Synthetic(context.Background(), SyntheticOptions{Kind: "nope"}); err == nil {
 		t.Error("unknown mix accepted")
 	}
 }

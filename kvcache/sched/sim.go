@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -163,8 +164,9 @@ func (o Options) withDefaults() (Options, error) {
 // blocks (the kvcache Manager: prefix caching, preemption when blocks run
 // out) and with a contiguous reservation of the model's context per
 // sequence (the pre-paging way, which never preempts), on the same budget,
-// token budget and time model.
-func Simulate(reqs []Request, o Options) (Result, error) {
+// token budget and time model. When ctx is done the simulation stops with
+// its error, wrapped with how far the policy got.
+func Simulate(ctx context.Context, reqs []Request, o Options) (Result, error) {
 	o, err := o.withDefaults()
 	if err != nil {
 		return Result{}, err
@@ -188,6 +190,9 @@ func Simulate(reqs []Request, o Options) (Result, error) {
 	clamped := make([]Request, len(reqs))
 	var sumP, sumO float64
 	for i, r := range reqs {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			return res, fmt.Errorf("sched: %d of %d requests read: %w", i, len(reqs), ctx.Err())
+		}
 		if r.PromptTokens+r.OutputTokens > m.Context {
 			res.Clamped++
 			r.PromptTokens = min(r.PromptTokens, m.Context-1)
@@ -204,10 +209,10 @@ func Simulate(reqs []Request, o Options) (Result, error) {
 		sumO += float64(r.OutputTokens)
 	}
 	res.MeanPrompt, res.MeanOutput = sumP/float64(len(reqs)), sumO/float64(len(reqs))
-	if res.Paged, err = run(clamped, o, res, true); err != nil {
+	if res.Paged, err = run(ctx, clamped, o, res, true); err != nil {
 		return res, err
 	}
-	if res.Contiguous, err = run(clamped, o, res, false); err != nil {
+	if res.Contiguous, err = run(ctx, clamped, o, res, false); err != nil {
 		return res, err
 	}
 	res.PrefixHitRate, res.ShareableBlocks, res.HitBlocks = res.Paged.PrefixHitRate, res.Paged.ShareableBlocks, res.Paged.HitBlocks
@@ -258,7 +263,7 @@ type runner struct {
 	prefixes map[string]uint64
 }
 
-func run(reqs []Request, o Options, res Result, paged bool) (PolicyResult, error) {
+func run(ctx context.Context, reqs []Request, o Options, res Result, paged bool) (PolicyResult, error) {
 	r := &runner{o: o, reqs: reqs, paged: paged, bpt: res.BytesPerToken, B: o.BlockTokens, prefixes: map[string]uint64{}, seen: map[string]int{}}
 	r.res.Policy = "contiguous"
 	if paged {
@@ -288,7 +293,7 @@ func run(reqs []Request, o Options, res Result, paged bool) (PolicyResult, error
 			return r.res, nil
 		}
 	}
-	if err := r.loop(); err != nil {
+	if err := r.loop(ctx); err != nil {
 		return r.res, err
 	}
 	r.finish()
@@ -297,20 +302,32 @@ func run(reqs []Request, o Options, res Result, paged bool) (PolicyResult, error
 
 const maxSteps = 200_000_000
 
+// checkEvery is how many requests are read, or arrive when all of them
+// arrive at once, between two looks at the context.
+const checkEvery = 1024
+
 type chunk struct {
 	s    *seqState
 	from int
 	n    int
 }
 
-func (r *runner) loop() error {
+func (r *runner) loop(ctx context.Context) error {
 	first := r.reqs[0].ArrivalS
 	var sched []chunk
 	for steps := 0; ; steps++ {
 		if steps > maxSteps {
 			return fmt.Errorf("sched: %s: no end after %d steps", r.res.Policy, maxSteps)
 		}
+		// A step costs microseconds at least, and milliseconds when a
+		// long queue waits; a look at ctx tens of nanoseconds.
+		if ctx.Err() != nil {
+			return fmt.Errorf("sched: %s: %d of %d requests finished in %d steps: %w", r.res.Policy, r.res.Finished, len(r.reqs), r.res.Steps, ctx.Err())
+		}
 		for r.next < len(r.reqs) && r.reqs[r.next].ArrivalS <= r.clock {
+			if r.next%checkEvery == 0 && ctx.Err() != nil {
+				return fmt.Errorf("sched: %s: %d of %d requests arrived: %w", r.res.Policy, r.next, len(r.reqs), ctx.Err())
+			}
 			r.waiting = append(r.waiting, &seqState{req: r.next})
 			r.next++
 		}

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -140,7 +141,7 @@ func policyLines(out *strings.Builder, tr *Trace, name string, cs []Config, tota
 		if strings.HasSuffix(c.Name, "@5µs") {
 			ro.OpTime = 5 * time.Microsecond
 		}
-		r, err := Run(tr, c, ro)
+		r, err := Run(context.Background(), tr, c, ro)
 		if err != nil {
 			fmt.Fprintf(out, "%-27s %-14s error: %v\n", name, c.Name, err)
 			continue
@@ -217,7 +218,7 @@ func TestReclaimAtTraceTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(c Config, op time.Duration) *Result {
-		r, err := Run(tr, c, Options{Samples: -1, OpTime: op})
+		r, err := Run(context.Background(), tr, c, Options{Samples: -1, OpTime: op})
 		if err != nil {
 			t.Fatal(err)
 		}

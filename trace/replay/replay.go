@@ -2,6 +2,7 @@ package replay
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -268,8 +269,10 @@ func (o Options) withDefaults(t *Trace) Options {
 // memory under o.Limit, a strategy that cannot serve a size) Result.Err and
 // the returned error are an *OpError and the figures cover the ops before
 // it. Other errors (the pool cannot be built) return a Result with only
-// the configuration filled in.
-func Run(t *Trace, c Config, o Options) (*Result, error) {
+// the configuration filled in. When ctx is done the replay stops (it looks
+// every checkEvery ops) and returns ctx's error, wrapped with the ops done;
+// the figures cover those ops.
+func Run(ctx context.Context, t *Trace, c Config, o Options) (*Result, error) {
 	o = o.withDefaults(t)
 	res := &Result{Config: c.Name, PeakLive: t.PeakLive}
 	md := &meter{Device: NewDevice(o.TotalBytes), c: H200Costs, sizes: map[device.PhysMem]uint64{}}
@@ -332,7 +335,12 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 		next += due * hold
 	}
 	start := time.Now()
+	var stopped error
 	for i, op := range t.Ops {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			stopped = fmt.Errorf("replay %s of %s: %d of %d ops: %w", c.Name, t.Name, i, len(t.Ops), ctx.Err())
+			break
+		}
 		now = time.Duration(i) * o.OpTime
 		pass()
 		if op.Free {
@@ -383,8 +391,12 @@ func Run(t *Trace, c Config, o Options) (*Result, error) {
 	if res.Err != nil {
 		return res, fmt.Errorf("replay %s of %s: %w", c.Name, t.Name, res.Err)
 	}
-	return res, nil
+	return res, stopped
 }
+
+// checkEvery is how many ops a replay runs between two looks at its
+// context: an op costs tens of nanoseconds, a look about as much.
+const checkEvery = 1024
 
 // addressMap captures the pool's reserved ranges and the live blocks.
 func addressMap(p *pool.Pool, blocks []pool.Block, op int) *AddressMap {
@@ -435,7 +447,7 @@ func addressMap(p *pool.Pool, blocks []pool.Block, op int) *AddressMap {
 // to succeed (0: replay unlimited first and use its peak reserved). It
 // returns the number of replays it ran. A pool is not strictly monotone
 // in its Limit, so the answer is the smallest success the bisection found.
-func MinCapacity(t *Trace, c Config, o Options, hi, step uint64) (uint64, int, error) {
+func MinCapacity(ctx context.Context, t *Trace, c Config, o Options, hi, step uint64) (uint64, int, error) {
 	if step == 0 {
 		step = 2 << 20
 	}
@@ -443,7 +455,7 @@ func MinCapacity(t *Trace, c Config, o Options, hi, step uint64) (uint64, int, e
 	runs := 0
 	if hi == 0 {
 		o.Limit = 0
-		r, err := Run(t, c, o)
+		r, err := Run(ctx, t, c, o)
 		runs++
 		if err != nil {
 			return 0, runs, err
@@ -463,7 +475,7 @@ func MinCapacity(t *Trace, c Config, o Options, hi, step uint64) (uint64, int, e
 	for hi-lo > step {
 		mid := lo + (hi-lo)/2/step*step
 		o.Limit = mid
-		_, err := Run(t, c, o)
+		_, err := Run(ctx, t, c, o)
 		runs++
 		switch {
 		case err == nil:

@@ -3,6 +3,7 @@ package replay
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -152,7 +153,7 @@ func TestRunInvariants(t *testing.T) {
 	}
 	for _, c := range []Config{DefaultConfig(), {Name: "chunks", Options: pool.Options{Growth: pool.GrowChunks}}, {Name: "tlsf", Options: pool.Options{Strategy: "tlsf"}}} {
 		t.Run(c.Name, func(t *testing.T) {
-			r, err := Run(tr, c, Options{AddressMap: true})
+			r, err := Run(context.Background(), tr, c, Options{AddressMap: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -216,17 +217,17 @@ func TestMinCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := Config{Name: "chunks", Options: pool.Options{Growth: pool.GrowChunks}}
-	capBytes, runs, err := MinCapacity(tr, c, Options{}, 0, 0)
+	capBytes, runs, err := MinCapacity(context.Background(), tr, c, Options{}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if capBytes < tr.PeakLive || capBytes%(2<<20) != 0 || runs < 2 {
 		t.Fatalf("min capacity %d after %d runs, peak live %d", capBytes, runs, tr.PeakLive)
 	}
-	if _, err := Run(tr, c, Options{Limit: capBytes, Samples: -1}); err != nil {
+	if _, err := Run(context.Background(), tr, c, Options{Limit: capBytes, Samples: -1}); err != nil {
 		t.Errorf("replay at the min capacity fails: %v", err)
 	}
-	_, err = Run(tr, c, Options{Limit: capBytes - 2<<20, Samples: -1})
+	_, err = Run(context.Background(), tr, c, Options{Limit: capBytes - 2<<20, Samples: -1})
 	var oe *OpError
 	if !errors.Is(err, pool.ErrOutOfMemory) || !errors.As(err, &oe) {
 		t.Errorf("replay 2 MiB below the min capacity: %v, want an OpError wrapping pool.ErrOutOfMemory", err)
@@ -274,7 +275,7 @@ func TestDefaultAgainstGoal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Evaluate(tr, Configs(), EvalOptions{NoSearch: true})
+			rep, err := Evaluate(context.Background(), tr, Configs(), EvalOptions{NoSearch: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -351,7 +352,7 @@ func BenchmarkReplay(b *testing.B) {
 			c := DefaultConfig()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if _, err := Run(tr, c, Options{Samples: -1}); err != nil {
+				if _, err := Run(context.Background(), tr, c, Options{Samples: -1}); err != nil {
 					b.Fatal(err)
 				}
 			}

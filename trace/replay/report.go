@@ -1,6 +1,8 @@
 package replay
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -205,9 +207,10 @@ type ResultJSON struct {
 // Evaluate replays t through each configuration and compares them. A
 // configuration the pool cannot run the trace with (out of memory under
 // Capacity, a strategy that refuses a size, a pool that cannot be built)
-// gets a line with Error set. The error is reserved for future use and
-// is always nil today.
-func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
+// gets a line with Error set. The error is ctx's, wrapped, when ctx is
+// done before every configuration was replayed; the report then holds the
+// configurations replayed in full.
+func Evaluate(ctx context.Context, t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 	rep := &Report{Trace: t.Name, Format: t.Format.String(), Events: t.Events, Allocs: t.Allocs,
 		Skipped: t.Skipped, PeakLive: t.PeakLive, Default: DefaultConfig().Name,
 		GoalRatio: GoalRatio, GoalCallShare: GoalCallsPerAlloc, Capacity: o.Capacity}
@@ -233,7 +236,10 @@ func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 		if o.Progress != nil {
 			o.Progress(i, len(cs), c.Name)
 		}
-		r, err := Run(t, c, ro)
+		r, err := Run(ctx, t, c, ro)
+		if ctx.Err() != nil {
+			return rep, fmt.Errorf("%d of %d configurations replayed: %w", i, len(cs), stopCause(ctx, err))
+		}
 		line := ResultJSON{Config: c.Name, Strategy: r.Strategy, Growth: r.Growth,
 			PeakReserved: r.PeakReserved, Ratio: r.Ratio, Utilization: r.Utilization,
 			DeviceCalls: r.DeviceCalls, FragMin: r.FragMin, FragMean: r.FragMean}
@@ -251,7 +257,10 @@ func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 		if err != nil {
 			line.Error = err.Error()
 		} else if !o.NoSearch && o.Capacity == 0 {
-			c2, runs, err := MinCapacity(t, c, Options{}, r.PeakReserved, 0)
+			c2, runs, err := MinCapacity(ctx, t, c, Options{}, r.PeakReserved, 0)
+			if ctx.Err() != nil {
+				return rep, fmt.Errorf("%d of %d configurations replayed: the smallest capacity of %s: %w", i, len(cs), c.Name, stopCause(ctx, err))
+			}
 			line.MinCapacityReplay = runs
 			if err == nil {
 				line.MinCapacity = &c2
@@ -264,4 +273,14 @@ func Evaluate(t *Trace, cs []Config, o EvalOptions) (*Report, error) {
 		rep.Runs = append(rep.Runs, r)
 	}
 	return rep, nil
+}
+
+// stopCause is err when it is ctx's own error, wrapped with where the
+// work stopped, else ctx's error (the work ended, or failed otherwise, as
+// ctx was done).
+func stopCause(ctx context.Context, err error) error {
+	if err != nil && errors.Is(err, ctx.Err()) {
+		return err
+	}
+	return ctx.Err()
 }

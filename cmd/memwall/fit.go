@@ -172,7 +172,10 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	if f.linkGBps == 0 {
 		pl.pinnedGBps = link
 	}
-	wo := plan.WeightOptions{Budget: budget, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch, LinkGBps: link, Granule: 2 << 20}
+	// The device pool stream runs maps pages of the device's granularity:
+	// its peak is whole pages.
+	wo := plan.WeightOptions{Budget: budget, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch, LinkGBps: link, Granule: 2 << 20,
+		PageBytes: poolPageBytes(info)}
 	if sd, ok := d.(*sim.Device); ok {
 		o := sd.Options()
 		wo.Granule = 512
@@ -201,6 +204,16 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	}
 	pl.plan = p
 	return pl, nil
+}
+
+// poolPageBytes is the page size a device pool maps memory in on a device
+// with virtual memory (its granularity), 0 on one without: there the pool
+// grows by chunks the plan does not model.
+func poolPageBytes(info device.Info) uint64 {
+	if g := info.Granularity; info.VirtualMemory && g&(g-1) == 0 {
+		return g
+	}
+	return 0
 }
 
 // measureLink returns given when it is not 0, else the pinned

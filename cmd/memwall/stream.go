@@ -159,7 +159,7 @@ func fitContext(pl *planned, f *planFlags, budget uint64) (residency.Budget, err
 		groups[i] = g.WeightGroup
 	}
 	wo := plan.WeightOptions{Budget: b.PoolBytes, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch,
-		LinkGBps: pl.plan.LinkGBps, Granule: pl.plan.Granule, KV: pl.plan.KV}
+		LinkGBps: pl.plan.LinkGBps, Granule: pl.plan.Granule, PageBytes: pl.plan.PageBytes, KV: pl.plan.KV}
 	if len(pl.timings) > 0 {
 		wo.Cost = bench.CostFromTimings(pl.timings)
 	}
@@ -302,7 +302,7 @@ func demoStream(e *env, d device.Device) error {
 	if err != nil {
 		return err
 	}
-	wo := plan.WeightOptions{Budget: 1 << 50, LinkGBps: link.GBps, Cost: cost, Granule: 512}
+	wo := plan.WeightOptions{Budget: 1 << 50, LinkGBps: link.GBps, Cost: cost, Granule: 512, PageBytes: poolPageBytes(d.Info())}
 	if sd, ok := d.(*sim.Device); ok {
 		wo.CopyLatency = sd.Options().CopyLatency
 	} else {

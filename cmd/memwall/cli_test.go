@@ -95,6 +95,25 @@ func TestHelpVerb(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "benchmarks: alloc, ") || !strings.Contains(stdout, "transfer") {
 		t.Fatalf("help bench: exit %d, %q", code, stdout)
 	}
+	// A verb of sub-commands prints each one's usage and flags.
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"help", "bench"}, []string{"usage: memwall bench alloc", "-pairs", "usage: memwall bench kv", "-blocks", "usage: memwall bench transfer", "-size"}},
+		{[]string{"help", "kv"}, []string{"sub-commands: simulate", "usage: memwall kv simulate", "-synthetic", "-block-tokens"}},
+		{[]string{"help", "kv", "simulate"}, []string{"usage: memwall kv simulate", "-synthetic", "-vram"}},
+		{[]string{"help", "bench", "alloc"}, []string{"usage: memwall bench alloc", "-pairs", "-goroutines"}},
+		{[]string{"kv", "-h"}, []string{"usage: memwall kv simulate", "-synthetic"}},
+	} {
+		code, stdout, stderr := runVerb(t, nil, c.args...)
+		for _, w := range c.want {
+			if code != 0 || !strings.Contains(stdout, w) || stderr != "" {
+				t.Errorf("%v: exit %d, stderr %q, stdout lacks %q:\n%s", c.args, code, stderr, w, stdout)
+				break
+			}
+		}
+	}
 	code, stdout, _ = runVerb(t, nil, "help", "bench", "transfer")
 	if code != 0 || !strings.Contains(stdout, "usage: memwall bench transfer") || !strings.Contains(stdout, "-size") {
 		t.Fatalf("help bench transfer: exit %d, %q", code, stdout)

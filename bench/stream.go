@@ -219,7 +219,10 @@ func (s *streamRun) setup(ctx context.Context) error {
 	s.baseFree = free
 	// Few blocks, most of them large: small ones among the large keep the
 	// pages mapped close to the plan's bytes.
-	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off, History: s.o.PoolHistory, OnEvent: s.o.OnPoolEvent}); err != nil {
+	// On a device without virtual memory the pool grows by chunks: chunks
+	// of the plan's 2 MiB granule keep what it reserves to the plan's bytes
+	// (the default 32 MiB chunk would reserve more than a small budget).
+	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off, ChunkBytes: 2 << 20, History: s.o.PoolHistory, OnEvent: s.o.OnPoolEvent}); err != nil {
 		return fmt.Errorf("bench: stream: device pool: %w", err)
 	}
 	ro := s.o.Residency

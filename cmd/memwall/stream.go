@@ -7,7 +7,6 @@ import (
 
 	"github.com/memwall/memwall/bench"
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
@@ -35,7 +34,10 @@ while a step ends. Prints predicted against measured peak memory and step time,
 the streamed GB/s and how well copy and compute overlapped. --source picks the
 host side of the copies: auto, registered-mmap, pinned-copy or bounce. --slots
 is honoured or refused: a budget too small for that many slots is an error, not
-fewer slots.`
+fewer slots. On a Vulkan device the products run on memwall's SPIR-V kernel;
+where the device has no virtual memory the pool grows by chunks, which pack
+the allocations the plan counts in 2 MiB units: the predicted peak is then an
+upper bound.`
 
 // streamJSON is `memwall stream --json`: fit's keys plus the measurements.
 type streamJSON struct {
@@ -84,9 +86,6 @@ func runStream(e *env, args []string) error {
 	path, budget, err := f.check(pos)
 	if err != nil {
 		return err
-	}
-	if f.df.backend == auto.Vulkan {
-		return fmt.Errorf("the vulkan backend has no kernels for the products stream runs yet (they are PTX and Go only): use --device cuda or --device sim")
 	}
 	if *steps < 1 || *steps > 100000 {
 		return usagef("--steps must be 1..100000")

@@ -291,3 +291,35 @@ func TestStreamPredictsPeak(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamVulkan: on a Vulkan device (lavapipe is enough) stream runs the
+// products with package spirv's kernel, verified against the float64
+// reference, streaming when the budget asks for it; the pool there grows
+// by chunks, which pack the allocations fit charges in 2 MiB units, so the
+// measured peak is at most the prediction, itself within --vram. fit
+// --plain measures the products there too. Skips where no Vulkan device
+// opens.
+func TestStreamVulkan(t *testing.T) {
+	path := tinyFile(t, synth.Safetensors)
+	code, out, errOut := runVerbSim(t, "fit", path, "--plain", "--vram", "64MiB", "--device", "vulkan", "--json")
+	if code != 0 {
+		if strings.Contains(strings.ToLower(errOut), "vulkan") && os.Getenv("MEMWALL_TEST_DEVICE") != "vulkan" {
+			t.Skipf("no Vulkan device here: %s", strings.TrimSpace(errOut))
+		}
+		t.Fatalf("fit --plain on vulkan: exit %d: %s", code, errOut)
+	}
+	var fit map[string]any
+	if err := json.Unmarshal([]byte(out), &fit); err != nil {
+		t.Fatal(err)
+	}
+	if src, _ := fit["compute_source"].(string); !strings.HasPrefix(src, "measured") {
+		t.Errorf("fit --plain on vulkan: compute %q", src)
+	}
+	for _, vram := range []string{"9MiB", "64MiB"} {
+		j := runJSONOut(t, "stream", path, "--vram", vram, "--steps", "1", "--device", "vulkan", "--json")
+		peak, pred, budget := j["peak_bytes"].(float64), j["predicted_peak_bytes"].(float64), j["budget_bytes"].(float64)
+		if j["verified"] != true || peak > pred || pred > budget || vram == "9MiB" && j["streamed_bytes"].(float64) == 0 {
+			t.Errorf("--vram %s: verified %v (%v), peak %v, predicted %v, budget %v, streamed %v", vram, j["verified"], j["verify_note"], peak, pred, budget, j["streamed_bytes"])
+		}
+	}
+}

@@ -172,8 +172,9 @@ type streamRun struct {
 
 // Stream runs p's plan for m on d over package residency for a warm-up
 // step, whose products are verified, and steps timed steps (at least 1).
-// It creates a device pool and a pinned host pool of its own and gives
-// every byte back before it returns. The plan must have been made from m's
+// It creates a device pool and a pinned host pool of its own (holding the
+// plan's KV cache bytes, which no step uses, so that the peak is the
+// plan's) and gives every byte back before it returns. The plan must have been made from m's
 // tensors. A product that fails its check ends the run with an error
 // matching ErrVerify and kernels.ErrMismatch.
 func Stream(ctx context.Context, d device.Device, m *format.Model, p *plan.WeightPlan, steps int, o StreamOptions) (*StreamReport, error) {
@@ -218,7 +219,10 @@ func (s *streamRun) setup(ctx context.Context) error {
 	s.baseFree = free
 	// Few blocks, most of them large: small ones among the large keep the
 	// pages mapped close to the plan's bytes.
-	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off, History: s.o.PoolHistory, OnEvent: s.o.OnPoolEvent}); err != nil {
+	// On a device without virtual memory the pool grows by chunks: chunks
+	// of the plan's 2 MiB granule keep what it reserves to the plan's bytes
+	// (the default 32 MiB chunk would reserve more than a small budget).
+	if s.dev, err = pool.New(d, pool.Options{Name: "stream", SmallMax: pool.Off, ChunkBytes: 2 << 20, History: s.o.PoolHistory, OnEvent: s.o.OnPoolEvent}); err != nil {
 		return fmt.Errorf("bench: stream: device pool: %w", err)
 	}
 	ro := s.o.Residency
@@ -280,6 +284,15 @@ func (s *streamRun) setup(ctx context.Context) error {
 		}
 		s.blocks = append(s.blocks, b)
 		s.y = b.Ptr
+	}
+	if s.p.KVBytes > 0 {
+		// The KV cache the plan reserves (its Ctx) is held, unused, so that
+		// the peak measured is the plan's.
+		b, err := s.dev.Alloc(s.p.KVBytes, pool.AllocOptions{Purpose: pool.KV})
+		if err != nil {
+			return fmt.Errorf("bench: stream: KV cache reservation (%d bytes): %w", s.p.KVBytes, err)
+		}
+		s.blocks = append(s.blocks, b)
 	}
 	if err := s.uploadActivation(); err != nil {
 		return err

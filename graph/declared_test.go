@@ -150,3 +150,56 @@ func FuzzDeclared(f *testing.F) {
 		}
 	})
 }
+
+// unsqueezeModel is u1 = Unsqueeze(x, axes), u2 = Unsqueeze(y, axes) with
+// axes one absent external int64, x declared [1, seq, 1] and y [1, 1, seq],
+// u1 declared with four unnamed dimensions and u2 with u2Dims (nil: not
+// declared).
+func unsqueezeModel(u2Dims []onnx.Dim) *onnx.Model {
+	typ := func(dims []onnx.Dim) onnx.Type {
+		return onnx.Type{Kind: onnx.TypeTensor, ElemType: onnx.Float, HasShape: true, Shape: dims}
+	}
+	g := &onnx.Graph{
+		Name:   "unsqueeze",
+		Inputs: []onnx.ValueInfo{{Name: "x", Type: typ(dims(1, "seq", 1))}, {Name: "y", Type: typ(dims(1, 1, "seq"))}},
+		Initializers: []onnx.Tensor{{Name: "axes", Dims: []int64{1}, DataType: onnx.Int64,
+			DataLocation: onnx.LocationExternal, ExternalData: []onnx.StringPair{{Key: "location", Value: "absent.data"}}}},
+		Nodes: []onnx.Node{
+			{Name: "u1", OpType: "Unsqueeze", Inputs: []string{"x", "axes"}, Outputs: []string{"u1"}},
+			{Name: "u2", OpType: "Unsqueeze", Inputs: []string{"y", "axes"}, Outputs: []string{"u2"}},
+		},
+		ValueInfo: []onnx.ValueInfo{{Name: "u1", Type: typ([]onnx.Dim{{}, {}, {}, {}})}},
+		Outputs:   []onnx.ValueInfo{{Name: "u1", Type: onnx.Type{Kind: onnx.TypeTensor, ElemType: onnx.Float}}, {Name: "u2", Type: onnx.Type{Kind: onnx.TypeTensor, ElemType: onnx.Float}}},
+	}
+	if u2Dims != nil {
+		g.ValueInfo = append(g.ValueInfo, onnx.ValueInfo{Name: "u2", Type: typ(u2Dims)})
+	}
+	return &onnx.Model{IRVersion: 8, OpsetImports: []onnx.OpsetID{{Version: 18}}, Graph: g}
+}
+
+// TestUnsqueezeAbsentAxes: an Unsqueeze whose axis is an absent constant
+// is sized from what every Unsqueeze of the same axis tensor declares (u2's
+// declaration pins the axis to the last, which sizes u1, whose own
+// declaration says nothing); without that declaration, or with one no axis
+// fits, the shape stays unknown.
+func TestUnsqueezeAbsentAxes(t *testing.T) {
+	in := map[string][]int64{"x": {1, 7, 1}, "y": {1, 1, 7}}
+	g, err := FromONNX(unsqueezeModel(dims(1, 1, "seq", 1)), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u1, u2 := g.Tensor("u1"), g.Tensor("u2"); !slices.Equal(u1.Shape, []int64{1, 7, 1, 1}) || !slices.Equal(u2.Shape, []int64{1, 1, 7, 1}) || g.Declared != 2 {
+		t.Errorf("u1 %v, u2 %v, Declared %d; want [1 7 1 1], [1 1 7 1], 2", u1.Shape, u2.Shape, g.Declared)
+	}
+	for _, c := range []struct {
+		name string
+		u2   []onnx.Dim
+	}{
+		{"u2 undeclared", nil},
+		{"no axis fits", dims(7, 1, 1, 1)},
+	} {
+		if _, err := FromONNX(unsqueezeModel(c.u2), in); !errors.Is(err, ErrUnknownShape) {
+			t.Errorf("%s: err = %v, want ErrUnknownShape", c.name, err)
+		}
+	}
+}

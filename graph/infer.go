@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -894,7 +895,13 @@ func (c *nodeCtx) reshape() error {
 	if err != nil {
 		return err
 	}
-	if err := c.set(0, c.dtype(0), out); err != nil {
+	return c.setReshaped(out)
+}
+
+// setReshaped sets output 0 to input 0's elements in shape: its dtype and
+// its value, when known.
+func (c *nodeCtx) setReshaped(shape []int64) error {
+	if err := c.set(0, c.dtype(0), shape); err != nil {
 		return err
 	}
 	c.passValue()
@@ -1024,19 +1031,37 @@ func (c *nodeCtx) unsqueeze() error {
 		return err
 	}
 	axes, present, err := c.axesInput(13, 1)
+	if errors.Is(err, ErrUnknownShape) {
+		if out, ok := c.imp.unsqueezeFromUses(c.node); ok {
+			if err := c.set(0, c.dtype(0), out); err != nil {
+				return err
+			}
+			c.imp.g.Declared++
+			return nil
+		}
+	}
 	if err != nil {
 		return err
 	}
 	if !present {
 		return mismatchf("no axes")
 	}
+	out, err := unsqueezeShape(x, axes)
+	if err != nil {
+		return err
+	}
+	return c.setReshaped(out)
+}
+
+// unsqueezeShape is x with a 1 inserted at each of axes (of the result).
+func unsqueezeShape(x, axes []int64) ([]int64, error) {
 	rank := len(x) + len(axes)
 	if rank > MaxRank {
-		return mismatchf("rank %d exceeds %d", rank, MaxRank)
+		return nil, mismatchf("rank %d exceeds %d", rank, MaxRank)
 	}
 	ax, err := normAxes(axes, rank)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	out := make([]int64, 0, rank)
 	j := 0
@@ -1048,11 +1073,83 @@ func (c *nodeCtx) unsqueeze() error {
 			j++
 		}
 	}
-	if err := c.set(0, c.dtype(0), out); err != nil {
-		return err
+	return out, nil
+}
+
+// unsqueezeFromUses sizes the output of Unsqueeze node n whose single axis
+// has no known value (an exporter's constant in an external file that is
+// absent): one tensor has one value, so the axis is one that every
+// Unsqueeze reading the same axes tensor agrees with — each one's input
+// shape, unsqueezed at it, matches the shape the file declares for that
+// node's output. It reports false unless the axes tensor holds one
+// element and every axis so allowed gives n the same output shape.
+func (imp *importer) unsqueezeFromUses(n *Node) ([]int64, bool) {
+	g := imp.g
+	if len(n.Inputs) < 2 || n.Inputs[1] < 0 || !g.Tensors[n.Inputs[0]].Known {
+		return nil, false
 	}
-	c.passValue()
-	return nil
+	axes := n.Inputs[1]
+	if at := g.Tensors[axes]; !at.Known || product(at.Shape) != 1 || len(at.Shape) > 1 {
+		return nil, false
+	}
+	type use struct {
+		x    []int64
+		decl onnx.Type
+		ok   bool // declared
+	}
+	var uses []use
+	for i := range g.Nodes {
+		u := &g.Nodes[i]
+		if u.Op != "Unsqueeze" || u.Domain != "" || len(u.Inputs) < 2 || u.Inputs[1] != axes ||
+			u.Inputs[0] < 0 || !g.Tensors[u.Inputs[0]].Known || len(u.Outputs) == 0 || u.Outputs[0] < 0 {
+			continue
+		}
+		typ, ok := imp.declared[g.Tensors[u.Outputs[0]].Name]
+		uses = append(uses, use{g.Tensors[u.Inputs[0]].Shape, typ, ok && typ.HasShape})
+	}
+	x := g.Tensors[n.Inputs[0]].Shape
+	var out []int64
+	for a := -int64(MaxRank); a < MaxRank; a++ {
+		agreed := true
+		for _, u := range uses {
+			s, err := unsqueezeShape(u.x, []int64{a})
+			if err != nil || u.ok && !imp.matchesDeclared(s, u.decl) {
+				agreed = false
+				break
+			}
+		}
+		if !agreed {
+			continue
+		}
+		s, err := unsqueezeShape(x, []int64{a})
+		switch {
+		case err != nil:
+		case out == nil:
+			out = s
+		case !slices.Equal(out, s):
+			return nil, false // two axes fit: the shape is not known
+		}
+	}
+	return out, out != nil
+}
+
+// matchesDeclared reports whether shape agrees with declared type typ:
+// the same rank, and every dimension typ states (a value, or a symbol bound
+// to an input's dimension) equal; unnamed dimensions agree with any.
+func (imp *importer) matchesDeclared(shape []int64, typ onnx.Type) bool {
+	if typ.Kind != onnx.TypeTensor || !typ.HasShape || len(typ.Shape) != len(shape) {
+		return false
+	}
+	for d, dim := range typ.Shape {
+		v, bound := imp.binds[dim.Param]
+		switch {
+		case dim.HasValue && dim.Value >= 0 && dim.Value != shape[d]:
+			return false
+		case !dim.HasValue && dim.Param != "" && bound && v != shape[d]:
+			return false
+		}
+	}
+	return true
 }
 
 func (c *nodeCtx) transpose() error {

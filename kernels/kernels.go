@@ -54,6 +54,7 @@ import (
 	"time"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/kernels/spirv"
 )
 
 // The three embedded builds of kernels.cu, gzip-compressed: compute_90
@@ -301,6 +302,11 @@ type Set struct {
 
 	scratchMu sync.Mutex
 	scratch   map[device.Stream]scratchBuf // attention split partials, per stream
+
+	// spirvMatmul holds, on a Vulkan device, package spirv's matrix
+	// product by dtype, which Matmul runs for every T (loadSPIRV); nil on
+	// the PTX and simulator modules.
+	spirvMatmul map[string]device.Function
 }
 
 // Load loads the kernel module on d and resolves every kernel in Names.
@@ -313,9 +319,14 @@ type Set struct {
 // or a module lacking a kernel is refused before the driver sees it
 // (ErrNoPTX, or an error naming the missing kernel). Errors name the PTX
 // source and, where one is at fault, the kernel. On failure nothing stays
-// loaded. Source says which PTX was loaded.
+// loaded. Source says which PTX was loaded. On a Vulkan device it loads
+// package spirv's kernels instead (Fill, Check, Spin and Matmul only; see
+// loadSPIRV), whatever getenv says.
 func Load(d device.Device, getenv func(string) string) (*Set, error) {
 	info := d.Info()
+	if info.Backend == "vulkan" {
+		return loadSPIRV(d)
+	}
 	target := TargetFor(info.ComputeMajor, info.ComputeMinor)
 	ptx, source := EmbeddedFor(target), embeddedName(target)
 	if getenv != nil {
@@ -477,6 +488,83 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	return s, nil
 }
 
+// spirvSource is Source for a Set of package spirv's kernels.
+const spirvSource = "embedded SPIR-V (kernels/spirv)"
+
+// loadSPIRV loads package spirv's kernels on a Vulkan device: Fill, Check
+// and Spin, and Matmul by spirv's matrix product for every dtype and T.
+// The Llama kernels, MatmulGroup and the GEMV variants are PTX and Go only:
+// a Set from it runs nothing else.
+func loadSPIRV(d device.Device) (*Set, error) {
+	mod, err := d.LoadModule(spirv.Module())
+	if err != nil {
+		return nil, fmt.Errorf("kernels: load %s: %w", spirvSource, err)
+	}
+	s := &Set{d: d, mod: mod, source: spirvSource, gemm: map[string]device.Function{}, gemvg: map[string]device.Function{},
+		scratch: map[device.Stream]scratchBuf{}, spirvMatmul: map[string]device.Function{}, blocks: 1024, sms: 128}
+	if info := d.Info(); info.Multiprocessors > 0 {
+		s.blocks = uint32(min(info.Multiprocessors*8, 1<<20))
+		s.sms = uint32(min(info.Multiprocessors, 1<<16))
+	}
+	resolve := func(name string) (device.Function, error) {
+		f, err := d.Function(mod, name)
+		if err != nil {
+			return 0, fmt.Errorf("kernels: %s: kernel %s: %w", spirvSource, name, err)
+		}
+		return f, nil
+	}
+	for _, k := range []struct {
+		f    *device.Function
+		name string
+	}{{&s.fill, NameFill}, {&s.check, NameCheck}, {&s.spin, NameSpin}} {
+		if *k.f, err = resolve(k.name); err != nil {
+			return nil, errors.Join(err, d.UnloadModule(mod))
+		}
+	}
+	for _, dt := range spirv.MatmulDTypes {
+		if s.spirvMatmul[dt], err = resolve(spirv.MatmulName(dt)); err != nil {
+			return nil, errors.Join(err, d.UnloadModule(mod))
+		}
+	}
+	return s, nil
+}
+
+// checkOperands refuses a product's operand that is null or not aligned:
+// W and X to their element of elt bytes, Y to 4 bytes.
+func checkOperands(kernel string, elt int, W, X, Y device.Ptr) error {
+	for _, p := range []struct {
+		name  string
+		v     device.Ptr
+		align uint64
+	}{{"W", W, uint64(elt)}, {"X", X, uint64(elt)}, {"Y", Y, 4}} {
+		if p.v == 0 || uint64(p.v)%p.align != 0 {
+			return fmt.Errorf("kernels: %s: %s %#x is not a %d-byte aligned address: %w", kernel, p.name, uint64(p.v), p.align, device.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// matmulSPIRV launches spirv's matrix product (see Matmul).
+func (s *Set) matmulSPIRV(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device.Stream) error {
+	f, ok := s.spirvMatmul[dtype]
+	if !ok {
+		return fmt.Errorf("kernels: matmul: dtype %q: %w", dtype, ErrDType)
+	}
+	name := spirv.MatmulName(dtype)
+	elt, _ := ElemSize(dtype)
+	if err := checkOperands(name, elt, W, X, Y); err != nil {
+		return err
+	}
+	if uint64(T)*uint64(M) >= 1<<32 || uint64(M)*uint64(K) >= 1<<32 || uint64(T)*uint64(K) >= 1<<32 {
+		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: an index reaches 2^32: %w", name, M, K, T, ErrShape)
+	}
+	grid := device.Dim3{X: uint32(min(uint64(T)*uint64(M), 65535)), Y: 1, Z: 1}
+	if err := s.d.Launch(f, grid, device.Dim3{X: spirv.MatmulBlock, Y: 1, Z: 1}, 0, st, W, X, Y, M, K, T); err != nil {
+		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", name, M, K, T, err)
+	}
+	return nil
+}
+
 func readPTX(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -548,8 +636,8 @@ const (
 )
 
 // Source says where the loaded PTX came from: "embedded kernels_sm90.ptx",
-// "embedded kernels_sm80.ptx", "embedded kernels_sm70.ptx", or the override
-// path.
+// "embedded kernels_sm80.ptx", "embedded kernels_sm70.ptx", the override
+// path, or on a Vulkan device "embedded SPIR-V (kernels/spirv)".
 func (s *Set) Source() string { return s.source }
 
 // GemmLibrary names what runs Matmul's bf16 and f16 products of more than
@@ -735,18 +823,15 @@ func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device
 	if M == 0 || T == 0 {
 		return nil
 	}
+	if s.spirvMatmul != nil {
+		return s.matmulSPIRV(dtype, W, X, Y, M, K, T, st)
+	}
 	sh, err := s.Shape(dtype, M, K, T)
 	if err != nil {
 		return err
 	}
-	for _, p := range []struct {
-		name  string
-		v     device.Ptr
-		align uint64
-	}{{"W", W, uint64(elt)}, {"X", X, uint64(elt)}, {"Y", Y, 4}} {
-		if p.v == 0 || uint64(p.v)%p.align != 0 {
-			return fmt.Errorf("kernels: %s: %s %#x is not a %d-byte aligned address: %w", sh.Kernel, p.name, uint64(p.v), p.align, device.ErrInvalid)
-		}
+	if err := checkOperands(sh.Kernel, elt, W, X, Y); err != nil {
+		return err
 	}
 	if T > GemvMaxTokens && dtype != F32 && s.gemmLib != nil {
 		err := s.gemmLib.Gemm(dtype, W, X, Y, M, K, T, st)

@@ -145,13 +145,13 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	}
 	switch {
 	case cfg.Blocks < 1 || cfg.Blocks > 1<<30:
-		return nil, fmt.Errorf("kvcache: %d blocks, want 1..2^30: %w", cfg.Blocks, ErrInvalid)
+		return nil, fmt.Errorf("%w: %d blocks, want 1..2^30", ErrInvalid, cfg.Blocks)
 	case cfg.BlockTokens < 1 || cfg.BlockTokens > 1<<16:
-		return nil, fmt.Errorf("kvcache: %d tokens per block, want 1..65536: %w", cfg.BlockTokens, ErrInvalid)
+		return nil, fmt.Errorf("%w: %d tokens per block, want 1..65536", ErrInvalid, cfg.BlockTokens)
 	case cfg.HostBlocks < 0 || cfg.HostBlocks > 1<<30:
-		return nil, fmt.Errorf("kvcache: %d host blocks, want 0..2^30: %w", cfg.HostBlocks, ErrInvalid)
+		return nil, fmt.Errorf("%w: %d host blocks, want 0..2^30", ErrInvalid, cfg.HostBlocks)
 	case cfg.Window < 0:
-		return nil, fmt.Errorf("kvcache: window of %d tokens: %w", cfg.Window, ErrInvalid)
+		return nil, fmt.Errorf("%w: window of %d tokens", ErrInvalid, cfg.Window)
 	}
 	if cfg.Window > 0 {
 		cfg.NoPrefixCache = true

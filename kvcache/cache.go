@@ -51,11 +51,11 @@ func (c Config) validate() (Config, error) {
 	}{{"layers", c.Layers, 1 << 12}, {"kv heads", c.KVHeads, 1 << 12}, {"head dim", c.HeadDim, 1 << 14},
 		{"block tokens", c.BlockTokens, 1 << 16}, {"blocks", c.Blocks, 1 << 30}} {
 		if f.v < 1 || f.v > f.max {
-			return c, fmt.Errorf("kvcache: %s = %d, want 1..%d: %w", f.name, f.v, f.max, ErrInvalid)
+			return c, fmt.Errorf("%w: %s = %d, want 1..%d", ErrInvalid, f.name, f.v, f.max)
 		}
 	}
 	if c.ElemBytes != 2 && c.ElemBytes != 4 {
-		return c, fmt.Errorf("kvcache: element of %d bytes, want 2 or 4: %w", c.ElemBytes, ErrInvalid)
+		return c, fmt.Errorf("%w: element of %d bytes, want 2 or 4", ErrInvalid, c.ElemBytes)
 	}
 	return c, nil
 }
@@ -121,7 +121,7 @@ func New(d device.Device, dev *pool.Pool, host *pool.Pool, cfg Config, o Options
 		return nil, err
 	}
 	if o.HostBlocks > 0 && host == nil {
-		return nil, fmt.Errorf("kvcache: %d host blocks but no host pool: %w", o.HostBlocks, ErrInvalid)
+		return nil, fmt.Errorf("%w: %d host blocks but no host pool", ErrInvalid, o.HostBlocks)
 	}
 	m, err := NewManager(ManagerConfig{Blocks: cfg.Blocks, BlockTokens: cfg.BlockTokens, HostBlocks: o.HostBlocks,
 		Window: o.Window, NoPrefixCache: o.NoPrefixCache, OnEvent: o.OnEvent})

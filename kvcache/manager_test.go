@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -503,5 +504,21 @@ func TestManagerWindow(t *testing.T) {
 	}
 	if err := m.Check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestInvalidMessages: a bad configuration names the field once under one
+// "kvcache:" prefix (not "kvcache: ...: kvcache: invalid argument") and
+// matches ErrInvalid.
+func TestInvalidMessages(t *testing.T) {
+	_, merr := NewManager(ManagerConfig{Blocks: 0})
+	_, cerr := Config{Layers: 2, KVHeads: 2, HeadDim: 8, Blocks: 4, ElemBytes: 3}.validate()
+	for _, err := range []error{merr, cerr} {
+		if !errors.Is(err, ErrInvalid) || err.Error() == "" || strings.Count(err.Error(), "kvcache:") != 1 {
+			t.Errorf("%v: want ErrInvalid under one kvcache: prefix", err)
+		}
+	}
+	if want := "kvcache: invalid argument: 0 blocks, want 1..2^30"; merr == nil || merr.Error() != want {
+		t.Errorf("NewManager with no blocks: %v, want %q", merr, want)
 	}
 }

@@ -303,6 +303,11 @@ type WeightOptions struct {
 	// Granule is the device allocation granularity every allocation is
 	// rounded to in the accounting (default 512 bytes; 2 MiB on CUDA).
 	Granule uint64
+	// PageBytes is the size of the pages a pool maps device memory in
+	// (the device's virtual-memory granularity; 0: none): the pool's
+	// allocations pack into whole pages, so the peak is their sum rounded
+	// up to a page, and only the whole pages of Budget count.
+	PageBytes uint64
 	// Spread keeps resident blocks spread evenly over the depth (in the
 	// bit-reversed order of their numbers: 0, L/2, L/4, 3L/4, ...) instead
 	// of the first blocks, so that streamed blocks alternate with resident
@@ -340,7 +345,8 @@ type GroupPlan struct {
 }
 
 // WeightPlan is the result of PlanWeights. Byte totals count what the
-// streamer allocates, each allocation rounded up to the granule.
+// streamer allocates, each allocation rounded up to the granule; PeakBytes
+// and MinimumBytes are also whole pages when PageBytes is set.
 type WeightPlan struct {
 	Groups []GroupPlan `json:"groups"`
 	Tokens int         `json:"tokens"`
@@ -375,6 +381,9 @@ type WeightPlan struct {
 
 	Allocations []Allocation `json:"allocations"`
 	Granule     uint64       `json:"granule_bytes"`
+	// PageBytes is WeightOptions.PageBytes: PeakBytes and MinimumBytes are
+	// whole pages of it.
+	PageBytes uint64 `json:"page_bytes,omitempty"`
 }
 
 // ErrBudget is matched by *BudgetError.
@@ -386,11 +395,18 @@ type BudgetError struct {
 	Budget, Minimum                     uint64
 	SlotBytes, ActivationBytes, KVBytes uint64
 	LargestGroup                        string
+	// PageBytes is the pool's page size the minimum is rounded up to (0:
+	// none).
+	PageBytes uint64
 }
 
 func (e *BudgetError) Error() string {
-	return fmt.Sprintf("budget %d bytes (%s) is below the minimum %d bytes (%s): two staging slots of %d bytes (largest group %s) + activations %d + KV cache %d",
-		e.Budget, mib(e.Budget), e.Minimum, mib(e.Minimum), e.SlotBytes, e.LargestGroup, e.ActivationBytes, e.KVBytes)
+	pages := ""
+	if e.PageBytes > 0 {
+		pages = fmt.Sprintf(", in whole pages of %s", mib(e.PageBytes))
+	}
+	return fmt.Sprintf("budget %d bytes (%s) is below the minimum %d bytes (%s): two staging slots of %d bytes (largest group %s) + activations %d + KV cache %d%s",
+		e.Budget, mib(e.Budget), e.Minimum, mib(e.Minimum), e.SlotBytes, e.LargestGroup, e.ActivationBytes, e.KVBytes, pages)
 }
 
 // Is makes errors.Is(err, ErrBudget) true.
@@ -467,7 +483,9 @@ func streamedRegion(p *WeightPlan) uint64 {
 // Groups are kept resident in preference order: stand-alone groups
 // (embeddings, norms, head) first, then blocks from the first on, each
 // taken when it still fits; the rest stream, in forward order. When every
-// group fits no ring is reserved. A budget below the minimum fails with a
+// group fits no ring is reserved. With o.PageBytes the allocations are
+// placed in the budget's whole pages and the peak is rounded up to a page,
+// as a pool that maps pages reserves them. A budget below the minimum fails with a
 // *BudgetError stating it; bad options fail with an error naming the field.
 func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 	if len(groups) == 0 {
@@ -503,12 +521,22 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 	if o.Granule&(o.Granule-1) != 0 {
 		return nil, fmt.Errorf("plan weights: granule %d is not a power of two", o.Granule)
 	}
+	if o.PageBytes&(o.PageBytes-1) != 0 {
+		return nil, fmt.Errorf("plan weights: page size %d is not a power of two", o.PageBytes)
+	}
 	if o.Cost == nil {
 		o.Cost = H200Cost()
 	}
 	charge := func(n uint64) uint64 { return wAlign(n, o.Granule) }
 	T := uint64(o.Tokens)
-	p := &WeightPlan{Tokens: o.Tokens, XBytes: map[string]uint64{}, LinkGBps: o.LinkGBps, Budget: o.Budget, Granule: o.Granule}
+	p := &WeightPlan{Tokens: o.Tokens, XBytes: map[string]uint64{}, LinkGBps: o.LinkGBps, Budget: o.Budget, Granule: o.Granule, PageBytes: o.PageBytes}
+	// pages rounds a sum of allocations up to whole pages; room is the
+	// budget's whole pages, what those allocations may take.
+	pages, room := func(n uint64) uint64 { return n }, o.Budget
+	if o.PageBytes > 0 {
+		pages = func(n uint64) uint64 { return wAlign(n, o.PageBytes) }
+		room = o.Budget / o.PageBytes * o.PageBytes
+	}
 
 	// Activation arena: sized for the largest matrix of each dtype.
 	var maxM uint64
@@ -567,28 +595,28 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 	}
 	fixed := p.ActivationBytes + p.KVBytes
 	p.SlotBytes = groups[largest].Region
-	p.MinimumBytes = 2*charge(p.SlotBytes) + fixed
+	p.MinimumBytes = pages(2*charge(p.SlotBytes) + fixed)
 
 	p.Groups = make([]GroupPlan, len(groups))
 	for i, g := range groups {
 		p.Groups[i] = GroupPlan{WeightGroup: g, Slot: -1}
 	}
-	if total+fixed <= o.Budget {
+	if total+fixed <= room {
 		for i := range p.Groups {
 			p.Groups[i].Resident = true
 		}
 	} else {
-		if o.Budget < p.MinimumBytes {
+		if room < p.MinimumBytes {
 			return nil, &BudgetError{Budget: o.Budget, Minimum: p.MinimumBytes, SlotBytes: p.SlotBytes,
-				ActivationBytes: p.ActivationBytes, KVBytes: p.KVBytes, LargestGroup: groups[largest].Name}
+				ActivationBytes: p.ActivationBytes, KVBytes: p.KVBytes, LargestGroup: groups[largest].Name, PageBytes: o.PageBytes}
 		}
 		p.Slots = o.Slots
 		p.StagingBytes = uint64(o.Slots) * charge(p.SlotBytes)
-		for o.Budget < fixed+p.StagingBytes && p.Slots > 2 {
+		for room < fixed+p.StagingBytes && p.Slots > 2 {
 			p.Slots--
 			p.StagingBytes = uint64(p.Slots) * charge(p.SlotBytes)
 		}
-		pickResident(p, groups, o.Budget-fixed-p.StagingBytes, charge, o.Spread)
+		pickResident(p, groups, room-fixed-p.StagingBytes, charge, o.Spread)
 		// Slots need only hold the groups that stream: when those are all
 		// smaller than the largest group (a resident embedding or LM head),
 		// shrink the slots and plan again with the room that frees, unless
@@ -596,7 +624,7 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 		if s := streamedRegion(p); s < p.SlotBytes {
 			prev := slices.Clone(p.Groups)
 			staging := uint64(p.Slots) * charge(s)
-			pickResident(p, groups, o.Budget-fixed-staging, charge, o.Spread)
+			pickResident(p, groups, room-fixed-staging, charge, o.Spread)
 			if streamedRegion(p) <= s {
 				p.SlotBytes, p.StagingBytes = s, staging
 			} else {
@@ -626,6 +654,7 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 	for _, a := range allocs {
 		p.PeakBytes += a.Charged
 	}
+	p.PeakBytes = pages(p.PeakBytes)
 	p.CopyTime, p.ComputeTime, p.StepTime = p.pipeline()
 	return p, nil
 }

@@ -209,6 +209,51 @@ func TestPlanBudget(t *testing.T) {
 	}
 }
 
+// TestPlanPages: with PageBytes the peak and the minimum are whole pages,
+// only the budget's whole pages are planned into, and a plan at any budget
+// keeps its rounded peak within it.
+func TestPlanPages(t *testing.T) {
+	gs, err := GroupWeights(synthTensors(synth.Tiny(), synth.Safetensors, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const page = 2 << 20
+	o := WeightOptions{LinkGBps: 25, Budget: 1 << 40, PageBytes: page}
+	full, err := PlanWeights(gs, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.PeakBytes%page != 0 || full.MinimumBytes%page != 0 || full.PageBytes != page {
+		t.Errorf("peak %d, minimum %d: not whole pages of %d", full.PeakBytes, full.MinimumBytes, page)
+	}
+	var sum uint64
+	for _, a := range full.Allocations {
+		sum += a.Charged
+	}
+	if full.PeakBytes < sum || full.PeakBytes >= sum+page {
+		t.Errorf("peak %d for allocations of %d bytes", full.PeakBytes, sum)
+	}
+	for b := full.MinimumBytes; b <= full.PeakBytes+page; b += page / 4 {
+		o.Budget = b
+		p, err := PlanWeights(gs, o)
+		if err != nil {
+			t.Fatalf("budget %d: %v", b, err)
+		}
+		if p.PeakBytes > b {
+			t.Errorf("budget %d: peak %d above it", b, p.PeakBytes)
+		}
+	}
+	o.Budget = full.MinimumBytes - 1
+	var be *BudgetError
+	if _, err := PlanWeights(gs, o); !errors.As(err, &be) || be.Minimum != full.MinimumBytes || !strings.Contains(err.Error(), "whole pages") {
+		t.Errorf("a byte below the minimum in pages: %v", err)
+	}
+	o.PageBytes = 3 << 20
+	if _, err := PlanWeights(gs, o); err == nil {
+		t.Error("a page size that is not a power of two accepted")
+	}
+}
+
 // TestPipeline: copy-bound and compute-bound steps by hand.
 func TestPipeline(t *testing.T) {
 	g := func(res bool, slot int, cp, comp time.Duration) GroupPlan {

@@ -178,7 +178,7 @@ func (c *countWriter) Write(b []byte) (int, error) {
 // draws it.
 func (e *OOMError) WriteSnapshot(path string) error {
 	if e.Snapshot == nil {
-		return fmt.Errorf("pool %s: the out-of-memory error holds no snapshot", e.Pool)
+		return fmt.Errorf("%s: the out-of-memory error holds no snapshot", poolLabel(e.Pool))
 	}
 	f, err := os.Create(path)
 	if err != nil {

@@ -97,3 +97,32 @@ func TestNoTargetKeepsPages(t *testing.T) {
 		t.Errorf("default target, eager: %d unmaps, peak reserved %d MiB (NoTarget %d MiB); want pages moved", moved.Unmaps, moved.PeakReservedBytes>>20, keep.PeakReservedBytes>>20)
 	}
 }
+
+// TestErrorPrefix: a pool with the default name is "pool" in its messages,
+// not "pool pool"; a named one is "pool NAME". Checked on a bad option, a
+// double free and an out-of-memory error.
+func TestErrorPrefix(t *testing.T) {
+	for _, c := range []struct{ name, want string }{{"", "pool: "}, {"pool", "pool: "}, {"kv", "pool kv: "}} {
+		if _, err := pool.New(simVirtual(t), pool.Options{Name: c.name, Alignment: 3}); err == nil || !strings.HasPrefix(err.Error(), c.want+"alignment 3") {
+			t.Errorf("name %q, bad alignment: %v; want the prefix %q", c.name, err, c.want)
+		}
+		p, err := pool.New(simVirtual(t), pool.Options{Name: c.name, Limit: 4 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := p.Alloc(1<<20, pool.AllocOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Free(b); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Free(b); err == nil || !strings.HasPrefix(err.Error(), c.want) || strings.Contains(err.Error(), "pool pool") {
+			t.Errorf("name %q, double free: %v; want the prefix %q", c.name, err, c.want)
+		}
+		if _, err := p.Alloc(64<<20, pool.AllocOptions{}); err == nil || !strings.HasPrefix(err.Error(), c.want+"cannot allocate") {
+			t.Errorf("name %q, over the limit: %v; want the prefix %q", c.name, err, c.want)
+		}
+		p.Close()
+	}
+}

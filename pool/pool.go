@@ -400,6 +400,18 @@ type Event struct {
 	Tenant  string
 }
 
+// defaultName is the name a pool gets when Options.Name is empty.
+const defaultName = "pool"
+
+// poolLabel is how messages name a pool: "pool NAME", or "pool" alone for
+// a pool with the default name (not "pool pool").
+func poolLabel(name string) string {
+	if name == "" || name == defaultName {
+		return "pool"
+	}
+	return "pool " + name
+}
+
 // DefaultOptions returns options suited to d.
 func DefaultOptions(d Device) Options {
 	return Options{}.withDefaults(d.Info())
@@ -407,7 +419,7 @@ func DefaultOptions(d Device) Options {
 
 func (o Options) withDefaults(in device.Info) Options {
 	if o.Name == "" {
-		o.Name = "pool"
+		o.Name = defaultName
 	}
 	if o.Strategy == "" {
 		o.Strategy = "bestfit"
@@ -707,7 +719,7 @@ func newPool(d Device, o Options, host bool) (*Pool, error) {
 	var up Upstream = d
 	if o.Upstream != nil {
 		if host {
-			return nil, fmt.Errorf("pool %s: a pinned host pool takes its memory from the device, not from Options.Upstream", o.Name)
+			return nil, fmt.Errorf("%s: a pinned host pool takes its memory from the device, not from Options.Upstream", poolLabel(o.Name))
 		}
 		up = o.Upstream
 		o.Growth = GrowChunks
@@ -721,20 +733,20 @@ func newPool(d Device, o Options, host bool) (*Pool, error) {
 	}
 	o = o.withDefaults(in)
 	if o.TargetRatio < 1 || math.IsNaN(o.TargetRatio) {
-		return nil, fmt.Errorf("pool %s: TargetRatio %v is below 1 (a pool reserves at least what it uses; 0 = DefaultTargetRatio %v, pool.NoTarget = keep every page)", o.Name, o.TargetRatio, DefaultTargetRatio)
+		return nil, fmt.Errorf("%s: TargetRatio %v is below 1 (a pool reserves at least what it uses; 0 = DefaultTargetRatio %v, pool.NoTarget = keep every page)", poolLabel(o.Name), o.TargetRatio, DefaultTargetRatio)
 	}
 	if o.Alignment&(o.Alignment-1) != 0 {
-		return nil, fmt.Errorf("pool %s: alignment %d is not a power of two", o.Name, o.Alignment)
+		return nil, fmt.Errorf("%s: alignment %d is not a power of two", poolLabel(o.Name), o.Alignment)
 	}
 	if _, err := alloc.New(o.Strategy, 1<<20); err != nil {
-		return nil, fmt.Errorf("pool %s: strategy %q: %w", o.Name, o.Strategy, err)
+		return nil, fmt.Errorf("%s: strategy %q: %w", poolLabel(o.Name), o.Strategy, err)
 	}
 	if o.Limit == 0 {
 		o.Limit = in.TotalBytes
 	}
 	nproc := runtime.GOMAXPROCS(0)
 	if o.Shards < 0 {
-		return nil, fmt.Errorf("pool %s: Shards %d is negative (0 = one per processor, 1 = none)", o.Name, o.Shards)
+		return nil, fmt.Errorf("%s: Shards %d is negative (0 = one per processor, 1 = none)", poolLabel(o.Name), o.Shards)
 	}
 	if o.Shards == 0 {
 		o.Shards = nproc
@@ -782,7 +794,7 @@ func newPool(d Device, o Options, host bool) (*Pool, error) {
 	}
 	if err := p.reserveRanges(); err != nil {
 		p.Close()
-		return nil, fmt.Errorf("pool %s: %w", o.Name, err)
+		return nil, fmt.Errorf("%s: %w", poolLabel(o.Name), err)
 	}
 	if o.Shards > 1 {
 		p.shards = newShardSet(p, o.Shards, nproc)
@@ -793,7 +805,7 @@ func newPool(d Device, o Options, host bool) (*Pool, error) {
 		p.mu.Unlock()
 		if err != nil {
 			p.Close()
-			return nil, fmt.Errorf("pool %s: warm-up of %d bytes: %w", o.Name, o.Warmup, err)
+			return nil, fmt.Errorf("%s: warm-up of %d bytes: %w", poolLabel(o.Name), o.Warmup, err)
 		}
 	}
 	return p, nil
@@ -931,7 +943,7 @@ func (p *Pool) alloc(t *Tenant, size uint64, o AllocOptions) (Block, error) {
 		align = p.opts.Alignment
 	}
 	if size == 0 || align&(align-1) != 0 || o.Purpose >= numPurposes {
-		return Block{}, fmt.Errorf("pool %s: alloc of %d bytes with alignment %d, purpose %v: %w", p.opts.Name, size, align, o.Purpose, alloc.ErrInvalidArgument)
+		return Block{}, fmt.Errorf("%s: alloc of %d bytes with alignment %d, purpose %v: %w", poolLabel(p.opts.Name), size, align, o.Purpose, alloc.ErrInvalidArgument)
 	}
 	// Blocks with the pool's alignment and no stream may come from this
 	// processor's cache: small ones rounded to a size class, large ones
@@ -1088,19 +1100,19 @@ func (p *Pool) validate(b Block) (*meta, error) {
 // refuseHandle says why validate refused b.
 func (p *Pool) refuseHandle(b Block) error {
 	if m := b.m; m != nil && m.pool == p && m.tenant != nil && b.gen&passed == 0 && m.state.Load() == b.gen {
-		return fmt.Errorf("pool %s: block %#x belongs to tenant %q: free it through the tenant: %w", p.opts.Name, uint64(b.Ptr), m.tenant.nm, ErrInvalidHandle)
+		return fmt.Errorf("%s: block %#x belongs to tenant %q: free it through the tenant: %w", poolLabel(p.opts.Name), uint64(b.Ptr), m.tenant.nm, ErrInvalidHandle)
 	}
 	b.gen &^= passed
 	if b.m == nil || b.m.pool != p {
-		return fmt.Errorf("pool %s: block %#x does not belong to this pool: %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+		return fmt.Errorf("%s: block %#x does not belong to this pool: %w", poolLabel(p.opts.Name), uint64(b.Ptr), ErrInvalidHandle)
 	}
 	m := b.m
 	// The generation only moves on: the compare-and-swap failed on one
 	// that differs (the block was freed meanwhile).
 	if cur := m.state.Load(); cur == b.gen+1 {
-		return fmt.Errorf("pool %s: %#x was already freed (double free, or a copy of a freed handle): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+		return fmt.Errorf("%s: %#x was already freed (double free, or a copy of a freed handle): %w", poolLabel(p.opts.Name), uint64(b.Ptr), ErrInvalidHandle)
 	}
-	return fmt.Errorf("pool %s: stale handle for %#x (block was freed and reused): %w", p.opts.Name, uint64(b.Ptr), ErrInvalidHandle)
+	return fmt.Errorf("%s: stale handle for %#x (block was freed and reused): %w", poolLabel(p.opts.Name), uint64(b.Ptr), ErrInvalidHandle)
 }
 
 // freed does what every free does besides accounting: the event hook.
@@ -1204,7 +1216,7 @@ func (p *Pool) centralFree(m *meta) {
 // synchronization happens.
 func (p *Pool) FreeAsync(b Block, s device.Stream) error {
 	if s == 0 {
-		return fmt.Errorf("pool %s: FreeAsync on stream 0: %w", p.opts.Name, device.ErrInvalid)
+		return fmt.Errorf("%s: FreeAsync on stream 0: %w", poolLabel(p.opts.Name), device.ErrInvalid)
 	}
 	m, err := p.validate(b)
 	if err != nil {
@@ -1246,7 +1258,7 @@ func (p *Pool) release(m *meta) {
 	}
 	if err != nil {
 		// The handle was validated, so this is a bookkeeping bug.
-		panic(fmt.Sprintf("pool %s: arena free of a validated block at offset %d: %v", p.opts.Name, m.off, err))
+		panic(fmt.Sprintf("%s: arena free of a validated block at offset %d: %v", poolLabel(p.opts.Name), m.off, err))
 	}
 	a.live--
 	a.held -= m.size

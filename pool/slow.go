@@ -45,7 +45,7 @@ type OOMError struct {
 func (e *OOMError) Error() string {
 	var b strings.Builder
 	if e.Pool != "" {
-		fmt.Fprintf(&b, "pool %s: ", e.Pool)
+		fmt.Fprintf(&b, "%s: ", poolLabel(e.Pool))
 	}
 	fmt.Fprintf(&b, "cannot allocate %d bytes", e.Requested)
 	if e.Tenant != "" {
@@ -368,7 +368,7 @@ func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *me
 // p.mu held.
 func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
 	if p.closed {
-		return nil, fmt.Errorf("pool %s: %w", p.opts.Name, ErrClosed)
+		return nil, fmt.Errorf("%s: %w", poolLabel(p.opts.Name), ErrClosed)
 	}
 	// The common case, a block that fits in the arenas as they are, takes
 	// no more than this call.

@@ -42,12 +42,12 @@ func NewTenant(up Resource, name string, quota uint64) *Tenant {
 // (0 = none), listed in the pool's Stats. Names are unique within a pool.
 func (p *Pool) Tenant(name string, quota uint64) (*Tenant, error) {
 	if name == "" {
-		return nil, fmt.Errorf("pool %s: tenant name is empty", p.opts.Name)
+		return nil, fmt.Errorf("%s: tenant name is empty", poolLabel(p.opts.Name))
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.tenants[name]; ok {
-		return nil, fmt.Errorf("pool %s: tenant %q already exists", p.opts.Name, name)
+		return nil, fmt.Errorf("%s: tenant %q already exists", poolLabel(p.opts.Name), name)
 	}
 	t := NewTenant(p, name, quota)
 	t.pool = p.opts.Name

@@ -9,7 +9,14 @@ bin=${BIN:-gpubin}
 rm -rf "$bin"
 mkdir -p "$bin"
 export CGO_ENABLED=0
-go build -ldflags="-s -w" -o "$bin/memwall" ./cmd/memwall
+# The commit, passed by the linker: the toolchain stamps none in a linked
+# git worktree, and none with -buildvcs=false.
+vcs=""
+if commit=$(git rev-parse HEAD 2>/dev/null); then
+  vcs="-X main.buildCommit=$commit"
+  [ -z "$(git status --porcelain 2>/dev/null)" ] || vcs="$vcs -X main.buildModified=true"
+fi
+go build -ldflags="-s -w $vcs" -o "$bin/memwall" ./cmd/memwall
 for pkg in device/cuda device/vulkan pool kernels plan/bind bench residency kvcache engine ${GPU_PKGS:-}; do
   [ -d "$pkg" ] || continue
   go test -c -ldflags="-s -w" -o "$bin/$(echo "$pkg" | tr / _).test" "./$pkg" || echo "skipped $pkg: does not build"

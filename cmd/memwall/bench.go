@@ -14,7 +14,8 @@ func init() {
 var benchVerbs = map[string]func(e *env, args []string) error{}
 
 // runBench runs `memwall bench NAME [flags]`; `memwall bench -h` (and
-// `memwall help bench`) lists the benchmarks on stdout.
+// `memwall help bench`) lists the benchmarks, each with its usage and
+// flags, on stdout.
 func runBench(e *env, args []string) error {
 	names := make([]string, 0, len(benchVerbs))
 	for n := range benchVerbs {
@@ -22,8 +23,8 @@ func runBench(e *env, args []string) error {
 	}
 	sort.Strings(names)
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-		fmt.Fprintf(e.stdout, "usage: memwall bench NAME [flags]\n\nbenchmarks: %s\n\nRun 'memwall help bench NAME' for one's flags.\n", strings.Join(names, ", "))
-		return errHelp
+		return printSubHelp(e, fmt.Sprintf("usage: memwall bench NAME [flags]\n\nbenchmarks: %s ('memwall help bench NAME' prints one's flags alone):", strings.Join(names, ", ")),
+			names, func(n string, args []string) error { return benchVerbs[n](e, args) })
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return usagef("want a benchmark: %s", strings.Join(names, ", "))

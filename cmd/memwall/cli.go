@@ -390,6 +390,20 @@ func runHelp(e *env, args []string) int {
 	return exitStatus(e, v.name, v.run(e, append(slices.Clone(args[1:]), "-h")))
 }
 
+// printSubHelp prints, after intro, each sub-command's usage and flags
+// (what `memwall VERB SUB -h` prints), for `memwall help VERB` of a verb
+// made of sub-commands; it returns errHelp as -h does.
+func printSubHelp(e *env, intro string, subs []string, run func(sub string, args []string) error) error {
+	fmt.Fprintln(e.stdout, intro)
+	for _, sub := range subs {
+		fmt.Fprintln(e.stdout)
+		if err := run(sub, []string{"-h"}); err != nil && !errors.Is(err, errHelp) {
+			return err
+		}
+	}
+	return errHelp
+}
+
 func verbNames() []string {
 	names := make([]string, 0, len(verbs))
 	for n := range verbs {

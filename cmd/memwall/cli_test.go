@@ -95,6 +95,25 @@ func TestHelpVerb(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "benchmarks: alloc, ") || !strings.Contains(stdout, "transfer") {
 		t.Fatalf("help bench: exit %d, %q", code, stdout)
 	}
+	// A verb of sub-commands prints each one's usage and flags.
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"help", "bench"}, []string{"usage: memwall bench alloc", "-pairs", "usage: memwall bench kv", "-blocks", "usage: memwall bench transfer", "-size"}},
+		{[]string{"help", "kv"}, []string{"sub-commands: simulate", "usage: memwall kv simulate", "-synthetic", "-block-tokens"}},
+		{[]string{"help", "kv", "simulate"}, []string{"usage: memwall kv simulate", "-synthetic", "-vram"}},
+		{[]string{"help", "bench", "alloc"}, []string{"usage: memwall bench alloc", "-pairs", "-goroutines"}},
+		{[]string{"kv", "-h"}, []string{"usage: memwall kv simulate", "-synthetic"}},
+	} {
+		code, stdout, stderr := runVerb(t, nil, c.args...)
+		for _, w := range c.want {
+			if code != 0 || !strings.Contains(stdout, w) || stderr != "" {
+				t.Errorf("%v: exit %d, stderr %q, stdout lacks %q:\n%s", c.args, code, stderr, w, stdout)
+				break
+			}
+		}
+	}
 	code, stdout, _ = runVerb(t, nil, "help", "bench", "transfer")
 	if code != 0 || !strings.Contains(stdout, "usage: memwall bench transfer") || !strings.Contains(stdout, "-size") {
 		t.Fatalf("help bench transfer: exit %d, %q", code, stdout)
@@ -170,7 +189,7 @@ func TestVersion(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil {
 		t.Fatalf("exit %d: %v\n%s", code, err, out)
 	}
-	for _, k := range []string{"module", "version", "commit", "commit_time", "modified", "go", "ptx"} {
+	for _, k := range []string{"module", "version", "commit", "commit_time", "modified", "commit_from", "go", "ptx"} {
 		if _, ok := v[k]; !ok {
 			t.Errorf("--json lacks %q", k)
 		}
@@ -187,5 +206,35 @@ func TestVersion(t *testing.T) {
 	}
 	if code, _, _ := runVerb(t, nil, "version", "extra"); code != 2 {
 		t.Errorf("version extra: exit %d", code)
+	}
+}
+
+// TestVersionCommit: a test binary records no commit (go test stamps none),
+// and version says so with how to get one instead of blaming the checkout;
+// a commit from the toolchain or from the linker flag is printed with
+// where it came from.
+func TestVersionCommit(t *testing.T) {
+	code, out, _ := runVerb(t, nil, "version")
+	if code != 0 || !strings.Contains(out, "commit   not recorded in this build (go run and go test record none") ||
+		!strings.Contains(out, `-ldflags "-X main.buildCommit=$(git rev-parse HEAD)"`) || strings.Contains(out, "outside a git checkout)") {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	sha, when, tool, linker, yes := "0123abcd", "2026-12-02T00:00:00Z", "toolchain", "linker flag", true
+	for _, c := range []struct {
+		v    versionJSON
+		want string
+	}{
+		{versionJSON{Commit: &sha, CommitTime: &when, CommitFrom: &tool}, "0123abcd (2026-12-02T00:00:00Z)"},
+		{versionJSON{Commit: &sha, Modified: &yes, CommitFrom: &linker}, "0123abcd, with uncommitted changes (from the linker flag)"},
+	} {
+		if got := commitLine(c.v); got != c.want {
+			t.Errorf("commitLine = %q, want %q", got, c.want)
+		}
+	}
+	// The linker's commit fills the JSON when the toolchain stamped none.
+	defer func(c, m string) { buildCommit, buildModified = c, m }(buildCommit, buildModified)
+	buildCommit, buildModified = sha, "false"
+	if v := buildVersion(); v.Commit == nil || *v.Commit != sha || v.CommitFrom == nil || *v.CommitFrom != linker || v.Modified == nil || *v.Modified {
+		t.Errorf("with main.buildCommit set: %+v", v)
 	}
 }

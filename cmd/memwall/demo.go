@@ -19,9 +19,9 @@ func init() {
 type demoStep struct {
 	title string
 	run   func(e *env, d device.Device) error
-	// kernels marks a step that runs memwall's kernels (PTX on CUDA, Go on
-	// the simulator): skipped on a backend without them.
-	kernels bool
+	// llama marks a step that runs memwall's Llama kernels (PTX on CUDA,
+	// Go on the simulator): skipped on a backend without them.
+	llama bool
 }
 
 // demoSteps lists the demo's parts in order.
@@ -31,7 +31,7 @@ func demoSteps() []demoStep {
 		{"a pool under load, next to the driver", demoPool, false},
 		{"activations of a real ONNX model packed by liveness", func(e *env, _ device.Device) error { return planDemo(e) }, false},
 		{"a PyTorch trace replayed through the pool", demoReplay, false},
-		{"a model larger than its VRAM budget, streamed", demoStream, true},
+		{"a model larger than its VRAM budget, streamed", demoStream, false},
 		{"a Llama model generates tokens: weights placed by the plan, KV paged, activations planned", demoRun, true},
 	}
 }
@@ -65,8 +65,8 @@ func runDemo(e *env, args []string) error {
 	steps := demoSteps()
 	for i, s := range steps {
 		fmt.Fprintf(w, "\n[%d/%d] %s\n", i+1, len(steps), s.title)
-		if s.kernels && !hasKernels(in.Backend) {
-			fmt.Fprintf(w, "  skipped: the %s backend has no kernels for it yet (they are PTX and Go only; --device cuda or sim runs it)\n", in.Backend)
+		if s.llama && !hasLlamaKernels(in.Backend) {
+			fmt.Fprintf(w, "  skipped: the %s backend has no Llama kernels yet (they are PTX and Go only; --device cuda or sim runs it)\n", in.Backend)
 			continue
 		}
 		t0 := time.Now()
@@ -142,6 +142,7 @@ func demoTransfer(e *env, d device.Device) error {
 	return nil
 }
 
-// hasKernels reports whether memwall's kernels run on the backend: PTX on
-// CUDA, their Go twins on the simulator; Vulkan has none yet.
-func hasKernels(backend string) bool { return backend == auto.CUDA || backend == auto.Sim }
+// hasLlamaKernels reports whether memwall's Llama kernels run on the
+// backend: PTX on CUDA, their Go twins on the simulator; Vulkan has only
+// the SPIR-V matrix product so far.
+func hasLlamaKernels(backend string) bool { return backend == auto.CUDA || backend == auto.Sim }

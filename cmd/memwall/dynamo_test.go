@@ -76,20 +76,6 @@ func TestPlanDynamoExports(t *testing.T) {
 				variants = append(variants, shipped)
 			}
 			for _, v := range variants {
-				if strings.Contains(model, "dynamic") {
-					// Symbolic dimensions the exporter declares without a
-					// name, and shape constants in the absent data: neither
-					// inference nor declarations size the graph, and plan
-					// says so (or plans the rest with --allow-unknown).
-					code, _, errOut := runPlanVerb(t, v, "--json", "--time-limit", "0s")
-					if code != 1 || !strings.Contains(errOut, "not known statically") || !strings.Contains(errOut, "--allow-unknown") {
-						t.Errorf("%s: exit %d, %s", filepath.Base(v), code, errOut)
-					}
-					if code, out, errOut := runPlanVerb(t, v, "--json", "--time-limit", "0s", "--allow-unknown"); code != 0 || planNum(t, planJSON(t, out), "skipped_tensors") == 0 {
-						t.Errorf("%s --allow-unknown: exit %d, %s", filepath.Base(v), code, errOut)
-					}
-					continue
-				}
 				without := plan(t, v)
 				for _, k := range []string{"arena_bytes", "lower_bound_bytes", "inplace_arena_bytes", "weights_bytes"} {
 					if planNum(t, without, k) != planNum(t, with, k) {
@@ -97,6 +83,61 @@ func TestPlanDynamoExports(t *testing.T) {
 					}
 				}
 				t.Logf("%s: %d tensors sized from declarations without data, %d with", filepath.Base(v), planNum(t, without, "declared_tensors"), planNum(t, with, "declared_tensors"))
+			}
+		})
+	}
+}
+
+// TestPlanDynamicExport: the graph exported with a dynamic sequence (seq in
+// 2..64) plans without flags, its data absent or not, at a default inside
+// that range; --input sizes it to another length, and the graph without
+// its data plans as the one with it (the Unsqueeze axes left in the absent
+// file are found from the shapes the file declares for their uses).
+func TestPlanDynamicExport(t *testing.T) {
+	for _, m := range []string{"gpt2_dynamic.inline.onnx", "gpt2_dynamic.nodata.onnx"} {
+		code, out, errOut := runPlanVerb(t, filepath.Join(planTestDynamo, m))
+		if code != 0 || !strings.Contains(out, "input        x 1x32 (assumed seq=32)") {
+			t.Errorf("%s with no flags: exit %d, %s%s", m, code, out, errOut)
+		}
+	}
+	arenas := map[string]uint64{}
+	for _, seq := range []string{"2", "48", "64"} {
+		for _, m := range []string{"gpt2_dynamic.inline.onnx", "gpt2_dynamic.nodata.onnx"} {
+			code, out, errOut := runPlanVerb(t, filepath.Join(planTestDynamo, m), "--input", "x=1x"+seq, "--json", "--time-limit", "0s")
+			if code != 0 {
+				t.Fatalf("%s --input x=1x%s: exit %d: %s", m, seq, code, errOut)
+			}
+			j := planJSON(t, out, "arena_bytes", "skipped_tensors")
+			if planNum(t, j, "skipped_tensors") != 0 {
+				t.Errorf("%s --input x=1x%s: %d tensors skipped", m, seq, planNum(t, j, "skipped_tensors"))
+			}
+			a := planNum(t, j, "arena_bytes")
+			if prev, ok := arenas[seq]; ok && prev != a {
+				t.Errorf("--input x=1x%s: arena %d without data, %d with", seq, a, prev)
+			}
+			arenas[seq] = a
+		}
+	}
+	if !(arenas["2"] < arenas["48"] && arenas["48"] < arenas["64"]) {
+		t.Errorf("arenas by sequence length: %v", arenas)
+	}
+}
+
+// TestPlanEveryBundledModel: every ONNX file in testdata/onnx and its
+// dynamo folder plans with default flags.
+func TestPlanEveryBundledModel(t *testing.T) {
+	var files []string
+	for _, d := range []string{planTestONNX, planTestDynamo} {
+		fs, _ := filepath.Glob(filepath.Join(d, "*.onnx"))
+		files = append(files, fs...)
+	}
+	if len(files) < 20 {
+		t.Fatalf("%d ONNX files in testdata", len(files))
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			if code, _, errOut := runPlanVerb(t, f); code != 0 {
+				t.Errorf("exit %d: %s", code, errOut)
 			}
 		})
 	}

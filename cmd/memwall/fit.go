@@ -35,8 +35,9 @@ on the device.
 
 For a Llama model (a directory, safetensors with config.json beside it, or a
 llama GGUF) fit plans what 'memwall run MODEL --vram SIZE' reserves, by the
-same computation: a prompt of --prompt-tokens (default: --ctx, or the
-model's context, less --max-new) and --max-new generated tokens, the
+same computation: a prompt of --prompt-tokens (default: --ctx less
+--max-new, else 512 tokens within the model's context less --max-new) and
+--max-new generated tokens (32, as run's default), the
 prefill chunk and staging slots chosen from the budget as run chooses them
 (or --prefill-chunk and --slots), the device context and the kernels and
 GEMM library loaded and warmed up as run does; predicted_peak_bytes is
@@ -158,7 +159,10 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	if f.linkGBps == 0 {
 		pl.pinnedGBps = link
 	}
-	wo := plan.WeightOptions{Budget: budget, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch, LinkGBps: link, Granule: 2 << 20}
+	// The device pool stream runs maps pages of the device's granularity:
+	// its peak is whole pages.
+	wo := plan.WeightOptions{Budget: budget, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch, LinkGBps: link, Granule: 2 << 20,
+		PageBytes: poolPageBytes(info)}
 	if sd, ok := d.(*sim.Device); ok {
 		o := sd.Options()
 		wo.Granule = 512
@@ -187,6 +191,16 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 	}
 	pl.plan = p
 	return pl, nil
+}
+
+// poolPageBytes is the page size a device pool maps memory in on a device
+// with virtual memory (its granularity), 0 on one without: there the pool
+// grows by chunks the plan does not model.
+func poolPageBytes(info device.Info) uint64 {
+	if g := info.Granularity; info.VirtualMemory && g&(g-1) == 0 {
+		return g
+	}
+	return 0
 }
 
 // measureLink returns given when it is not 0, else the pinned
@@ -326,7 +340,15 @@ func printFit(e *env, o fitJSON) {
 	w := e.stdout
 	fmt.Fprintf(w, "model      %s (%s, %s, %d groups)\n", o.Model, o.Format, humanBytes(o.ModelBytes), len(o.Layers))
 	fmt.Fprintf(w, "device     %s (%s)\n", o.Device, o.Backend)
-	fmt.Fprintf(w, "budget     %s: minimum to stream %s\n", humanBytes(o.BudgetBytes), humanBytes(o.MinimumBytes))
+	switch r := o.Run; {
+	case r == nil:
+		fmt.Fprintf(w, "budget     %s: minimum to stream %s\n", humanBytes(o.BudgetBytes), humanBytes(o.MinimumBytes))
+	case r.ChunkChosen:
+		fmt.Fprintf(w, "budget     %s: minimum to run %s (prefilling one token per chunk; this budget holds chunks of %d tokens)\n",
+			humanBytes(o.BudgetBytes), humanBytes(o.MinimumBytes), r.PrefillChunk)
+	default:
+		fmt.Fprintf(w, "budget     %s: minimum to run %s with --prefill-chunk %d\n", humanBytes(o.BudgetBytes), humanBytes(o.MinimumBytes), r.PrefillChunk)
+	}
 	fmt.Fprintf(w, "resident   %s in %d groups\n", humanBytes(o.ResidentBytes), o.ResidentLayers)
 	if o.StreamedLayers > 0 {
 		fmt.Fprintf(w, "streamed   %s per step in %d groups, through %d slots (%s)\n",

@@ -34,26 +34,30 @@ type llamaFitFlags struct {
 }
 
 func (lf *llamaFitFlags) add(fs *flag.FlagSet) {
-	intVar(fs, &lf.prompt, "prompt-tokens", 0, 0, 1<<24, "Llama models: the prompt's length in tokens, as memwall run will get it (default: --ctx, or the model's context, less --max-new)")
+	intVar(fs, &lf.prompt, "prompt-tokens", 0, 0, 1<<24, fmt.Sprintf("Llama models: the prompt's length in tokens, as memwall run will get it (default: --ctx less --max-new, else %d within the model's context less --max-new)", fitDefaultPrompt))
 	intVar(fs, &lf.maxNew, "max-new", 32, 1, 1<<20, "Llama models: tokens to generate, as memwall run's --max-new")
 	intVar(fs, &lf.chunk, "prefill-chunk", 0, 0, 1<<16, "Llama models: as memwall run's --prefill-chunk (0: chosen from the budget)")
 }
 
+// fitDefaultPrompt is the prompt fit plans for without --prompt-tokens or
+// --ctx: a short chat turn, as a user's first run is; the whole context as
+// a prompt made the chosen prefill chunk fill any budget.
+const fitDefaultPrompt = 512
+
 // tokens returns the prompt's length and the KV cache's tokens that `memwall
 // run` would plan for: a prompt of --prompt-tokens (or --ctx less
-// --max-new, or the model's context less --max-new) and --max-new tokens
-// after it, within the model's context.
+// --max-new, or fitDefaultPrompt within the model's context less
+// --max-new) and --max-new tokens after it, within the model's context.
 func (lf *llamaFitFlags) tokens(ctxFlag, context int, path string) (prompt, maxTokens int, err error) {
 	if lf.prompt != 0 && ctxFlag != 0 {
 		return 0, 0, usagef("give at most one of --prompt-tokens and --ctx for a Llama model")
 	}
 	prompt = lf.prompt
-	if prompt == 0 {
-		c := ctxFlag
-		if c == 0 {
-			c = context
-		}
-		prompt = min(c, context) - lf.maxNew
+	switch {
+	case prompt == 0 && ctxFlag != 0:
+		prompt = min(ctxFlag, context) - lf.maxNew
+	case prompt == 0:
+		prompt = min(fitDefaultPrompt, context-lf.maxNew)
 	}
 	if prompt < 1 || prompt >= context {
 		return 0, 0, usagef("%s: a prompt of %d tokens (--prompt-tokens, or --ctx less --max-new %d) does not fit the model's context of %d (max_position_embeddings) with one position left for a new token",
@@ -199,9 +203,11 @@ func fitLlamaJSON(e *env, f *planFlags, g *generation, d device.Device, ch auto.
 	if foot.DeviceBytes != rp.foot.DeviceBytes {
 		return fitJSON{}, fmt.Errorf("fit: the plan at %.1f GB/s takes %d bytes, at the default rate %d", link, foot.DeviceBytes, rp.foot.DeviceBytes)
 	}
+	// The minimum is run's: with the chunk and slots chosen (flags not
+	// given), that of the smallest chunk, not of the one this budget takes.
 	minimum := uint64(0)
 	probe := rp.opts
-	probe.Budget = 1
+	probe.Budget, probe.PrefillChunk, probe.Slots = 1, g.opts.PrefillChunk, g.opts.Slots
 	var be *engine.BudgetError
 	if _, err := engine.Estimate(e.ctx, g.model, probe, in); errors.As(err, &be) {
 		minimum = be.Minimum + rp.budget.ContextBytes + rp.budget.LoadedBytes + rp.budget.ReserveBytes

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -96,5 +97,40 @@ func TestFitLlamaFlags(t *testing.T) {
 	code, out, errOut := runVerbSim(t, "fit", dir, "--device", "sim", "--vram", "64MiB", "--prompt-tokens", "100")
 	if code != 0 || !strings.Contains(out, "memwall run with a 100-token prompt and 132 tokens of context: prefill chunks of 100 tokens (chosen from the budget), 2 slots (chosen from the budget)") {
 		t.Errorf("exit %d, %s %s", code, out, errOut)
+	}
+}
+
+// TestFitDefaults: without --prompt-tokens or --ctx, fit plans a
+// 512-token prompt and run's default 32 new tokens (not the whole
+// context), and the minimum it states is run's own minimum for that
+// prompt — the budget prefilling one token per chunk — not the budget the
+// chunk was chosen to fill.
+func TestFitDefaults(t *testing.T) {
+	dir := t.TempDir()
+	if code, _, errOut := runVerbSim(t, "gen-model", "--preset", "tiny", "--context", "4096", "--out", dir+"/model.safetensors"); code != 0 {
+		t.Fatalf("gen-model: exit %d: %s", code, errOut)
+	}
+	ids := make([]string, 512)
+	for i := range ids {
+		ids[i] = strconv.Itoa(3 + i)
+	}
+	code, _, errOut := runVerbSim(t, "run", dir, "--device", "sim", "--prompt-ids", strings.Join(ids, ","), "--vram", "1")
+	m := regexp.MustCompile(`below the minimum (\d+) bytes`).FindStringSubmatch(errOut)
+	if code != 1 || m == nil {
+		t.Fatalf("run at --vram 1: exit %d, %s", code, errOut)
+	}
+	least, _ := strconv.ParseUint(m[1], 10, 64)
+	for _, vram := range []uint64{least + 1<<20, least + 16<<20} {
+		v := strconv.FormatUint(vram, 10)
+		j := runJSONOut(t, "fit", dir, "--device", "sim", "--vram", v, "--json")
+		r := j["run"].(map[string]any)
+		if r["prompt_tokens"] != float64(512) || r["max_tokens"] != float64(544) || j["minimum_bytes"] != float64(least) {
+			t.Errorf("--vram %s: prompt %v, max tokens %v, minimum %v; want 512, 544, %d", v, r["prompt_tokens"], r["max_tokens"], j["minimum_bytes"], least)
+		}
+		code, out, errOut := runVerbSim(t, "fit", dir, "--device", "sim", "--vram", v)
+		want := fmt.Sprintf("minimum to run %s (prefilling one token per chunk; this budget holds chunks of %v tokens)", humanBytes(least), r["prefill_chunk"])
+		if code != 0 || !strings.Contains(out, want) || !strings.Contains(out, "memwall run with a 512-token prompt and 544 tokens of context") {
+			t.Errorf("--vram %s: exit %d, %s%s; want %q", v, code, out, errOut, want)
+		}
 	}
 }

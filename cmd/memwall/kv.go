@@ -27,9 +27,9 @@ func init() {
 
 func runKV(e *env, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(e.stdout, "usage: memwall kv simulate [flags]; memwall kv simulate -h for its flags")
-			return errHelp
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+			return printSubHelp(e, "usage: memwall kv SUB-COMMAND [flags]\n\nsub-commands: simulate ('memwall help kv simulate' prints its flags alone):",
+				[]string{"simulate"}, func(_ string, args []string) error { return runKVSimulate(e, args) })
 		}
 		return usagef("want a sub-command: simulate")
 	}

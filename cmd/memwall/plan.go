@@ -36,10 +36,13 @@ it plans twice, with and without in-place/view aliasing, and reports both;
 search for up to --time-limit.`
 
 // Symbolic input dimensions default to these when --input does not give
-// them: the first dimension is the batch, any other a sequence length.
+// them: the first dimension is the batch, any other a sequence length. An
+// ONNX file does not record the range an exporter allowed a dimension; a
+// short sequence stays inside the small ranges exports declare (PyTorch's
+// dynamo GPT-2 in testdata: 2..64), and --input gives any other length.
 const (
 	planDefaultBatch    = 1
-	planDefaultSequence = 128
+	planDefaultSequence = 32
 )
 
 // planInputs is the repeatable --input name=1x3x224x224 flag.
@@ -107,7 +110,7 @@ func runPlan(e *env, args []string) error {
 	c := planConfig{inputs: planInputs{}}
 	fs := newFlags(e, "plan", planUsage)
 	fs.StringVar(&c.lifetimes, "lifetimes", "", "plan a MiniMalloc CSV instance (id,lower,upper,size) instead of a model")
-	fs.Var(c.inputs, "input", "an input's dimensions, name=1x3x224x224 (repeatable; default: the model's declared shape, symbolic batch=1, other symbolic dims=128)")
+	fs.Var(c.inputs, "input", "an input's dimensions, name=1x3x224x224 (repeatable; default: the model's declared shape, symbolic batch=1, other symbolic dims=32)")
 	fs.BoolVar(&c.noInplace, "no-inplace", false, "describe the plan without in-place/view aliasing in --json, --svg and --out")
 	fs.DurationVar(&c.timeLimit, "time-limit", plan.DefaultTimeLimit, "most time the offset search may take per plan (0s: greedy planners only)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the report as JSON")
@@ -640,7 +643,7 @@ func planModelData(e *env, c planConfig, name string, data []byte) (*planModelOu
 	g, err := graph.ImportONNX(m, dims, graph.Options{AllowUnknown: c.allowUnknown})
 	if err != nil {
 		if errors.Is(err, graph.ErrUnknownShape) {
-			return nil, fmt.Errorf("%s: %w (give the inputs' shapes with --input, or plan the rest with --allow-unknown)", name, err)
+			return nil, fmt.Errorf("%s: %w (%s)", name, err, planUnknownHint(out.inputs))
 		}
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -668,6 +671,19 @@ func planModelData(e *env, c planConfig, name string, data []byte) (*planModelOu
 		}
 	}
 	return out, nil
+}
+
+// planUnknownHint is what to try when a shape cannot be inferred: --input
+// for an input whose dimensions were assumed (naming it and the dimensions
+// taken), and --allow-unknown.
+func planUnknownHint(ins []planInput) string {
+	for _, in := range ins {
+		if in.assumed != "" {
+			return fmt.Sprintf("%s was planned as %s (assumed %s): give other dimensions with --input %s=%s, or plan the rest with --allow-unknown",
+				in.name, planDims(in.dims), in.assumed, in.name, planDims(in.dims))
+		}
+	}
+	return "the inputs' shapes are fixed, so --input cannot help: plan the rest with --allow-unknown"
 }
 
 func planDimName(d onnx.Dim, role string) string {

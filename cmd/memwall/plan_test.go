@@ -251,18 +251,24 @@ func TestPlanErrors(t *testing.T) {
 	}
 }
 
+// pbMessage, pbString and pbVarint encode one protobuf field: a message
+// of the parts, a string, a varint.
+func pbMessage(num protowire.Number, parts ...[]byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), bytes.Join(parts, nil))
+}
+
+func pbString(num protowire.Number, v string) []byte {
+	return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), v)
+}
+
+func pbVarint(num protowire.Number, v uint64) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
+}
+
 // planSymbolicModel encodes a one-op ONNX model, y = Relu(x), whose input
 // x has symbolic dimensions [batch, seq].
 func planSymbolicModel() []byte {
-	msg := func(num protowire.Number, parts ...[]byte) []byte {
-		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), bytes.Join(parts, nil))
-	}
-	str := func(num protowire.Number, v string) []byte {
-		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), v)
-	}
-	varint := func(num protowire.Number, v uint64) []byte {
-		return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
-	}
+	msg, str, varint := pbMessage, pbString, pbVarint
 	// ValueInfoProto{name, type: TypeProto{tensor_type: {elem_type FLOAT,
 	// shape: {dim: [{dim_param}...]}}}}.
 	value := func(name string) []byte {
@@ -283,7 +289,7 @@ func TestPlanSymbolicInputs(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	if !strings.Contains(out, "input        x 1x128 (assumed batch=1, seq=128)") {
+	if !strings.Contains(out, "input        x 1x32 (assumed batch=1, seq=32)") {
 		t.Errorf("defaults not reported:\n%s", out)
 	}
 	code, out, errOut = runPlanVerb(t, path, "--json", "--input", "x=2x64")
@@ -313,5 +319,55 @@ func TestPlanDemo(t *testing.T) {
 	}
 	if !bytes.Equal(want, planDemoModel) {
 		t.Error("demodata/mobilenet_v2.onnx differs from testdata/onnx/mobilenet_v2.onnx")
+	}
+}
+
+// planAbsentReshapeModel is y = Reshape(x, shape) with shape an int64[2]
+// constant in an external file that is absent and y undeclared: no input
+// shape sizes y. x has the dimensions xDims (a string is symbolic).
+func planAbsentReshapeModel(xDims ...any) []byte {
+	msg, str, varint := pbMessage, pbString, pbVarint
+	var ds [][]byte
+	for _, d := range xDims {
+		switch d := d.(type) {
+		case int:
+			ds = append(ds, msg(1, varint(1, uint64(d))))
+		case string:
+			ds = append(ds, msg(1, str(2, d)))
+		}
+	}
+	x := append(str(1, "x"), msg(2, msg(1, varint(1, 1), msg(2, ds...)))...)
+	y := append(str(1, "y"), msg(2, msg(1, varint(1, 1)))...)
+	shape := bytes.Join([][]byte{varint(1, 2), varint(2, 7), str(8, "shape"),
+		msg(13, str(1, "location"), str(2, "absent.data")), varint(14, 1)}, nil)
+	node := msg(1, str(1, "x"), str(1, "shape"), str(2, "y"), str(3, "reshape"), str(4, "Reshape"))
+	g := msg(7, node, str(2, "g"), msg(5, shape), msg(11, x), msg(12, y))
+	return bytes.Join([][]byte{varint(1, 8), msg(8, varint(2, 17)), g}, nil)
+}
+
+// TestPlanUnknownShapeHint: a shape nothing sizes suggests --input only
+// where an input's dimensions were assumed (naming the input and what was
+// taken), and --allow-unknown.
+func TestPlanUnknownShapeHint(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name string
+		dims []any
+		want string
+	}{
+		{"symbolic", []any{"batch", "seq"}, "x was planned as 1x32 (assumed batch=1, seq=32): give other dimensions with --input x=1x32, or plan the rest with --allow-unknown"},
+		{"static", []any{2, 8}, "the inputs' shapes are fixed, so --input cannot help: plan the rest with --allow-unknown"},
+	} {
+		path := filepath.Join(dir, c.name+".onnx")
+		if err := os.WriteFile(path, planAbsentReshapeModel(c.dims...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errOut := runPlanVerb(t, path)
+		if code != exitFail || !strings.Contains(errOut, "not known statically") || !strings.Contains(errOut, c.want) {
+			t.Errorf("%s: exit %d, stderr %q; want %q", c.name, code, errOut, c.want)
+		}
+		if code, _, errOut := runPlanVerb(t, path, "--allow-unknown"); code != 0 {
+			t.Errorf("%s --allow-unknown: exit %d: %s", c.name, code, errOut)
+		}
 	}
 }

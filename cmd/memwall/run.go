@@ -32,7 +32,7 @@ const runUsage = `MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--vram SIZE] [--ma
 
 Runs a Llama-family model — a directory with config.json, safetensors and
 tokenizer.json, a .safetensors file with config.json beside it, or a .gguf
-file — on the device within --vram, the process's whole device footprint
+file (its own vocabulary, else tokenizer.json beside it) — on the device within --vram, the process's whole device footprint
 (the CUDA context's own memory counted). Weights that do not fit stream
 through staging slots; K and V live in paged blocks; one planned arena holds
 each step's activations. Tokens print as they are produced (text when the
@@ -111,6 +111,10 @@ type runJSON struct {
 	// KernelsDisabled lists kernels the load-time self-test turned off.
 	KernelsDisabled []string `json:"kernels_disabled,omitempty"`
 	Warning         string   `json:"warning,omitempty"`
+	// With a tokenizer: how many generated ids it has no token for (text
+	// leaves them out), and the first of them.
+	UndecodableTokens *int `json:"undecodable_tokens,omitempty"`
+	FirstUndecodable  *int `json:"first_undecodable_id,omitempty"`
 }
 
 type runFlags struct {
@@ -204,6 +208,32 @@ func runRun(e *env, args []string) error {
 	return f.pools.finish(runModel(e, &f, pos[0], ids, vram, sampling, source, logits))
 }
 
+// runReads is what run opens, for messages.
+const runReads = "a Llama-family model: a directory with config.json and safetensors, a .safetensors file (or sharded index) with config.json beside it, or a .gguf file"
+
+// checkRunModel refuses a file that is not one run reads, by its contents,
+// naming what it is and what run reads (a directory is left to llama.Open).
+func checkRunModel(path string) error {
+	if st, err := os.Stat(path); err != nil || st.IsDir() {
+		return nil // llama.Open names the path and the reason
+	}
+	kind, err := sniffFile(path)
+	if err != nil {
+		return err
+	}
+	switch kind {
+	case kindGGUF, kindSafetensors:
+		return nil
+	case kindJSON:
+		if strings.HasSuffix(path, ".json") {
+			return nil // a sharded index; llama.Open names what is wrong
+		}
+	case kindONNX:
+		return fmt.Errorf("%s: it is an ONNX model, which run does not read (memwall plan, fit and stream do); run reads %s", path, runReads)
+	}
+	return fmt.Errorf("%s: not a model file: it is %s; run reads %s", path, kindPhrase(kind), runReads)
+}
+
 // parseIDs reads "1,2,3".
 func parseIDs(s string) ([]int, error) {
 	var out []int
@@ -220,6 +250,13 @@ func parseIDs(s string) ([]int, error) {
 
 // runModel does the work of `memwall run` once the command line is valid.
 func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling engine.Sampling, source residency.Source, logits *outputFile) error {
+	local := e.local(path)
+	if err := checkRunModel(local); err != nil {
+		if local != path {
+			err = renamedError{err, local, path}
+		}
+		return err
+	}
 	m, err := openInput(e, path, llama.Open)
 	if err != nil {
 		return err
@@ -254,8 +291,25 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	if f.asJSON {
 		return writeJSON(e.stdout, out)
 	}
+	if n := out.UndecodableTokens; n != nil && *n > 0 {
+		fmt.Fprintf(e.stderr, "\nmemwall run: warning: %d of the %d generated ids are not in the tokenizer's %d tokens (the model's vocab_size is %d) and printed as nothing; the first is %d\n",
+			*n, len(out.Tokens), tok.VocabSize(), m.Config.Vocab, *out.FirstUndecodable)
+	}
 	printRun(e, out)
 	return nil
+}
+
+// undecodable counts the ids tok has no token for, and returns the first.
+func undecodable(tok textCodec, ids []int) (n, first int) {
+	for _, id := range ids {
+		if _, ok := tok.Token(id); !ok {
+			if n == 0 {
+				first = id
+			}
+			n++
+		}
+	}
+	return n, first
 }
 
 // stepTokens lists the token counts of a prompt's prefill chunks and of a
@@ -380,6 +434,11 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	if g.tok != nil {
 		text := g.tok.Decode(res.Tokens, true)
 		out.Text = &text
+		n, first := undecodable(g.tok, res.Tokens)
+		out.UndecodableTokens = &n
+		if n > 0 {
+			out.FirstUndecodable = &first
+		}
 	}
 	return out, res, nil
 }
@@ -458,6 +517,8 @@ type textCodec interface {
 	Encode(text string, addSpecial bool) []int
 	Decode(ids []int, skipSpecial bool) string
 	NewDecoder() *tokenizer.StreamDecoder
+	Token(id int) (string, bool)
+	VocabSize() int
 }
 
 // openTokenizer loads the model's tokenizer: tokenizer.json beside the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -337,5 +338,84 @@ func TestRunVulkanSaysWhy(t *testing.T) {
 			t.Skipf("no Vulkan device here: %s", strings.TrimSpace(errOut))
 		}
 		t.Fatalf("stderr %q does not say the backend lacks the kernels", errOut)
+	}
+}
+
+// TestRunNotAModel: run names what a file is when it is not a model it
+// reads (empty, random bytes, ONNX, text) and says what it reads, instead
+// of asking for a config.json beside it.
+func TestRunNotAModel(t *testing.T) {
+	dir := t.TempDir()
+	random := make([]byte, 4096)
+	for i := range random {
+		random[i] = byte(i*7919>>3) ^ 0x80
+	}
+	files := map[string][]byte{"empty.bin": nil, "random.bin": random, "notes.txt": []byte("not a model\n")}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ path, want string }{
+		{filepath.Join(dir, "empty.bin"), "it is an empty file"},
+		{filepath.Join(dir, "random.bin"), "it is a binary file"},
+		{filepath.Join(dir, "notes.txt"), "it is a text file"},
+		{filepath.Join(planTestONNX, "mobilenet_v2.onnx"), "it is an ONNX model"},
+	} {
+		code, _, errOut := runVerbSim(t, "run", tc.path, "--prompt", "hi", "--device", "sim")
+		if code != exitFail || !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "run reads a Llama-family model") ||
+			strings.Contains(errOut, "config.json:") || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%s: exit %d, stderr %q; want exit 1 saying %q and what run reads", filepath.Base(tc.path), code, errOut, tc.want)
+		}
+	}
+}
+
+// TestRunGGUFTokenizerBeside: a GGUF file without a vocabulary in its
+// metadata (gen-model's) takes tokenizer.json beside it, and gives the
+// tokens and text the safetensors directory of the same weights gives.
+func TestRunGGUFTokenizerBeside(t *testing.T) {
+	dir, gg := tinyDir(t, "tiny")
+	byteTokenizer(t, dir)
+	byteTokenizer(t, filepath.Dir(gg))
+	args := []string{"--prompt", "hello world", "--max-new", "8", "--ignore-eos", "--device", "sim", "--json"}
+	st := runJSONOut(t, append([]string{"run", dir}, args...)...)
+	g := runJSONOut(t, append([]string{"run", gg}, args...)...)
+	ids := []int{}
+	for _, v := range g["prompt_ids"].([]any) {
+		ids = append(ids, int(v.(float64)))
+	}
+	if !equalInts(ids, []int{1, 262, 267}) || !equalInts(tokensOf(st), tokensOf(g)) || g["text"] != st["text"] {
+		t.Errorf("gguf: prompt %v, tokens %v %q; safetensors: tokens %v %q", ids, g["tokens"], g["text"], st["tokens"], st["text"])
+	}
+}
+
+// TestRunUndecodableWarns: ids the tokenizer has no token for (the tiny
+// model's vocabulary is 1024, the tokenizer's 268) print as nothing, so
+// human output warns once on stderr with their count and the first, and
+// --json counts them.
+func TestRunUndecodableWarns(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	byteTokenizer(t, dir)
+	args := []string{"run", dir, "--prompt-ids", "1,262,267", "--max-new", "16", "--ignore-eos", "--device", "sim"}
+	j := runJSONOut(t, append(args, "--json")...)
+	n, first := 0, -1
+	for _, id := range tokensOf(j) {
+		if id >= 268 {
+			if n == 0 {
+				first = id
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no generated id above the tokenizer's 268 tokens: %v", j["tokens"])
+	}
+	if j["undecodable_tokens"] != float64(n) || j["first_undecodable_id"] != float64(first) {
+		t.Errorf("--json: undecodable %v (first %v), want %d (first %d)", j["undecodable_tokens"], j["first_undecodable_id"], n, first)
+	}
+	code, _, errOut := runVerbSim(t, args...)
+	want := fmt.Sprintf("warning: %d of the 16 generated ids are not in the tokenizer's 268 tokens (the model's vocab_size is 1024) and printed as nothing; the first is %d", n, first)
+	if code != 0 || !strings.Contains(errOut, want) || strings.Count(errOut, "warning") != 1 {
+		t.Errorf("exit %d, stderr %q; want one warning %q", code, errOut, want)
 	}
 }

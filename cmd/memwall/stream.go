@@ -7,7 +7,6 @@ import (
 
 	"github.com/memwall/memwall/bench"
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
@@ -35,7 +34,10 @@ while a step ends. Prints predicted against measured peak memory and step time,
 the streamed GB/s and how well copy and compute overlapped. --source picks the
 host side of the copies: auto, registered-mmap, pinned-copy or bounce. --slots
 is honoured or refused: a budget too small for that many slots is an error, not
-fewer slots. MODEL may be a pipe (/dev/stdin): it is copied to a temporary file
+fewer slots. On a Vulkan device the products run on memwall's SPIR-V kernel;
+where the device has no virtual memory the pool grows by chunks, which pack
+the allocations the plan counts in 2 MiB units: the predicted peak is then an
+upper bound. MODEL may be a pipe (/dev/stdin): it is copied to a temporary file
 first (in $TMPDIR, removed at the end).`
 
 // streamJSON is `memwall stream --json`: fit's keys plus the measurements.
@@ -85,9 +87,6 @@ func runStream(e *env, args []string) error {
 	path, budget, err := f.check(pos)
 	if err != nil {
 		return err
-	}
-	if f.df.backend == auto.Vulkan {
-		return fmt.Errorf("the vulkan backend has no kernels for the products stream runs yet (they are PTX and Go only): use --device cuda or --device sim")
 	}
 	if *prefetch < 0 || *prefetch >= f.slots {
 		return usagef("--prefetch %d needs %d slots; --slots is %d (want 0..%d)", *prefetch, *prefetch+1, f.slots, f.slots-1)
@@ -165,7 +164,7 @@ func fitContext(pl *planned, f *planFlags, budget uint64) (residency.Budget, err
 		groups[i] = g.WeightGroup
 	}
 	wo := plan.WeightOptions{Budget: b.PoolBytes, Slots: f.slots, Tokens: f.tokens, Ctx: f.ctx, Batch: f.batch,
-		LinkGBps: pl.plan.LinkGBps, Granule: pl.plan.Granule, KV: pl.plan.KV}
+		LinkGBps: pl.plan.LinkGBps, Granule: pl.plan.Granule, PageBytes: pl.plan.PageBytes, KV: pl.plan.KV}
 	if len(pl.timings) > 0 {
 		wo.Cost = bench.CostFromTimings(pl.timings)
 	}
@@ -308,7 +307,7 @@ func demoStream(e *env, d device.Device) error {
 	if err != nil {
 		return err
 	}
-	wo := plan.WeightOptions{Budget: 1 << 50, LinkGBps: link.GBps, Cost: cost, Granule: 512}
+	wo := plan.WeightOptions{Budget: 1 << 50, LinkGBps: link.GBps, Cost: cost, Granule: 512, PageBytes: poolPageBytes(d.Info())}
 	if sd, ok := d.(*sim.Device); ok {
 		wo.CopyLatency = sd.Options().CopyLatency
 	} else {

@@ -14,6 +14,12 @@ func init() {
 	register(verb{name: "version", summary: "print memwall's version, commit, Go version and the embedded kernels' hashes", run: runVersion})
 }
 
+// buildCommit and buildModified are set by the linker where the toolchain
+// cannot stamp the commit (a linked git worktree, -buildvcs=false):
+// -ldflags "-X main.buildCommit=$(git rev-parse HEAD) -X main.buildModified=true",
+// as scripts/gpu-build.sh does. The toolchain's stamp wins when there is one.
+var buildCommit, buildModified string
+
 // ptxJSON is one embedded PTX build in `memwall version --json`.
 type ptxJSON struct {
 	Target string `json:"target"`
@@ -25,13 +31,16 @@ type ptxJSON struct {
 }
 
 // versionJSON is `memwall version --json`. Fields the binary does not know
-// (a build outside a version-control checkout has no commit) are null.
+// (a build that recorded no commit) are null.
 type versionJSON struct {
-	Module     string    `json:"module"`
-	Version    string    `json:"version"`
-	Commit     *string   `json:"commit"`
-	CommitTime *string   `json:"commit_time"`
-	Modified   *bool     `json:"modified"`
+	Module     string  `json:"module"`
+	Version    string  `json:"version"`
+	Commit     *string `json:"commit"`
+	CommitTime *string `json:"commit_time"`
+	Modified   *bool   `json:"modified"`
+	// CommitFrom says who recorded the commit: "toolchain" (vcs.* build
+	// settings) or "linker flag" (main.buildCommit); null with no commit.
+	CommitFrom *string   `json:"commit_from"`
 	Go         string    `json:"go"`
 	OS         string    `json:"os"`
 	Arch       string    `json:"arch"`
@@ -63,6 +72,18 @@ func buildVersion() versionJSON {
 			}
 		}
 	}
+	from := "toolchain"
+	if v.Commit == nil && buildCommit != "" {
+		c := buildCommit
+		v.Commit, from = &c, "linker flag"
+		if buildModified != "" {
+			m := buildModified == "true"
+			v.Modified = &m
+		}
+	}
+	if v.Commit != nil {
+		v.CommitFrom = &from
+	}
 	for _, t := range kernels.Targets() {
 		b := kernels.EmbeddedFor(t)
 		sum := sha256.Sum256(b)
@@ -87,19 +108,7 @@ func runVersion(e *env, args []string) error {
 	}
 	w := e.stdout
 	fmt.Fprintf(w, "memwall  %s %s\n", v.Module, v.Version)
-	switch {
-	case v.Commit == nil:
-		fmt.Fprintln(w, "commit   unknown (built outside a git checkout)")
-	default:
-		fmt.Fprintf(w, "commit   %s", *v.Commit)
-		if v.CommitTime != nil {
-			fmt.Fprintf(w, " (%s)", *v.CommitTime)
-		}
-		if v.Modified != nil && *v.Modified {
-			fmt.Fprint(w, ", with uncommitted changes")
-		}
-		fmt.Fprintln(w)
-	}
+	fmt.Fprintf(w, "commit   %s\n", commitLine(v))
 	fmt.Fprintf(w, "go       %s %s/%s\n", v.Go, v.OS, v.Arch)
 	for _, p := range v.PTX {
 		src := "source hash not recorded"
@@ -109,6 +118,29 @@ func runVersion(e *env, args []string) error {
 		fmt.Fprintf(w, "kernels  %s PTX sha256 %s (%d bytes), %s\n", p.Target, short(p.SHA256), p.Bytes, src)
 	}
 	return nil
+}
+
+// commitLine says which commit the binary was built from, or that the
+// build recorded none and how to get a build that does: the Go toolchain
+// stamps the commit only when go build or go install builds the main
+// package in a git checkout's own directory (go run and go test never do,
+// nor a build in a linked worktree, whose .git is a file).
+func commitLine(v versionJSON) string {
+	if v.Commit == nil {
+		return "not recorded in this build (go run and go test record none, nor go build with -buildvcs=false, outside a git checkout or in a linked worktree); " +
+			"go build in the checkout records it, or pass it: go build -ldflags \"-X main.buildCommit=$(git rev-parse HEAD)\" ./cmd/memwall"
+	}
+	s := *v.Commit
+	if v.CommitTime != nil {
+		s += " (" + *v.CommitTime + ")"
+	}
+	if v.Modified != nil && *v.Modified {
+		s += ", with uncommitted changes"
+	}
+	if v.CommitFrom != nil && *v.CommitFrom != "toolchain" {
+		s += " (from the " + *v.CommitFrom + ")"
+	}
+	return s
 }
 
 // short is the first 16 hex digits of a hash, enough to tell builds apart.

@@ -39,7 +39,8 @@ type Model struct {
 	Weights *format.Model
 	Tensors *Tensors
 	// TokenizerPath is tokenizer.json beside the weights, "" when there is
-	// none (a GGUF file carries its vocabulary in Weights.Metadata).
+	// none or when a GGUF file carries its own vocabulary (tokenizer.ggml.*
+	// in Weights.Metadata), which wins over a file beside it.
 	TokenizerPath string
 }
 
@@ -48,7 +49,8 @@ func (m *Model) Close() error { return m.Weights.Close() }
 
 // Open opens a model given as a directory (config.json and model.safetensors
 // or model.safetensors.index.json, tokenizer.json optional), a .safetensors
-// file or sharded index with config.json beside it, or a GGUF file. It
+// file or sharded index with config.json beside it, or a GGUF file (with
+// tokenizer.json beside it when its metadata has no vocabulary). It
 // parses the config, opens the weights with format/weights and checks them
 // against each other. Errors name the file and the field or tensor.
 func Open(path string) (*Model, error) {
@@ -108,7 +110,7 @@ func Open(path string) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{Config: cfg, Weights: w, Tensors: ts}
-	if tp := filepath.Join(dir, "tokenizer.json"); !isGGUF {
+	if tp := filepath.Join(dir, "tokenizer.json"); !isGGUF || w.Metadata["tokenizer.ggml.tokens"] == nil {
 		if _, err := os.Stat(tp); err == nil {
 			m.TokenizerPath = tp
 		}

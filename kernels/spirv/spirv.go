@@ -14,7 +14,8 @@
 // number of words that differ from it to a 64-bit counter; memwall_spin(ns
 // uint64) keeps one invocation busy (it needs VK_KHR_shader_clock);
 // memwall_copy_u32x4(dst, src Ptr, n uint64) copies n 16-byte vectors
-// (device/vulkan's device-to-device copies).
+// (device/vulkan's device-to-device copies); memwall_matmul_<dtype> is
+// kernels' Matmul (see MatmulName).
 package spirv
 
 import (
@@ -35,6 +36,19 @@ const (
 	NameCopy  = "memwall_copy_u32x4"
 )
 
+// MatmulName is the entry point of the matrix product in dtype ("bf16",
+// "f16", "f32"): memwall_matmul_<dtype>(W, X, Y Ptr, M, K, T uint32)
+// computes Y[t, m] = Σ_k W[m, k]·X[t, k] as package kernels' Matmul does
+// (float32 Y, accumulated in float32), launched with blocks of
+// MatmulBlock invocations on any grid.
+func MatmulName(dtype string) string { return "memwall_matmul_" + dtype }
+
+// MatmulBlock is the block size the matmul kernels are written for.
+const MatmulBlock = 64
+
+// MatmulDTypes are the dtypes of the matmul kernels.
+var MatmulDTypes = []string{"bf16", "f16", "f32"}
+
 //go:embed kernels.spv
 var module []byte
 
@@ -47,11 +61,17 @@ var sourcesHash string
 func Module() []byte { return module }
 
 // Names lists the kernels Module holds.
-func Names() []string { return []string{NameFill, NameCheck, NameSpin, NameCopy} }
+func Names() []string {
+	names := []string{NameFill, NameCheck, NameSpin, NameCopy}
+	for _, dt := range MatmulDTypes {
+		names = append(names, MatmulName(dt))
+	}
+	return names
+}
 
 // Sources are the GLSL files Module was compiled from, in the order their
 // hash covers them.
-var Sources = []string{"pattern.glsl", "fill.comp", "check.comp", "spin.comp", "copy.comp"}
+var Sources = []string{"pattern.glsl", "fill.comp", "check.comp", "spin.comp", "copy.comp", "matmul.comp"}
 
 // SourcesHash returns the hash recorded when Module was compiled.
 func SourcesHash() string { return strings.TrimSpace(sourcesHash) }

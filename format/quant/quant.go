@@ -13,6 +13,9 @@
 // are handled too, as blocks of one element, so that callers treat every
 // type alike.
 //
+// Choose gives each tensor of a model the type llama.cpp's file types
+// (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0) give it.
+//
 // The arithmetic follows ggml's single-precision expressions operation by
 // operation. Products are converted to float32 before they are added, which
 // in Go forbids fusing them into a multiply-add, so the results are the same

@@ -114,17 +114,11 @@ func Choose(f FileType, m Model, tensors []Tensor) ([]Type, error) {
 	if m.Arch != "llama" {
 		return nil, fmt.Errorf("quant: architecture %q: only llama's rules are implemented", m.Arch)
 	}
-	order := make([]int, len(tensors))
-	for i := range order {
-		order[i] = i
+	names := make([]string, len(tensors))
+	for i, t := range tensors {
+		names[i] = t.Name
 	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		la, lb := blockOf(tensors[a].Name), blockOf(tensors[b].Name)
-		if la != lb {
-			return la - lb
-		}
-		return strings.Compare(tensors[a].Name, tensors[b].Name)
-	})
+	order := Order(names)
 	s := mixState{f: f, m: m, tied: true}
 	for _, t := range tensors {
 		switch category(t.Name) {
@@ -148,6 +142,25 @@ func Choose(f FileType, m Model, tensors []Tensor) ([]Type, error) {
 		out[i] = typ
 	}
 	return out, nil
+}
+
+// Order returns the indices of names in llama-quantize's order: tensors
+// outside the blocks first, then block by block (blk.N. with N as a
+// number), by name within each. It is the order Choose counts layers in and
+// the order llama-quantize writes a file in.
+func Order(names []string) []int {
+	order := make([]int, len(names))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		la, lb := blockOf(names[a]), blockOf(names[b])
+		if la != lb {
+			return la - lb
+		}
+		return strings.Compare(names[a], names[b])
+	})
+	return order
 }
 
 // blockOf is the N of a "blk.N." name, or -1 (llama.cpp's sort key).

@@ -9,10 +9,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/internal/ordered"
 	"github.com/memwall/memwall/format/safetensors"
 )
 
@@ -347,96 +347,51 @@ func writeConfig(cfg Config, dir string) (string, uint64, error) {
 	return writeTemp(filepath.Join(dir, "config.json"), append(b, '\n'))
 }
 
-// job is one chunk: elements [first, first+n) of a tensor.
-type job struct {
-	c     *codec
-	t     Tensor
-	st    uint64
-	first uint64
-	buf   []byte
-	done  chan struct{}
+// chunk is elements [first, first+n) of a tensor.
+type chunk struct {
+	c        *codec
+	t        Tensor
+	st       uint64
+	first, n uint64
+	buf      []byte
 }
 
 // stream generates the tensors' data in parallel and writes it in order.
-// Memory: 2·Workers+2 buffers of ChunkBytes.
+// Memory: ordered.InFlight(Workers) buffers of ChunkBytes.
 func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	nbuf := 2*g.opts.Workers + 2
-	free := make(chan []byte, nbuf)
-	for range nbuf {
+	var chunks []chunk
+	for _, t := range tensors {
+		c := g.codec(t)
+		st := stream(g.cfg.Seed, t.Key)
+		per := uint64(g.opts.ChunkBytes / c.size)
+		for first, n := uint64(0), t.Elements(); first < n; first += per {
+			chunks = append(chunks, chunk{c: c, t: t, st: st, first: first, n: min(per, n-first)})
+		}
+	}
+	free := make(chan []byte, ordered.InFlight(g.opts.Workers))
+	for range cap(free) {
 		free <- make([]byte, g.opts.ChunkBytes)
 	}
-	jobs := make(chan *job)
-	order := make(chan *job, nbuf)
-	var wg sync.WaitGroup
-	for range g.opts.Workers {
-		wg.Go(func() {
-			for j := range jobs {
-				j.c.fillTensor(j.buf, j.st, j.first, j.t)
-				close(j.done)
-			}
-		})
+	work := func(i int) error {
+		k := &chunks[i]
+		k.buf = (<-free)[:k.n*uint64(k.c.size)] // never waits: a buffer per chunk in flight
+		k.c.fillTensor(k.buf, k.st, k.first, k.t)
+		return nil
 	}
-	wg.Go(func() {
-		defer close(jobs)
-		defer close(order)
-		for _, t := range tensors {
-			c := g.codec(t)
-			st := stream(g.cfg.Seed, t.Key)
-			per := uint64(g.opts.ChunkBytes / c.size)
-			for first, n := uint64(0), t.Elements(); first < n; first += per {
-				cnt := min(per, n-first)
-				var buf []byte
-				select {
-				case buf = <-free:
-				case <-ctx.Done():
-					return
-				}
-				j := &job{c: c, t: t, st: st, first: first, buf: buf[:cnt*uint64(c.size)], done: make(chan struct{})}
-				// Dispatch before queueing for the writer, so every queued
-				// job is sure to complete. The queue has room for every
-				// buffer, so the second send never waits long.
-				select {
-				case jobs <- j:
-				case <-ctx.Done():
-					return
-				}
-				select {
-				case order <- j:
-				case <-ctx.Done():
-					return
-				}
-			}
+	write := func(i int) error {
+		k := &chunks[i]
+		if _, err := w.Write(k.buf); err != nil {
+			return err
 		}
-	})
-	var err error
-	for j := range order {
-		select {
-		case <-j.done:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		if _, err = w.Write(j.buf); err != nil {
-			break
-		}
-		g.done += uint64(len(j.buf))
+		g.done += uint64(len(k.buf))
 		if g.opts.Progress != nil {
 			g.opts.Progress(g.done, g.total)
 		}
-		free <- j.buf[:cap(j.buf)]
+		free <- k.buf[:cap(k.buf)]
+		k.buf = nil
+		return nil
 	}
-	if err == nil {
-		err = ctx.Err()
-	}
-	cancel()
-	// Drain so the producer and workers can finish.
-	for j := range order {
-		<-j.done
-	}
-	wg.Wait()
+	err := ordered.Run(ctx, len(chunks), g.opts.Workers, work, write)
 	if err != nil && errors.Is(err, context.Canceled) {
 		return fmt.Errorf("generation cancelled: %w", err)
 	}

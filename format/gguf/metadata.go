@@ -1,6 +1,9 @@
 package gguf
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // Metadata keys and values llama.cpp requires of a file it loads.
 const (
@@ -27,4 +30,37 @@ func Set(kvs []KV, key string, value any) []KV {
 // Delete returns kvs without the keys for which drop is true.
 func Delete(kvs []KV, drop func(key string) bool) []KV {
 	return slices.DeleteFunc(slices.Clone(kvs), func(kv KV) bool { return drop(kv.Key) })
+}
+
+// RopeFactorsName is the tensor in which llama.cpp's converter stores
+// Llama-3 rope scaling: one F32 factor per frequency, dividing it. llama.cpp
+// knows no "llama3" llama.rope.scaling.type, so a file it loads carries the
+// scaling this way.
+const RopeFactorsName = "rope_freqs.weight"
+
+// Llama3RopeFactors returns the headDim/2 factors of Llama-3 rope scaling
+// as llama.cpp's converter derives them: with frequency
+// theta^(−2i/headDim) and wavelength 2π/frequency, 1 below
+// original/high, factor above original/low, 1/((1−s)/factor + s) between,
+// s = (original/wavelength − low)/(high − low). Computed in float64 and
+// rounded once (the converter computes the frequencies in float32, so a
+// factor may differ from its in the last bit).
+func Llama3RopeFactors(theta float64, headDim int, factor, low, high float64, original int) []float32 {
+	out := make([]float32, headDim/2)
+	orig := float64(original)
+	lowWave, highWave := orig/low, orig/high
+	for i := range out {
+		freq := 1 / math.Pow(theta, float64(2*i)/float64(headDim))
+		wave := 2 * math.Pi / freq
+		switch {
+		case wave < highWave:
+			out[i] = 1
+		case wave > lowWave:
+			out[i] = float32(factor)
+		default:
+			s := (orig/wave - low) / (high - low)
+			out[i] = float32(1 / ((1-s)/factor + s))
+		}
+	}
+	return out
 }

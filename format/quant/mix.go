@@ -7,6 +7,10 @@ import (
 	"strings"
 )
 
+// QuantizationVersion is ggml's GGML_QNT_VERSION, which llama-quantize
+// records as general.quantization_version in the files it writes.
+const QuantizationVersion = 2
+
 // FileType is a llama.cpp file type (llama_ftype, stored as GGUF's
 // general.file_type): a default tensor type and the rules that give some
 // tensors more bits. Only the types this package writes are defined.

@@ -20,10 +20,6 @@ import (
 	"github.com/memwall/memwall/format/quant"
 )
 
-// QuantizationVersion is ggml's GGML_QNT_VERSION, which llama-quantize
-// records as general.quantization_version.
-const QuantizationVersion = 2
-
 // Source is a model to write as a quantized GGUF file: its tensors in GGUF
 // naming with their bytes, and the metadata to carry over.
 type Source struct {
@@ -79,7 +75,7 @@ type TensorResult struct {
 
 // Plan returns the output's tensors (in file order: llama-quantize's, by
 // block then name) with the type each gets, and the metadata Write writes:
-// the source's, then general.quantization_version (QuantizationVersion)
+// the source's, then general.quantization_version (quant.QuantizationVersion)
 // and general.file_type (f), which replace any the source has, at the end,
 // where llama-quantize puts them.
 func Plan(src *Source, f quant.FileType) ([]TensorResult, []gguf.KV, error) {
@@ -131,7 +127,7 @@ func Plan(src *Source, f quant.FileType) ([]TensorResult, []gguf.KV, error) {
 		sorted[k] = out[i]
 	}
 	kvs := slices.Clone(src.Metadata)
-	kvs = gguf.Set(kvs, "general.quantization_version", uint32(QuantizationVersion))
+	kvs = gguf.Set(kvs, "general.quantization_version", uint32(quant.QuantizationVersion))
 	kvs = gguf.Set(kvs, "general.file_type", uint32(f))
 	return sorted, kvs, nil
 }

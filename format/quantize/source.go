@@ -30,10 +30,9 @@ import (
 //
 // Either way, a model without tokenizer.ggml.model gets gguf.NoVocab, and
 // Llama-3 rope scaling is written as llama.cpp writes it, a
-// rope_freqs.weight tensor of head_dim/2 factors (computed in float64; the
-// converter computes the frequencies in float32, so a factor may differ in
-// its last bit), with no llama.rope.scaling.* keys: llama.cpp does not
-// know the "llama3" scaling type memwall's reader accepts.
+// rope_freqs.weight tensor (gguf.Llama3RopeFactors), with no
+// llama.rope.scaling.* keys: llama.cpp does not know the "llama3" scaling
+// type memwall's reader accepts.
 func FromModel(m *llama.Model, name string, extra []gguf.KV) (*Source, error) {
 	cfg := m.Config
 	src := &Source{Model: quant.Model{Arch: "llama", Layers: cfg.Layers, Heads: cfg.Heads, KVHeads: cfg.KVHeads}}
@@ -66,18 +65,18 @@ func FromModel(m *llama.Model, name string, extra []gguf.KV) (*Source, error) {
 		if !ok {
 			continue
 		}
-		haveFreqs = haveFreqs || st.Name == "rope_freqs.weight"
+		haveFreqs = haveFreqs || st.Name == gguf.RopeFactorsName
 		src.Tensors = append(src.Tensors, st)
 	}
 	if s := cfg.RopeScaling; s != nil {
 		src.Metadata = gguf.Delete(src.Metadata, func(k string) bool { return strings.HasPrefix(k, "llama.rope.scaling.") })
 		if !haveFreqs {
-			f := llama3Factors(cfg)
+			f := gguf.Llama3RopeFactors(cfg.RopeTheta, cfg.HeadDim, s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalContext)
 			b := make([]byte, 4*len(f))
 			for i, v := range f {
 				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 			}
-			src.Tensors = append(src.Tensors, SourceTensor{Tensor: quant.Tensor{Name: "rope_freqs.weight", Type: quant.F32, Shape: []uint64{uint64(len(f))}}, Data: b, AsF32: true})
+			src.Tensors = append(src.Tensors, SourceTensor{Tensor: quant.Tensor{Name: gguf.RopeFactorsName, Type: quant.F32, Shape: []uint64{uint64(len(f))}}, Data: b, AsF32: true})
 		}
 	}
 	return src, nil
@@ -181,30 +180,4 @@ func hfMetadata(c *llama.Config, name string) []gguf.KV {
 		kv = append(kv, gguf.KV{Key: "tokenizer.ggml.eos_token_id", Value: uint32(c.EOS[0])})
 	}
 	return kv
-}
-
-// llama3Factors are the rope_freqs.weight factors llama.cpp's converter
-// derives from Llama-3 rope scaling: 1 for wavelengths below the original
-// context over high_freq_factor, factor above it over low_freq_factor, and
-// a smooth step between.
-func llama3Factors(c *llama.Config) []float32 {
-	s := c.RopeScaling
-	d := c.HeadDim
-	out := make([]float32, d/2)
-	orig := float64(s.OriginalContext)
-	lowWave, highWave := orig/s.LowFreqFactor, orig/s.HighFreqFactor
-	for i := range out {
-		freq := 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(d))
-		wave := 2 * math.Pi / freq
-		switch {
-		case wave < highWave:
-			out[i] = 1
-		case wave > lowWave:
-			out[i] = float32(s.Factor)
-		default:
-			smooth := (orig/wave - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
-			out[i] = float32(1 / ((1-smooth)/s.Factor + smooth))
-		}
-	}
-	return out
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/gguf"
 	"github.com/memwall/memwall/format/internal/ordered"
+	"github.com/memwall/memwall/format/quant"
 	"github.com/memwall/memwall/format/safetensors"
 )
 
@@ -80,6 +81,9 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 	}
 	if opts.Shards < 0 || opts.Shards > 9999 {
 		return nil, fmt.Errorf("synth: shards = %d, want 1..9999", opts.Shards)
+	}
+	if _, q := cfg.FileType(); q && opts.Format != GGUF {
+		return nil, fmt.Errorf("synth: dtype %s is a GGUF file type: quantized models are written as GGUF only", cfg.DType)
 	}
 	if opts.Shards > 1 && opts.Format != Safetensors {
 		return nil, fmt.Errorf("synth: shards are implemented for safetensors only")
@@ -203,10 +207,10 @@ type generator struct {
 }
 
 func (g *generator) codec(t Tensor) *codec {
-	k := codecKey{t.DType, t.Via, t.Mean, t.amplitude()}
+	k := codecKey{t.valueDType(), t.Via, t.Mean, t.amplitude()}
 	c, ok := g.codecs[k]
 	if !ok {
-		c, _ = newCodecVia(t.DType, t.Via, t.Mean, t.amplitude()) // dtypes come from a validated Config
+		c, _ = newCodecVia(k.dtype, t.Via, t.Mean, t.amplitude()) // dtypes come from a validated Config
 		g.codecs[k] = c
 	}
 	return c
@@ -272,6 +276,10 @@ func (g *generator) ggufMetadata() []gguf.KV {
 	case "BF16":
 		fileType = 32
 	}
+	ft, quantized := c.FileType()
+	if quantized {
+		fileType = uint32(ft)
+	}
 	kv := []gguf.KV{
 		{Key: "general.architecture", Value: "llama"},
 		{Key: "general.name", Value: "memwall synthetic llama"},
@@ -287,18 +295,18 @@ func (g *generator) ggufMetadata() []gguf.KV {
 		{Key: "llama.attention.head_count", Value: uint32(c.Heads)},
 		{Key: "llama.attention.head_count_kv", Value: uint32(c.kvHeads())},
 		{Key: "llama.attention.layer_norm_rms_epsilon", Value: float32(1e-5)},
+		// No vocabulary: llama.cpp, which refuses a file without a
+		// tokenizer model, then makes llama.vocab_size placeholder tokens.
+		{Key: gguf.KeyTokenizerModel, Value: gguf.NoVocab},
 		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(BOS)},
 		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(EOS)},
 		{Key: MetadataKey, Value: c.marshal()},
 	}
-	if s := c.RopeScaling; s != nil {
-		kv = append(kv,
-			gguf.KV{Key: "llama.rope.scaling.type", Value: "llama3"},
-			gguf.KV{Key: "llama.rope.scaling.factor", Value: float32(s.Factor)},
-			gguf.KV{Key: "llama.rope.scaling.low_freq_factor", Value: float32(s.LowFreqFactor)},
-			gguf.KV{Key: "llama.rope.scaling.high_freq_factor", Value: float32(s.HighFreqFactor)},
-			gguf.KV{Key: "llama.rope.scaling.original_context_length", Value: uint32(s.OriginalContext)})
+	if quantized {
+		kv = append(kv, gguf.KV{Key: "general.quantization_version", Value: uint32(quant.QuantizationVersion)})
 	}
+	// Llama-3 rope scaling is in the rope_freqs.weight tensor, as llama.cpp
+	// stores it (Config.Tensors).
 	return kv
 }
 
@@ -357,13 +365,18 @@ type chunk struct {
 }
 
 // stream generates the tensors' data in parallel and writes it in order.
-// Memory: ordered.InFlight(Workers) buffers of ChunkBytes.
+// Memory: ordered.InFlight(Workers) buffers of ChunkBytes, and for
+// quantized tensors a scratch of 2·ChunkBytes per worker (a chunk holds at
+// least one row, so a row longer than ChunkBytes/4 takes more).
 func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) error {
 	var chunks []chunk
 	for _, t := range tensors {
 		c := g.codec(t)
 		st := stream(g.cfg.Seed, t.Key)
 		per := uint64(g.opts.ChunkBytes / c.size)
+		if t.blockwise() {
+			per = max(1, per/t.rowLen()) * t.rowLen() // whole rows
+		}
 		for first, n := uint64(0), t.Elements(); first < n; first += per {
 			chunks = append(chunks, chunk{c: c, t: t, st: st, first: first, n: min(per, n-first)})
 		}
@@ -372,10 +385,21 @@ func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) 
 	for range cap(free) {
 		free <- make([]byte, g.opts.ChunkBytes)
 	}
+	scratch := make(chan *rowScratch, max(g.opts.Workers, 1))
+	for range cap(scratch) {
+		scratch <- &rowScratch{}
+	}
 	work := func(i int) error {
 		k := &chunks[i]
-		k.buf = (<-free)[:k.n*uint64(k.c.size)] // never waits: a buffer per chunk in flight
-		k.c.fillTensor(k.buf, k.st, k.first, k.t)
+		b := <-free // never waits: a buffer per chunk in flight
+		n := k.t.chunkBytes(k.n)
+		if uint64(cap(b)) < n {
+			b = make([]byte, n)
+		}
+		k.buf = b[:n]
+		sc := <-scratch
+		k.t.fill(k.buf, k.c, k.st, k.first, k.n, sc)
+		scratch <- sc
 		return nil
 	}
 	write := func(i int) error {

@@ -189,3 +189,54 @@ func (c *codec) fillTensor(dst []byte, st, first uint64, t Tensor) {
 		done += seg
 	}
 }
+
+// blockwise reports whether t is made a row at a time: block-quantized, or
+// fixed values.
+func (t Tensor) blockwise() bool { return t.Fixed != nil || t.quantType().IsQuantized() }
+
+// valueDType is the dtype t's codec encodes: its own, or F32 for a
+// block-quantized tensor, whose values are quantized from float32.
+func (t Tensor) valueDType() string {
+	if t.quantType().IsQuantized() {
+		return "F32"
+	}
+	return t.DType
+}
+
+// chunkBytes is the size of n elements of t (whole rows if blockwise).
+func (t Tensor) chunkBytes(n uint64) uint64 {
+	typ := t.quantType()
+	if !typ.IsQuantized() {
+		return n * uint64(typ.BlockBytes())
+	}
+	b, _ := quant.RowBytes(typ, int(t.rowLen()))
+	return n / t.rowLen() * uint64(b)
+}
+
+// rowScratch is a worker's buffers for quantized rows.
+type rowScratch struct {
+	raw []byte
+	x   []float32
+}
+
+// fill writes into dst elements [first, first+n) of t: through codec c
+// (t's valueDType) from stream st, then quantized for a block-quantized
+// tensor, or t.Fixed's values. For those two first and n are whole rows.
+func (t Tensor) fill(dst []byte, c *codec, st, first, n uint64, sc *rowScratch) {
+	switch {
+	case t.Fixed != nil:
+		for i, v := range t.Fixed[first : first+n] {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case t.quantType().IsQuantized():
+		if uint64(len(sc.x)) < n {
+			sc.raw, sc.x = make([]byte, 4*n), make([]float32, n)
+		}
+		raw, x := sc.raw[:4*n], sc.x[:n]
+		c.fillTensor(raw, st, first, t)
+		quant.Dequantize(quant.F32, x, raw)   // lengths fit: F32 bytes to floats
+		quant.Quantize(t.quantType(), dst, x) // whole rows of whole blocks: Validate checked
+	default:
+		c.fillTensor(dst, st, first, t)
+	}
+}

@@ -19,18 +19,22 @@ func init() {
 	})
 }
 
-const genModelUsage = `[--preset tiny|tiny-f16|llama-7b|llama3-8b-shape] [--layers N --hidden H --inter I --heads N] [flags] --out FILE
+const genModelUsage = `[--preset tiny|tiny-f16|llama-7b|llama3-8b-shape|llama-2-70b] [--layers N --hidden H --inter I --heads N] [flags] --out FILE
 
 Writes a Llama-shaped model with real tensor names and layout and deterministic
 random weights (uniform ±0.05, norms 1±0.05), keyed by --seed and tensor name.
 With --preset, explicitly given flags override the preset. The format follows
 --out's extension (.gguf: GGUF) unless --format is given. --shards N > 1 writes
 N safetensors shards next to --out, which names the index
-(model.safetensors.index.json). A Llama-7B-shaped bf16 model is 13.5 GB.`
+(model.safetensors.index.json). A Llama-7B-shaped bf16 model is 13.5 GB.
+--dtype q4_k_m, q5_k_m, q6_k, q8_0 or q4_0 (GGUF only) writes the bf16
+model's values quantized as llama-quantize quantizes them, each tensor
+generated and quantized in pieces: --preset llama-2-70b --dtype q4_k_m is
+a 39 GiB file written without a bf16 one.`
 
 func runGenModel(e *env, args []string) error {
 	fs := newFlags(e, "gen-model", genModelUsage)
-	preset := fs.String("preset", "", "start from a preset shape: tiny, tiny-f16, llama-7b or llama3-8b-shape")
+	preset := fs.String("preset", "", "start from a preset shape: tiny, tiny-f16, llama-7b, llama3-8b-shape or llama-2-70b")
 	arch := fs.String("arch", "llama", "architecture (llama)")
 	layers := fs.Int("layers", 0, "transformer blocks")
 	hidden := fs.Int("hidden", 0, "hidden size")
@@ -39,7 +43,7 @@ func runGenModel(e *env, args []string) error {
 	kvHeads := fs.Int("kv-heads", 0, "key/value heads for grouped-query attention (default: --heads)")
 	vocab := fs.Int("vocab", 32000, "vocabulary size")
 	ctxLen := fs.Int("context", 4096, "context length recorded in GGUF metadata")
-	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32")
+	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32, or a GGUF file type: q4_k_m, q5_k_m, q6_k, q8_0, q4_0")
 	formatName := fs.String("format", "", "safetensors or gguf (default: from --out's extension)")
 	shards := fs.Int("shards", 1, "safetensors shards; > 1 writes an index at --out")
 	seed := fs.Uint64("seed", 0, "random seed")
@@ -72,8 +76,10 @@ func runGenModel(e *env, args []string) error {
 		cfg = synth.TinyF16()
 	case "llama3-8b-shape":
 		cfg = synth.Llama3_8BShape()
+	case "llama-2-70b":
+		cfg = synth.Llama2_70B()
 	default:
-		return usagef("unknown --preset %q (want tiny, tiny-f16, llama-7b or llama3-8b-shape)", *preset)
+		return usagef("unknown --preset %q (want tiny, tiny-f16, llama-7b, llama3-8b-shape or llama-2-70b)", *preset)
 	}
 	cfg.Arch = *arch
 	override := func(name string, dst *int, v int) {
@@ -91,8 +97,9 @@ func runGenModel(e *env, args []string) error {
 	if set["dtype"] || *preset == "" {
 		cfg.DType = strings.ToUpper(*dtype)
 	}
-	if cfg.DType != "BF16" && cfg.DType != "F16" && cfg.DType != "F32" {
-		return usagef("--dtype %q: want bf16, f16 or f32", *dtype)
+	_, quantized := cfg.FileType()
+	if cfg.DType != "BF16" && cfg.DType != "F16" && cfg.DType != "F32" && !quantized {
+		return usagef("--dtype %q: want bf16, f16 or f32, or for GGUF q4_k_m, q5_k_m, q6_k, q8_0 or q4_0", *dtype)
 	}
 	cfg.Seed = *seed
 	if err := cfg.Validate(); err != nil {
@@ -107,6 +114,9 @@ func runGenModel(e *env, args []string) error {
 	}
 	if f != synth.Safetensors && f != synth.GGUF {
 		return usagef("--format %q: want safetensors or gguf", *formatName)
+	}
+	if quantized && f != synth.GGUF {
+		return usagef("--dtype %s is a GGUF file type: give --format gguf or an --out ending in .gguf", *dtype)
 	}
 	if *shards < 1 {
 		return usagef("--shards %d: want 1 or more", *shards)

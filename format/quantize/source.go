@@ -25,8 +25,9 @@ import (
 // embedding_length, block_count, feed_forward_length, rope.dimension_count,
 // rope.freq_base, attention.head_count, head_count_kv,
 // layer_norm_rms_epsilon, key_length and value_length when the head
-// dimension is not hidden/heads, vocab_size, and the BOS and EOS ids; extra
-// (a tokenizer's tokenizer.ggml.* keys) is appended.
+// dimension is not hidden/heads, vocab_size, and the BOS and EOS ids. The
+// keys of extra (a tokenizer's tokenizer.ggml.*) are set last, replacing
+// any of the same name.
 //
 // Either way, a model without tokenizer.ggml.model gets gguf.NoVocab, and
 // Llama-3 rope scaling is written as llama.cpp writes it, a
@@ -52,7 +53,9 @@ func FromModel(m *llama.Model, name string, extra []gguf.KV) (*Source, error) {
 	} else {
 		src.Metadata = hfMetadata(cfg, name)
 	}
-	src.Metadata = append(src.Metadata, extra...)
+	for _, kv := range extra {
+		src.Metadata = gguf.Set(src.Metadata, kv.Key, kv.Value)
+	}
 	if _, ok := lookup(src.Metadata, gguf.KeyTokenizerModel); !ok {
 		src.Metadata = append(src.Metadata, gguf.KV{Key: gguf.KeyTokenizerModel, Value: gguf.NoVocab})
 	}

@@ -102,9 +102,16 @@ func Llama3_8BShape() Config {
 		RopeTheta: 500000, RopeScaling: &RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalContext: 8192}}
 }
 
+// Llama2_70B returns the shape of Llama-2-70B in bf16: 80 layers, hidden
+// 8192, intermediate 28672, 64 heads over 8 KV heads, vocabulary 32000
+// (69.0 billion parameters, 138 GB; 39 GiB in Q4_K_M).
+func Llama2_70B() Config {
+	return Config{Arch: "llama", Layers: 80, Hidden: 8192, Inter: 28672, Heads: 64, KVHeads: 8, Vocab: 32000, Context: 4096, DType: "BF16"}
+}
+
 // Presets maps the names gen-model accepts to their shapes.
 func Presets() map[string]Config {
-	return map[string]Config{"tiny": Tiny(), "tiny-f16": TinyF16(), "llama-7b": Llama7B(), "llama3-8b-shape": Llama3_8BShape()}
+	return map[string]Config{"tiny": Tiny(), "tiny-f16": TinyF16(), "llama-7b": Llama7B(), "llama3-8b-shape": Llama3_8BShape(), "llama-2-70b": Llama2_70B()}
 }
 
 func (c Config) ropeTheta() float64 {

@@ -5,8 +5,11 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/memwall/memwall/format/gguf"
 	"github.com/memwall/memwall/format/llama"
@@ -141,5 +144,81 @@ func TestRopeFreqsInGGUF(t *testing.T) {
 	}
 	if err := synth.Verify(a.Weights); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLlama2_70B: the preset is Llama-2-70B's shape, 68.98 billion
+// parameters, and its Q4_K_M file holds 38.6 GiB of tensors, the size of
+// the Q4_K_M files users download.
+func TestLlama2_70B(t *testing.T) {
+	c := synth.Llama2_70B()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Params(); got != 68_976_648_192 {
+		t.Errorf("Params = %d, want 68976648192", got)
+	}
+	c.DType = "Q4_K_M"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	gib := float64(c.DataBytes(synth.GGUF)) / (1 << 30)
+	if gib < 38 || gib > 40 {
+		t.Errorf("Q4_K_M data %.2f GiB, want about 39", gib)
+	}
+	types := map[string]int{}
+	for _, tt := range c.Tensors(synth.GGUF) {
+		types[tt.DType]++
+	}
+	// attn_v: Q6_K in 40 layers, Q5_K (llama.cpp's 70B rule) in the other 40.
+	if types["Q5_K"] != 40 || types["F32"] != 161 {
+		t.Errorf("types %v", types)
+	}
+	t.Logf("Q4_K_M: %.2f GiB, types %v", gib, types)
+}
+
+// TestQuantizedMemoryBounded: generating a quantized model takes a few
+// chunks per worker, not the model: a 283 MB Q8_0 file (one layer of
+// Llama-7B's shape, vocabulary 8000) is written with the heap never more
+// than 64 MiB above where it started (the bound: ordered.InFlight(2) = 6
+// output buffers and 2 workers' scratch of 2 chunks, 4 MiB each = 40 MiB).
+func TestQuantizedMemoryBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 283 MB")
+	}
+	cfg := synth.Llama7B()
+	cfg.Layers, cfg.Vocab, cfg.DType = 1, 8000, "Q8_0"
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > peak.Load() {
+				peak.Store(ms.HeapAlloc)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	out := filepath.Join(t.TempDir(), "m.gguf")
+	res, err := synth.Generate(context.Background(), cfg, out, synth.Options{Format: synth.GGUF, Workers: 2, ChunkBytes: 4 << 20})
+	close(stop)
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	grew := float64(peak.Load()-min(peak.Load(), base.HeapAlloc)) / (1 << 20)
+	t.Logf("%.0f MB written, heap peak %.1f MiB above the start", float64(res.FileBytes)/1e6, grew)
+	if res.FileBytes < 280e6 || grew > 64 {
+		t.Errorf("%d bytes written with the heap %.1f MiB above the start (bound 64)", res.FileBytes, grew)
 	}
 }

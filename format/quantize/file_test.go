@@ -165,3 +165,40 @@ func TestWriteCancelled(t *testing.T) {
 		t.Errorf("cancelled: %v", err)
 	}
 }
+
+// TestMatchesLlamaQuantize: quantizing gen-model's files gives the files
+// llama-quantize wrote from them (testdata/README.md), byte for byte:
+// header, metadata, tensor order, types, blocks and padding.
+func TestMatchesLlamaQuantize(t *testing.T) {
+	cases := []struct {
+		file string
+		cfg  synth.Config
+		ft   quant.FileType
+	}{
+		{"llama-quantize-a.Q4_K_M.gguf", synth.Config{Arch: "llama", Layers: 1, Hidden: 256, Inter: 256, Heads: 4, KVHeads: 1, Vocab: 256, Context: 256, DType: "BF16", Seed: 11}, quant.MostlyQ4_K_M},
+		{"llama-quantize-b.Q5_K_M.gguf", synth.Config{Arch: "llama", Layers: 1, Hidden: 192, Inter: 192, Heads: 6, KVHeads: 2, Vocab: 256, Context: 256, DType: "BF16", Seed: 12}, quant.MostlyQ5_K_M},
+	}
+	for _, c := range cases {
+		t.Run(c.file, func(t *testing.T) {
+			want, err := os.ReadFile(filepath.Join("testdata", c.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, err := quantize.FromModel(genTiny(t, c.cfg, synth.GGUF), "x", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got bytes.Buffer
+			if _, err := quantize.Write(context.Background(), &got, src, c.ft, quantize.Options{Workers: 2, ChunkElems: 3000}); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), want) {
+				i := 0
+				for i < min(got.Len(), len(want)) && got.Bytes()[i] == want[i] {
+					i++
+				}
+				t.Fatalf("%d bytes, llama-quantize's %d; first difference at byte %d", got.Len(), len(want), i)
+			}
+		})
+	}
+}

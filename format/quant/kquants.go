@@ -201,8 +201,8 @@ func packScalesK4(q *[12]byte, ls, lm *[8]uint8) {
 // quantize_row_q4_K_ref and quantize_row_q5_K_ref compute them.
 func quantK45(x *[256]float32, nmax int32, rmin, rdelta float32, nstep int, L *[256]uint8, sc *[12]byte) (d, dmin uint16) {
 	var scales, mins [8]float32
-	var w [32]float32
 	var maxScale, maxMin float32
+	var w [8][32]float32
 	for j := range 8 {
 		xs := (*[32]float32)(x[32*j:])
 		var sumX2 float32
@@ -211,9 +211,14 @@ func quantK45(x *[256]float32, nmax int32, rmin, rdelta float32, nstep int, L *[
 		}
 		av := sqrt32(sumX2 / 32)
 		for l, v := range xs {
-			w[l] = av + abs32(v)
+			w[j][l] = av + abs32(v)
 		}
-		scales[j], mins[j] = makeQKX2(nmax, xs, &w, (*[32]uint8)(L[32*j:]), rmin, rdelta, nstep)
+	}
+	for j := 0; j < 8; j += 2 {
+		scales[j], mins[j], scales[j+1], mins[j+1] = makeQKX2Pair(nmax, (*[32]float32)(x[32*j:]), (*[32]float32)(x[32*j+32:]),
+			&w[j], &w[j+1], (*[32]uint8)(L[32*j:]), (*[32]uint8)(L[32*j+32:]), rmin, rdelta, nstep)
+	}
+	for j := range 8 {
 		if scales[j] > maxScale {
 			maxScale = scales[j]
 		}
@@ -335,13 +340,25 @@ func dequantQ5_K(y *[256]float32, x *[176]byte) {
 	}
 }
 
+// xs16Max is the largest |x| of a Q6_K sub-block.
+func xs16Max(x *[16]float32) float32 {
+	var m float32
+	for _, v := range x {
+		if a := abs32(v); a > m {
+			m = a
+		}
+	}
+	return m
+}
+
 func quantQ6_K(y *[210]byte, x *[256]float32) {
 	var L [256]uint8
 	var scales [16]float32
 	var maxScale, maxAbs float32
-	for ib := range 16 {
-		s := makeQX(32, (*[16]float32)(x[16*ib:]), (*[16]uint8)(L[16*ib:]))
-		scales[ib] = s
+	for ib := 0; ib < 16; ib += 2 {
+		scales[ib], scales[ib+1] = makeQXPair(32, (*[16]float32)(x[16*ib:]), (*[16]float32)(x[16*ib+16:]), (*[16]uint8)(L[16*ib:]), (*[16]uint8)(L[16*ib+16:]))
+	}
+	for _, s := range scales {
 		if a := abs32(s); a > maxAbs {
 			maxAbs, maxScale = a, s
 		}
@@ -363,8 +380,21 @@ func quantQ6_K(y *[210]byte, x *[256]float32) {
 		if dj == 0 {
 			continue
 		}
-		for i := 16 * j; i < 16*j+16; i++ {
-			L[i] = uint8(clamp(nearestInt(x[i]/dj), -32, 31) + 32)
+		xs, ls := (*[16]float32)(x[16*j:]), (*[16]uint8)(L[16*j:])
+		if !(xs16Max(xs)/abs32(dj) < maxLevelArg/2) {
+			for i, v := range xs {
+				ls[i] = uint8(clamp(nearestInt(v/dj), -32, 31) + 32)
+			}
+			continue
+		}
+		for i, v := range xs {
+			r := float32(v/dj+12582912) - 12582912 // nearestInt's value, as a float: see kquants_pair.go
+			if r < -32 {
+				r = -32
+			} else if r > 31 {
+				r = 31
+			}
+			ls[i] = uint8(int32(r) + 32)
 		}
 	}
 	ql, qh := y[0:128], y[128:192]

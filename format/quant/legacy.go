@@ -39,7 +39,10 @@ func quantQ8_0(y *[34]byte, x *[32]float32) {
 	}
 	put16(y[0:], F32ToF16(d))
 	for j, v := range x {
-		y[2+j] = byte(int8(math.Round(float64(v * id)))) // roundf: half away from zero
+		// roundf, half away from zero: in float64 the half is added
+		// exactly, and the conversion truncates toward zero.
+		f := float64(v * id)
+		y[2+j] = byte(int8(f + math.Copysign(0.5, f)))
 	}
 }
 

@@ -301,3 +301,44 @@ func TestHalfConversions(t *testing.T) {
 		}
 	}
 }
+
+// TestPairsMatchSingle: the two-at-a-time searches give makeQKX2's and
+// makeQX's results bit for bit, on every kind of row, constant sub-blocks
+// and mixtures of kinds included.
+func TestPairsMatchSingle(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	for n := range 4000 {
+		xa, xb := row(r, 32), row(r, 32)
+		if n%5 == 0 {
+			copy(xb, xa)
+		}
+		var a, b [32]float32
+		copy(a[:], xa)
+		copy(b[:], xb)
+		var wa, wb [32]float32
+		for i := range 32 {
+			wa[i], wb[i] = 0.1+abs32(a[i]), 0.1+abs32(b[i])
+		}
+		for _, p := range []struct {
+			nmax         int32
+			rmin, rdelta float32
+			nstep        int
+		}{{15, -1, 0.1, 20}, {31, -0.5, 0.1, 15}} {
+			var La, Lb, Sa, Sb [32]uint8
+			sa, ma, sb, mb := makeQKX2Pair(p.nmax, &a, &b, &wa, &wb, &La, &Lb, p.rmin, p.rdelta, p.nstep)
+			s1, m1 := makeQKX2(p.nmax, &a, &wa, &Sa, p.rmin, p.rdelta, p.nstep)
+			s2, m2 := makeQKX2(p.nmax, &b, &wb, &Sb, p.rmin, p.rdelta, p.nstep)
+			if math.Float32bits(sa) != math.Float32bits(s1) || math.Float32bits(ma) != math.Float32bits(m1) || La != Sa ||
+				math.Float32bits(sb) != math.Float32bits(s2) || math.Float32bits(mb) != math.Float32bits(m2) || Lb != Sb {
+				t.Fatalf("row %d, nmax %d: pair (%v %v %v %v) single (%v %v %v %v)", n, p.nmax, sa, ma, sb, mb, s1, m1, s2, m2)
+			}
+		}
+		qa, qb := (*[16]float32)(a[:16]), (*[16]float32)(b[16:])
+		var La, Lb, Sa, Sb [16]uint8
+		sa, sb := makeQXPair(32, qa, qb, &La, &Lb)
+		s1, s2 := makeQX(32, qa, &Sa), makeQX(32, qb, &Sb)
+		if math.Float32bits(sa) != math.Float32bits(s1) || math.Float32bits(sb) != math.Float32bits(s2) || La != Sa || Lb != Sb {
+			t.Fatalf("row %d: makeQXPair (%v %v) makeQX (%v %v)", n, sa, sb, s1, s2)
+		}
+	}
+}

@@ -13,6 +13,7 @@ const maxLevelArg = 4194303
 // roundLevels sets out[i] to round(iscale·xm[i]) clamped to [lo, hi], as a
 // float; xmMax is the largest |xm[i]|.
 func roundLevels(out, xm *[32]float32, iscale, xmMax, lo, hi float32) {
+	_, _ = out[0], xm[0] // nil checks out of the loops
 	if !(float32(abs32(iscale)*xmMax) < maxLevelArg) {
 		for i, v := range xm {
 			out[i] = float32(clamp(nearestInt(float32(iscale*v)), int32(lo), int32(hi)))
@@ -48,6 +49,7 @@ func toLevels(L *[32]uint8, f *[32]float32) {
 
 // makeQKX2Pair is makeQKX2 for sub-blocks a and b.
 func makeQKX2Pair(nmax int32, xa, xb, wa, wb *[32]float32, La, Lb *[32]uint8, rmin, rdelta float32, nstep int) (scaleA, minA, scaleB, minB float32) {
+	_, _, _, _, _, _ = xa[0], xb[0], wa[0], wb[0], La[0], Lb[0] // nil checks out of the loops
 	loA, hiA, loB, hiB := xa[0], xa[0], xb[0], xb[0]
 	sumWA, sumWB := wa[0], wb[0]
 	sumXA, sumXB := float32(sumWA*xa[0]), float32(sumWB*xb[0])
@@ -150,9 +152,9 @@ func makeQKX2Pair(nmax int32, xa, xb, wa, wb *[32]float32, La, Lb *[32]uint8, rm
 	return scaleA, -loA, scaleB, -loB
 }
 
-// makeQXPair is makeQX for sub-blocks a and b. Its rounding arguments
-// never leave nearestInt's range: |iscale·x| ≤ (nmax + 0.9)·|x|/amax.
+// makeQXPair is makeQX for sub-blocks a and b.
 func makeQXPair(nmax int32, xa, xb *[16]float32, La, Lb *[16]uint8) (scaleA, scaleB float32) {
+	_, _, _, _ = xa[0], xb[0], La[0], Lb[0] // nil checks out of the loops
 	var mA, aA, mB, aB float32
 	for i := range 16 {
 		if v := abs32(xa[i]); v > aA {
@@ -211,19 +213,12 @@ func makeQXPair(nmax int32, xa, xb *[16]float32, La, Lb *[16]uint8) (scaleA, sca
 // qxLevels rounds iA·xa and iB·xb to levels clamped to [lo, hi] into auxA
 // and auxB and returns makeQX's sums for both: Σ w·x·l and Σ w·l·l.
 func qxLevels(xa, xb, wA, wxA, wB, wxB, auxA, auxB *[16]float32, iA, iB, lo, hi float32) (sLXA, sL2A, sLXB, sL2B float32) {
+	_, _, _, _, _, _, _, _ = xa[0], xb[0], wA[0], wxA[0], wB[0], wxB[0], auxA[0], auxB[0] // nil checks out of the loop
+	ilo, ihi := int32(lo), int32(hi)
 	for i := range 16 {
-		ra := float32(float32(iA*xa[i])+12582912) - 12582912
-		rb := float32(float32(iB*xb[i])+12582912) - 12582912
-		if ra < lo {
-			ra = lo
-		} else if ra > hi {
-			ra = hi
-		}
-		if rb < lo {
-			rb = lo
-		} else if rb > hi {
-			rb = hi
-		}
+		ia := min(max(nearestInt(float32(iA*xa[i])), ilo), ihi)
+		ib := min(max(nearestInt(float32(iB*xb[i])), ilo), ihi)
+		ra, rb := float32(ia), float32(ib)
 		auxA[i], auxB[i] = ra, rb
 		sLXA += float32(wxA[i] * ra)
 		sLXB += float32(wxB[i] * rb)

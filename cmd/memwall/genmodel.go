@@ -19,7 +19,7 @@ func init() {
 	})
 }
 
-const genModelUsage = `[--preset tiny|tiny-f16|llama-7b|llama3-8b-shape] [--layers N --hidden H --inter I --heads N] [flags] --out FILE
+const genModelUsage = `[--preset tiny|tiny-f16|llama-7b|llama3-8b-shape|llama-2-70b] [--layers N --hidden H --inter I --heads N] [flags] --out FILE
 
 Writes a Llama-shaped model with real tensor names and layout and deterministic
 random weights (uniform ±0.05, norms 1±0.05), keyed by --seed and tensor name.
@@ -35,11 +35,16 @@ directory, Hugging Face's, which memwall run and fit and transformers read.
 gen-model replaces a config.json there only if memwall wrote it (it holds
 the key memwall.synth.config) and refuses to start otherwise; one model per
 directory, then. Each file is written under a temporary name and renamed
-into place at the end.`
+into place at the end.
+
+--dtype q4_k_m, q5_k_m, q6_k, q8_0 or q4_0 (GGUF only) writes the bf16
+model's values quantized as llama-quantize quantizes them, each tensor
+generated and quantized in pieces: --preset llama-2-70b --dtype q4_k_m is
+a 39 GiB file written without a bf16 one.`
 
 func runGenModel(e *env, args []string) error {
 	fs := newFlags(e, "gen-model", genModelUsage)
-	preset := fs.String("preset", "", "start from a preset shape: tiny, tiny-f16, llama-7b or llama3-8b-shape")
+	preset := fs.String("preset", "", "start from a preset shape: tiny, tiny-f16, llama-7b, llama3-8b-shape or llama-2-70b")
 	arch := fs.String("arch", "llama", "architecture (llama)")
 	// The ranges are synth.Config.Validate's.
 	layers := intFlagOf(fs, "layers", 0, 1, 1024, "transformer blocks")
@@ -49,7 +54,7 @@ func runGenModel(e *env, args []string) error {
 	kvHeads := intFlagOf(fs, "kv-heads", 0, 0, 1024, "key/value heads for grouped-query attention (default: --heads)")
 	vocab := intFlagOf(fs, "vocab", 32000, 1, 1<<22, "vocabulary size")
 	ctxLen := intFlagOf(fs, "context", 4096, 0, 1<<24, "context length recorded in GGUF metadata")
-	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32")
+	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32, or a GGUF file type: q4_k_m, q5_k_m, q6_k, q8_0, q4_0")
 	formatName := fs.String("format", "", "safetensors or gguf (default: from --out's extension)")
 	shards := intFlagOf(fs, "shards", 1, 1, 9999, "safetensors shards; > 1 writes an index at --out")
 	seed := fs.Uint64("seed", 0, "random seed")
@@ -82,8 +87,10 @@ func runGenModel(e *env, args []string) error {
 		cfg = synth.TinyF16()
 	case "llama3-8b-shape":
 		cfg = synth.Llama3_8BShape()
+	case "llama-2-70b":
+		cfg = synth.Llama2_70B()
 	default:
-		return usagef("unknown --preset %q (want tiny, tiny-f16, llama-7b or llama3-8b-shape)", *preset)
+		return usagef("unknown --preset %q (want tiny, tiny-f16, llama-7b, llama3-8b-shape or llama-2-70b)", *preset)
 	}
 	cfg.Arch = *arch
 	override := func(name string, dst *int, v int) {
@@ -101,8 +108,9 @@ func runGenModel(e *env, args []string) error {
 	if set["dtype"] || *preset == "" {
 		cfg.DType = strings.ToUpper(*dtype)
 	}
-	if cfg.DType != "BF16" && cfg.DType != "F16" && cfg.DType != "F32" {
-		return usagef("--dtype %q: want bf16, f16 or f32", *dtype)
+	_, quantized := cfg.FileType()
+	if cfg.DType != "BF16" && cfg.DType != "F16" && cfg.DType != "F32" && !quantized {
+		return usagef("--dtype %q: want bf16, f16 or f32, or for GGUF q4_k_m, q5_k_m, q6_k, q8_0 or q4_0", *dtype)
 	}
 	cfg.Seed = *seed
 	if err := cfg.Validate(); err != nil {
@@ -117,6 +125,9 @@ func runGenModel(e *env, args []string) error {
 	}
 	if f != synth.Safetensors && f != synth.GGUF {
 		return usagef("--format %q: want safetensors or gguf", *formatName)
+	}
+	if quantized && f != synth.GGUF {
+		return usagef("--dtype %s is a GGUF file type: give --format gguf or an --out ending in .gguf", *dtype)
 	}
 	if *shards > 1 && f != synth.Safetensors {
 		return usagef("--shards needs --format safetensors")

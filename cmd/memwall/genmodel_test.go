@@ -120,6 +120,8 @@ func TestGenModelErrors(t *testing.T) {
 		{"bad dtype", []string{"--preset", "tiny", "--dtype", "int4", "--out", out}, 2, "--dtype"},
 		{"bad format", []string{"--preset", "tiny", "--format", "onnx", "--out", out}, 2, "--format"},
 		{"inconsistent heads", []string{"--preset", "tiny", "--heads", "7", "--out", out}, 2, "not a multiple of heads"},
+		{"quantized safetensors", []string{"--preset", "tiny", "--dtype", "q4_k_m", "--out", out}, 2, "GGUF file type"},
+		{"quantized rows not whole blocks", []string{"--preset", "tiny", "--dtype", "q8_0", "--out", filepath.Join(dir, "m.gguf")}, 2, "ffn_down"},
 		{"gguf shards", []string{"--preset", "tiny", "--shards", "2", "--out", filepath.Join(dir, "m.gguf")}, 2, "--shards"},
 		{"shards need index", []string{"--preset", "tiny", "--shards", "2", "--out", out}, 2, "index"},
 		{"extra argument", []string{"--preset", "tiny", "--out", out, "extra"}, 2, "unexpected argument"},
@@ -136,6 +138,35 @@ func TestGenModelErrors(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("failed runs left %d files", len(entries))
+	}
+}
+
+// TestGenModelQuantized: --dtype with a file type writes a quantized GGUF
+// file that Verify holds to the generator, and says which types it holds.
+func TestGenModelQuantized(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "q.gguf")
+	code, stdout, stderr := runGen(t, false, "--preset", "tiny-f16", "--dtype", "q4_k_m", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "q4_k_m") {
+		t.Errorf("stdout: %q", stdout)
+	}
+	m, err := gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := synth.Verify(m); err != nil {
+		t.Fatal(err)
+	}
+	types := map[string]bool{}
+	for _, tt := range m.Tensors {
+		types[tt.DType] = true
+	}
+	// tiny-f16's rows of 192 take llama.cpp's fallbacks from Q4_K and Q6_K.
+	if !types["Q5_0"] || !types["Q8_0"] || !types["F32"] || m.Metadata["general.file_type"] != uint32(15) {
+		t.Errorf("types %v, file type %v", types, m.Metadata["general.file_type"])
 	}
 }
 

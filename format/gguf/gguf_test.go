@@ -401,3 +401,19 @@ func TestMetadataLimit(t *testing.T) {
 		t.Fatalf("over the limit: err = %v", err)
 	}
 }
+
+func TestSetDelete(t *testing.T) {
+	kvs := []KV{{"a", uint32(1)}, {"b", "x"}}
+	got := Set(kvs, "a", uint32(2))
+	if len(got) != 2 || got[1] != (KV{"a", uint32(2)}) || got[0].Key != "b" || kvs[0].Value != uint32(1) {
+		t.Errorf("Set of a present key moves it to the end, as llama.cpp does: %v (source %v)", got, kvs)
+	}
+	got = Set(kvs, "c", true)
+	if len(got) != 3 || got[2] != (KV{"c", true}) {
+		t.Errorf("Set appended: %v", got)
+	}
+	got = Delete(got, func(k string) bool { return k == "b" })
+	if len(got) != 2 || got[0].Key != "a" || got[1].Key != "c" || len(kvs) != 2 {
+		t.Errorf("Delete: %v", got)
+	}
+}

@@ -9,10 +9,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/internal/ordered"
+	"github.com/memwall/memwall/format/quant"
 	"github.com/memwall/memwall/format/safetensors"
 )
 
@@ -82,6 +83,9 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 	}
 	if opts.Shards < 0 || opts.Shards > 9999 {
 		return nil, fmt.Errorf("synth: shards = %d, want 1..9999", opts.Shards)
+	}
+	if _, q := cfg.FileType(); q && opts.Format != GGUF {
+		return nil, fmt.Errorf("synth: dtype %s is a GGUF file type: quantized models are written as GGUF only", cfg.DType)
 	}
 	if opts.Shards > 1 && opts.Format != Safetensors {
 		return nil, fmt.Errorf("synth: shards are implemented for safetensors only")
@@ -210,10 +214,10 @@ type generator struct {
 }
 
 func (g *generator) codec(t Tensor) *codec {
-	k := codecKey{t.DType, t.Via, t.Mean, t.amplitude()}
+	k := codecKey{t.valueDType(), t.Via, t.Mean, t.amplitude()}
 	c, ok := g.codecs[k]
 	if !ok {
-		c, _ = newCodecVia(t.DType, t.Via, t.Mean, t.amplitude()) // dtypes come from a validated Config
+		c, _ = newCodecVia(k.dtype, t.Via, t.Mean, t.amplitude()) // dtypes come from a validated Config
 		g.codecs[k] = c
 	}
 	return c
@@ -279,6 +283,10 @@ func (g *generator) ggufMetadata() []gguf.KV {
 	case "BF16":
 		fileType = 32
 	}
+	ft, quantized := c.FileType()
+	if quantized {
+		fileType = uint32(ft)
+	}
 	kv := []gguf.KV{
 		{Key: "general.architecture", Value: "llama"},
 		{Key: "general.name", Value: "memwall synthetic llama"},
@@ -294,18 +302,18 @@ func (g *generator) ggufMetadata() []gguf.KV {
 		{Key: "llama.attention.head_count", Value: uint32(c.Heads)},
 		{Key: "llama.attention.head_count_kv", Value: uint32(c.kvHeads())},
 		{Key: "llama.attention.layer_norm_rms_epsilon", Value: float32(1e-5)},
+		// No vocabulary: llama.cpp, which refuses a file without a
+		// tokenizer model, then makes llama.vocab_size placeholder tokens.
+		{Key: gguf.KeyTokenizerModel, Value: gguf.NoVocab},
 		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(BOS)},
 		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(EOS)},
 		{Key: MetadataKey, Value: c.marshal()},
 	}
-	if s := c.RopeScaling; s != nil {
-		kv = append(kv,
-			gguf.KV{Key: "llama.rope.scaling.type", Value: "llama3"},
-			gguf.KV{Key: "llama.rope.scaling.factor", Value: float32(s.Factor)},
-			gguf.KV{Key: "llama.rope.scaling.low_freq_factor", Value: float32(s.LowFreqFactor)},
-			gguf.KV{Key: "llama.rope.scaling.high_freq_factor", Value: float32(s.HighFreqFactor)},
-			gguf.KV{Key: "llama.rope.scaling.original_context_length", Value: uint32(s.OriginalContext)})
+	if quantized {
+		kv = append(kv, gguf.KV{Key: "general.quantization_version", Value: uint32(quant.QuantizationVersion)})
 	}
+	// Llama-3 rope scaling is in the rope_freqs.weight tensor, as llama.cpp
+	// stores it (Config.Tensors).
 	return kv
 }
 
@@ -400,96 +408,67 @@ func writeConfig(cfg Config, dir string) (string, uint64, error) {
 	return writeTemp(filepath.Join(dir, "config.json"), append(b, '\n'))
 }
 
-// job is one chunk: elements [first, first+n) of a tensor.
-type job struct {
-	c     *codec
-	t     Tensor
-	st    uint64
-	first uint64
-	buf   []byte
-	done  chan struct{}
+// chunk is elements [first, first+n) of a tensor.
+type chunk struct {
+	c        *codec
+	t        Tensor
+	st       uint64
+	first, n uint64
+	buf      []byte
 }
 
 // stream generates the tensors' data in parallel and writes it in order.
-// Memory: 2·Workers+2 buffers of ChunkBytes.
+// Memory: ordered.InFlight(Workers) buffers of ChunkBytes, and for
+// quantized tensors a scratch of 2·ChunkBytes per worker (a chunk holds at
+// least one row, so a row longer than ChunkBytes/4 takes more).
 func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	nbuf := 2*g.opts.Workers + 2
-	free := make(chan []byte, nbuf)
-	for range nbuf {
+	var chunks []chunk
+	for _, t := range tensors {
+		c := g.codec(t)
+		st := stream(g.cfg.Seed, t.Key)
+		per := uint64(g.opts.ChunkBytes / c.size)
+		if t.blockwise() {
+			per = max(1, per/t.rowLen()) * t.rowLen() // whole rows
+		}
+		for first, n := uint64(0), t.Elements(); first < n; first += per {
+			chunks = append(chunks, chunk{c: c, t: t, st: st, first: first, n: min(per, n-first)})
+		}
+	}
+	free := make(chan []byte, ordered.InFlight(g.opts.Workers))
+	for range cap(free) {
 		free <- make([]byte, g.opts.ChunkBytes)
 	}
-	jobs := make(chan *job)
-	order := make(chan *job, nbuf)
-	var wg sync.WaitGroup
-	for range g.opts.Workers {
-		wg.Go(func() {
-			for j := range jobs {
-				j.c.fillTensor(j.buf, j.st, j.first, j.t)
-				close(j.done)
-			}
-		})
+	scratch := make(chan *rowScratch, max(g.opts.Workers, 1))
+	for range cap(scratch) {
+		scratch <- &rowScratch{}
 	}
-	wg.Go(func() {
-		defer close(jobs)
-		defer close(order)
-		for _, t := range tensors {
-			c := g.codec(t)
-			st := stream(g.cfg.Seed, t.Key)
-			per := uint64(g.opts.ChunkBytes / c.size)
-			for first, n := uint64(0), t.Elements(); first < n; first += per {
-				cnt := min(per, n-first)
-				var buf []byte
-				select {
-				case buf = <-free:
-				case <-ctx.Done():
-					return
-				}
-				j := &job{c: c, t: t, st: st, first: first, buf: buf[:cnt*uint64(c.size)], done: make(chan struct{})}
-				// Dispatch before queueing for the writer, so every queued
-				// job is sure to complete. The queue has room for every
-				// buffer, so the second send never waits long.
-				select {
-				case jobs <- j:
-				case <-ctx.Done():
-					return
-				}
-				select {
-				case order <- j:
-				case <-ctx.Done():
-					return
-				}
-			}
+	work := func(i int) error {
+		k := &chunks[i]
+		b := <-free // never waits: a buffer per chunk in flight
+		n := k.t.chunkBytes(k.n)
+		if uint64(cap(b)) < n {
+			b = make([]byte, n)
 		}
-	})
-	var err error
-	for j := range order {
-		select {
-		case <-j.done:
-		case <-ctx.Done():
+		k.buf = b[:n]
+		sc := <-scratch
+		k.t.fill(k.buf, k.c, k.st, k.first, k.n, sc)
+		scratch <- sc
+		return nil
+	}
+	write := func(i int) error {
+		k := &chunks[i]
+		if _, err := w.Write(k.buf); err != nil {
+			return err
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		if _, err = w.Write(j.buf); err != nil {
-			break
-		}
-		g.done += uint64(len(j.buf))
+		g.done += uint64(len(k.buf))
 		if g.opts.Progress != nil {
 			g.opts.Progress(g.done, g.total)
 		}
-		free <- j.buf[:cap(j.buf)]
+		free <- k.buf[:cap(k.buf)]
+		k.buf = nil
+		return nil
 	}
-	if err == nil {
-		err = ctx.Err()
-	}
-	cancel()
-	// Drain so the producer and workers can finish.
-	for j := range order {
-		<-j.done
-	}
-	wg.Wait()
+	err := ordered.Run(ctx, len(chunks), g.opts.Workers, work, write)
 	if err != nil && errors.Is(err, context.Canceled) {
 		return fmt.Errorf("generation cancelled: %w", err)
 	}

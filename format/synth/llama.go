@@ -16,6 +16,9 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+
+	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/quant"
 )
 
 // Formats Generate can write.
@@ -38,8 +41,12 @@ type Config struct {
 	KVHeads int    `json:"kv_heads"` // key/value heads (grouped-query attention); 0 means Heads
 	Vocab   int    `json:"vocab"`
 	Context int    `json:"context"` // context length recorded in GGUF metadata; 0 means 4096
-	DType   string `json:"dtype"`   // "BF16", "F16" or "F32"
-	Seed    uint64 `json:"seed"`
+	// DType is "BF16", "F16" or "F32", or for GGUF one of llama.cpp's
+	// file types "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0": the BF16
+	// model's values quantized as llama-quantize quantizes them, each
+	// tensor in the type the file type gives it (see quant.Choose).
+	DType string `json:"dtype"`
+	Seed  uint64 `json:"seed"`
 	// Scale widens the matrices' weights to ±Scale·Amplitude (norm weights
 	// stay 1 ± Amplitude); 0 means 1. A larger scale spreads the logits of
 	// a small random model, so that greedy decoding is rarely a near-tie.
@@ -95,9 +102,16 @@ func Llama3_8BShape() Config {
 		RopeTheta: 500000, RopeScaling: &RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalContext: 8192}}
 }
 
+// Llama2_70B returns the shape of Llama-2-70B in bf16: 80 layers, hidden
+// 8192, intermediate 28672, 64 heads over 8 KV heads, vocabulary 32000
+// (69.0 billion parameters, 138 GB; 39 GiB in Q4_K_M).
+func Llama2_70B() Config {
+	return Config{Arch: "llama", Layers: 80, Hidden: 8192, Inter: 28672, Heads: 64, KVHeads: 8, Vocab: 32000, Context: 4096, DType: "BF16"}
+}
+
 // Presets maps the names gen-model accepts to their shapes.
 func Presets() map[string]Config {
-	return map[string]Config{"tiny": Tiny(), "tiny-f16": TinyF16(), "llama-7b": Llama7B(), "llama3-8b-shape": Llama3_8BShape()}
+	return map[string]Config{"tiny": Tiny(), "tiny-f16": TinyF16(), "llama-7b": Llama7B(), "llama3-8b-shape": Llama3_8BShape(), "llama-2-70b": Llama2_70B()}
 }
 
 func (c Config) ropeTheta() float64 {
@@ -154,8 +168,12 @@ func (c Config) Validate() error {
 	if c.Heads%c.kvHeads() != 0 {
 		return fmt.Errorf("synth: heads %d is not a multiple of kv-heads %d", c.Heads, c.kvHeads())
 	}
-	if _, err := newCodec(c.DType, 0, Amplitude); err != nil {
-		return err
+	if ft, ok := c.FileType(); ok {
+		if _, err := c.quantTypes(ft); err != nil {
+			return fmt.Errorf("synth: dtype %s: %v", c.DType, strings.TrimPrefix(err.Error(), "quant: "))
+		}
+	} else if _, err := newCodec(c.DType, 0, Amplitude); err != nil {
+		return fmt.Errorf("%w, or for GGUF a file type (%s)", err, fileTypeNames())
 	}
 	if c.Hidden/c.Heads%2 != 0 {
 		return fmt.Errorf("synth: head dim %d (hidden/heads) is odd: RoPE needs pairs", c.Hidden/c.Heads)
@@ -170,6 +188,31 @@ func (c Config) Validate() error {
 		return fmt.Errorf("synth: rope_scaling %+v: want factor >= 1, 0 < low < high, original > 0", *s)
 	}
 	return nil
+}
+
+// FileType returns the llama.cpp file type DType names, if it names one.
+func (c Config) FileType() (quant.FileType, bool) { return quant.ParseFileType(c.DType) }
+
+func fileTypeNames() string {
+	var s []string
+	for _, f := range quant.FileTypes() {
+		s = append(s, f.String())
+	}
+	return strings.Join(s, ", ")
+}
+
+// quantTypes is the type of each of the BF16 GGUF model's tensors in file
+// type ft, in Tensors' order.
+func (c Config) quantTypes(ft quant.FileType) ([]quant.Type, error) {
+	bf := c
+	bf.DType = "BF16"
+	ts := bf.Tensors(GGUF)
+	qs := make([]quant.Tensor, len(ts))
+	for i, t := range ts {
+		typ, _ := quant.TypeByName(t.DType)
+		qs[i] = quant.Tensor{Name: t.Name, Type: typ, Shape: t.Shape}
+	}
+	return quant.Choose(ft, quant.Model{Arch: "llama", Layers: c.Layers, Heads: c.Heads, KVHeads: c.kvHeads()}, qs)
 }
 
 // Tensor is one tensor of a synthetic model.
@@ -188,7 +231,19 @@ type Tensor struct {
 	// of HeadDim rows as llama.cpp's converter permutes Q and K for GGUF:
 	// file row h·d + 2i + s holds Hugging Face row h·d + s·d/2 + i.
 	HeadDim int
+	// Fixed, when set, is the tensor's content instead of random values:
+	// GGUF's rope_freqs.weight, Llama-3 rope scaling as llama.cpp stores it.
+	Fixed []float32
 }
+
+// quantType is the ggml type of t.DType.
+func (t Tensor) quantType() quant.Type {
+	typ, _ := quant.TypeByName(t.DType)
+	return typ
+}
+
+// rowLen is the tensor's row length (its last dimension).
+func (t Tensor) rowLen() uint64 { return t.Shape[len(t.Shape)-1] }
 
 // Elements returns the product of the shape.
 func (t Tensor) Elements() uint64 {
@@ -201,10 +256,8 @@ func (t Tensor) Elements() uint64 {
 
 // Bytes returns the tensor's data size.
 func (t Tensor) Bytes() uint64 {
-	if t.DType == "F32" {
-		return 4 * t.Elements()
-	}
-	return 2 * t.Elements()
+	n, _ := quant.RowBytes(t.quantType(), int(t.rowLen())) // whole blocks: Validate checked
+	return uint64(n) * (t.Elements() / t.rowLen())
 }
 
 // Tensors lists the model's tensors in storage order (embedding, then layer
@@ -212,8 +265,32 @@ func (t Tensor) Bytes() uint64 {
 // In GGUF, as llama.cpp converts them, norm weights are F32 whatever the
 // model dtype (holding the model dtype's values) and Q and K rows are
 // permuted (see Tensor.HeadDim); the values are otherwise the same in both
-// formats. Call Validate first.
+// formats. A quantized model (a file type as DType, GGUF only) has the BF16
+// model's tensors in the types the file type gives them, holding the BF16
+// values quantized; with Llama-3 rope scaling, GGUF files start with
+// rope_freqs.weight (see Tensor.Fixed). Call Validate first.
 func (c Config) Tensors(formatName string) []Tensor {
+	if ft, ok := c.FileType(); ok {
+		bf := c
+		bf.DType = "BF16"
+		ts := bf.Tensors(GGUF)
+		types, _ := c.quantTypes(ft) // Validate checked; one type per tensor of ts
+		for i := range types {
+			t := &ts[i]
+			if name := types[i].String(); name != t.DType {
+				t.DType, t.Via = name, "BF16"
+			}
+		}
+		return ts
+	}
+	if formatName == GGUF && c.RopeScaling != nil {
+		bf := c
+		bf.RopeScaling = nil
+		s := c.RopeScaling
+		f := gguf.Llama3RopeFactors(c.ropeTheta(), c.Hidden/c.Heads, s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalContext)
+		rope := Tensor{Name: gguf.RopeFactorsName, Key: gguf.RopeFactorsName, DType: "F32", Shape: []uint64{uint64(len(f))}, Fixed: f}
+		return append([]Tensor{rope}, bf.Tensors(GGUF)...)
+	}
 	h, in, v := uint64(c.Hidden), uint64(c.Inter), uint64(c.Vocab)
 	kv := uint64(c.kvHeads()) * (h / uint64(c.Heads))
 	gg := formatName == GGUF

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+
+	"github.com/memwall/memwall/format/quant"
 )
 
 // Values are drawn from a counter-based generator, so any element of any
@@ -81,7 +83,7 @@ func newCodecVia(dtype, via string, mean, amp float32) (*codec, error) {
 	case "BF16":
 		value = func(r uint16) float32 { return math.Float32frombits(uint32(F32ToBF16(laneValue(r, mean, amp))) << 16) }
 	case "F16":
-		value = func(r uint16) float32 { return widenF16(F32ToF16(laneValue(r, mean, amp))) }
+		value = func(r uint16) float32 { return quant.F16ToF32(F32ToF16(laneValue(r, mean, amp))) }
 	default:
 		return nil, fmt.Errorf("synth: via dtype %q: want BF16 or F16", via)
 	}
@@ -151,51 +153,11 @@ func (c *codec) fill(dst []byte, st, first uint64) {
 }
 
 // F32ToBF16 rounds f to bfloat16, to nearest even (NaN stays NaN).
-func F32ToBF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	if b&0x7FFFFFFF > 0x7F800000 {
-		return uint16(b>>16) | 0x40
-	}
-	b += 0x7FFF + (b>>16)&1
-	return uint16(b >> 16)
-}
+func F32ToBF16(f float32) uint16 { return quant.F32ToBF16(f) }
 
 // F32ToF16 rounds f to IEEE binary16, to nearest even, producing subnormals,
 // infinities on overflow and a quiet NaN for NaN.
-func F32ToF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	e := int(b>>23) & 0xFF
-	mant := b & 0x7FFFFF
-	if e == 0xFF {
-		if mant != 0 {
-			return sign | 0x7E00
-		}
-		return sign | 0x7C00
-	}
-	exp := e - 127 + 15
-	if exp >= 0x1F {
-		return sign | 0x7C00
-	}
-	if exp <= 0 {
-		if exp < -10 {
-			return sign
-		}
-		m := mant | 0x800000
-		shift := uint(14 - exp)
-		q, rem, half := m>>shift, m&(1<<shift-1), uint32(1)<<(shift-1)
-		if rem > half || (rem == half && q&1 == 1) {
-			q++
-		}
-		return sign | uint16(q)
-	}
-	h := uint32(exp)<<10 | mant>>13
-	rem := mant & 0x1FFF
-	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
-		h++ // may carry into the exponent, up to infinity: correct rounding
-	}
-	return sign | uint16(h)
-}
+func F32ToF16(f float32) uint16 { return quant.F32ToF16(f) }
 
 // SourceRow returns the Hugging Face row that row r of a tensor with rows
 // permuted in heads of d rows (Tensor.HeadDim) holds: llama.cpp's permute,
@@ -228,20 +190,53 @@ func (c *codec) fillTensor(dst []byte, st, first uint64, t Tensor) {
 	}
 }
 
-// widenF16 widens an IEEE half exactly.
-func widenF16(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	e := int(h>>10) & 0x1F
-	m := uint32(h & 0x3FF)
-	switch {
-	case e == 0x1F:
-		return math.Float32frombits(sign | 0x7F800000 | m<<13)
-	case e == 0:
-		v := float32(m) / (1 << 24)
-		if sign != 0 {
-			v = -v
-		}
-		return v
+// blockwise reports whether t is made a row at a time: block-quantized, or
+// fixed values.
+func (t Tensor) blockwise() bool { return t.Fixed != nil || t.quantType().IsQuantized() }
+
+// valueDType is the dtype t's codec encodes: its own, or F32 for a
+// block-quantized tensor, whose values are quantized from float32.
+func (t Tensor) valueDType() string {
+	if t.quantType().IsQuantized() {
+		return "F32"
 	}
-	return math.Float32frombits(sign | uint32(e-15+127)<<23 | m<<13)
+	return t.DType
+}
+
+// chunkBytes is the size of n elements of t (whole rows if blockwise).
+func (t Tensor) chunkBytes(n uint64) uint64 {
+	typ := t.quantType()
+	if !typ.IsQuantized() {
+		return n * uint64(typ.BlockBytes())
+	}
+	b, _ := quant.RowBytes(typ, int(t.rowLen()))
+	return n / t.rowLen() * uint64(b)
+}
+
+// rowScratch is a worker's buffers for quantized rows.
+type rowScratch struct {
+	raw []byte
+	x   []float32
+}
+
+// fill writes into dst elements [first, first+n) of t: through codec c
+// (t's valueDType) from stream st, then quantized for a block-quantized
+// tensor, or t.Fixed's values. For those two first and n are whole rows.
+func (t Tensor) fill(dst []byte, c *codec, st, first, n uint64, sc *rowScratch) {
+	switch {
+	case t.Fixed != nil:
+		for i, v := range t.Fixed[first : first+n] {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case t.quantType().IsQuantized():
+		if uint64(len(sc.x)) < n {
+			sc.raw, sc.x = make([]byte, 4*n), make([]float32, n)
+		}
+		raw, x := sc.raw[:4*n], sc.x[:n]
+		c.fillTensor(raw, st, first, t)
+		quant.Dequantize(quant.F32, x, raw)   // lengths fit: F32 bytes to floats
+		quant.Quantize(t.quantType(), dst, x) // whole rows of whole blocks: Validate checked
+	default:
+		c.fillTensor(dst, st, first, t)
+	}
 }

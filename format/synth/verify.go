@@ -9,18 +9,30 @@ import (
 )
 
 // Expected writes into dst the bytes of t starting at element first, as
-// Generate writes them for seed. len(dst) must be a multiple of t's element
-// size (2 for BF16 and F16, 4 for F32); it returns an error otherwise or for
-// another dtype.
+// Generate writes them for seed. len(dst) must be a whole number of t's
+// elements (2 bytes for BF16 and F16, 4 for F32) or, for a block-quantized
+// tensor and for fixed values, of rows, with first at a row's start; it
+// returns an error otherwise.
 func Expected(seed uint64, t Tensor, first uint64, dst []byte) error {
-	c, err := newCodecVia(t.DType, t.Via, t.Mean, t.amplitude())
+	c, err := newCodecVia(t.valueDType(), t.Via, t.Mean, t.amplitude())
 	if err != nil {
 		return err
 	}
-	if len(dst)%c.size != 0 {
-		return fmt.Errorf("synth: tensor %q: %d bytes is not a whole number of %s elements", t.Name, len(dst), t.DType)
+	unit, elems := uint64(c.size), uint64(1)
+	if t.blockwise() {
+		unit, elems = t.chunkBytes(t.rowLen()), t.rowLen()
+		if first%elems != 0 {
+			return fmt.Errorf("synth: tensor %q: element %d is not at the start of a row of %d", t.Name, first, elems)
+		}
 	}
-	c.fillTensor(dst, stream(seed, t.Key), first, t)
+	if uint64(len(dst))%unit != 0 {
+		return fmt.Errorf("synth: tensor %q: %d bytes is not a whole number of %s %s", t.Name, len(dst), t.DType, map[bool]string{true: "rows", false: "elements"}[t.blockwise()])
+	}
+	n := uint64(len(dst)) / unit * elems
+	if first > t.Elements() || n > t.Elements()-first {
+		return fmt.Errorf("synth: tensor %q: elements [%d, %d) past its %d", t.Name, first, first+n, t.Elements())
+	}
+	t.fill(dst, c, stream(seed, t.Key), first, n, &rowScratch{})
 	return nil
 }
 
@@ -50,17 +62,25 @@ func Verify(m *format.Model) error {
 		if uint64(len(data)) != w.Bytes() {
 			return fmt.Errorf("%s %s: tensor %q has %d bytes, want %d", m.Format, m.Path, w.Name, len(data), w.Bytes())
 		}
-		size := 2
+		// Pieces of whole elements, or of whole rows.
+		unit, elems := uint64(2), uint64(1)
 		if w.DType == "F32" {
-			size = 4
+			unit = 4
 		}
-		for off := 0; off < len(data); off += len(buf) {
-			n := min(len(buf), len(data)-off)
-			if err := Expected(cfg.Seed, w, uint64(off/size), buf[:n]); err != nil {
+		if w.blockwise() {
+			unit, elems = w.chunkBytes(w.rowLen()), w.rowLen()
+		}
+		piece := max(unit, uint64(len(buf))/unit*unit)
+		if uint64(len(buf)) < piece {
+			buf = make([]byte, piece)
+		}
+		for off := uint64(0); off < uint64(len(data)); off += piece {
+			n := min(piece, uint64(len(data))-off)
+			if err := Expected(cfg.Seed, w, off/unit*elems, buf[:n]); err != nil {
 				return err
 			}
 			if !bytes.Equal(buf[:n], data[off:off+n]) {
-				i := 0
+				i := uint64(0)
 				for buf[i] == data[off+i] {
 					i++
 				}

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/cpu/hostmath"
 )
 
 // Go twins of the Llama-layer kernels, for the simulator. They compute in
@@ -151,14 +152,18 @@ func putDT(dt string, b []byte, i uint64, v float32) {
 
 // RoundTo returns v rounded to dtype's precision (nearest even) as a
 // float32: what the Round kernel stores. f32 and unknown dtypes return v.
-func RoundTo(dtype string, v float32) float32 {
+func RoundTo(dtype string, v float32) float32 { return hostmath.Round(hostDType(dtype), v) }
+
+// hostDType is dtype as package hostmath names it; unknown names are F32
+// (callers have validated them, or want v unrounded).
+func hostDType(dtype string) hostmath.DType {
 	switch dtype {
 	case BF16:
-		return BF16ToF32(F32ToBF16(v))
+		return hostmath.BF16
 	case F16:
-		return F16ToF32(F32ToF16(v))
+		return hostmath.F16
 	}
-	return v
+	return hostmath.F32
 }
 
 func runEmbed(mem memory, grid, block device.Dim3, args []any) error {
@@ -217,15 +222,8 @@ func costEmbed(_, _ device.Dim3, args []any) (goCost, bool) {
 // sum in float32, in order; the GPU sums in another order). It returns the
 // values as float32 (already rounded to odt).
 func RMSNormRow(x, w []float32, odt string, eps float32) []float32 {
-	var ss float32
-	for _, v := range x {
-		ss += v * v
-	}
-	r := float32(1 / math.Sqrt(float64(ss/float32(len(x))+eps)))
 	out := make([]float32, len(x))
-	for i, v := range x {
-		out[i] = RoundTo(odt, RoundTo(odt, v*r)*w[i])
-	}
+	hostmath.RMSNorm(out, x, w, hostDType(odt), eps)
 	return out
 }
 
@@ -310,25 +308,14 @@ func costRMSNorm(_, _ device.Dim3, args []any) (goCost, bool) {
 // position pos with inverse frequency f: angle float32(pos)·f, then
 // (a·cos − b·sin, b·cos + a·sin) with float32 cos and sin.
 func RopePair(a, b float32, pos int32, f float32) (float32, float32) {
-	ang := float32(pos) * f
-	sn, cs := math.Sincos(float64(ang))
-	c, s := float32(cs), float32(sn)
-	return a*c - b*s, b*c + a*s
+	return hostmath.RopePair(a, b, pos, f)
 }
 
 // RopePairIn is the RoPE kernel's math in dtype dt (RoPEIn): RopePair for
 // f32; for bf16 and f16, with cos, sin, a and b rounded to dt,
 // (dt(dt(a·cos) − dt(b·sin)), dt(dt(b·cos) + dt(a·sin))).
 func RopePairIn(dt string, a, b float32, pos int32, f float32) (float32, float32) {
-	if dt == F32 {
-		return RopePair(a, b, pos, f)
-	}
-	ang := float32(pos) * f
-	sn, cs := math.Sincos(float64(ang))
-	c, s := RoundTo(dt, float32(cs)), RoundTo(dt, float32(sn))
-	a, b = RoundTo(dt, a), RoundTo(dt, b)
-	r := func(v float32) float32 { return RoundTo(dt, v) }
-	return r(r(a*c) - r(b*s)), r(r(b*c) + r(a*s))
+	return hostmath.RopePairIn(hostDType(dt), a, b, pos, f)
 }
 
 func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
@@ -391,8 +378,7 @@ func costRoPE(_, _ device.Dim3, args []any) (goCost, bool) {
 // SiluMulValue is the SiluMul kernel's math: odt(odt(silu(g))·u) for odt
 // bf16/f16, silu(g)·u in float32 for f32.
 func SiluMulValue(g, u float32, odt string) float32 {
-	s := RoundTo(odt, g/(1+float32(math.Exp(float64(-g)))))
-	return RoundTo(odt, s*u)
+	return hostmath.SiluMulValue(g, u, hostDType(odt))
 }
 
 // elemKernel runs a grid-stride element kernel: kinds are its arguments,

@@ -234,3 +234,35 @@ func TestVariantsListed(t *testing.T) {
 	}
 	t.Logf("variants %v on %s", a, Features())
 }
+
+// TestMatmulGroupNative: each product of a group equals MatmulNative of it
+// alone, bit for bit (a row's sum does not depend on how rows are split).
+func TestMatmulGroupNative(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	run := NewRunner(3)
+	defer run.Close()
+	for _, K := range []int{5, 64, 100} {
+		for _, T := range []int{1, 3, 11} {
+			for _, dt := range dtypes {
+				x, _ := randWeights(r, dt, T*K, 1)
+				var ops []Product
+				for _, M := range []int{7, 1, 30} {
+					w, _ := randWeights(r, dt, M*K, r.IntN(3))
+					ops = append(ops, Product{Y: make([]float32, T*M), W: w, M: M})
+				}
+				for _, k := range variants(t) {
+					k.MatmulGroupNative(run, ops, x, dt, K, T)
+					for i, op := range ops {
+						want := make([]float32, T*op.M)
+						k.MatmulNative(nil, want, op.W, x, dt, op.M, K, T)
+						for j := range want {
+							if op.Y[j] != want[j] {
+								t.Fatalf("%v %v K=%d T=%d product %d: y[%d] = %g, alone %g", k.Variant(), dt, K, T, i, j, op.Y[j], want[j])
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

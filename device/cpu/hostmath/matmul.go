@@ -147,23 +147,26 @@ func (k *Kernels) Matmul(r *Runner, y []float32, w []byte, dt DType, x []float32
 }
 
 // split runs tile(m0, n, t0, tt) over a product's rows [m0, m0+n) and
-// tokens [t0, t0+tt), tt ≤ MaxTile, the rows split over r: with T ≤
-// MaxTile one tile per worker, its whole range; above, blocks of rowBlock
-// rows, each passed over by every tile of tokens while it stays in cache.
+// tokens [t0, t0+tt), tt ≤ MaxTile, the rows split over r (see tiles).
 func split(r *Runner, M, K, T int, dt DType, tile func(m0, n, t0, tt int)) {
 	rb := rowBlock(K, dt)
-	r.Run(M, grainRows, func(lo, hi int) {
-		if T <= MaxTile {
-			tile(lo, hi-lo, 0, T)
-			return
+	r.Run(M, grainRows, func(lo, hi int) { tiles(lo, hi, T, rb, tile) })
+}
+
+// tiles covers rows [lo, hi) and T tokens with tiles: with T ≤ MaxTile one
+// tile, the whole range; above, blocks of rb rows, each passed over by
+// every tile of tokens while it stays in cache.
+func tiles(lo, hi, T, rb int, tile func(m0, n, t0, tt int)) {
+	if T <= MaxTile {
+		tile(lo, hi-lo, 0, T)
+		return
+	}
+	for b := lo; b < hi; b += rb {
+		n := min(rb, hi-b)
+		for t0 := 0; t0 < T; t0 += MaxTile {
+			tile(b, n, t0, min(MaxTile, T-t0))
 		}
-		for b := lo; b < hi; b += rb {
-			n := min(rb, hi-b)
-			for t0 := 0; t0 < T; t0 += MaxTile {
-				tile(b, n, t0, min(MaxTile, T-t0))
-			}
-		}
-	})
+	}
 }
 
 // grainRows is the row granularity of the parallel split.
@@ -176,31 +179,72 @@ var f32Pool = sync.Pool{New: func() any { return new([]float32) }}
 // memwall's matrix kernels take them: x holds T×K elements of dt. bf16 ×
 // bf16 products run on VDPBF16PS in the AVX512BF16 variant (which treats
 // subnormal inputs as zero); every other case widens x to float32 first
-// (exactly) and runs Matmul.
+// (exactly) and runs the float32-activation kernels.
 func (k *Kernels) MatmulNative(r *Runner, y []float32, w, x []byte, dt DType, M, K, T int) {
+	k.MatmulGroupNative(r, []Product{{Y: y, W: w, M: M}}, x, dt, K, T)
+}
+
+// Product is one product of a group that shares its activations: Y (T×M
+// float32, row-major) = X·Wᵀ for W (M×K row-major in the group's dtype).
+type Product struct {
+	Y []float32
+	W []byte
+	M int
+}
+
+// MatmulGroupNative computes every product of ops with the same
+// activations x (T×K elements of dt), as MatmulNative computes each, in one
+// split of all their rows over r (a layer's q, k and v, or its gate and
+// up: one hand-off to the workers instead of one per product). It panics
+// when a slice is shorter than the dimensions need.
+func (k *Kernels) MatmulGroupNative(r *Runner, ops []Product, x []byte, dt DType, K, T int) {
 	ws := K * dt.Size()
-	checkDots("matmul", len(y), M, len(w), ws, dt, len(x), ws, ws, M, K, T)
-	if M == 0 || T == 0 {
+	total := 0
+	for _, op := range ops {
+		checkDots("matmul", len(op.Y), op.M, len(op.W), ws, dt, len(x), ws, ws, op.M, K, T)
+		total += op.M
+	}
+	if total == 0 || T == 0 {
 		return
 	}
 	if K == 0 {
-		clear(y[:T*M])
+		for _, op := range ops {
+			clear(op.Y[:T*op.M])
+		}
 		return
 	}
-	if dt == BF16 && k.arch.bwide > 0 && K >= k.arch.bwide {
-		split(r, M, K, T, dt, func(m0, n, t0, tt int) {
-			k.bdots(y[t0*M+m0:], M, w[m0*ws:], ws, x[t0*ws:], ws, n, K, tt)
-		})
-		return
+	native := dt == BF16 && k.arch.bwide > 0 && K >= k.arch.bwide
+	var xf []float32
+	if !native {
+		bp := f32Pool.Get().(*[]float32)
+		defer f32Pool.Put(bp)
+		if cap(*bp) < T*K {
+			*bp = make([]float32, T*K)
+		}
+		xf = (*bp)[:T*K]
+		Widen(xf, x, dt)
 	}
-	bp := f32Pool.Get().(*[]float32)
-	if cap(*bp) < T*K {
-		*bp = make([]float32, T*K)
-	}
-	xf := (*bp)[:T*K]
-	Widen(xf, x, dt)
-	k.Matmul(r, y, w, dt, xf, M, K, T)
-	f32Pool.Put(bp)
+	rb := rowBlock(K, dt)
+	r.Run(total, grainRows, func(lo, hi int) {
+		base := 0
+		for i := range ops {
+			op := &ops[i]
+			a, b := max(lo, base), min(hi, base+op.M)
+			base += op.M
+			if a >= b {
+				continue
+			}
+			a, b = a-(base-op.M), b-(base-op.M)
+			tiles(a, b, T, rb, func(m0, n, t0, tt int) {
+				y, w := op.Y[t0*op.M+m0:], op.W[m0*ws:]
+				if native {
+					k.bdots(y, op.M, w, ws, x[t0*ws:], ws, n, K, tt)
+				} else {
+					k.dots(y, op.M, w, ws, dt, xf[t0*K:], K, n, K, tt)
+				}
+			})
+		}
+	})
 }
 
 // bdots is dots for bf16 rows and bf16 activations (x row t at byte t·xs),

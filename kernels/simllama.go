@@ -34,6 +34,16 @@ func llamaGoKernels() []goKernel {
 // runAttnDecode: memwall_attn_decode computes what memwall_attn_e4 does
 // (in log2 units, the same within float32 rounding) for its shapes.
 func runAttnDecode(mem memory, grid, block device.Dim3, args []any) error {
+	if err := checkDecodeArgs(args); err != nil {
+		return err
+	}
+	return runAttnSplit(NameAttnDecode, 4, mem, grid, block, args)
+}
+
+// checkDecodeArgs refuses what memwall_attn_decode does not take:
+// arguments that do not parse, more than 8 query heads per kv head, head
+// dims other than 64 and 128, an f32 cache.
+func checkDecodeArgs(args []any) error {
 	const k = NameAttnDecode
 	a, err := parseAttn(k, args)
 	if err != nil {
@@ -43,7 +53,7 @@ func runAttnDecode(mem memory, grid, block device.Dim3, args []any) error {
 		a.L.DType == F32 {
 		return fmt.Errorf("kernels: %s: %d heads, layout %+v: %w", k, a.nHeads, a.L, device.ErrInvalid)
 	}
-	return runAttnSplit(k, 4, mem, grid, block, args)
+	return nil
 }
 
 func attnGoKernels() []goKernel {
@@ -395,6 +405,12 @@ func elemLaunch(k, kinds string, grid, block device.Dim3, args []any) (kargs, ui
 }
 
 func runSiluMul(mem memory, grid, block device.Dim3, args []any) error {
+	return siluMulOver(nil, mem, grid, block, args)
+}
+
+// siluMulOver is memwall_silumul with its elements split over r (nil: on
+// the caller), hostmath.SiluMul's math on each part.
+func siluMulOver(r *hostmath.Runner, mem memory, grid, block device.Dim3, args []any) error {
 	const k = NameSiluMul
 	a, n, err := elemLaunch(k, "pppuuU", grid, block, args)
 	if err != nil || n == 0 {
@@ -420,9 +436,21 @@ func runSiluMul(mem memory, grid, block device.Dim3, args []any) error {
 	if err != nil {
 		return err
 	}
-	for i := range n {
-		putDT(odt, out, i, SiluMulValue(RoundTo(rdt, getF(g, i)), RoundTo(rdt, getF(u, i)), odt))
-	}
+	hr, ho := hostDType(rdt), hostDType(odt)
+	r.Run(int(n), 4096, func(lo, hi int) {
+		const chunk = 256
+		var gv, uv [chunk]float32
+		for i0 := lo; i0 < hi; i0 += chunk {
+			c := min(chunk, hi-i0)
+			for i := range c {
+				gv[i], uv[i] = getF(g, uint64(i0+i)), getF(u, uint64(i0+i))
+			}
+			hostmath.SiluMul(gv[:c], gv[:c], uv[:c], hr, ho)
+			for i := range c {
+				putDT(odt, out, uint64(i0+i), gv[i])
+			}
+		}
+	})
 	return nil
 }
 
@@ -633,48 +661,11 @@ func runAttn(lanes uint32) func(mem memory, grid, block device.Dim3, args []any)
 }
 
 func runAttnSplit(k string, lanes uint32, mem memory, grid, block device.Dim3, args []any) error {
-	a, err := parseAttn(k, args)
-	if err != nil {
+	op, err := attnOperands(k, lanes, mem, grid, block, args)
+	if err != nil || op.a.T == 0 {
 		return err
 	}
-	odt, oe, err := dtArg(k, a.odtCode)
-	if err != nil {
-		return err
-	}
-	L := a.L
-	if L.KVHeads == 0 || a.nHeads%L.KVHeads != 0 || L.HeadDim == 0 || L.HeadDim > 32*lanes || L.BlockTokens == 0 || a.chunk == 0 {
-		return fmt.Errorf("kernels: %s: nHeads %d, layout %+v, chunk %d: %w", k, a.nHeads, L, a.chunk, device.ErrInvalid)
-	}
-	groups := ceilDiv(a.nHeads/L.KVHeads, attnHeads)
-	ctx := uint64(a.start) + uint64(a.T)
-	if block != blockDim() || grid.X != L.KVHeads*groups || grid.Y != a.T || grid.Z == 0 ||
-		uint64(grid.Z)*uint64(a.chunk) < ctx || grid.Z > maxSplits {
-		return fmt.Errorf("kernels: %s: grid %v block %v does not match the heads, tokens and splits: %w", k, grid, block, device.ErrInvalid)
-	}
-	if a.T == 0 {
-		return nil
-	}
-	hd := uint64(L.HeadDim)
-	splits := uint64(grid.Z)
-	rows := uint64(a.T) * uint64(a.nHeads)
-	qb, err := buf(k, "q", mem, a.q, rows*hd, 4)
-	if err != nil {
-		return err
-	}
-	var ob []byte
-	if splits == 1 {
-		ob, err = buf(k, "out", mem, a.out, rows*hd, oe)
-	} else {
-		ob, err = buf(k, "part", mem, a.part, rows*splits*(hd+2), 4)
-	}
-	if err != nil {
-		return err
-	}
-	blocks, err := a.blocks(k, mem)
-	if err != nil {
-		return err
-	}
-	G := a.nHeads / L.KVHeads
+	a, hd, splits := op.a, uint64(op.a.L.HeadDim), op.splits
 	q := make([]float32, hd)
 	acc := make([]float32, hd)
 	var scores []float32
@@ -683,31 +674,92 @@ func runAttnSplit(k string, lanes uint32, mem memory, grid, block device.Dim3, a
 		for h := range a.nHeads {
 			row := uint64(t)*uint64(a.nHeads) + uint64(h)
 			for e := range hd {
-				q[e] = getF(qb, row*hd+e)
+				q[e] = getF(op.q, row*hd+e)
 			}
 			for s := range splits {
 				p0 := s * uint64(a.chunk)
 				p1 := min(n, p0+uint64(a.chunk))
-				m, l, err := a.split(mem, blocks, q, h/G, p0, p1, acc, &scores)
+				m, l, err := a.split(mem, op.blocks, q, h/op.G, p0, p1, acc, &scores)
 				if err != nil {
 					return err
 				}
-				if splits == 1 {
-					for e := range hd {
-						putDT(odt, ob, row*hd+e, acc[e]/l)
-					}
-					continue
-				}
-				base := (row*splits + s) * (hd + 2)
-				putF(ob, base, m)
-				putF(ob, base+1, l)
-				for e := range hd {
-					putF(ob, base+2+e, acc[e])
-				}
+				op.put(row, s, m, l, acc)
 			}
 		}
 	}
 	return nil
+}
+
+// attnOp is a checked launch of a split-attention kernel: its arguments,
+// the query heads per kv head, the splits, and the bytes of q, of the
+// output (out, or the partials when split) and the block table's ids.
+type attnOp struct {
+	a      attnArgs
+	odt    string
+	G      uint32
+	splits uint64
+	q, out []byte
+	blocks []uint32
+}
+
+// attnOperands parses and checks a launch of kernel k (head dims up to
+// 32·lanes) and fetches its operands; with T = 0 it fetches nothing.
+func attnOperands(k string, lanes uint32, mem memory, grid, block device.Dim3, args []any) (attnOp, error) {
+	a, err := parseAttn(k, args)
+	if err != nil {
+		return attnOp{}, err
+	}
+	odt, oe, err := dtArg(k, a.odtCode)
+	if err != nil {
+		return attnOp{}, err
+	}
+	L := a.L
+	if L.KVHeads == 0 || a.nHeads%L.KVHeads != 0 || L.HeadDim == 0 || L.HeadDim > 32*lanes || L.BlockTokens == 0 || a.chunk == 0 {
+		return attnOp{}, fmt.Errorf("kernels: %s: nHeads %d, layout %+v, chunk %d: %w", k, a.nHeads, L, a.chunk, device.ErrInvalid)
+	}
+	groups := ceilDiv(a.nHeads/L.KVHeads, attnHeads)
+	ctx := uint64(a.start) + uint64(a.T)
+	if block != blockDim() || grid.X != L.KVHeads*groups || grid.Y != a.T || grid.Z == 0 ||
+		uint64(grid.Z)*uint64(a.chunk) < ctx || grid.Z > maxSplits {
+		return attnOp{}, fmt.Errorf("kernels: %s: grid %v block %v does not match the heads, tokens and splits: %w", k, grid, block, device.ErrInvalid)
+	}
+	op := attnOp{a: a, odt: odt, G: a.nHeads / L.KVHeads, splits: uint64(grid.Z)}
+	if a.T == 0 {
+		return op, nil
+	}
+	hd := uint64(L.HeadDim)
+	rows := uint64(a.T) * uint64(a.nHeads)
+	if op.q, err = buf(k, "q", mem, a.q, rows*hd, 4); err != nil {
+		return op, err
+	}
+	if op.splits == 1 {
+		op.out, err = buf(k, "out", mem, a.out, rows*hd, oe)
+	} else {
+		op.out, err = buf(k, "part", mem, a.part, rows*op.splits*(hd+2), 4)
+	}
+	if err != nil {
+		return op, err
+	}
+	op.blocks, err = a.blocks(k, mem)
+	return op, err
+}
+
+// put writes query row row's result of split s: out = odt(acc/l) when
+// the context is not split, else the partial (m, l, acc).
+func (op *attnOp) put(row, s uint64, m, l float32, acc []float32) {
+	hd := uint64(op.a.L.HeadDim)
+	if op.splits == 1 {
+		for e := range hd {
+			putDT(op.odt, op.out, row*hd+e, acc[e]/l)
+		}
+		return
+	}
+	base := (row*op.splits + s) * (hd + 2)
+	putF(op.out, base, m)
+	putF(op.out, base+1, l)
+	for e := range hd {
+		putF(op.out, base+2+e, acc[e])
+	}
 }
 
 // split computes one split's softmax partial over positions [p0, p1):

@@ -145,16 +145,23 @@ func (d *Device) take(what string, size uint64) ([]byte, []byte, error) {
 		return nil, nil, fmt.Errorf("cpu: %s of 0 bytes: %w", what, device.ErrInvalid)
 	}
 	pages := (size + pageSize - 1) / pageSize * pageSize
-	if size > 1<<62 || pages > d.free() {
-		return nil, nil, fmt.Errorf("cpu: %s of %d bytes: %w (%d of %d bytes free)", what, size, device.ErrOutOfMemory, d.free(), d.o.TotalBytes)
-	}
-	b, err := mapAnon(int(pages))
-	if err != nil {
-		return nil, nil, fmt.Errorf("cpu: %s of %d bytes: mmap: %v: %w", what, size, err, device.ErrOutOfMemory)
-	}
+	// The bytes are counted before the mapping, so that concurrent calls
+	// never take more than TotalBytes together.
 	d.mem.mu.Lock()
+	free := d.o.TotalBytes - min(d.mem.used, d.o.TotalBytes)
+	if size > 1<<62 || pages > free {
+		d.mem.mu.Unlock()
+		return nil, nil, fmt.Errorf("cpu: %s of %d bytes: %w (%d of %d bytes free)", what, size, device.ErrOutOfMemory, free, d.o.TotalBytes)
+	}
 	d.mem.used += pages
 	d.mem.mu.Unlock()
+	b, err := mapAnon(int(pages))
+	if err != nil {
+		d.mem.mu.Lock()
+		d.mem.used -= pages
+		d.mem.mu.Unlock()
+		return nil, nil, fmt.Errorf("cpu: %s of %d bytes: mmap: %v: %w", what, size, err, device.ErrOutOfMemory)
+	}
 	return b[:size:size], b, nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/memwall/memwall/device/cpu/hostmath"
 )
 
 // Dtype names accepted by Matmul, ShapeFor and the host functions. Matrix
@@ -30,75 +32,20 @@ func ElemSize(dtype string) (int, error) {
 }
 
 // BF16ToF32 widens a bfloat16 bit pattern exactly.
-func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+func BF16ToF32(h uint16) float32 { return hostmath.BF16ToF32(h) }
 
 // F32ToBF16 rounds f to the nearest bfloat16, ties to even; NaN stays a
 // (quiet) NaN with its sign, overflow becomes ±Inf.
-func F32ToBF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	if u&0x7FFFFFFF > 0x7F800000 { // NaN: keep sign and top payload bits, force quiet
-		return uint16(u>>16) | 0x0040
-	}
-	u += 0x7FFF + (u>>16)&1
-	return uint16(u >> 16)
-}
+func F32ToBF16(f float32) uint16 { return hostmath.F32ToBF16(f) }
 
 // F16ToF32 widens an IEEE binary16 bit pattern exactly (subnormals, ±Inf
 // and NaN included).
-func F16ToF32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1F
-	mant := uint32(h & 0x3FF)
-	switch exp {
-	case 0:
-		// ±mant × 2^-24, exact in float32.
-		v := float32(mant) * (1.0 / (1 << 24))
-		return math.Float32frombits(math.Float32bits(v) | sign)
-	case 0x1F:
-		return math.Float32frombits(sign | 0x7F800000 | mant<<13)
-	}
-	return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
-}
+func F16ToF32(h uint16) float32 { return hostmath.F16ToF32(h) }
 
 // F32ToF16 rounds f to the nearest IEEE binary16, ties to even: values past
 // the largest half (65504) round to ±Inf, tiny values to subnormals or ±0;
 // NaN stays a quiet NaN with its sign.
-func F32ToF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	sign := uint16(u>>16) & 0x8000
-	exp := int(u>>23) & 0xFF
-	mant := u & 0x7FFFFF
-	if exp == 0xFF {
-		if mant != 0 {
-			return sign | 0x7E00 | uint16(mant>>13)
-		}
-		return sign | 0x7C00
-	}
-	e := exp - 127 + 15
-	if e >= 0x1F {
-		return sign | 0x7C00
-	}
-	if e <= 0 {
-		if e < -10 {
-			return sign // below half the smallest subnormal: rounds to zero
-		}
-		m := mant | 0x800000 // float32 subnormals have e < -10, so the bit is implicit
-		shift := uint(14 - e)
-		h := m >> shift
-		rem := m & (1<<shift - 1)
-		half := uint32(1) << (shift - 1)
-		if rem > half || rem == half && h&1 == 1 {
-			h++ // may carry into the smallest normal, which is the right encoding
-		}
-		return sign | uint16(h)
-	}
-	h := uint32(e)<<10 | mant>>13
-	rem := mant & 0x1FFF
-	if rem > 0x1000 || rem == 0x1000 && h&1 == 1 {
-		h++ // a carry into the exponent is right, up to Inf
-	}
-	return sign | uint16(h)
-}
+func F32ToF16(f float32) uint16 { return hostmath.F32ToF16(f) }
 
 // Encode converts src to dtype bytes (little-endian, rounding to nearest
 // even). It returns a new slice, or an error wrapping ErrDType.

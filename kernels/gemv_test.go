@@ -227,6 +227,12 @@ func TestMatmulGroup(t *testing.T) {
 	s, err := Load(d, nil)
 	must(t, err)
 	defer s.Close()
+	matmulGroupSuite(t, d, s)
+}
+
+// matmulGroupSuite checks MatmulGroup on s against one Matmul per product
+// (bit for bit) and the float64 reference, and its argument errors.
+func matmulGroupSuite(t *testing.T, d device.Device, s *Set) {
 	r := newRig(t, d, s)
 	rng := rand.New(rand.NewPCG(7, 15))
 	for i := range 40 {

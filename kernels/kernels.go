@@ -34,7 +34,9 @@
 // built module can be tried before it is committed.
 //
 // For the simulated device, Sim returns Go implementations of the same
-// kernels with cost models; HostMatmul, ReferenceRow, CheckMatmul,
+// kernels with cost models; for the CPU device (device/cpu), CPU returns
+// them with the products and attention on package hostmath's vector
+// kernels; HostMatmul, ReferenceRow, CheckMatmul,
 // RMSNormRow, RopePair, SiluMulValue and RoundTo are the host-side math
 // that results are verified against.
 package kernels
@@ -313,11 +315,13 @@ type Set struct {
 // The PTX is the file named by getenv(EnvPTX) when that is non-empty (read
 // in full, at most 64 MiB), else the embedded target TargetFor(the device's
 // compute capability): kernels_sm90.ptx, kernels_sm80.ptx or
-// kernels_sm70.ptx; getenv may be nil (no override). getenv(EnvPDL) == "0"
-// turns overlapped launches off (SetOverlap) and getenv(EnvPrefetch), a
-// byte count, sets SetGemvPrefetch. On a device whose backend is not "sim", a placeholder
-// or a module lacking a kernel is refused before the driver sees it
-// (ErrNoPTX, or an error naming the missing kernel). Errors name the PTX
+// kernels_sm70.ptx; getenv may be nil (no override). On the CPU device
+// (backend "cpu") there is no PTX: its module holds the kernels registered
+// with it (CPU). getenv(EnvPDL) == "0" turns overlapped launches off
+// (SetOverlap) and getenv(EnvPrefetch), a byte count, sets
+// SetGemvPrefetch. On a device whose backend is neither "sim" nor "cpu", a
+// placeholder or a module lacking a kernel is refused before the driver
+// sees it (ErrNoPTX, or an error naming the missing kernel). Errors name the PTX
 // source and, where one is at fault, the kernel. On failure nothing stays
 // loaded. Source says which PTX was loaded. On a Vulkan device it loads
 // package spirv's kernels instead (Fill, Check, Spin and Matmul only; see
@@ -329,6 +333,10 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 	}
 	target := TargetFor(info.ComputeMajor, info.ComputeMinor)
 	ptx, source := EmbeddedFor(target), embeddedName(target)
+	if info.Backend == cpuBackend {
+		// The CPU device runs the kernels registered with it (CPU): no PTX.
+		ptx, source = nil, cpuSource
+	}
 	if getenv != nil {
 		if path := getenv(EnvPTX); path != "" {
 			b, err := readPTX(path)
@@ -358,6 +366,13 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 	}
 	return s, nil
 }
+
+// cpuBackend is device/cpu's Info.Backend, and cpuSource the Source of a
+// Set loaded on it.
+const (
+	cpuBackend = "cpu"
+	cpuSource  = "Go kernels on the host (kernels.CPU)"
+)
 
 // EnvPDL is the environment variable that, set to "0" when Load runs, makes
 // the Set launch the compute_90 module's kernels plainly instead of
@@ -395,7 +410,7 @@ func PTXTarget(ptx []byte) int {
 // Source. It is how a test loads each embedded target on one GPU.
 func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	info := d.Info()
-	if info.Backend != "sim" {
+	if info.Backend != "sim" && info.Backend != cpuBackend {
 		if !IsPTX(ptx) {
 			if strings.HasPrefix(source, "embedded ") {
 				return nil, fmt.Errorf("kernels: %s: %w", source, ErrNoPTX)
@@ -440,8 +455,11 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	resolve := func(name string) (device.Function, error) {
 		f, err := d.Function(mod, name)
 		if err != nil {
-			if info.Backend == "sim" {
+			switch info.Backend {
+			case "sim":
 				return 0, fmt.Errorf("kernels: kernel %s (put kernels.Sim() in sim.Options.Kernels): %w", name, err)
+			case cpuBackend:
+				return 0, fmt.Errorf("kernels: kernel %s (put kernels.CPU() in cpu.Options.Kernels): %w", name, err)
 			}
 			return 0, fmt.Errorf("kernels: %s: kernel %s: %w", source, name, err)
 		}

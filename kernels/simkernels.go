@@ -279,38 +279,52 @@ func matName(dtype string, kind int) string {
 }
 
 func runMatmul(dtype string, kind int) func(mem memory, grid, block device.Dim3, args []any) error {
-	name := matName(dtype, kind)
-	elt, _ := ElemSize(dtype)
 	return func(mem memory, grid, block device.Dim3, args []any) error {
-		a, err := parseMatArgs(name, args, kind != matGemm)
+		op, err := matOperands(dtype, kind, mem, grid, block, args)
 		if err != nil {
 			return err
 		}
-		if err := checkMatLaunch(name, dtype, kind, a, grid, block); err != nil {
-			return err
-		}
-		M, K, T := uint64(a.M), uint64(a.K), uint64(a.T)
-		wb, err := mem.Bytes(a.W, M*K*uint64(elt))
-		if err != nil {
-			return fmt.Errorf("kernels: %s: W: %w", name, err)
-		}
-		xb, err := mem.Bytes(a.X, T*K*uint64(elt))
-		if err != nil {
-			return fmt.Errorf("kernels: %s: X: %w", name, err)
-		}
-		yb, err := mem.Bytes(a.Y, T*M*4)
-		if err != nil {
-			return fmt.Errorf("kernels: %s: Y: %w", name, err)
-		}
-		y := make([]float32, T*M)
-		if err := HostMatmul(dtype, wb, xb, y, int(M), int(K), int(T)); err != nil {
-			return fmt.Errorf("kernels: %s: %w", name, err)
+		y := make([]float32, op.T*op.M)
+		if err := HostMatmul(dtype, op.w, op.x, y, int(op.M), int(op.K), int(op.T)); err != nil {
+			return fmt.Errorf("kernels: %s: %w", op.name, err)
 		}
 		for i, v := range y {
-			binary.LittleEndian.PutUint32(yb[4*i:], math.Float32bits(v))
+			binary.LittleEndian.PutUint32(op.y[4*i:], math.Float32bits(v))
 		}
 		return nil
 	}
+}
+
+// matOp is a checked launch of a matrix kernel and its operands' bytes.
+type matOp struct {
+	name    string
+	M, K, T uint64
+	w, x, y []byte
+}
+
+// matOperands parses and checks a launch of matrix kernel kind for dtype
+// and returns the bytes of W, X and Y.
+func matOperands(dtype string, kind int, mem memory, grid, block device.Dim3, args []any) (matOp, error) {
+	name := matName(dtype, kind)
+	elt, _ := ElemSize(dtype)
+	a, err := parseMatArgs(name, args, kind != matGemm)
+	if err != nil {
+		return matOp{}, err
+	}
+	if err := checkMatLaunch(name, dtype, kind, a, grid, block); err != nil {
+		return matOp{}, err
+	}
+	op := matOp{name: name, M: uint64(a.M), K: uint64(a.K), T: uint64(a.T)}
+	if op.w, err = mem.Bytes(a.W, op.M*op.K*uint64(elt)); err != nil {
+		return op, fmt.Errorf("kernels: %s: W: %w", name, err)
+	}
+	if op.x, err = mem.Bytes(a.X, op.T*op.K*uint64(elt)); err != nil {
+		return op, fmt.Errorf("kernels: %s: X: %w", name, err)
+	}
+	if op.y, err = mem.Bytes(a.Y, op.T*op.M*4); err != nil {
+		return op, fmt.Errorf("kernels: %s: Y: %w", name, err)
+	}
+	return op, nil
 }
 
 // checkMatLaunch rejects launches the CUDA kernel would run only partly or
@@ -377,51 +391,63 @@ const gemvGroupKinds = "pu" + "ppu" + "ppu" + "ppu" + "u"
 // runGemvGroup computes each product of a grouped launch with HostMatmul
 // (T = 1), after checking that the grid covers every product's blocks.
 func runGemvGroup(dtype string) func(mem memory, grid, block device.Dim3, args []any) error {
-	name := gemvGroupName(dtype)
-	elt, _ := ElemSize(dtype)
 	return func(mem memory, grid, block device.Dim3, args []any) error {
-		a, err := parseArgs(name, gemvGroupKinds, args)
+		x, ops, err := groupOperands(dtype, mem, grid, block, args)
 		if err != nil {
 			return err
 		}
-		if block != blockDim() {
-			return fmt.Errorf("kernels: %s: block %v, want %v: %w", name, block, blockDim(), device.ErrInvalid)
-		}
-		K := uint64(a.u[0])
-		var blocks uint64
-		for i := range MatmulGroupMax {
-			blocks += (uint64(a.u[1+i]) + 7) / 8
-		}
-		if grid.Y != 1 || grid.Z != 1 || uint64(grid.X) < blocks {
-			return fmt.Errorf("kernels: %s: grid %v does not cover the %d blocks of the products: %w", name, grid, blocks, device.ErrInvalid)
-		}
-		xb, err := mem.Bytes(a.p[0], K*uint64(elt))
-		if err != nil {
-			return fmt.Errorf("kernels: %s: X: %w", name, err)
-		}
-		for i := range MatmulGroupMax {
-			M := uint64(a.u[1+i])
-			if M == 0 {
-				continue
-			}
-			wb, err := mem.Bytes(a.p[1+2*i], M*K*uint64(elt))
-			if err != nil {
-				return fmt.Errorf("kernels: %s: W%d: %w", name, i, err)
-			}
-			yb, err := mem.Bytes(a.p[2+2*i], M*4)
-			if err != nil {
-				return fmt.Errorf("kernels: %s: Y%d: %w", name, i, err)
-			}
-			y := make([]float32, M)
-			if err := HostMatmul(dtype, wb, xb, y, int(M), int(K), 1); err != nil {
-				return fmt.Errorf("kernels: %s: %w", name, err)
+		for _, op := range ops {
+			y := make([]float32, op.M)
+			if err := HostMatmul(dtype, op.w, x, y, int(op.M), int(op.K), 1); err != nil {
+				return fmt.Errorf("kernels: %s: %w", gemvGroupName(dtype), err)
 			}
 			for j, v := range y {
-				binary.LittleEndian.PutUint32(yb[4*j:], math.Float32bits(v))
+				binary.LittleEndian.PutUint32(op.y[4*j:], math.Float32bits(v))
 			}
 		}
 		return nil
 	}
+}
+
+// groupOperands parses and checks a launch of the grouped GEMV for dtype
+// and returns the bytes of X and of each product with M > 0 (T = 1).
+func groupOperands(dtype string, mem memory, grid, block device.Dim3, args []any) ([]byte, []matOp, error) {
+	name := gemvGroupName(dtype)
+	elt, _ := ElemSize(dtype)
+	a, err := parseArgs(name, gemvGroupKinds, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	if block != blockDim() {
+		return nil, nil, fmt.Errorf("kernels: %s: block %v, want %v: %w", name, block, blockDim(), device.ErrInvalid)
+	}
+	K := uint64(a.u[0])
+	var blocks uint64
+	for i := range MatmulGroupMax {
+		blocks += (uint64(a.u[1+i]) + 7) / 8
+	}
+	if grid.Y != 1 || grid.Z != 1 || uint64(grid.X) < blocks {
+		return nil, nil, fmt.Errorf("kernels: %s: grid %v does not cover the %d blocks of the products: %w", name, grid, blocks, device.ErrInvalid)
+	}
+	xb, err := mem.Bytes(a.p[0], K*uint64(elt))
+	if err != nil {
+		return nil, nil, fmt.Errorf("kernels: %s: X: %w", name, err)
+	}
+	var ops []matOp
+	for i := range MatmulGroupMax {
+		op := matOp{name: name, M: uint64(a.u[1+i]), K: K, T: 1, x: xb}
+		if op.M == 0 {
+			continue
+		}
+		if op.w, err = mem.Bytes(a.p[1+2*i], op.M*K*uint64(elt)); err != nil {
+			return nil, nil, fmt.Errorf("kernels: %s: W%d: %w", name, i, err)
+		}
+		if op.y, err = mem.Bytes(a.p[2+2*i], op.M*4); err != nil {
+			return nil, nil, fmt.Errorf("kernels: %s: Y%d: %w", name, i, err)
+		}
+		ops = append(ops, op)
+	}
+	return xb, ops, nil
 }
 
 func costGemvGroup(dtype string) func(grid, block device.Dim3, args []any) (goCost, bool) {

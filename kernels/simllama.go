@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/cpu/hostmath"
 )
 
 // Go twins of the Llama-layer kernels, for the simulator. They compute in
@@ -33,6 +34,16 @@ func llamaGoKernels() []goKernel {
 // runAttnDecode: memwall_attn_decode computes what memwall_attn_e4 does
 // (in log2 units, the same within float32 rounding) for its shapes.
 func runAttnDecode(mem memory, grid, block device.Dim3, args []any) error {
+	if err := checkDecodeArgs(args); err != nil {
+		return err
+	}
+	return runAttnSplit(NameAttnDecode, 4, mem, grid, block, args)
+}
+
+// checkDecodeArgs refuses what memwall_attn_decode does not take:
+// arguments that do not parse, more than 8 query heads per kv head, head
+// dims other than 64 and 128, an f32 cache.
+func checkDecodeArgs(args []any) error {
 	const k = NameAttnDecode
 	a, err := parseAttn(k, args)
 	if err != nil {
@@ -42,7 +53,7 @@ func runAttnDecode(mem memory, grid, block device.Dim3, args []any) error {
 		a.L.DType == F32 {
 		return fmt.Errorf("kernels: %s: %d heads, layout %+v: %w", k, a.nHeads, a.L, device.ErrInvalid)
 	}
-	return runAttnSplit(k, 4, mem, grid, block, args)
+	return nil
 }
 
 func attnGoKernels() []goKernel {
@@ -151,14 +162,18 @@ func putDT(dt string, b []byte, i uint64, v float32) {
 
 // RoundTo returns v rounded to dtype's precision (nearest even) as a
 // float32: what the Round kernel stores. f32 and unknown dtypes return v.
-func RoundTo(dtype string, v float32) float32 {
+func RoundTo(dtype string, v float32) float32 { return hostmath.Round(hostDType(dtype), v) }
+
+// hostDType is dtype as package hostmath names it; unknown names are F32
+// (callers have validated them, or want v unrounded).
+func hostDType(dtype string) hostmath.DType {
 	switch dtype {
 	case BF16:
-		return BF16ToF32(F32ToBF16(v))
+		return hostmath.BF16
 	case F16:
-		return F16ToF32(F32ToF16(v))
+		return hostmath.F16
 	}
-	return v
+	return hostmath.F32
 }
 
 func runEmbed(mem memory, grid, block device.Dim3, args []any) error {
@@ -217,15 +232,8 @@ func costEmbed(_, _ device.Dim3, args []any) (goCost, bool) {
 // sum in float32, in order; the GPU sums in another order). It returns the
 // values as float32 (already rounded to odt).
 func RMSNormRow(x, w []float32, odt string, eps float32) []float32 {
-	var ss float32
-	for _, v := range x {
-		ss += v * v
-	}
-	r := float32(1 / math.Sqrt(float64(ss/float32(len(x))+eps)))
 	out := make([]float32, len(x))
-	for i, v := range x {
-		out[i] = RoundTo(odt, RoundTo(odt, v*r)*w[i])
-	}
+	hostmath.RMSNorm(out, x, w, hostDType(odt), eps)
 	return out
 }
 
@@ -310,25 +318,14 @@ func costRMSNorm(_, _ device.Dim3, args []any) (goCost, bool) {
 // position pos with inverse frequency f: angle float32(pos)·f, then
 // (a·cos − b·sin, b·cos + a·sin) with float32 cos and sin.
 func RopePair(a, b float32, pos int32, f float32) (float32, float32) {
-	ang := float32(pos) * f
-	sn, cs := math.Sincos(float64(ang))
-	c, s := float32(cs), float32(sn)
-	return a*c - b*s, b*c + a*s
+	return hostmath.RopePair(a, b, pos, f)
 }
 
 // RopePairIn is the RoPE kernel's math in dtype dt (RoPEIn): RopePair for
 // f32; for bf16 and f16, with cos, sin, a and b rounded to dt,
 // (dt(dt(a·cos) − dt(b·sin)), dt(dt(b·cos) + dt(a·sin))).
 func RopePairIn(dt string, a, b float32, pos int32, f float32) (float32, float32) {
-	if dt == F32 {
-		return RopePair(a, b, pos, f)
-	}
-	ang := float32(pos) * f
-	sn, cs := math.Sincos(float64(ang))
-	c, s := RoundTo(dt, float32(cs)), RoundTo(dt, float32(sn))
-	a, b = RoundTo(dt, a), RoundTo(dt, b)
-	r := func(v float32) float32 { return RoundTo(dt, v) }
-	return r(r(a*c) - r(b*s)), r(r(b*c) + r(a*s))
+	return hostmath.RopePairIn(hostDType(dt), a, b, pos, f)
 }
 
 func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
@@ -391,8 +388,7 @@ func costRoPE(_, _ device.Dim3, args []any) (goCost, bool) {
 // SiluMulValue is the SiluMul kernel's math: odt(odt(silu(g))·u) for odt
 // bf16/f16, silu(g)·u in float32 for f32.
 func SiluMulValue(g, u float32, odt string) float32 {
-	s := RoundTo(odt, g/(1+float32(math.Exp(float64(-g)))))
-	return RoundTo(odt, s*u)
+	return hostmath.SiluMulValue(g, u, hostDType(odt))
 }
 
 // elemKernel runs a grid-stride element kernel: kinds are its arguments,
@@ -409,6 +405,12 @@ func elemLaunch(k, kinds string, grid, block device.Dim3, args []any) (kargs, ui
 }
 
 func runSiluMul(mem memory, grid, block device.Dim3, args []any) error {
+	return siluMulOver(nil, mem, grid, block, args)
+}
+
+// siluMulOver is memwall_silumul with its elements split over r (nil: on
+// the caller), hostmath.SiluMul's math on each part.
+func siluMulOver(r *hostmath.Runner, mem memory, grid, block device.Dim3, args []any) error {
 	const k = NameSiluMul
 	a, n, err := elemLaunch(k, "pppuuU", grid, block, args)
 	if err != nil || n == 0 {
@@ -434,9 +436,21 @@ func runSiluMul(mem memory, grid, block device.Dim3, args []any) error {
 	if err != nil {
 		return err
 	}
-	for i := range n {
-		putDT(odt, out, i, SiluMulValue(RoundTo(rdt, getF(g, i)), RoundTo(rdt, getF(u, i)), odt))
-	}
+	hr, ho := hostDType(rdt), hostDType(odt)
+	r.Run(int(n), 4096, func(lo, hi int) {
+		const chunk = 256
+		var gv, uv [chunk]float32
+		for i0 := lo; i0 < hi; i0 += chunk {
+			c := min(chunk, hi-i0)
+			for i := range c {
+				gv[i], uv[i] = getF(g, uint64(i0+i)), getF(u, uint64(i0+i))
+			}
+			hostmath.SiluMul(gv[:c], gv[:c], uv[:c], hr, ho)
+			for i := range c {
+				putDT(odt, out, uint64(i0+i), gv[i])
+			}
+		}
+	})
 	return nil
 }
 
@@ -647,48 +661,11 @@ func runAttn(lanes uint32) func(mem memory, grid, block device.Dim3, args []any)
 }
 
 func runAttnSplit(k string, lanes uint32, mem memory, grid, block device.Dim3, args []any) error {
-	a, err := parseAttn(k, args)
-	if err != nil {
+	op, err := attnOperands(k, lanes, mem, grid, block, args)
+	if err != nil || op.a.T == 0 {
 		return err
 	}
-	odt, oe, err := dtArg(k, a.odtCode)
-	if err != nil {
-		return err
-	}
-	L := a.L
-	if L.KVHeads == 0 || a.nHeads%L.KVHeads != 0 || L.HeadDim == 0 || L.HeadDim > 32*lanes || L.BlockTokens == 0 || a.chunk == 0 {
-		return fmt.Errorf("kernels: %s: nHeads %d, layout %+v, chunk %d: %w", k, a.nHeads, L, a.chunk, device.ErrInvalid)
-	}
-	groups := ceilDiv(a.nHeads/L.KVHeads, attnHeads)
-	ctx := uint64(a.start) + uint64(a.T)
-	if block != blockDim() || grid.X != L.KVHeads*groups || grid.Y != a.T || grid.Z == 0 ||
-		uint64(grid.Z)*uint64(a.chunk) < ctx || grid.Z > maxSplits {
-		return fmt.Errorf("kernels: %s: grid %v block %v does not match the heads, tokens and splits: %w", k, grid, block, device.ErrInvalid)
-	}
-	if a.T == 0 {
-		return nil
-	}
-	hd := uint64(L.HeadDim)
-	splits := uint64(grid.Z)
-	rows := uint64(a.T) * uint64(a.nHeads)
-	qb, err := buf(k, "q", mem, a.q, rows*hd, 4)
-	if err != nil {
-		return err
-	}
-	var ob []byte
-	if splits == 1 {
-		ob, err = buf(k, "out", mem, a.out, rows*hd, oe)
-	} else {
-		ob, err = buf(k, "part", mem, a.part, rows*splits*(hd+2), 4)
-	}
-	if err != nil {
-		return err
-	}
-	blocks, err := a.blocks(k, mem)
-	if err != nil {
-		return err
-	}
-	G := a.nHeads / L.KVHeads
+	a, hd, splits := op.a, uint64(op.a.L.HeadDim), op.splits
 	q := make([]float32, hd)
 	acc := make([]float32, hd)
 	var scores []float32
@@ -697,31 +674,92 @@ func runAttnSplit(k string, lanes uint32, mem memory, grid, block device.Dim3, a
 		for h := range a.nHeads {
 			row := uint64(t)*uint64(a.nHeads) + uint64(h)
 			for e := range hd {
-				q[e] = getF(qb, row*hd+e)
+				q[e] = getF(op.q, row*hd+e)
 			}
 			for s := range splits {
 				p0 := s * uint64(a.chunk)
 				p1 := min(n, p0+uint64(a.chunk))
-				m, l, err := a.split(mem, blocks, q, h/G, p0, p1, acc, &scores)
+				m, l, err := a.split(mem, op.blocks, q, h/op.G, p0, p1, acc, &scores)
 				if err != nil {
 					return err
 				}
-				if splits == 1 {
-					for e := range hd {
-						putDT(odt, ob, row*hd+e, acc[e]/l)
-					}
-					continue
-				}
-				base := (row*splits + s) * (hd + 2)
-				putF(ob, base, m)
-				putF(ob, base+1, l)
-				for e := range hd {
-					putF(ob, base+2+e, acc[e])
-				}
+				op.put(row, s, m, l, acc)
 			}
 		}
 	}
 	return nil
+}
+
+// attnOp is a checked launch of a split-attention kernel: its arguments,
+// the query heads per kv head, the splits, and the bytes of q, of the
+// output (out, or the partials when split) and the block table's ids.
+type attnOp struct {
+	a      attnArgs
+	odt    string
+	G      uint32
+	splits uint64
+	q, out []byte
+	blocks []uint32
+}
+
+// attnOperands parses and checks a launch of kernel k (head dims up to
+// 32·lanes) and fetches its operands; with T = 0 it fetches nothing.
+func attnOperands(k string, lanes uint32, mem memory, grid, block device.Dim3, args []any) (attnOp, error) {
+	a, err := parseAttn(k, args)
+	if err != nil {
+		return attnOp{}, err
+	}
+	odt, oe, err := dtArg(k, a.odtCode)
+	if err != nil {
+		return attnOp{}, err
+	}
+	L := a.L
+	if L.KVHeads == 0 || a.nHeads%L.KVHeads != 0 || L.HeadDim == 0 || L.HeadDim > 32*lanes || L.BlockTokens == 0 || a.chunk == 0 {
+		return attnOp{}, fmt.Errorf("kernels: %s: nHeads %d, layout %+v, chunk %d: %w", k, a.nHeads, L, a.chunk, device.ErrInvalid)
+	}
+	groups := ceilDiv(a.nHeads/L.KVHeads, attnHeads)
+	ctx := uint64(a.start) + uint64(a.T)
+	if block != blockDim() || grid.X != L.KVHeads*groups || grid.Y != a.T || grid.Z == 0 ||
+		uint64(grid.Z)*uint64(a.chunk) < ctx || grid.Z > maxSplits {
+		return attnOp{}, fmt.Errorf("kernels: %s: grid %v block %v does not match the heads, tokens and splits: %w", k, grid, block, device.ErrInvalid)
+	}
+	op := attnOp{a: a, odt: odt, G: a.nHeads / L.KVHeads, splits: uint64(grid.Z)}
+	if a.T == 0 {
+		return op, nil
+	}
+	hd := uint64(L.HeadDim)
+	rows := uint64(a.T) * uint64(a.nHeads)
+	if op.q, err = buf(k, "q", mem, a.q, rows*hd, 4); err != nil {
+		return op, err
+	}
+	if op.splits == 1 {
+		op.out, err = buf(k, "out", mem, a.out, rows*hd, oe)
+	} else {
+		op.out, err = buf(k, "part", mem, a.part, rows*op.splits*(hd+2), 4)
+	}
+	if err != nil {
+		return op, err
+	}
+	op.blocks, err = a.blocks(k, mem)
+	return op, err
+}
+
+// put writes query row row's result of split s: out = odt(acc/l) when
+// the context is not split, else the partial (m, l, acc).
+func (op *attnOp) put(row, s uint64, m, l float32, acc []float32) {
+	hd := uint64(op.a.L.HeadDim)
+	if op.splits == 1 {
+		for e := range hd {
+			putDT(op.odt, op.out, row*hd+e, acc[e]/l)
+		}
+		return
+	}
+	base := (row*op.splits + s) * (hd + 2)
+	putF(op.out, base, m)
+	putF(op.out, base+1, l)
+	for e := range hd {
+		putF(op.out, base+2+e, acc[e])
+	}
 }
 
 // split computes one split's softmax partial over positions [p0, p1):

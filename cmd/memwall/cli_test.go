@@ -27,7 +27,7 @@ func TestExitCodes(t *testing.T) {
 	}{
 		{"no command", nil, 2, "usage: memwall"},
 		{"unknown command", []string{"frobnicate"}, 2, `unknown command "frobnicate"`},
-		{"info bogus device", []string{"info", "--device", "bogus"}, 2, `--device "bogus": want auto, cuda or sim`},
+		{"info bogus device", []string{"info", "--device", "bogus"}, 2, `--device "bogus": want auto, cuda, sim or cpu`},
 		{"bench alloc bogus device", []string{"bench", "alloc", "--device", "bogus"}, 2, "--device"},
 		{"bench alloc bogus strategy", []string{"bench", "alloc", "--device", "sim", "--strategies", "bogus"}, 2, `--strategies: no "bogus" (have tlsf, bestfit`},
 		{"bench alloc slab", []string{"bench", "alloc", "--device", "sim", "--strategies", "slab"}, 2, "slab serves blocks up to 256.0 KiB"},

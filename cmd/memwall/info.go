@@ -20,16 +20,16 @@ type deviceFlag struct{ backend string }
 func (f *deviceFlag) add(fs interface {
 	StringVar(*string, string, string, string)
 }) {
-	fs.StringVar(&f.backend, "device", "auto", "device backend: auto, cuda, sim or vulkan")
+	fs.StringVar(&f.backend, "device", "auto", "device backend: auto, cuda, sim, cpu or vulkan")
 }
 
 // check refuses a backend auto.Open does not know, as a usage error.
 func (f *deviceFlag) check() error {
 	switch f.backend {
-	case "auto", "cuda", "sim", "vulkan":
+	case "auto", "cuda", "sim", "cpu", "vulkan":
 		return nil
 	}
-	return usagef("--device %q: want auto, cuda or sim (or vulkan)", f.backend)
+	return usagef("--device %q: want auto, cuda, sim or cpu (or vulkan)", f.backend)
 }
 
 // open opens the device --device names; an unknown name is a usage error.
@@ -41,8 +41,11 @@ func (f *deviceFlag) open(e *env) (device.Device, auto.Choice, error) {
 }
 
 // open opens a device by backend name (auto.Open), wrapped by
-// e.wrapDevice when a test set one.
+// e.wrapDevice when a test set one; the CPU device gets memwall's kernels.
 func (e *env) open(backend string, o auto.Options) (device.Device, auto.Choice, error) {
+	if o.CPUKernels == nil {
+		o.CPUKernels = kernels.CPU()
+	}
 	d, ch, err := auto.Open(backend, o)
 	if err == nil && e.wrapDevice != nil {
 		d = e.wrapDevice(d)

@@ -1,11 +1,13 @@
 // Package auto opens the device memwall should use: the real GPU through
-// device/cuda when it works, otherwise the simulated device, and says why.
+// device/cuda when it works, otherwise the simulated device, and says why;
+// or, when asked, the host's cores (device/cpu) or a Vulkan device.
 package auto
 
 import (
 	"fmt"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/cpu"
 	"github.com/memwall/memwall/device/cuda"
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/device/vulkan"
@@ -19,6 +21,9 @@ const (
 	// Vulkan opens device/vulkan (MEMWALL_VULKAN_DEVICE picks the GPU by
 	// index or name); auto never picks it.
 	Vulkan = "vulkan"
+	// CPU opens device/cpu: the host's cores and memory; auto never picks
+	// it.
+	CPU = "cpu"
 )
 
 // Choice records which backend was opened and why.
@@ -42,6 +47,12 @@ type Options struct {
 	// (a program that launches memwall's kernels passes kernels.Sim():
 	// this package, the floor the kernels stand on, does not import them).
 	Kernels []sim.Kernel
+	// CPU configures the CPU device; nil means cpu.Options{} with
+	// CPUKernels.
+	CPU *cpu.Options
+	// CPUKernels are registered on the CPU device when CPU names none (a
+	// program that launches memwall's kernels passes kernels.CPU()).
+	CPUKernels []cpu.Kernel
 }
 
 // Open opens a device by backend name: "cuda" fails if the GPU cannot be
@@ -77,6 +88,20 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 	case Sim:
 		ch.Backend, ch.Reason = Sim, "requested"
 		return openSim(), ch, nil
+	case CPU:
+		co := cpu.Options{}
+		if o.CPU != nil {
+			co = *o.CPU
+		}
+		if co.Kernels == nil {
+			co.Kernels = o.CPUKernels
+		}
+		d, err := cpu.New(co)
+		if err != nil {
+			return nil, ch, fmt.Errorf("--device cpu: %w", err)
+		}
+		ch.Backend, ch.Reason = CPU, "requested; "+d.Info().Name
+		return d, ch, nil
 	case Auto, "":
 		d, err := cuda.Open(cuda.Options{Ordinal: o.Ordinal, Getenv: o.Getenv})
 		if err == nil {
@@ -86,6 +111,6 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 		ch.Backend, ch.Reason = Sim, "no usable CUDA GPU, using the simulated device: "+err.Error()
 		return openSim(), ch, nil
 	default:
-		return nil, ch, fmt.Errorf("unknown device backend %q (want auto, cuda, sim or vulkan)", backend)
+		return nil, ch, fmt.Errorf("unknown device backend %q (want auto, cuda, sim, cpu or vulkan)", backend)
 	}
 }

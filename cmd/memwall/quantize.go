@@ -45,7 +45,7 @@ renamed into place when complete.`
 func runQuantize(e *env, args []string) error {
 	fs := newFlags(e, "quantize", quantizeUsage)
 	typeName := fs.String("type", "", "file type: Q4_K_M, Q5_K_M, Q6_K, Q8_0 or Q4_0 (required)")
-	workers := fs.Int("workers", 0, "quantizing goroutines (default: GOMAXPROCS)")
+	workers := intFlagOf(fs, "workers", 0, 0, 1024, "quantizing goroutines (default: GOMAXPROCS)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
@@ -61,9 +61,6 @@ func runQuantize(e *env, args []string) error {
 	ft, ok := quant.ParseFileType(*typeName)
 	if !ok {
 		return usagef("--type %q: want Q4_K_M, Q5_K_M, Q6_K, Q8_0 or Q4_0", *typeName)
-	}
-	if *workers < 0 {
-		return usagef("--workers %d: want 0 (every core) or more", *workers)
 	}
 	if same, err := sameFile(in, out); err != nil {
 		return err

@@ -120,6 +120,12 @@ func TestREADMECommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	byteTokenizer(t, llamaDir)
+	// quantize's input: rows a whole number of 32-element blocks (Tiny's
+	// 688-wide MLP is not, and Q8_0 and Q4_0 have no fallback type).
+	quantIn := filepath.Join(tmp, "tiny-f16.gguf")
+	if _, err := synth.Generate(context.Background(), synth.TinyF16(), quantIn, synth.Options{Workers: 2, Format: synth.GGUF}); err != nil {
+		t.Fatal(err)
+	}
 	onnxModel := filepath.Join(planTestONNX, "mobilenet_v2.onnx")
 	trace := "../../testdata/traces/vit_varbatch.csv.gz"
 	outputs := 0
@@ -164,6 +170,15 @@ func TestREADMECommands(t *testing.T) {
 			}
 		case "<command>":
 			return "plan", true
+		case "IN":
+			if verb == "quantize" {
+				return quantIn, true
+			}
+		case "OUT":
+			if verb == "quantize" {
+				outputs++
+				return filepath.Join(tmp, "out"+strconv.Itoa(outputs)+".gguf"), true
+			}
 		}
 		return "", false
 	}

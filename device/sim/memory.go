@@ -43,7 +43,7 @@ type region struct {
 	start  device.Ptr
 	size   uint64 // addressable bytes
 	charge uint64 // bytes counted against the device (allocations)
-	buf    []byte // backing bytes: lazily made for allocations, the host slice for kindHost
+	backed        // backing bytes: made at first use for allocations, the host slice for kindHost
 	// readOnly marks host memory the device must not write.
 	readOnly bool
 	maps     []*mapping // kindReserve: sorted by off
@@ -60,9 +60,9 @@ type mapping struct {
 // chunk is physical memory created for virtual mapping.
 type chunk struct {
 	size     uint64
-	buf      []byte // lazily made
-	maps     int    // live mappings
-	released bool   // ReleasePhysical was called; freed at the last unmap
+	backed        // made at first use
+	maps     int  // live mappings
+	released bool // ReleasePhysical was called; freed at the last unmap
 }
 
 // hostBuf is a pinned host buffer: HostAlloc'd or registered.
@@ -239,7 +239,7 @@ func (d *Device) Free(p device.Ptr) error {
 	d.mem.remove(r)
 	delete(d.mem.allocs, p)
 	d.mem.allocated -= r.charge
-	r.buf = nil
+	r.drop()
 	d.stats.FreeCalls++
 	d.stats.DriverTime += d.o.FreeLatency
 	return nil
@@ -277,7 +277,7 @@ func (m *memory) isPinned(b []byte) bool {
 func (d *Device) addHost(b []byte, kind device.HostMemoryKind, mapped, readOnly bool) (*device.HostBuffer, error) {
 	h := &hostBuf{addr: hostAddr(b), b: b, kind: kind}
 	if mapped {
-		r := &region{kind: kindHost, size: uint64(len(b)), buf: b, readOnly: readOnly}
+		r := &region{kind: kindHost, size: uint64(len(b)), backed: backed{buf: b}, readOnly: readOnly}
 		if err := d.mem.place(r, allocAlign); err != nil {
 			return nil, err
 		}
@@ -422,10 +422,8 @@ func (d *Device) span(p device.Ptr, n uint64, write bool) (pieces [][]byte, ro b
 		if !backing {
 			return nil, r.readOnly, nil
 		}
-		if r.buf == nil {
-			r.buf = make([]byte, r.size)
-		}
-		return [][]byte{r.buf[off : off+n : off+n]}, r.readOnly, nil
+		buf := r.bytes(r.size) // a host-mapped buffer's is its slice
+		return [][]byte{buf[off : off+n : off+n]}, r.readOnly, nil
 	}
 	// A reservation: walk its mappings.
 	i := sort.Search(len(r.maps), func(i int) bool { return r.maps[i].off+r.maps[i].chunk.size > off })
@@ -438,10 +436,7 @@ func (d *Device) span(p device.Ptr, n uint64, write bool) (pieces [][]byte, ro b
 		lo := off - m.off
 		k := min(n, m.chunk.size-lo)
 		if backing {
-			if m.chunk.buf == nil {
-				m.chunk.buf = make([]byte, m.chunk.size)
-			}
-			pieces = append(pieces, m.chunk.buf[lo:lo+k:lo+k])
+			pieces = append(pieces, m.chunk.bytes(m.chunk.size)[lo:lo+k:lo+k])
 		}
 		off += k
 		n -= k

@@ -6,8 +6,9 @@
 // Device allocations, physical chunks of virtual memory and host-mapped
 // buffers live in one simulated address space starting at 0x7f0000000000.
 // With Options.Backing, every allocation is backed by host bytes created on
-// first access (untouched allocations cost no host memory), copies really
-// move bytes and kernels run their Go implementation. Without Backing only
+// first access (untouched allocations cost no host memory; on Linux a large
+// one costs only the pages written, given back when it is freed), copies
+// really move bytes and kernels run their Go implementation. Without Backing only
 // metadata is kept: addresses are still checked, but copies, memsets and
 // kernels only advance simulated time, so traces of many GiB can be replayed.
 // Any interior address of an allocation may be used; an access that crosses
@@ -400,6 +401,7 @@ func (d *Device) Close() error {
 	}
 	d.drain()
 	d.closed = true
+	d.mem.dropAll()
 	d.mem = memory{}
 	d.exec = scheduler{}
 	d.kern = kernelTable{}

@@ -109,7 +109,7 @@ func (d *Device) ReleasePhysical(h device.PhysMem) error {
 	c.released = true
 	if c.maps == 0 {
 		d.mem.physical -= c.size
-		c.buf = nil
+		c.drop()
 	}
 	d.stats.FreeCalls++
 	d.stats.DriverTime += d.o.FreeLatency
@@ -199,7 +199,7 @@ func (d *Device) Unmap(va device.Ptr, size uint64) error {
 		c.maps--
 		if c.released && c.maps == 0 {
 			d.mem.physical -= c.size
-			c.buf = nil
+			c.drop()
 		}
 	}
 	r.maps = slices.Delete(r.maps, i, j)

@@ -3,6 +3,7 @@ package hostmath
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -92,7 +93,7 @@ func BenchmarkMatmulCold(b *testing.B) {
 		xn := make([]byte, T*K*2)
 		Narrow(xn, x, BF16)
 		y := make([]float32, T*M)
-		for _, workers := range []int{1, 2} {
+		for _, workers := range workerCounts() {
 			run := NewRunner(workers)
 			for _, k := range variants(b) {
 				b.Run(fmt.Sprintf("%v/bf16/%dx%d/T%d/workers%d", k.Variant(), M, K, T, workers), func(b *testing.B) {
@@ -109,4 +110,15 @@ func BenchmarkMatmulCold(b *testing.B) {
 			run.Close()
 		}
 	}
+}
+
+// workerCounts is 1, 2, 4, ... up to the machine's cores, and the cores
+// themselves: how the host's memory rate scales with the workers reading it.
+func workerCounts() []int {
+	n := runtime.NumCPU()
+	var ws []int
+	for w := 1; w < n; w *= 2 {
+		ws = append(ws, w)
+	}
+	return append(ws, n)
 }

@@ -162,7 +162,14 @@ func kernelSuite(t *testing.T, d device.Device, s *Set, gpu bool) {
 		must(t, d.EventSynchronize(b))
 		got, err := d.EventElapsed(a, b)
 		must(t, err)
-		if got < want || got > want+want/2 {
+		// The host's own clock runs the CPU device's spin: a loaded machine
+		// (the test suite runs packages in parallel) can only make it late,
+		// never early, so only a gross overrun fails there.
+		late := want / 2
+		if d.Info().Backend == "cpu" {
+			late = 250 * time.Millisecond
+		}
+		if got < want || got > want+late {
 			t.Fatalf("spin of %v took %v", want, got)
 		}
 	})

@@ -2,15 +2,14 @@ package kvcache
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
-)
 
-var long = flag.Bool("long", false, "run the random operation sequences at 10^6 operations per configuration")
+	"github.com/memwall/memwall/internal/longtest"
+)
 
 // model is the test's picture of what the device holds: content[b][slot] is
 // the token whose K/V the engine wrote there (-1: never written), and the
@@ -298,7 +297,7 @@ func (md *model) check() {
 
 func TestManagerRandom(t *testing.T) {
 	ops := 20_000
-	if *long {
+	if longtest.Enabled() {
 		ops = 1_000_000
 	} else if testing.Short() {
 		ops = 3000

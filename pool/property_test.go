@@ -3,7 +3,6 @@ package pool_test
 import (
 	"encoding/binary"
 	"errors"
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -14,11 +13,12 @@ import (
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/pool"
+
+	"github.com/memwall/memwall/internal/longtest"
 )
 
 // -long runs the property test at 10^6 operations per configuration (or
 // MEMWALL_POOL_OPS operations, when set).
-var longProperty = flag.Bool("long", false, "run the pool property test at 10^6 operations per configuration")
 
 // propertyOps is the operation count per configuration: 10^6 with -long,
 // MEMWALL_POOL_OPS when set, a few thousand otherwise.
@@ -31,7 +31,7 @@ func propertyOps(t testing.TB) int {
 		return n
 	}
 	switch {
-	case *longProperty:
+	case longtest.Enabled():
 		return 1_000_000
 	case testing.Short() && raceOn:
 		return 300

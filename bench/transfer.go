@@ -100,8 +100,18 @@ func Transfer(ctx context.Context, d device.Device, o TransferOptions) (Transfer
 	}
 	defer d.HostFree(pinned)
 	pageable := make([]byte, n)
-	fillRandom(pageable, 1)
-	copy(pinned.Bytes, pageable)
+	// Filling and copying hundreds of MiB takes a noticeable time on a loaded
+	// host: look at ctx between slices of it, so an interrupt stops here too.
+	const slice = 16 << 20
+	r := rand.New(rand.NewPCG(1, 1^0x9e3779b97f4a7c15))
+	for off := uint64(0); off < n; off += slice {
+		if err := ctx.Err(); err != nil {
+			return rep, fmt.Errorf("bench transfer: preparing %d bytes of data: 0 of %d copies: %w", n, o.Reps, err)
+		}
+		end := min(off+slice, n)
+		fillFrom(pageable[off:end], r)
+		copy(pinned.Bytes[off:end], pageable[off:end])
+	}
 
 	type tcase struct {
 		name, dir, host string
@@ -200,9 +210,8 @@ func Transfer(ctx context.Context, d device.Device, o TransferOptions) (Transfer
 	return rep, nil
 }
 
-// fillRandom fills b with deterministic pseudo-random bytes.
-func fillRandom(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+// fillFrom fills b with bytes from r, eight per draw.
+func fillFrom(b []byte, r *rand.Rand) {
 	i := 0
 	for ; i+8 <= len(b); i += 8 {
 		v := r.Uint64()

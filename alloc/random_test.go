@@ -6,18 +6,21 @@ import (
 	"testing"
 
 	"github.com/memwall/memwall/alloc"
+	"github.com/memwall/memwall/internal/longtest"
 )
 
 // randomOps is the length of the long random sequence per strategy, with
 // alloc.Check after every operation.
 func randomOps() int {
 	switch {
+	case longtest.Enabled():
+		return 1_000_000
 	case raceEnabled:
 		return 30_000
 	case testing.Short():
 		return 100_000
 	}
-	return 1_000_000
+	return 250_000
 }
 
 // gpuSize draws a request size as GPU inference workloads make them:

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"testing"
@@ -89,6 +90,11 @@ func modelPath(t testing.TB, preset, formatName string) string {
 }
 
 func TestMain(m *testing.M) {
+	// The tests one after another build simulated devices and models of up
+	// to hundreds of MiB: a soft limit makes the collector hand the heap
+	// back between them, so the package stays within the suite's memory
+	// budget (the whole of go test ./... in 2 GB).
+	debug.SetMemoryLimit(768 << 20)
 	code := m.Run()
 	if modelsDir != "" {
 		os.RemoveAll(modelsDir)

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/internal/longtest"
 )
 
 // Options tune the suite.
@@ -32,9 +33,9 @@ type Options struct {
 	// n uint64, seed uint32), which writes Pattern(seed, i) to word i of the
 	// n 32-bit words at dst. Nil skips the kernel subtests.
 	LoadKernels func(device.Device) (device.Module, error)
-	// LargeBytes is the size of the large copies (default 64 MiB, 4 MiB
-	// with -short); it is rounded down to a multiple of 4 KiB and must be
-	// at least 1 MiB.
+	// LargeBytes is the size of the large copies (default 6 MiB + 12 KiB,
+	// 64 MiB with -long, 4 MiB with -short); it is rounded down to a
+	// multiple of 4 KiB and must be at least 1 MiB.
 	LargeBytes uint64
 }
 
@@ -59,8 +60,10 @@ func Pattern(seed uint32, i uint64) uint32 {
 // with t.Cleanup there if needed). The suite frees everything it allocates.
 func Run(t *testing.T, open func(t *testing.T) device.Device, opts Options) {
 	if opts.LargeBytes == 0 {
-		opts.LargeBytes = 64 << 20
-		if testing.Short() {
+		// Above the 2 MiB page and not a power of two by default; the
+		// hundreds of MiB a real device is held to under -long.
+		opts.LargeBytes = longtest.Choose[uint64](6<<20+12<<10, 64<<20)
+		if testing.Short() && !longtest.Enabled() {
 			opts.LargeBytes = 4 << 20
 		}
 	}

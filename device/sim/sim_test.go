@@ -177,7 +177,7 @@ func TestTimeModel(t *testing.T) {
 		page   []byte
 	}
 	// Host buffers shared by the subtests (never touched: no data moves).
-	pinBuf, page := make([]byte, gib), make([]byte, gib)
+	pinBuf, page := untouched(t, gib), untouched(t, gib)
 	setup := func(t *testing.T, edit func(*sim.Options)) *env {
 		d := newDev(t, func(o *sim.Options) {
 			o.Backing = false

@@ -6,11 +6,8 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/pool"
-	"github.com/memwall/memwall/telemetry"
 )
 
 // Config is the shape of a device KV cache.
@@ -78,9 +75,6 @@ type Options struct {
 	Window        int
 	NoPrefixCache bool
 	OnEvent       func(Event)
-	// Registerer, when set, gets the cache's Prometheus gauges
-	// (telemetry.NewKVCollector).
-	Registerer prometheus.Registerer
 	// Logger receives debug logs of swaps; nil is silent.
 	Logger *slog.Logger
 }
@@ -88,9 +82,9 @@ type Options struct {
 // Cache is a paged KV cache in device memory: one pool block (purpose kv)
 // cut into Config.Blocks blocks, managed by a Manager. Block b lives at
 // Base() + b·BlockBytes(). Its methods may be called from one goroutine at
-// a time; KVStats (the metrics scrape) from any.
+// a time; Stats (a metrics scrape) from any.
 type Cache struct {
-	mu        sync.Mutex // for KVStats from a metrics scrape
+	mu        sync.Mutex // for Stats from a metrics scrape
 	m         *Manager
 	d         device.Device
 	cfg       Config
@@ -105,8 +99,6 @@ type Cache struct {
 	evOut     device.Event
 	evIn      device.Event
 	ownStream bool
-	collector *telemetry.KVCollector
-	reg       prometheus.Registerer
 	log       *slog.Logger
 	closed    bool
 	swapBytes [2]uint64 // out, in
@@ -170,14 +162,6 @@ func New(d device.Device, dev *pool.Pool, host *pool.Pool, cfg Config, o Options
 		}
 	}
 	m.SetCopy(c.copyBlock)
-	if o.Registerer != nil {
-		c.collector = telemetry.NewKVCollector(c)
-		if err = o.Registerer.Register(c.collector); err != nil {
-			c.collector = nil
-			return nil, fmt.Errorf("kvcache: register metrics: %w", err)
-		}
-		c.reg = o.Registerer
-	}
 	return c, nil
 }
 
@@ -380,12 +364,42 @@ func (c *Cache) SwappedBytes() (out, in uint64) {
 	return c.swapBytes[0], c.swapBytes[1]
 }
 
-// KVStats is the snapshot telemetry's collector reads.
-func (c *Cache) KVStats() telemetry.KVStats {
+// CacheStats is a snapshot of a Cache: its shape, what its sequences hold
+// and its counters since New. Blocks are BlockBytes each. A metrics exporter
+// (telemetry.RegisterKV) reads it; the cache knows nothing of metrics.
+type CacheStats struct {
+	BlockBytes       uint64 `json:"block_bytes"`
+	Blocks           int    `json:"blocks"`
+	UsedBlocks       int    `json:"used_blocks"`
+	CachedFreeBlocks int    `json:"cached_free_blocks"`
+	HostBlocks       int    `json:"host_blocks"`
+	HostUsedBlocks   int    `json:"host_used_blocks"`
+	Sequences        int    `json:"sequences"`
+	// PrefixQueries and PrefixHits count full prompt blocks looked up in
+	// the prefix cache and found there.
+	PrefixQueries uint64 `json:"prefix_queries"`
+	PrefixHits    uint64 `json:"prefix_hits"`
+	Evictions     uint64 `json:"evictions"`
+	CopyOnWrites  uint64 `json:"copy_on_writes"`
+	SwapOutBytes  uint64 `json:"swap_out_bytes"`
+	SwapInBytes   uint64 `json:"swap_in_bytes"`
+}
+
+// Usage is the fraction of blocks held by sequences (0 for no blocks).
+func (s CacheStats) Usage() float64 {
+	if s.Blocks == 0 {
+		return 0
+	}
+	return float64(s.UsedBlocks) / float64(s.Blocks)
+}
+
+// Stats returns a snapshot of the cache. It is safe to call from any
+// goroutine while the cache is in use (a metrics scrape), and after Close.
+func (c *Cache) Stats() CacheStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.m.Stats()
-	return telemetry.KVStats{
+	return CacheStats{
 		BlockBytes: c.bb, Blocks: s.Blocks, UsedBlocks: s.UsedBlocks, CachedFreeBlocks: s.CachedFree,
 		HostBlocks: s.HostBlocks, HostUsedBlocks: s.HostUsed, Sequences: s.Seqs,
 		PrefixQueries: s.PrefixQueries, PrefixHits: s.PrefixHits, Evictions: s.Evictions,
@@ -394,7 +408,7 @@ func (c *Cache) KVStats() telemetry.KVStats {
 }
 
 // Close waits for the cache's copies, frees its device and host memory,
-// streams and events and unregisters its metrics: the pools' stats go back
+// streams and events: the pools' stats go back
 // to what they were before New. Sequences still held are dropped. Calling
 // Close again does nothing.
 func (c *Cache) Close() error {
@@ -407,9 +421,6 @@ func (c *Cache) Close() error {
 		if s != 0 {
 			errs = append(errs, c.d.StreamSynchronize(s))
 		}
-	}
-	if c.collector != nil {
-		c.reg.Unregister(c.collector)
 	}
 	for _, e := range []device.Event{c.evCompute, c.evOut, c.evIn} {
 		if e != 0 {

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cuda"
 	"github.com/memwall/memwall/device/fault"
@@ -147,8 +145,7 @@ func TestCacheSwapRoundTrip(t *testing.T) {
 	for seed := uint64(1); seed <= 6; seed++ {
 		d := openDevice(t, seed)
 		dev, host := pools(t, d)
-		reg := prometheus.NewRegistry()
-		c, err := kvcache.New(d, dev, host, small, kvcache.Options{HostBlocks: 8, Registerer: reg})
+		c, err := kvcache.New(d, dev, host, small, kvcache.Options{HostBlocks: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,23 +192,10 @@ func TestCacheSwapRoundTrip(t *testing.T) {
 		if out != in || out != uint64(len(want))*c.BlockBytes() {
 			t.Fatalf("swapped %d out, %d in; want %d each way", out, in, uint64(len(want))*c.BlockBytes())
 		}
-		mfs, err := reg.Gather()
-		if err != nil || len(mfs) == 0 {
-			t.Fatalf("metrics: %d families, %v", len(mfs), err)
-		}
-		got := map[string]float64{}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				if m.GetCounter() != nil {
-					got[mf.GetName()] = m.GetCounter().GetValue()
-				} else {
-					got[mf.GetName()] = m.GetGauge().GetValue()
-				}
-			}
-		}
-		if got["memwall_kv_blocks"] != float64(small.Blocks) || got["memwall_kv_swap_out_bytes_total"] != float64(out) ||
-			got["memwall_kv_used_blocks"] != float64(len(want)) || got["memwall_kv_sequences"] != 1 {
-			t.Fatalf("metrics %v", got)
+		st := c.Stats()
+		if st.Blocks != small.Blocks || st.SwapOutBytes != out || st.SwapInBytes != in ||
+			st.UsedBlocks != len(want) || st.Sequences != 1 || st.BlockBytes != c.BlockBytes() {
+			t.Fatalf("stats %+v", st)
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
@@ -219,12 +203,6 @@ func TestCacheSwapRoundTrip(t *testing.T) {
 		if u := dev.Stats().UsedBytes + host.Stats().UsedBytes; u != 0 {
 			t.Fatalf("after Close the pools hold %d bytes", u)
 		}
-		// Close unregistered the collector: a new cache registers again.
-		c2, err := kvcache.New(d, dev, host, small, kvcache.Options{Registerer: reg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c2.Close()
 	}
 }
 

@@ -32,7 +32,8 @@
 //
 // KV events (a block stored in or removed from the prefix cache, the cache
 // cleared) go to Options.OnEvent; EventWriter turns them into JSON lines.
-// telemetry.NewKVCollector exports the gauges.
+// Cache.Stats is a plain snapshot; telemetry.RegisterKV exports it as
+// Prometheus gauges from outside (the package imports no metrics library).
 //
 // # Quick start
 //

@@ -1,39 +1,32 @@
 package telemetry
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"fmt"
 
-// KVStats is a snapshot of a paged KV cache: the source of its Prometheus
-// gauges. Blocks are BlockBytes each.
-type KVStats struct {
-	BlockBytes       uint64 `json:"block_bytes"`
-	Blocks           int    `json:"blocks"`
-	UsedBlocks       int    `json:"used_blocks"`
-	CachedFreeBlocks int    `json:"cached_free_blocks"`
-	HostBlocks       int    `json:"host_blocks"`
-	HostUsedBlocks   int    `json:"host_used_blocks"`
-	Sequences        int    `json:"sequences"`
-	// PrefixQueries and PrefixHits count full prompt blocks looked up in
-	// the prefix cache and found there.
-	PrefixQueries uint64 `json:"prefix_queries"`
-	PrefixHits    uint64 `json:"prefix_hits"`
-	Evictions     uint64 `json:"evictions"`
-	CopyOnWrites  uint64 `json:"copy_on_writes"`
-	SwapOutBytes  uint64 `json:"swap_out_bytes"`
-	SwapInBytes   uint64 `json:"swap_in_bytes"`
-}
+	"github.com/prometheus/client_golang/prometheus"
 
-// Usage is the fraction of blocks held by sequences.
-func (s KVStats) Usage() float64 {
-	if s.Blocks == 0 {
-		return 0
-	}
-	return float64(s.UsedBlocks) / float64(s.Blocks)
-}
+	"github.com/memwall/memwall/kvcache"
+)
+
+// KVStats is a KV cache's snapshot (kvcache.CacheStats), the source of its
+// Prometheus gauges.
+type KVStats = kvcache.CacheStats
 
 // KVSource is what the KV collector reads; *kvcache.Cache implements it.
-// KVStats must be safe to call while the cache is in use.
+// Stats must be safe to call while the cache is in use.
 type KVSource interface {
-	KVStats() KVStats
+	Stats() kvcache.CacheStats
+}
+
+// RegisterKV registers a collector over the cache src with reg: the cache
+// knows nothing of Prometheus. Unregister the returned collector
+// (reg.Unregister) before registering another cache with reg.
+func RegisterKV(reg prometheus.Registerer, src KVSource) (*KVCollector, error) {
+	c := NewKVCollector(src)
+	if err := reg.Register(c); err != nil {
+		return nil, fmt.Errorf("telemetry: register KV cache metrics: %w", err)
+	}
+	return c, nil
 }
 
 // KVCollector exports a KV cache as Prometheus metrics (memwall_kv_*).
@@ -75,7 +68,7 @@ func (c *KVCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *KVCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.src.KVStats()
+	s := c.src.Stats()
 	g := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}

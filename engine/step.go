@@ -284,7 +284,7 @@ func (c *cursor) use(layer int, role llama.Role) (device.Ptr, string, error) {
 				if rk == k && !h.used[i] {
 					h.used[i] = true
 					h.left--
-					return h.views[i].Ptr, plan.MatmulDType(h.views[i].Tensor.DType), nil
+					return h.views[i].Ptr, weightDType(h.views[i].Tensor.DType), nil
 				}
 			}
 		}
@@ -437,15 +437,15 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 	fail := func(err error) error { return fmt.Errorf("engine: block %d: %s: %w", l, what, err) }
 	if !group {
 		for _, p := range ps {
-			w, _, err := c.use(l, p.role)
+			w, wdt, err := c.use(l, p.role)
 			if err != nil {
 				return err
 			}
 			if err := e.mark(ClassProducts, what); err != nil {
 				return err
 			}
-			e.readsWeights(uint64(p.M) * uint64(K) * e.elt)
-			if err := e.ks.Matmul(e.dt, w, e.at[x], e.at[p.y], p.M, K, T, e.compute); err != nil {
+			e.readsWeights(e.weightBytes(wdt, p.M, K))
+			if err := e.ks.Matmul(e.productDType(wdt), w, e.at[x], e.at[p.y], p.M, K, T, e.compute); err != nil {
 				return fail(err)
 			}
 			if err := c.settle(); err != nil {
@@ -455,6 +455,7 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 		return nil
 	}
 	ops := make([]kernels.MatmulOp, 0, len(ps))
+	dts := make([]string, 0, len(ps))
 	same := true
 	for _, p := range ps {
 		w, dt, err := c.use(l, p.role)
@@ -463,19 +464,20 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 		}
 		same = same && dt == e.dt
 		ops = append(ops, kernels.MatmulOp{W: w, Y: e.at[p.y], M: p.M})
+		dts = append(dts, e.productDType(dt))
 	}
 	if err := e.mark(ClassProducts, what); err != nil {
 		return err
 	}
-	for _, o := range ops {
-		e.readsWeights(uint64(o.M) * uint64(K) * e.elt)
+	for i, o := range ops {
+		e.readsWeights(e.weightBytes(dts[i], o.M, K))
 	}
 	var err error
 	if same {
 		err = e.ks.MatmulGroup(e.dt, e.at[x], K, T, ops, e.compute)
 	} else { // a mixed-dtype file: one product each, in the model dtype as always
-		for _, o := range ops {
-			if err = e.ks.Matmul(e.dt, o.W, e.at[x], o.Y, o.M, K, T, e.compute); err != nil {
+		for i, o := range ops {
+			if err = e.ks.Matmul(dts[i], o.W, e.at[x], o.Y, o.M, K, T, e.compute); err != nil {
 				break
 			}
 		}
@@ -688,8 +690,9 @@ func (e *Engine) head(c *cursor, T int) error {
 		return err
 	}
 	headP := e.embedding // tied: the embedding, resident (mapGroups checked)
+	headDT := weightDType(e.model.Tensors.Embedding.DType)
 	if !cfg.TiedEmbeddings {
-		if headP, _, err = c.use(-1, llama.RoleLMHead); err != nil {
+		if headP, headDT, err = c.use(-1, llama.RoleLMHead); err != nil {
 			return err
 		}
 	}
@@ -702,9 +705,9 @@ func (e *Engine) head(c *cursor, T int) error {
 	if err := e.mark(ClassProducts, "lm head"); err != nil {
 		return err
 	}
-	e.readsWeights(uint64(cfg.Vocab) * uint64(H) * e.elt)
+	e.readsWeights(e.weightBytes(headDT, uint32(cfg.Vocab), H))
 	last := B[bHF].Add(uint64(T-1) * uint64(H) * e.elt)
-	if err := e.ks.Matmul(e.dt, headP, last, B[bLogits], uint32(cfg.Vocab), H, 1, cs); err != nil {
+	if err := e.ks.Matmul(e.productDType(headDT), headP, last, B[bLogits], uint32(cfg.Vocab), H, 1, cs); err != nil {
 		return fmt.Errorf("engine: lm head: %w", err)
 	}
 	if err := c.settle(); err != nil {

@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 	"unsafe"
@@ -42,6 +43,7 @@ func CPU() []cpu.Kernel {
 	for _, e := range attnLanes {
 		fast[AttnName(32*e)] = cpuAttn(AttnName(32*e), e)
 	}
+	maps.Copy(fast, quantCPU())
 	var out []cpu.Kernel
 	for _, k := range goKernels() {
 		run := fast[k.name]

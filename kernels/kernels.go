@@ -280,6 +280,7 @@ type Set struct {
 	spin      device.Function
 	gemvk     [gemvKinds]map[string]device.Function // by variant (gemv.go), then dtype
 	gemvg     map[string]device.Function            // MatmulGroup's kernel by dtype
+	quant     map[string]device.Function            // the quantized kernels the module has, by name (quant.go)
 	gemm      map[string]device.Function
 	llama     llamaFuncs
 	blocks    uint32                 // grid cap for the grid-stride kernels
@@ -496,6 +497,7 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	if err := s.llama.resolve(resolve); err != nil {
 		return fail(err)
 	}
+	s.resolveQuant(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
 	if info.Backend != "sim" && info.ComputeMajor > 0 {
 		if err := s.selfTest(); err != nil {
 			// The self-test could not run: keep to the general kernels.
@@ -833,7 +835,17 @@ func ceilDiv(a, b uint32) uint32 { return uint32((uint64(a) + uint64(b) - 1) / u
 // size and Y to 4 bytes (16-byte alignment and K a multiple of 8 take the
 // vectorized paths). M == 0 or T == 0 launches nothing; K == 0 writes zeros.
 // Errors wrap ErrDType, ErrShape or device.ErrInvalid and name the kernel.
+// A block-quantized dtype (QuantDTypes: W's rows in package quant's blocks,
+// K a multiple of the block) takes X as float32 and runs
+// memwall_qmatmul_<dtype> for every T; a module without that kernel fails
+// with device.ErrUnsupported.
 func (s *Set) Matmul(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device.Stream) error {
+	if _, ok := QuantType(dtype); ok {
+		if M == 0 || T == 0 {
+			return nil
+		}
+		return s.matmulQuant(dtype, W, X, Y, M, K, T, st)
+	}
 	elt, err := ElemSize(dtype)
 	if err != nil {
 		return fmt.Errorf("kernels: matmul: %w", err)

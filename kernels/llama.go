@@ -209,8 +209,12 @@ func (s *Set) launch(name string, f device.Function, grid device.Dim3, st device
 // Embed queues out[t, :] = float32(table[ids[t], :]) for t < T: table is a
 // row-major V×H matrix in wdt, ids T int32 rows of it, out T×H float32.
 // ids must be valid rows (the kernel cannot check them against V). T == 0
-// launches nothing.
+// launches nothing. A block-quantized wdt (QuantDTypes) dequantizes each
+// row, exactly as package quant does (H a multiple of the block).
 func (s *Set) Embed(table device.Ptr, wdt string, ids, out device.Ptr, T, H uint32, st device.Stream) error {
+	if _, ok := QuantType(wdt); ok {
+		return s.embedQuant(table, wdt, ids, out, T, H, st)
+	}
 	code, err := dtCode(wdt)
 	if err != nil {
 		return fmt.Errorf("kernels: %s: %w", NameEmbed, err)

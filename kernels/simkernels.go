@@ -50,7 +50,8 @@ func goKernels() []goKernel {
 		}
 		ks = append(ks, goKernel{name: gemvGroupName(dt), run: runGemvGroup(dt), cost: costGemvGroup(dt)})
 	}
-	return append(ks, llamaGoKernels()...)
+	ks = append(ks, llamaGoKernels()...)
+	return append(ks, quantGoKernels()...)
 }
 
 func argErr(kernel string, i int, want string, got any) error {

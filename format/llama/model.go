@@ -13,6 +13,7 @@ import (
 
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/gguf"
+	"github.com/memwall/memwall/format/quant"
 	"github.com/memwall/memwall/format/weights"
 )
 
@@ -28,8 +29,14 @@ type Tensors struct {
 	Blocks    []Block
 	FinalNorm format.Tensor
 	LMHead    format.Tensor
-	// MatrixDType is the dtype every matrix shares ("BF16", "F16", "F32").
+	// MatrixDType is the dtype every matrix shares ("BF16", "F16", "F32"),
+	// or "F32" when any matrix is block-quantized (Quantized): products
+	// over quantized weights take and give float32 activations, and each
+	// matrix's own type is its Tensor.DType (types may mix in one file).
 	MatrixDType string
+	// Quantized reports whether any matrix is block-quantized (Q8_0, Q4_0,
+	// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
+	Quantized bool
 }
 
 // Model is an opened Llama-family model: its config, its weights, its
@@ -264,12 +271,14 @@ func Bind(cfg *Config, model *format.Model) (*Tensors, error) {
 		if !slices.Equal(w.t.Shape, w.shape) {
 			return nil, bad(w.name, "shape", "%v, but the config implies %v (%s)", w.t.Shape, w.shape, shapeSource(cfg, w.shape, len(w.shape)))
 		}
-		switch w.t.DType {
-		case "BF16", "F16", "F32":
-		default:
-			return nil, bad(w.name, "dtype", "%s unsupported (want BF16, F16 or F32)", w.t.DType)
+		if err := checkDType(w.t, w.matrix); err != nil {
+			return nil, bad(w.name, "dtype", "%s", err)
 		}
 		if !w.matrix {
+			continue
+		}
+		if typ, ok := quant.TypeByName(w.t.DType); ok && typ.IsQuantized() {
+			ts.Quantized = true
 			continue
 		}
 		if ts.MatrixDType == "" {
@@ -278,8 +287,37 @@ func Bind(cfg *Config, model *format.Model) (*Tensors, error) {
 			return nil, bad(w.name, "dtype", "%s, but %s is %s: mixed matrix dtypes unsupported", w.t.DType, embedding.Name, ts.MatrixDType)
 		}
 	}
+	if ts.Quantized {
+		ts.MatrixDType = "F32"
+	}
 	ts.Embedding, ts.FinalNorm = *embedding, *finalNorm
 	return ts, nil
+}
+
+// checkDType accepts BF16, F16 and F32 for every tensor and, for a matrix
+// (matrix true), the block-quantized types whose blocks tile its rows: the
+// row length (Shape[1]) must be a whole number of the type's 32 or 256
+// elements, and Bytes the rows' bytes.
+func checkDType(t *format.Tensor, matrix bool) error {
+	switch t.DType {
+	case "BF16", "F16", "F32":
+		return nil
+	}
+	typ, ok := quant.TypeByName(t.DType)
+	if !ok || !typ.IsQuantized() {
+		return fmt.Errorf("%s unsupported (want BF16, F16, F32, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K)", t.DType)
+	}
+	if !matrix {
+		return fmt.Errorf("%s: a norm weight must be BF16, F16 or F32", t.DType)
+	}
+	k := t.Shape[1]
+	if be := uint64(typ.BlockElems()); k%be != 0 {
+		return fmt.Errorf("%s row of %d elements: not a multiple of the type's %d-element blocks", t.DType, k, be)
+	}
+	if want := t.Shape[0] * (k / uint64(typ.BlockElems())) * uint64(typ.BlockBytes()); t.Bytes != want {
+		return fmt.Errorf("%s %v: %d bytes, want %d (%d-byte blocks of %d)", t.DType, t.Shape, t.Bytes, want, typ.BlockBytes(), typ.BlockElems())
+	}
+	return nil
 }
 
 func shapeSource(cfg *Config, shape []uint64, n int) string {

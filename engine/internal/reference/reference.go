@@ -20,6 +20,7 @@ import (
 
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/format/quant"
 	"github.com/memwall/memwall/kernels"
 )
 
@@ -270,7 +271,14 @@ func widen(m *format.Model, t format.Tensor) ([]float32, error) {
 			out[i] = conv(binary.LittleEndian.Uint16(b[2*i:]))
 		}
 	default:
-		return nil, fmt.Errorf("reference: tensor %s: dtype %s", t.Name, t.DType)
+		typ, ok := quant.TypeByName(t.DType)
+		if !ok || !typ.IsQuantized() {
+			return nil, fmt.Errorf("reference: tensor %s: dtype %s", t.Name, t.DType)
+		}
+		// Block-quantized: ggml's dequantized values, the reference's weights.
+		if err := quant.Dequantize(typ, out, b); err != nil {
+			return nil, fmt.Errorf("reference: tensor %s: %w", t.Name, err)
+		}
 	}
 	return out, nil
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/pool"
 )
@@ -141,4 +143,116 @@ func hostedBytes(e *Engine) uint64 {
 		}
 	}
 	return n
+}
+
+// Rates are measured bandwidths the decode placement is chosen from: the
+// link's host-to-device copies and the host's products (weight bytes read
+// per second) each alone, and each while the other runs (the host's memory
+// feeds both: measured, they are lower). A zero rate means that path is
+// not used: LinkGBps 0 hosts whatever does not fit, HostGBps 0 hosts
+// nothing.
+type Rates struct {
+	LinkGBps, HostGBps         float64
+	LinkBothGBps, HostBothGBps float64
+}
+
+// Placement is PlaceHost's answer: which blocks the host computes, the
+// device footprint for them, and the decode step it predicts.
+type Placement struct {
+	HostLayers []bool
+	Footprint  *Footprint
+	// StreamedBytes and HostBytes are the weight bytes a decode step
+	// copies over the link and reads on the host.
+	StreamedBytes, HostBytes uint64
+	// DecodeSeconds is the predicted weight time of one decode step:
+	// max(streamed/link, hosted/host) at the rates of both at once, or the
+	// one that runs at its rate alone (resident products not counted).
+	DecodeSeconds float64
+}
+
+// spread hosts n of L blocks spaced evenly over the depth (S C S C … for
+// n = L/2), so that while the host computes one the link fills the next
+// streamed block's slot.
+func spread(L, n int) []bool {
+	h := make([]bool, L)
+	for l := range h {
+		h[l] = (l+1)*n/L > l*n/L
+	}
+	return h
+}
+
+// PlaceHost chooses how many blocks the host computes, from 0 to all,
+// spread evenly, under o's budget: the count whose plan fits and predicts
+// the shortest decode step at rates r (ties: fewer hosted). o.HostLayers
+// is ignored. The footprint is Estimate's for the chosen blocks, so New
+// with Options.HostLayers set to the answer runs that plan.
+func PlaceHost(ctx context.Context, m *llama.Model, o Options, info device.Info, r Rates) (*Placement, error) {
+	L := m.Config.Layers
+	var best *Placement
+	var firstErr error
+	maxHosted := L
+	if r.HostGBps <= 0 {
+		maxHosted = 0
+	}
+	for n := 0; n <= maxHosted; n++ {
+		po := o
+		po.HostLayers = spread(L, n)
+		f, err := Estimate(ctx, m, po, info)
+		if err != nil {
+			if !errors.Is(err, ErrBudget) {
+				return nil, err
+			}
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		p := &Placement{HostLayers: po.HostLayers, Footprint: f}
+		for _, g := range f.Plan.Groups {
+			if !g.Resident {
+				p.StreamedBytes += g.Bytes
+			}
+		}
+		sh, err := newShell(m, po)
+		if err != nil {
+			return nil, err
+		}
+		p.HostBytes = hostedBytes(sh)
+		p.DecodeSeconds = predict(p.StreamedBytes, p.HostBytes, r)
+		if best == nil || p.DecodeSeconds < best.DecodeSeconds {
+			best = p
+		}
+	}
+	if best == nil {
+		return nil, firstErr
+	}
+	if !slices.Contains(best.HostLayers, true) {
+		best.HostLayers = nil
+	}
+	return best, nil
+}
+
+// predict is the weight time of a decode step that streams s bytes and
+// reads h on the host.
+func predict(s, h uint64, r Rates) float64 {
+	sec := func(b uint64, gbps float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		if gbps <= 0 {
+			return math.Inf(1)
+		}
+		return float64(b) / (gbps * 1e9)
+	}
+	if s == 0 || h == 0 {
+		return sec(s, r.LinkGBps) + sec(h, r.HostGBps)
+	}
+	lb, hb := r.LinkBothGBps, r.HostBothGBps
+	if lb <= 0 {
+		lb = r.LinkGBps
+	}
+	if hb <= 0 {
+		hb = r.HostGBps
+	}
+	return max(sec(s, lb), sec(h, hb))
 }

@@ -163,3 +163,44 @@ func TestHybridRandomPlacements(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceHost: a budget that holds the model hosts nothing; one that
+// streams hosts blocks when the host reads faster than the link, none when
+// it has no rate, and the plan it returns runs with those tokens.
+func TestPlaceHost(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	r := newRig(t, testDevice(t))
+	small := smallBudget(t, r, m, false)
+	rates := engine.Rates{LinkGBps: 55, HostGBps: 85, LinkBothGBps: 50, HostBothGBps: 75}
+	for _, c := range []struct {
+		name   string
+		budget uint64
+		rates  engine.Rates
+		hosts  bool
+	}{
+		{"resident", 256 << 20, rates, false},
+		{"small", small, rates, true},
+		{"small, no host rate", small, engine.Rates{LinkGBps: 55}, false},
+	} {
+		o := engine.Options{Budget: c.budget, MaxTokens: 96, PrefillChunk: 16}
+		p, err := engine.PlaceHost(ctx, m, o, r.d.Info(), c.rates)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := slices.Contains(p.HostLayers, true); got != c.hosts {
+			t.Fatalf("%s: hosts blocks %v (%v), want %v", c.name, got, p.HostLayers, c.hosts)
+		}
+		if c.hosts && (p.HostBytes == 0 || p.DecodeSeconds <= 0) {
+			t.Fatalf("%s: host bytes %d, decode %g s", c.name, p.HostBytes, p.DecodeSeconds)
+		}
+		if c.hosts {
+			host, hr := simHost(t)
+			o.HostLayers, o.Host = p.HostLayers, host
+			res := generate(t, r, hr, o, prompt(9, m.Config.Vocab, 1), 4)
+			if res.HostBytesPerToken != p.HostBytes {
+				t.Fatalf("%s: run hosts %d bytes per token, placement said %d", c.name, res.HostBytesPerToken, p.HostBytes)
+			}
+		}
+	}
+}

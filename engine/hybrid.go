@@ -152,8 +152,10 @@ func hostedBytes(e *Engine) uint64 {
 // not used: LinkGBps 0 hosts whatever does not fit, HostGBps 0 hosts
 // nothing.
 type Rates struct {
-	LinkGBps, HostGBps         float64
-	LinkBothGBps, HostBothGBps float64
+	LinkGBps     float64 `json:"link_gbps"`
+	HostGBps     float64 `json:"host_gbps"`
+	LinkBothGBps float64 `json:"link_both_gbps"`
+	HostBothGBps float64 `json:"host_both_gbps"`
 }
 
 // Placement is PlaceHost's answer: which blocks the host computes, the

@@ -96,21 +96,15 @@ type runJSON struct {
 	BudgetBytes           uint64 `json:"budget_bytes"`
 	BudgetDefault         bool   `json:"budget_default"`
 	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
-	// HostBytesPerToken is the weight bytes the host's cores read per
-	// decode step (blocks placed on the host); Placement says, per block,
-	// "resident", "streamed" or "host"; Rates are what chose it.
-	HostBytesPerToken uint64        `json:"host_bytes_per_token"`
-	Placement         []string      `json:"placement"`
-	Rates             *engine.Rates `json:"rates,omitempty"`
-	ResidentBytes     uint64        `json:"resident_bytes"`
-	ResidentGroups    int           `json:"resident_groups"`
-	StreamedGroups    int           `json:"streamed_groups"`
-	Groups            int           `json:"groups"`
-	KVBytes           uint64        `json:"kv_bytes"`
-	ArenaBytes        uint64        `json:"arena_bytes"`
-	Source            string        `json:"source"`
-	Gemm              string        `json:"gemm"`
-	Kernels           string        `json:"kernels"`
+	ResidentBytes         uint64 `json:"resident_bytes"`
+	ResidentGroups        int    `json:"resident_groups"`
+	StreamedGroups        int    `json:"streamed_groups"`
+	Groups                int    `json:"groups"`
+	KVBytes               uint64 `json:"kv_bytes"`
+	ArenaBytes            uint64 `json:"arena_bytes"`
+	Source                string `json:"source"`
+	Gemm                  string `json:"gemm"`
+	Kernels               string `json:"kernels"`
 	// KernelsOverlap: kernels launch overlapped (programmatic dependent
 	// launch; MEMWALL_KERNELS_PDL=0 turns it off), for comparing profiles.
 	KernelsOverlap bool `json:"kernels_overlap"`
@@ -121,6 +115,13 @@ type runJSON struct {
 	// leaves them out), and the first of them.
 	UndecodableTokens *int `json:"undecodable_tokens,omitempty"`
 	FirstUndecodable  *int `json:"first_undecodable_id,omitempty"`
+
+	// HostBytesPerToken is the weight bytes the host's cores read per
+	// decode step (blocks placed on the host); Placement says, per block,
+	// "resident", "streamed" or "host"; Rates are what chose it.
+	HostBytesPerToken uint64        `json:"host_bytes_per_token"`
+	Placement         []string      `json:"placement"`
+	Rates             *engine.Rates `json:"rates,omitempty"`
 }
 
 type runFlags struct {

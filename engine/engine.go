@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/format"
@@ -129,6 +130,20 @@ type Options struct {
 	Profile bool
 	// Logger receives debug logs; nil is silent.
 	Logger *slog.Logger
+	// HostLayers[l] true computes block l on the host device (Host) in
+	// every step: its weights and its K/V live there, none of its bytes
+	// take the budget, and the residual stream crosses to the host and
+	// back around each run of such blocks. nil or all false: every block
+	// runs on d. Its length must be the model's block count when set.
+	// Estimate needs no Host; New does when a block is hosted.
+	HostLayers []bool
+	// Host is the device hosted blocks run on (device/cpu with
+	// kernels.CPU(), or a second simulator in tests).
+	Host *Host
+
+	// part, set only on the engine New makes for the hosted blocks, keeps
+	// just these blocks' weights in the plan (all resident).
+	part []bool
 }
 
 func (o Options) withDefaults(c *llama.Config) Options {
@@ -153,6 +168,9 @@ func (o Options) withDefaults(c *llama.Config) Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if !slices.Contains(o.HostLayers, true) {
+		o.HostLayers = nil
 	}
 	return o
 }
@@ -223,6 +241,15 @@ type Engine struct {
 	embedding device.Ptr
 	ownStream bool
 	closed    bool
+
+	// kvLayer[l] is block l's layer in this engine's KV cache (-1: not
+	// here), kvLayers how many it holds.
+	kvLayer  []int
+	kvLayers int
+	// sub runs the hosted blocks (Options.HostLayers) on Options.Host;
+	// hostX carries the residual stream between the devices.
+	sub   *Engine
+	hostX crossing
 }
 
 // groupUse says which weights a plan group holds, by position in its
@@ -277,7 +304,11 @@ func newShell(m *llama.Model, o Options) (*Engine, error) {
 	if o.Budget == 0 {
 		return nil, errors.New("engine: budget is 0")
 	}
+	if o.HostLayers != nil && len(o.HostLayers) != cfg.Layers {
+		return nil, fmt.Errorf("engine: %d host layer flags for a model of %d blocks", len(o.HostLayers), cfg.Layers)
+	}
 	e := &Engine{model: m, cfg: cfg, opt: o}
+	e.kvLayer, e.kvLayers = kvLayers(cfg.Layers, e.runsHere)
 	e.dt = plan.MatmulDType(m.Tensors.MatrixDType)
 	if e.dt == "" {
 		return nil, fmt.Errorf("engine: matrix dtype %s: not one the kernels multiply", m.Tensors.MatrixDType)
@@ -376,7 +407,7 @@ func (e *Engine) estimateAt(ctx context.Context, info device.Info, chunk, slots 
 		return nil, fmt.Errorf("engine: activation plan: %w", err)
 	}
 	blocks := (o.MaxTokens + o.BlockTokens - 1) / o.BlockTokens
-	f.kvCfg = kvcache.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
+	f.kvCfg = kvcache.Config{Layers: e.kvLayers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
 		BlockTokens: o.BlockTokens, Blocks: blocks}
 	f.KVBytes = f.kvCfg.BlockBytes() * uint64(blocks)
 	f.ArenaBytes = f.layout.ArenaBytes
@@ -436,7 +467,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return e, fmt.Errorf("engine: KV cache: %w", err)
 	}
 	e.layout = kernels.KVLayout{BlockTokens: uint32(o.BlockTokens), KVHeads: uint32(cfg.KVHeads), HeadDim: uint32(cfg.HeadDim),
-		Layers: uint32(cfg.Layers), DType: e.dt, BlockBytes: e.kv.BlockBytes()}
+		Layers: uint32(e.kvLayers), DType: e.dt, BlockBytes: e.kv.BlockBytes()}
 	if e.arena, err = bind.Bind(dev, e.foot.bufs, e.foot.layout); err != nil {
 		return e, fmt.Errorf("engine: %w", err)
 	}
@@ -451,6 +482,9 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return e, err
 	}
 	e.groupProducts()
+	if err := e.openHost(ctx); err != nil {
+		return e, err
+	}
 	for range e.plan.Groups {
 		ev, err := d.NewEvent(false)
 		if err != nil {
@@ -610,6 +644,12 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64, slots int) (*p
 			return nil, err
 		}
 	}
+	groups = slices.DeleteFunc(groups, func(g plan.WeightGroup) bool {
+		if e.opt.part != nil {
+			return g.Layer < 0 || !e.opt.part[g.Layer]
+		}
+		return g.Layer >= 0 && !e.runsHere(g.Layer)
+	})
 	// Resident blocks spread over the depth, so that the copies of the
 	// streamed ones overlap the resident ones' products (prefill).
 	wo := plan.WeightOptions{Slots: slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256, Spread: true}
@@ -804,6 +844,9 @@ func (e *Engine) Close() error {
 	var errs []error
 	if e.compute != 0 {
 		errs = append(errs, e.d.StreamSynchronize(e.compute))
+	}
+	if e.sub != nil {
+		errs = append(errs, e.sub.Close(), e.hostX.close())
 	}
 	if e.arena != nil {
 		errs = append(errs, e.arena.Release())

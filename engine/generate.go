@@ -32,6 +32,9 @@ type Result struct {
 	PrefillDeviceSeconds float64 `json:"prefill_device_seconds,omitempty"`
 	// StreamedBytesPerToken is the weight bytes copied per decode step.
 	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
+	// HostBytesPerToken is the weight bytes the host device's products
+	// read per decode step (the hosted blocks, Options.HostLayers).
+	HostBytesPerToken uint64 `json:"host_bytes_per_token"`
 	// ProductWeightBytes is the weight bytes a decode step's matrix
 	// products read (every block's seven matrices and the LM head).
 	ProductWeightBytes uint64 `json:"product_weight_bytes"`
@@ -163,6 +166,7 @@ func (e *Engine) decode(ctx context.Context, seq kvcache.SeqID, pos, tok int, s 
 	decodeStart := time.Now()
 	streamed0 := e.res.Stats().StreamedBytes
 	res.ProductWeightBytes = e.productWeightBytes()
+	res.HostBytesPerToken = e.HostWeightBytes()
 	var profiled time.Duration // wall time of the profiled steps
 	steps, profiledSteps := 0, 0
 	for {

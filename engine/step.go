@@ -194,31 +194,27 @@ type stepOut struct {
 // sequence's block table (covering start+len(ids) positions).
 func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (stepOut, error) {
 	T := len(ids)
-	st := e.staging.Bytes()
-	idsB, posB := st[:4*T], st[4*T:8*T]
-	tabB := st[8*T : 8*T+4*len(table)]
-	for i, id := range ids {
-		binary.LittleEndian.PutUint32(idsB[4*i:], uint32(id))
-		binary.LittleEndian.PutUint32(posB[4*i:], uint32(start+i))
+	if err := e.upload(ids, start, table); err != nil {
+		return stepOut{}, err
 	}
-	for i, b := range table {
-		binary.LittleEndian.PutUint32(tabB[4*i:], uint32(b))
-	}
-	cs := e.compute
-	for _, c := range []struct {
-		dst device.Ptr
-		src []byte
-	}{{e.bufs[bIDs], idsB}, {e.bufs[bPos], posB}, {e.bufs[bTable], tabB}} {
-		if err := e.d.CopyHtoD(c.dst, c.src, cs); err != nil {
-			return stepOut{}, fmt.Errorf("engine: upload step inputs: %w", err)
-		}
-	}
+	cs, st := e.compute, e.staging.Bytes()
 	e.at = e.addrs(T)
 	c := &cursor{e: e}
+	var hc *cursor
+	if e.sub != nil {
+		if err := e.sub.upload(ids, start, table); err != nil {
+			return stepOut{}, err
+		}
+		e.sub.at = e.sub.addrs(T)
+		hc = &cursor{e: e.sub}
+	}
 	var out stepOut
-	err := e.pass(c, T, start, wantLogits)
+	err := e.pass(c, hc, T, start, wantLogits)
 	if err == nil {
 		err = c.drain()
+	}
+	if err == nil && hc != nil {
+		err = hc.drain()
 	}
 	if err == nil {
 		err = e.endProfile()
@@ -239,16 +235,54 @@ func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (s
 	return out, nil
 }
 
+// upload copies a step's token ids, positions and block table to the
+// device on the compute stream, through the pinned staging buffer.
+func (e *Engine) upload(ids []int32, start int, table []int32) error {
+	T := len(ids)
+	st := e.staging.Bytes()
+	idsB, posB := st[:4*T], st[4*T:8*T]
+	tabB := st[8*T : 8*T+4*len(table)]
+	for i, id := range ids {
+		binary.LittleEndian.PutUint32(idsB[4*i:], uint32(id))
+		binary.LittleEndian.PutUint32(posB[4*i:], uint32(start+i))
+	}
+	for i, b := range table {
+		binary.LittleEndian.PutUint32(tabB[4*i:], uint32(b))
+	}
+	for _, c := range []struct {
+		dst device.Ptr
+		src []byte
+	}{{e.bufs[bIDs], idsB}, {e.bufs[bPos], posB}, {e.bufs[bTable], tabB}} {
+		if err := e.d.CopyHtoD(c.dst, c.src, e.compute); err != nil {
+			return fmt.Errorf("engine: upload step inputs: %w", err)
+		}
+	}
+	return nil
+}
+
 // pass queues the forward pass over T tokens at positions start.., and
-// the logits' download when wanted, in the op list's order.
-func (e *Engine) pass(c *cursor, T, start int, wantLogits bool) error {
+// the logits' download when wanted, in the op list's order. Blocks that
+// run on the host device go there in runs (hc walks its weights).
+func (e *Engine) pass(c, hc *cursor, T, start int, wantLogits bool) error {
 	if err := e.embed(c, T); err != nil {
 		return err
 	}
-	for l := range e.cfg.Layers {
-		if err := e.block(c, l, T, start); err != nil {
+	for l := 0; l < e.cfg.Layers; {
+		if e.runsHere(l) {
+			if err := e.block(c, l, T, start); err != nil {
+				return err
+			}
+			l++
+			continue
+		}
+		b := l + 1
+		for b < e.cfg.Layers && !e.runsHere(b) {
+			b++
+		}
+		if err := e.hostRun(hc, l, b, T, start); err != nil {
 			return err
 		}
+		l = b
 	}
 	if !wantLogits {
 		return nil
@@ -555,7 +589,7 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	if err := e.mark(ClassAttention, "kv write"); err != nil {
 		return err
 	}
-	layer := uint32(l)
+	layer := uint32(e.kvLayer[l])
 	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
 		return blockErr(l, "kv write", err)
 	}

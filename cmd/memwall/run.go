@@ -115,6 +115,13 @@ type runJSON struct {
 	// leaves them out), and the first of them.
 	UndecodableTokens *int `json:"undecodable_tokens,omitempty"`
 	FirstUndecodable  *int `json:"first_undecodable_id,omitempty"`
+
+	// HostBytesPerToken is the weight bytes the host's cores read per
+	// decode step (blocks placed on the host); Placement says, per block,
+	// "resident", "streamed" or "host"; Rates are what chose it.
+	HostBytesPerToken uint64        `json:"host_bytes_per_token"`
+	Placement         []string      `json:"placement"`
+	Rates             *engine.Rates `json:"rates,omitempty"`
 }
 
 type runFlags struct {
@@ -129,6 +136,7 @@ type runFlags struct {
 	ungrouped                bool
 	logitsOut, source        string
 	pools                    poolFlags
+	place                    placementFlags
 }
 
 func runRun(e *env, args []string) error {
@@ -154,6 +162,9 @@ func runRun(e *env, args []string) error {
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object")
 	f.pools.add(fs)
+	fs.StringVar(&f.place.placement, "placement", "auto", "blocks the budget cannot hold: stream (copied to the device each step), host (computed on the host's cores) or auto (on a CUDA device, what the measured link and host rates predict is faster for decode; stream on the simulator)")
+	fs.Float64Var(&f.place.linkGBps, "link-gbps", 0, "host-to-device GB/s for --placement auto (0: measure)")
+	fs.Float64Var(&f.place.hostGBps, "host-gbps", 0, "host product GB/s (weights read) for --placement auto (0: measure)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -195,6 +206,9 @@ func runRun(e *env, args []string) error {
 		return err
 	}
 	if err := f.pools.check(); err != nil {
+		return err
+	}
+	if err := f.place.check(); err != nil {
 		return err
 	}
 	if err := checkFiles(e, modelInputs("MODEL", pos[0]), append(f.pools.outputs(), logits)...); err != nil {
@@ -280,7 +294,7 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
 		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing,
-			Profile: f.profile, Ungrouped: f.ungrouped}, quiet: f.asJSON, pools: &f.pools}
+			Profile: f.profile, Ungrouped: f.ungrouped}, quiet: f.asJSON, pools: &f.pools, placement: &f.place}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
@@ -336,6 +350,10 @@ type generation struct {
 	opts     engine.Options // Budget and MaxTokens are filled in
 	quiet    bool           // print no tokens as they come
 	pools    *poolFlags     // --oom-snapshot and --pool-log; nil: neither
+	// placement is --placement and its rates (nil: stream); rates, what
+	// place measured.
+	placement *placementFlags
+	rates     *engine.Rates
 }
 
 // run plans the budget, makes the pools and the engine, generates
@@ -372,6 +390,13 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	rp, err := reserveRun(e.ctx, d, ks, m, g.vram, o)
 	if err != nil {
 		return out, nil, g.planError(e, d, o, rp.budget, err)
+	}
+	hs, err := g.place(e, d, ks, &rp, backend)
+	if err != nil {
+		return out, nil, err
+	}
+	if hs != nil {
+		defer hs.close()
 	}
 	budget := rp.budget
 	if budget.Warning != "" && !g.quiet {
@@ -431,6 +456,8 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		fmt.Fprint(e.stdout, dec.Flush())
 	}
 	fillRunJSON(&out, eng, dev, res)
+	out.HostBytesPerToken, out.Rates = res.HostBytesPerToken, g.rates
+	out.Placement = blockPlacement(eng, m.Config.Layers, rp.opts.HostLayers)
 	if g.tok != nil {
 		text := g.tok.Decode(res.Tokens, true)
 		out.Text = &text
@@ -494,6 +521,10 @@ func printRun(e *env, o runJSON) {
 		o.ResidentGroups, o.Groups, humanBytes(o.ResidentBytes), humanBytes(o.StreamedBytesPerToken), o.Source)
 	fmt.Fprintf(w, "  KV cache %s, activation arena %s; prefill in chunks of %d tokens (%s), %d staging slots (%s)\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes),
 		o.PrefillChunk, chosenOrGiven(o.ChunkChosen), o.Slots, chosenOrGiven(o.SlotsChosen))
+	if o.HostBytesPerToken > 0 {
+		fmt.Fprintf(w, "  host computes %d of %d blocks (%s of weights per token): %s\n", countOf(o.Placement, "host"), len(o.Placement),
+			humanBytes(o.HostBytesPerToken), strings.Join(o.Placement, " "))
+	}
 }
 
 func chosenOrGiven(chosen bool) string {

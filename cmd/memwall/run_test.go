@@ -419,3 +419,40 @@ func TestRunUndecodableWarns(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want one warning %q", code, errOut, want)
 	}
 }
+
+// TestRunPlacement: a budget that cannot hold the model with --placement
+// host computes blocks on the host's cores, reports host_bytes_per_token
+// and the placement of each block, and gives the tokens of the streamed
+// run; --placement stream hosts nothing.
+func TestRunPlacement(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	args := []string{"--prompt-ids", "5,17,300,42,9,77", "--max-new", "12", "--ignore-eos", "--device", "sim", "--json", "--vram", "6MiB"}
+	hosted := runJSONOut(t, append([]string{"run", dir, "--placement", "host"}, args...)...)
+	streamed := runJSONOut(t, append([]string{"run", dir, "--placement", "stream"}, args...)...)
+	if hosted["host_bytes_per_token"].(float64) == 0 {
+		t.Fatalf("--placement host: host_bytes_per_token 0: %v", hosted)
+	}
+	if streamed["host_bytes_per_token"].(float64) != 0 || streamed["streamed_bytes_per_token"].(float64) == 0 {
+		t.Fatalf("--placement stream: %v", streamed)
+	}
+	pl, _ := hosted["placement"].([]any)
+	n := 0
+	for _, p := range pl {
+		if p == "host" {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("placement %v names no host block", pl)
+	}
+	if a, b := tokensOf(hosted), tokensOf(streamed); !equalInts(a, b) {
+		t.Errorf("hosted %v, streamed %v", a, b)
+	}
+	if hosted["peak_device_bytes"].(float64) > hosted["budget_bytes"].(float64) {
+		t.Errorf("peak %v above the budget %v", hosted["peak_device_bytes"], hosted["budget_bytes"])
+	}
+	code, _, errOut := runVerbSim(t, "run", dir, "--prompt-ids", "1", "--device", "sim", "--placement", "sideways")
+	if code != 2 || !strings.Contains(errOut, "--placement") {
+		t.Errorf("--placement sideways: exit %d, %s", code, errOut)
+	}
+}

@@ -68,6 +68,11 @@ type Info struct {
 	// Integrated is true when the GPU shares physical memory with the host
 	// (unified memory SoCs): then host memory should be used zero-copy.
 	Integrated bool `json:"integrated"`
+	// HostMemory is true when device memory is host memory and a
+	// registered host range's DevicePtr is its own host address, read by
+	// kernels at host speed (the CPU device): resident weights are then
+	// used in place from the mapped file, never copied.
+	HostMemory bool `json:"host_memory"`
 	// CanMapHostMemory reports whether pinned host memory can be mapped into
 	// the device address space (zero-copy access).
 	CanMapHostMemory bool `json:"can_map_host_memory"`

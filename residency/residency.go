@@ -206,6 +206,8 @@ type Residency struct {
 	prefetch int
 
 	registered []*device.HostBuffer
+	inPlace    bool               // resident groups are views of the registered mapping
+	regPtr     map[string]regBase // per file, where its registered range starts
 	hostBlocks []pool.Block
 	bounce     []pool.Block
 	bounceDone []device.Event
@@ -235,6 +237,11 @@ type Stats struct {
 	// mapping registered in place.
 	HostBytes       uint64 `json:"host_bytes"`
 	RegisteredBytes uint64 `json:"registered_bytes"`
+	// InPlaceBytes are the resident groups' bytes read in place from the
+	// registered mapping (a device whose memory is host memory): they take
+	// no device memory (ResidentBytes excludes them) and count as the
+	// file's page cache, not as memory the residency allocated.
+	InPlaceBytes uint64 `json:"in_place_bytes"`
 	// StreamedBytes are the bytes copied into slots so far, Copies the
 	// group copies, Dropped the copied-ahead groups whose slot was taken
 	// before they were acquired.
@@ -320,6 +327,9 @@ func (r *Residency) init(ctx context.Context) error {
 	if r.copyS, err = r.d.NewStream(); err != nil {
 		return fmt.Errorf("residency: copy stream: %w", err)
 	}
+	if err := r.placeInPlace(); err != nil {
+		return err
+	}
 	if err := r.allocate(); err != nil {
 		return err
 	}
@@ -402,7 +412,7 @@ func (r *Residency) allocate() error {
 	// could find only scattered free pages.
 	order := make([]int, 0, len(r.groups))
 	for i := range r.groups {
-		if r.groups[i].resident && r.groups[i].plan.Region > 0 {
+		if r.groups[i].resident && r.groups[i].plan.Region > 0 && !r.inPlace {
 			order = append(order, i)
 		}
 	}

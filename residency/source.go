@@ -34,6 +34,10 @@ func (r *Residency) prepareSource() error {
 			want = Bounce
 		}
 	}
+	if want == Register && r.inPlace {
+		r.source = Register // registered by placeInPlace
+		return nil
+	}
 	if want == Register {
 		err := r.register()
 		if err == nil {
@@ -90,6 +94,7 @@ func (r *Residency) register() error {
 		}
 	}
 	const page = 4096
+	r.regPtr = map[string]regBase{}
 	base := map[string][]byte{}
 	baseOff := map[string]uint64{}
 	for _, f := range slices.Sorted(maps.Keys(spans)) {
@@ -112,6 +117,7 @@ func (r *Residency) register() error {
 		r.registered = append(r.registered, hb)
 		r.stats.RegisteredBytes += uint64(len(b))
 		base[f], baseOff[f] = hb.Bytes, lo
+		r.regPtr[f] = regBase{ptr: hb.DevicePtr, off: lo}
 	}
 	for _, i := range r.streamed {
 		g := &r.groups[i]
@@ -272,3 +278,42 @@ func parallelCopy(dst, src []byte) {
 }
 
 func alignUp(x, a uint64) uint64 { return (x + a - 1) / a * a }
+
+// regBase is where a registered range of a file starts: its device
+// address and its file offset.
+type regBase struct {
+	ptr device.Ptr
+	off uint64
+}
+
+// placeInPlace, on a device whose memory is host memory
+// (Info().HostMemory), registers the model's mapping read-only and points
+// every resident tensor's view at its bytes there: nothing is allocated or
+// copied for resident groups. When the mapping cannot be registered (a
+// file read into memory rather than mapped, say) it undoes the
+// registration, logs why, and leaves the resident groups to be copied.
+func (r *Residency) placeInPlace() error {
+	if !r.d.Info().HostMemory {
+		return nil
+	}
+	if err := r.register(); err != nil {
+		r.log.Debug("residency: using the mapped file in place failed, copying the resident groups", "err", err)
+		r.regPtr = nil
+		return r.unregister()
+	}
+	r.inPlace = true
+	for i := range r.groups {
+		g := &r.groups[i]
+		if !g.resident {
+			continue
+		}
+		for j, t := range g.plan.Tensors {
+			b := r.regPtr[t.File]
+			g.views[j].Ptr = b.ptr.Add(t.Offset - b.off)
+		}
+		for _, e := range g.plan.Extents {
+			r.stats.InPlaceBytes += e.Bytes
+		}
+	}
+	return nil
+}

@@ -37,7 +37,7 @@ func demoSteps() []demoStep {
 }
 
 func runDemo(e *env, args []string) error {
-	fs := newFlags(e, "demo", "[--device auto|cuda|sim] [--oom-snapshot FILE]")
+	fs := newFlags(e, "demo", "[--device auto|cuda|sim|cpu] [--oom-snapshot FILE]")
 	var df deviceFlag
 	df.add(fs)
 	var snap oomSnapshot
@@ -143,6 +143,8 @@ func demoTransfer(e *env, d device.Device) error {
 }
 
 // hasLlamaKernels reports whether memwall's Llama kernels run on the
-// backend: PTX on CUDA, their Go twins on the simulator; Vulkan has only
-// the SPIR-V matrix product so far.
-func hasLlamaKernels(backend string) bool { return backend == auto.CUDA || backend == auto.Sim }
+// backend: PTX on CUDA, their Go twins on the simulator, the host kernels
+// on the CPU; Vulkan has only the SPIR-V matrix product so far.
+func hasLlamaKernels(backend string) bool {
+	return backend == auto.CUDA || backend == auto.Sim || backend == auto.CPU
+}

@@ -64,6 +64,8 @@ type infoJSON struct {
 // strategyFor says what memwall does about the topology.
 func strategyFor(in device.Info) string {
 	switch {
+	case in.HostMemory:
+		return "host memory: resident weights are read in place from the read-only mapping of the model file (no copy; they count as the file's page cache), kernels run on the host's cores"
 	case in.Integrated:
 		return "unified memory: weights are used in place from host memory (zero-copy through mapped pointers), no staging copies"
 	case in.PageableMemoryAccess:
@@ -107,12 +109,22 @@ func runInfo(e *env, args []string) error {
 		}
 	}
 	fmt.Fprintf(w, "memory       %s total, %s free\n", humanBytes(in.TotalBytes), humanBytes(free))
-	fmt.Fprintf(w, "compute      capability %d.%d, %d multiprocessors\n", in.ComputeMajor, in.ComputeMinor, in.Multiprocessors)
+	if in.HostMemory {
+		fmt.Fprintf(w, "compute      %d worker cores\n", in.Multiprocessors)
+	} else {
+		fmt.Fprintf(w, "compute      capability %d.%d, %d multiprocessors\n", in.ComputeMajor, in.ComputeMinor, in.Multiprocessors)
+	}
 	topo := "discrete GPU"
-	if in.Integrated {
+	switch {
+	case in.HostMemory:
+		topo = "the host itself (device memory is host memory)"
+	case in.Integrated:
 		topo = "integrated GPU (unified memory)"
 	}
 	link := "PCIe link unknown"
+	if in.HostMemory {
+		link = "no link"
+	}
 	if in.PCIeGen > 0 {
 		link = fmt.Sprintf("PCIe Gen%d x%d", in.PCIeGen, in.PCIeWidth)
 	}

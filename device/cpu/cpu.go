@@ -124,6 +124,7 @@ func New(o Options) (*Device, error) {
 		TotalBytes:           o.TotalBytes,
 		Multiprocessors:      o.Workers,
 		Integrated:           true,
+		HostMemory:           true,
 		CanMapHostMemory:     true,
 		PageableMemoryAccess: true,
 		ReadOnlyHostRegister: true,
@@ -135,7 +136,9 @@ func New(o Options) (*Device, error) {
 }
 
 // Info describes the device: backend "cpu", Multiprocessors the workers,
-// Integrated (device memory is host memory), no compute capability.
+// Integrated and HostMemory (device memory is host memory: residency
+// reads resident weights in place from the mapped file), no compute
+// capability.
 func (d *Device) Info() device.Info {
 	in := d.info
 	in.Disabled = append([]string(nil), d.info.Disabled...)

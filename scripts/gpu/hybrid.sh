@@ -41,8 +41,10 @@ for p in auto stream; do
 done
 timeout 120 "$bin/memwall" fit "$m" --vram 8GiB --prompt-tokens 448 --max-new 64 --json >"$dir/fit.json" 2>"$dir/fit.err" ||
   { echo "memwall fit failed:"; tail -5 "$dir/fit.err"; }
-lb=/tmp/llama-bench
-xz -dc "$anchors/llama-bench.xz" >"$lb" && chmod +x "$lb"
+# LLAMA_BENCH names a llama-bench already built on the machine (the anchors'
+# build-llama.cpp.sh), for when llama-bench.xz cannot travel with the tree.
+lb=${LLAMA_BENCH:-/tmp/llama-bench}
+[ -n "${LLAMA_BENCH:-}" ] || { xz -dc "$anchors/llama-bench.xz" >"$lb" && chmod +x "$lb"; }
 for n in 16 17 18 19 20; do
   sampled "llama-ngl$n" timeout 300 "$lb" -m "$m" -fa 1 -ngl "$n" -t "$(nproc)" -p 512 -n 128 -r 2 -o json \
     >"$dir/llama-ngl$n.json" 2>"$dir/llama-ngl$n.err" || { echo "llama-bench -ngl $n failed:"; tail -5 "$dir/llama-ngl$n.err"; }

@@ -2400,24 +2400,34 @@ __device__ __forceinline__ void qembed(const uint8_t* table, const int32_t* ids,
     }
 }
 
-#define MEMWALL_QUANT_KERNELS(name, kind)                                                              \
-    extern "C" __global__ void __launch_bounds__(256) memwall_qmatmul_##name(                          \
-        const void* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {                 \
+#define MEMWALL_QMATMUL_ENTRY(NAME, kind)                                                              \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const void* W, const float* X, float* Y,      \
+                                                           uint32_t M, uint32_t K, uint32_t T) {        \
         pdl_enter();                                                                                   \
         qmatmul<kind>(static_cast<const uint8_t*>(W), X, Y, M, K, T);                                  \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) memwall_qembed_##name(                           \
-        const void* table, const int32_t* ids, float* out, uint32_t T, uint32_t H) {                   \
+    }
+#define MEMWALL_QEMBED_ENTRY(NAME, kind)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const void* table, const int32_t* ids,       \
+                                                           float* out, uint32_t T, uint32_t H) {        \
         pdl_enter();                                                                                   \
         qembed<kind>(static_cast<const uint8_t*>(table), ids, out, T, H);                              \
     }
 
-MEMWALL_QUANT_KERNELS(q8_0, kQ8_0)
-MEMWALL_QUANT_KERNELS(q4_0, kQ4_0)
-MEMWALL_QUANT_KERNELS(q5_0, kQ5_0)
-MEMWALL_QUANT_KERNELS(q5_1, kQ5_1)
-MEMWALL_QUANT_KERNELS(q4_k, kQ4_K)
-MEMWALL_QUANT_KERNELS(q5_k, kQ5_K)
-MEMWALL_QUANT_KERNELS(q6_k, kQ6_K)
-MEMWALL_QUANT_KERNELS(f16w, kQF16)
-MEMWALL_QUANT_KERNELS(bf16w, kQBF16)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q8_0, kQ8_0)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q8_0, kQ8_0)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q4_0, kQ4_0)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q4_0, kQ4_0)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_0, kQ5_0)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_0, kQ5_0)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_1, kQ5_1)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_1, kQ5_1)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q4_k, kQ4_K)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q4_k, kQ4_K)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_k, kQ5_K)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_k, kQ5_K)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q6_k, kQ6_K)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q6_k, kQ6_K)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_f16w, kQF16)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_f16w, kQF16)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_bf16w, kQBF16)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_bf16w, kQBF16)

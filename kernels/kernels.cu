@@ -2364,13 +2364,17 @@ __device__ __forceinline__ void qmatmul(const uint8_t* W, const float* X, float*
         for (uint32_t c = lane; c < chunks; c += 32) {
             float w[32];
             QChunk<kind>::load(row, c, K, w);
+            // Fully unrolled, so w stays in registers; n < 32 only in
+            // the last chunk of an f16w/bf16w row.
             const uint32_t k0 = 32 * c, n = min(32u, K - k0);
 #pragma unroll
             for (uint32_t j = 0; j < kQTile; j++) {
                 if (j < nt) {
                     const float* x = X + (uint64_t)(t0 + j) * K + k0;
                     float s = acc[j];
-                    for (uint32_t i = 0; i < n; i++) s = fmaf(w[i], __ldg(x + i), s);
+#pragma unroll
+                    for (uint32_t i = 0; i < 32; i++)
+                        if (i < n) s = fmaf(w[i], __ldg(x + i), s);
                     acc[j] = s;
                 }
             }
@@ -2395,7 +2399,9 @@ __device__ __forceinline__ void qembed(const uint8_t* table, const int32_t* ids,
             float w[32];
             QChunk<kind>::load(row, c, H, w);
             const uint32_t k0 = 32 * c, n = min(32u, H - k0);
-            for (uint32_t i = 0; i < n; i++) out[t * H + k0 + i] = w[i];
+#pragma unroll
+            for (uint32_t i = 0; i < 32; i++)
+                if (i < n) out[t * H + k0 + i] = w[i];
         }
     }
 }

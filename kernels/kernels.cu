@@ -2145,3 +2145,295 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
         }
     }
 }
+
+// ===========================================================================
+// Products and embedding lookups over block-quantized weights (GGUF/ggml
+// layouts, as package format/quant reads them), float32 activations.
+//
+// memwall_qmatmul_<type>(W, X, Y, M, K, T): Y[t][m] = Σ_k w[m][k]·X[t][k]
+// for m < M, t < T, W's row m the K/blockElems blocks of its type (K any
+// for f16w/bf16w); one warp per row (8 rows a block of 256 threads), the
+// lanes over 32-element chunks of the row, each chunk dequantized into
+// registers once per tile of kQTile tokens, partial sums reduced with warp
+// shuffles. memwall_qembed_<type>(table, ids, out, T, H): out[t] is row
+// ids[t] of the table dequantized, a block a token, threads over chunks.
+//
+// The dequantized values are ggml's bit for bit: each product and sum is
+// rounded as format/quant rounds it (__fmul_rn/__fsub_rn, no contraction
+// into an FMA). W need only be 2-byte aligned (a Q8_0 block is 34 bytes):
+// it is read a byte at a time.
+
+constexpr uint32_t kQTile = 8;
+
+__device__ __forceinline__ uint32_t qb(const uint8_t* p, uint32_t i) { return __ldg(p + i); }
+
+__device__ __forceinline__ float qf16(const uint8_t* p) { return f16_to_f32(qb(p, 0) | qb(p, 1) << 8); }
+
+__device__ __forceinline__ uint32_t qle32(const uint8_t* p) {
+    return qb(p, 0) | qb(p, 1) << 8 | qb(p, 2) << 16 | qb(p, 3) << 24;
+}
+
+// Q4_K's and Q5_K's 6-bit scale and min of sub-block j (ggml's
+// get_scale_min_k4).
+__device__ __forceinline__ void q_scale_min_k4(const uint8_t* q, uint32_t j, uint32_t& sc, uint32_t& m) {
+    if (j < 4) {
+        sc = qb(q, j) & 63;
+        m = qb(q, j + 4) & 63;
+    } else {
+        sc = (qb(q, j + 4) & 0xF) | (qb(q, j - 4) >> 6) << 4;
+        m = (qb(q, j + 4) >> 4) | (qb(q, j) >> 6) << 4;
+    }
+}
+
+// Sub-block s's scale and min in a Q4_K or Q5_K block b, as the
+// dequantizer applies them: d·sc and dmin·m (format/quant's subScale).
+__device__ __forceinline__ void q_sub_scale(const uint8_t* b, uint32_t s, float& d1, float& m1) {
+    uint32_t sc, mn;
+    q_scale_min_k4(b + 4, s, sc, mn);
+    d1 = __fmul_rn(qf16(b), (float)sc);
+    m1 = __fmul_rn(qf16(b + 2), (float)mn);
+}
+
+// QChunk<kind>::load(row, c, K, w): w[i] = element 32c+i of the row
+// (0 past K, which only f16w/bf16w rows can reach).
+enum QKind { kQ8_0, kQ4_0, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, kQF16, kQBF16 };
+
+template <int kind>
+struct QChunk;
+
+template <>
+struct QChunk<kQ8_0> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+        const uint8_t* b = row + 34ull * c;
+        const float d = qf16(b);
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = __fmul_rn((float)(int8_t)qb(b, 2 + i), d);
+    }
+};
+
+template <>
+struct QChunk<kQ4_0> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+        const uint8_t* b = row + 18ull * c;
+        const float d = qf16(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const uint32_t q = qb(b, 2 + j);
+            w[j] = __fmul_rn((float)((int)(q & 0xF) - 8), d);
+            w[16 + j] = __fmul_rn((float)((int)(q >> 4) - 8), d);
+        }
+    }
+};
+
+template <>
+struct QChunk<kQ5_0> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+        const uint8_t* b = row + 22ull * c;
+        const float d = qf16(b);
+        const uint32_t qh = qle32(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const uint32_t q = qb(b, 6 + j);
+            const uint32_t h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
+            w[j] = __fmul_rn((float)((int)((q & 0xF) | h0) - 16), d);
+            w[16 + j] = __fmul_rn((float)((int)((q >> 4) | h1) - 16), d);
+        }
+    }
+};
+
+template <>
+struct QChunk<kQ5_1> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+        const uint8_t* b = row + 24ull * c;
+        const float d = qf16(b), m = qf16(b + 2);
+        const uint32_t qh = qle32(b + 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const uint32_t q = qb(b, 8 + j);
+            const uint32_t h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
+            w[j] = __fadd_rn(__fmul_rn((float)((q & 0xF) | h0), d), m);
+            w[16 + j] = __fadd_rn(__fmul_rn((float)((q >> 4) | h1), d), m);
+        }
+    }
+};
+
+// Q4_K (144-byte blocks) and, with k5, Q5_K (176 bytes: a 32-byte plane of
+// fifth bits at 16, the nibbles at 48): chunk c is sub-block c % 8 of block
+// c / 8, the low or high nibbles of 32 bytes.
+template <bool k5>
+__device__ __forceinline__ void q_k45_load(const uint8_t* row, uint32_t c, float* w) {
+    const uint8_t* b = row + (k5 ? 176ull : 144ull) * (c / 8);
+    const uint32_t s = c % 8;
+    float d1, m1;
+    q_sub_scale(b, s, d1, m1);
+    const uint8_t* qh = b + 16;
+    const uint8_t* ql = b + (k5 ? 48 : 16) + 32 * (s / 2);
+    const uint32_t shift = (s & 1) * 4;
+#pragma unroll
+    for (int l = 0; l < 32; l++) {
+        uint32_t q = (qb(ql, l) >> shift) & 0xF;
+        if (k5) q |= ((qb(qh, l) >> s) & 1) << 4;
+        w[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    }
+}
+
+template <>
+struct QChunk<kQ4_K> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+        q_k45_load<false>(row, c, w);
+    }
+};
+
+template <>
+struct QChunk<kQ5_K> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+        q_k45_load<true>(row, c, w);
+    }
+};
+
+template <>
+struct QChunk<kQ6_K> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+        const uint8_t* b = row + 210ull * (c / 8);
+        const uint32_t s = c % 8, n = s / 4, g = s % 4;
+        const float d = qf16(b + 208);
+        const uint8_t* ql = b + 64 * n + 32 * (g & 1);
+        const uint8_t* qh = b + 128 + 32 * n;
+        const uint8_t* sc = b + 192 + 8 * n + 2 * g;
+        const uint32_t nshift = (g >> 1) * 4, hshift = 2 * g;
+        const float ds0 = __fmul_rn(d, (float)(int8_t)qb(sc, 0));
+        const float ds1 = __fmul_rn(d, (float)(int8_t)qb(sc, 1));
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int q = (int)(((qb(ql, l) >> nshift) & 0xF) | ((qb(qh, l) >> hshift) & 3) << 4) - 32;
+            w[l] = __fmul_rn(l < 16 ? ds0 : ds1, (float)q);
+        }
+    }
+};
+
+template <>
+struct QChunk<kQF16> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t K, float* w) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const uint32_t k = 32 * c + i;
+            w[i] = k < K ? qf16(row + 2ull * k) : 0.0f;
+        }
+    }
+};
+
+template <>
+struct QChunk<kQBF16> {
+    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t K, float* w) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const uint32_t k = 32 * c + i;
+            w[i] = k < K ? bf16_to_f32(qb(row, 2 * k) | qb(row, 2 * k + 1) << 8) : 0.0f;
+        }
+    }
+};
+
+// The bytes of a K-element row of kind (K a whole number of its blocks).
+template <int kind>
+__device__ __forceinline__ uint64_t q_row_bytes(uint32_t K) {
+    switch (kind) {
+        case kQ8_0: return 34ull * (K / 32);
+        case kQ4_0: return 18ull * (K / 32);
+        case kQ5_0: return 22ull * (K / 32);
+        case kQ5_1: return 24ull * (K / 32);
+        case kQ4_K: return 144ull * (K / 256);
+        case kQ5_K: return 176ull * (K / 256);
+        case kQ6_K: return 210ull * (K / 256);
+        default: return 2ull * K;
+    }
+}
+
+template <int kind>
+__device__ __forceinline__ void qmatmul(const uint8_t* W, const float* X, float* Y, uint32_t M, uint32_t K,
+                                        uint32_t T) {
+    const uint32_t lane = threadIdx.x % 32;
+    const uint64_t m = (uint64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (m >= M) return;
+    const uint8_t* row = W + m * q_row_bytes<kind>(K);
+    const uint32_t chunks = (K + 31) / 32;
+    for (uint32_t t0 = 0; t0 < T; t0 += kQTile) {
+        const uint32_t nt = min(kQTile, T - t0);
+        float acc[kQTile];
+#pragma unroll
+        for (uint32_t j = 0; j < kQTile; j++) acc[j] = 0.0f;
+        for (uint32_t c = lane; c < chunks; c += 32) {
+            float w[32];
+            QChunk<kind>::load(row, c, K, w);
+            // Fully unrolled, so w stays in registers; n < 32 only in
+            // the last chunk of an f16w/bf16w row.
+            const uint32_t k0 = 32 * c, n = min(32u, K - k0);
+#pragma unroll
+            for (uint32_t j = 0; j < kQTile; j++) {
+                if (j < nt) {
+                    const float* x = X + (uint64_t)(t0 + j) * K + k0;
+                    float s = acc[j];
+#pragma unroll
+                    for (uint32_t i = 0; i < 32; i++)
+                        if (i < n) s = fmaf(w[i], __ldg(x + i), s);
+                    acc[j] = s;
+                }
+            }
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < kQTile; j++) {
+            float s = acc[j];
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+            if (lane == 0 && j < nt) Y[(uint64_t)(t0 + j) * M + m] = s;
+        }
+    }
+}
+
+template <int kind>
+__device__ __forceinline__ void qembed(const uint8_t* table, const int32_t* ids, float* out, uint32_t T,
+                                       uint32_t H) {
+    const uint32_t chunks = (H + 31) / 32;
+    for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const uint8_t* row = table + (uint64_t)(uint32_t)ids[t] * q_row_bytes<kind>(H);
+        for (uint32_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+            float w[32];
+            QChunk<kind>::load(row, c, H, w);
+            const uint32_t k0 = 32 * c, n = min(32u, H - k0);
+#pragma unroll
+            for (uint32_t i = 0; i < 32; i++)
+                if (i < n) out[t * H + k0 + i] = w[i];
+        }
+    }
+}
+
+#define MEMWALL_QMATMUL_ENTRY(NAME, kind)                                                              \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const void* W, const float* X, float* Y,      \
+                                                           uint32_t M, uint32_t K, uint32_t T) {        \
+        pdl_enter();                                                                                   \
+        qmatmul<kind>(static_cast<const uint8_t*>(W), X, Y, M, K, T);                                  \
+    }
+#define MEMWALL_QEMBED_ENTRY(NAME, kind)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const void* table, const int32_t* ids,       \
+                                                           float* out, uint32_t T, uint32_t H) {        \
+        pdl_enter();                                                                                   \
+        qembed<kind>(static_cast<const uint8_t*>(table), ids, out, T, H);                              \
+    }
+
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q8_0, kQ8_0)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q8_0, kQ8_0)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q4_0, kQ4_0)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q4_0, kQ4_0)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_0, kQ5_0)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_0, kQ5_0)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_1, kQ5_1)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_1, kQ5_1)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q4_k, kQ4_K)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q4_k, kQ4_K)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_k, kQ5_K)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_k, kQ5_K)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q6_k, kQ6_K)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_q6_k, kQ6_K)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_f16w, kQF16)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_f16w, kQF16)
+MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_bf16w, kQBF16)
+MEMWALL_QEMBED_ENTRY(memwall_qembed_bf16w, kQBF16)

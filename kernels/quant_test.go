@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/memwall/memwall/device"
@@ -115,4 +116,20 @@ func TestQuantDType(t *testing.T) {
 			t.Errorf("QuantDType(%q) = %q, want none", fd, got)
 		}
 	}
+}
+
+// TestQuantCUDA runs the suite on the GPU (MEMWALL_TEST_DEVICE=cuda) with
+// the module Load picks, or MEMWALL_KERNELS_PTX's: the CUDA kernels against
+// the same float64 references as the Go twins.
+func TestQuantCUDA(t *testing.T) {
+	d := openCUDA(t)
+	s, err := Load(d, os.Getenv)
+	must(t, err)
+	defer s.Close()
+	for _, n := range QuantNames() {
+		if _, err := s.quantKernel(n); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	quantSuite(t, d, s)
 }

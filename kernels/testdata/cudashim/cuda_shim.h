@@ -9,6 +9,7 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ __inline__ __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
 #define __align__(n) __attribute__((aligned(n)))
 #include "__clang_cuda_builtin_vars.h"
@@ -57,3 +58,9 @@ __device__ void __trap();
 __device__ unsigned long long min(unsigned long long, unsigned long long);
 __device__ unsigned int min(unsigned int, unsigned int);
 __device__ unsigned long min(unsigned long, unsigned long);
+
+// Used by the quantized products.
+__device__ unsigned char __ldg(const unsigned char*);
+__device__ float __fmul_rn(float, float);
+__device__ float __fadd_rn(float, float);
+__device__ float __fsub_rn(float, float);

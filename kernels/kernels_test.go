@@ -120,10 +120,23 @@ func TestEmbeddedPTX(t *testing.T) {
 				t.Errorf("%s has no entry %s", name, n)
 			}
 		}
+		// compute_70 is frozen: nvcc 13 no longer targets it, so its module
+		// is the one built from the kernels.cu whose hash
+		// testdata/sm70-source.sha256 records, with every kernel of Names and
+		// none of the quantized products (a quantized model on Volta or
+		// Turing is refused at its first product, saying so).
+		srcHash, quant := want, QuantNames()
+		if target == TargetSM70 {
+			frozen, err := os.ReadFile("testdata/sm70-source.sha256")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srcHash, quant = strings.TrimSpace(string(frozen)), nil
+		}
 		// Exactly Names and QuantNames: the quantized kernels are optional
 		// at load time, never in a module by accident.
-		all := append(Names(), QuantNames()...)
-		for _, n := range QuantNames() {
+		all := append(Names(), quant...)
+		for _, n := range quant {
 			if !slices.Contains(have, n) {
 				t.Errorf("%s has no entry %s", name, n)
 			}
@@ -138,8 +151,8 @@ func TestEmbeddedPTX(t *testing.T) {
 		} else if target != TargetSM90 && n != 0 {
 			t.Errorf("%s: %d griddepcontrol.wait in a module below compute_90", name, n)
 		}
-		if got, ok := PTXSourceHash(ptx); !ok || got != want {
-			t.Errorf("%s records kernels.cu sha256 %q, the source's is %s: rebuild it with scripts/build-ptx.sh", name, got, want)
+		if got, ok := PTXSourceHash(ptx); !ok || got != srcHash {
+			t.Errorf("%s records kernels.cu sha256 %q, want %s: rebuild it with scripts/build-ptx.sh", name, got, srcHash)
 		}
 	}
 	if EmbeddedFor("sm100") != nil {

@@ -67,7 +67,7 @@ func TestInterruptStops(t *testing.T) {
 			[]string{"bench", "alloc", "--device", "sim", "--pairs", "5000000", "--goroutines", "1", "--mixes", "1MiB", "--strategies", "bestfit", "--policies", "virtual", "--out", "OUT"},
 			[]string{"interrupted by SIGINT", "bestfit/virtual fixed 1MiB ×1: "}},
 		{"bench transfer", os.Interrupt, 500 * time.Millisecond,
-			[]string{"bench", "transfer", "--device", "sim", "--reps", "10000"}, []string{"interrupted by SIGINT", "of 10000 copies"}},
+			[]string{"bench", "transfer", "--device", "sim", "--size", "64MiB", "--reps", "10000"}, []string{"interrupted by SIGINT", "of 10000 copies"}},
 		{"kv simulate", os.Interrupt, 1200 * time.Millisecond,
 			[]string{"kv", "simulate", "--synthetic", "sharegpt", "--n", "4000000", "--model", "llama-7b", "--vram", "40GiB", "--html", "OUT"},
 			[]string{"interrupted by SIGINT", "of 4000000 "}},

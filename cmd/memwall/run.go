@@ -162,9 +162,9 @@ func runRun(e *env, args []string) error {
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object")
 	f.pools.add(fs)
-	fs.StringVar(&f.place.placement, "placement", "auto", "blocks the budget cannot hold: stream (copied to the device each step), host (computed on the host's cores) or auto (on a CUDA device, what the measured link and host rates predict is faster for decode; stream on the simulator)")
-	fs.Float64Var(&f.place.linkGBps, "link-gbps", 0, "host-to-device GB/s for --placement auto (0: measure)")
-	fs.Float64Var(&f.place.hostGBps, "host-gbps", 0, "host product GB/s (weights read) for --placement auto (0: measure)")
+	fs.StringVar(&f.place.placement, "placement", "stream", "blocks the budget cannot hold: stream (copied to the device each step; the default), host (computed on the host's cores, prefill included, so far) or auto (on a CUDA device, what the measured link and host rates predict is faster for decode; stream on the simulator)")
+	floatVar(fs, &f.place.linkGBps, "link-gbps", 0, 0, 10000, false, "host-to-device GB/s for --placement auto (0: measure)")
+	floatVar(fs, &f.place.hostGBps, "host-gbps", 0, 0, 10000, false, "host product GB/s (weights read) for --placement auto (0: measure)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err

@@ -16,7 +16,7 @@ if commit=$(git rev-parse HEAD 2>/dev/null); then
   vcs="-X main.buildCommit=$commit"
   [ -z "$(git status --porcelain 2>/dev/null)" ] || vcs="$vcs -X main.buildModified=true"
 fi
-go build -ldflags="-s -w $vcs" -o "$bin/memwall" ./cmd/memwall
+go build -pgo=cmd/memwall/memwall.pgo -ldflags="-s -w $vcs" -o "$bin/memwall" ./cmd/memwall
 for pkg in device/cuda device/vulkan pool kernels plan/bind bench residency kvcache engine ${GPU_PKGS:-}; do
   [ -d "$pkg" ] || continue
   go test -c -ldflags="-s -w" -o "$bin/$(echo "$pkg" | tr / _).test" "./$pkg" || echo "skipped $pkg: does not build"

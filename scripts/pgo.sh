@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Rebuilds cmd/memwall/default.pgo, the CPU profile the Go compiler uses to
+# Rebuilds cmd/memwall/memwall.pgo, the CPU profile the Go compiler uses to
 # optimize the memwall binary (profile-guided optimization: hot calls are
-# inlined and hot interface calls devirtualized; `go build` picks the file
-# up by itself). The profile comes from memwall's own workloads on the
+# inlined and hot interface calls devirtualized; release builds pass it with
+# `go build -pgo=cmd/memwall/memwall.pgo`, as scripts/gpu-build.sh does. It
+# is not default.pgo, which `go test ./...` would build every dependency a
+# second time with). The profile comes from memwall's own workloads on the
 # simulated device: the allocation bench (the pool's fast and central
 # paths), replays of both PyTorch traces, and the demo. Re-run it after
 # large changes to the pool or the allocators, and commit the result.
@@ -21,5 +23,5 @@ prof bench1 bench alloc --device sim --pairs 100000 --goroutines 1
 prof gpt2 replay testdata/traces/gpt2_medium_generate.csv.gz
 prof bert replay testdata/traces/bert_base_varlen.csv.gz
 prof demo demo
-go tool pprof -proto "$tmp"/*.pprof >cmd/memwall/default.pgo 2>/dev/null
-ls -l cmd/memwall/default.pgo
+go tool pprof -proto "$tmp"/*.pprof >cmd/memwall/memwall.pgo 2>/dev/null
+ls -l cmd/memwall/memwall.pgo

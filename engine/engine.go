@@ -502,7 +502,12 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 // first use, outside any pool: warming it up on the engine's compute stream
 // before the budget is measured (residency.PlanBudget's loaded bytes)
 // counts that memory, and keeps the one-time cost out of the first step.
+// A device whose memory is host memory (Info().HostMemory: the CPU) loads
+// nothing lazily and has no workspace: WarmProducts returns nil at once.
 func WarmProducts(d device.Device, ks *kernels.Set, m *llama.Model, st device.Stream, tokens []int) (err error) {
+	if d.Info().HostMemory {
+		return nil
+	}
 	c := m.Config
 	dt := plan.MatmulDType(m.Tensors.MatrixDType)
 	elt := uint64(2)

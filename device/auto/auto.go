@@ -5,6 +5,7 @@ package auto
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cpu"
@@ -25,6 +26,10 @@ const (
 	// it.
 	CPU = "cpu"
 )
+
+// EnvCPUPages names the variable that sets the CPU device's cpu.Pages
+// ("populate", the default; "lazy"; "huge") when Options.CPU is nil.
+const EnvCPUPages = "MEMWALL_CPU_PAGES"
 
 // Choice records which backend was opened and why.
 type Choice struct {
@@ -96,6 +101,13 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 		if co.Kernels == nil {
 			co.Kernels = o.CPUKernels
 		}
+		if o.CPU == nil {
+			pages, err := cpu.ParsePages(envOf(o.Getenv)(EnvCPUPages))
+			if err != nil {
+				return nil, ch, fmt.Errorf("%s: %w", EnvCPUPages, err)
+			}
+			co.Pages = pages
+		}
 		d, err := cpu.New(co)
 		if err != nil {
 			return nil, ch, fmt.Errorf("--device cpu: %w", err)
@@ -113,4 +125,12 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 	default:
 		return nil, ch, fmt.Errorf("unknown device backend %q (want auto, cuda, sim, cpu or vulkan)", backend)
 	}
+}
+
+// envOf is getenv, or the process environment when it is nil.
+func envOf(getenv func(string) string) func(string) string {
+	if getenv == nil {
+		return os.Getenv
+	}
+	return getenv
 }

@@ -56,6 +56,10 @@ type Options struct {
 	// Variant selects hostmath's kernels; "" takes hostmath.Best. A
 	// variant this CPU cannot run makes New fail.
 	Variant string
+	// Pages says whether HostRegister maps registered pages in at once
+	// (the zero value, PagesPopulate), leaves them to fault (PagesLazy) or
+	// asks for huge pages first (PagesHuge).
+	Pages Pages
 	// Kernels are the Go functions Function looks kernels up in, by name
 	// (the first of a name wins). A program that launches memwall's
 	// kernels passes kernels.CPU().

@@ -162,6 +162,9 @@ func (d *Device) take(what string, size uint64) ([]byte, []byte, error) {
 		d.mem.mu.Unlock()
 		return nil, nil, fmt.Errorf("cpu: %s of %d bytes: mmap: %v: %w", what, size, err, device.ErrOutOfMemory)
 	}
+	if d.o.Pages != PagesLazy && len(b) >= hugeBytes {
+		adviseHuge(b)
+	}
 	return b[:size:size], b, nil
 }
 
@@ -234,8 +237,10 @@ func (d *Device) HostAlloc(size uint64) (*device.HostBuffer, error) {
 
 // HostRegister records b (which must stay valid until HostFree) as
 // memory kernels and copies may address at DevicePtr, b's own address;
-// nothing is copied or locked. RegisterReadOnly makes the device refuse to
-// write it. A range overlapping memory already known fails with
+// nothing is copied or locked. Unless Options.Pages is PagesLazy, b's
+// pages are mapped into the process before it returns (see Pages), so that
+// no product faults them in later. RegisterReadOnly makes the device
+// refuse to write it. A range overlapping memory already known fails with
 // ErrInvalid.
 func (d *Device) HostRegister(b []byte, flags device.RegisterFlags) (*device.HostBuffer, error) {
 	if err := d.enter(); err != nil {
@@ -249,6 +254,7 @@ func (d *Device) HostRegister(b []byte, flags device.RegisterFlags) (*device.Hos
 	if d.mem.overlaps(p, uint64(len(b))) {
 		return nil, fmt.Errorf("cpu: register of %d bytes at %#x: overlaps memory already allocated or registered: %w", len(b), uint64(p), device.ErrInvalid)
 	}
+	prepareRegistered(b, d.o.Pages, d.o.Workers)
 	hb := &device.HostBuffer{Bytes: b, DevicePtr: p, Kind: device.HostRegistered}
 	d.mem.insert(&region{kind: kindRegistered, start: p, buf: b[:len(b):len(b)], readOnly: flags&device.RegisterReadOnly != 0, hb: hb})
 	return hb, nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/device/cpu"
 	"github.com/memwall/memwall/engine"
 	"github.com/memwall/memwall/kernels"
@@ -42,8 +43,15 @@ type hostSide struct {
 }
 
 // openHost opens the host's cores as a device for hosted blocks.
-func openHost() (*hostSide, error) {
-	d, err := cpu.New(cpu.Options{Kernels: kernels.CPU()})
+// MEMWALL_CPU_PAGES and MEMWALL_CPU_WORKERS (read by getenv) configure it
+// as they do --device cpu.
+func openHost(getenv func(string) string) (*hostSide, error) {
+	co, err := auto.CPUFromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
+	co.Kernels = kernels.CPU()
+	d, err := cpu.New(co)
 	if err != nil {
 		return nil, fmt.Errorf("host device: %w", err)
 	}
@@ -88,7 +96,7 @@ func (g *generation) place(e *env, d device.Device, ks *kernels.Set, rp *reserva
 		// host's cores: auto streams there (--placement host tests hosting).
 		return nil, nil
 	}
-	hs, err := openHost()
+	hs, err := openHost(e.getenv)
 	if err != nil {
 		if pf.placement == "host" {
 			return nil, err

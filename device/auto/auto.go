@@ -6,6 +6,7 @@ package auto
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cpu"
@@ -27,9 +28,34 @@ const (
 	CPU = "cpu"
 )
 
-// EnvCPUPages names the variable that sets the CPU device's cpu.Pages
-// ("populate", the default; "lazy"; "huge") when Options.CPU is nil.
-const EnvCPUPages = "MEMWALL_CPU_PAGES"
+// The variables CPUFromEnv reads: the CPU device's cpu.Pages ("populate",
+// the default; "lazy"; "huge") and its workers (1..4096; default
+// cpu.Options' own).
+const (
+	EnvCPUPages   = "MEMWALL_CPU_PAGES"
+	EnvCPUWorkers = "MEMWALL_CPU_WORKERS"
+)
+
+// CPUFromEnv returns cpu.Options with Pages and Workers from EnvCPUPages
+// and EnvCPUWorkers as getenv (nil: the process environment) reads them,
+// or an error naming the variable and its limits.
+func CPUFromEnv(getenv func(string) string) (cpu.Options, error) {
+	getenv = envOf(getenv)
+	var o cpu.Options
+	pages, err := cpu.ParsePages(getenv(EnvCPUPages))
+	if err != nil {
+		return o, fmt.Errorf("%s: %w", EnvCPUPages, err)
+	}
+	o.Pages = pages
+	if s := getenv(EnvCPUWorkers); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 4096 {
+			return o, fmt.Errorf("%s=%q: want a whole number of workers in 1..4096", EnvCPUWorkers, s)
+		}
+		o.Workers = n
+	}
+	return o, nil
+}
 
 // Choice records which backend was opened and why.
 type Choice struct {
@@ -94,19 +120,17 @@ func Open(backend string, o Options) (device.Device, Choice, error) {
 		ch.Backend, ch.Reason = Sim, "requested"
 		return openSim(), ch, nil
 	case CPU:
-		co := cpu.Options{}
+		var co cpu.Options
 		if o.CPU != nil {
 			co = *o.CPU
+		} else {
+			var err error
+			if co, err = CPUFromEnv(o.Getenv); err != nil {
+				return nil, ch, err
+			}
 		}
 		if co.Kernels == nil {
 			co.Kernels = o.CPUKernels
-		}
-		if o.CPU == nil {
-			pages, err := cpu.ParsePages(envOf(o.Getenv)(EnvCPUPages))
-			if err != nil {
-				return nil, ch, fmt.Errorf("%s: %w", EnvCPUPages, err)
-			}
-			co.Pages = pages
 		}
 		d, err := cpu.New(co)
 		if err != nil {

@@ -2152,16 +2152,21 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
 //
 // memwall_qmatmul_<type>(W, X, Y, M, K, T): Y[t][m] = Σ_k w[m][k]·X[t][k]
 // for m < M, t < T, W's row m the K/blockElems blocks of its type (K any
-// for f16w/bf16w); one warp per row (8 rows a block of 256 threads), the
-// lanes over 32-element chunks of the row, each chunk dequantized into
-// registers once per tile of kQTile tokens, partial sums reduced with warp
-// shuffles. memwall_qembed_<type>(table, ids, out, T, H): out[t] is row
-// ids[t] of the table dequantized, a block a token, threads over chunks.
+// for f16w/bf16w); one warp per row (8 rows a block of 256 threads). The
+// warp walks the row's 32-element chunks together, lane l dequantizing
+// element l of each (QElem), so that a warp's loads of quants, of
+// activations and of the block's scales are each one run of consecutive
+// bytes (or one address for all lanes): the memory system sees whole
+// sectors, not 32 scattered bytes per instruction. Each element is
+// dequantized once per tile of kQTile tokens; partial sums are reduced with
+// warp shuffles. memwall_qembed_<type>(table, ids, out, T, H): out[t] is
+// row ids[t] of the table dequantized, a block a token, threads over
+// elements.
 //
 // The dequantized values are ggml's bit for bit: each product and sum is
 // rounded as format/quant rounds it (__fmul_rn/__fsub_rn, no contraction
 // into an FMA). W need only be 2-byte aligned (a Q8_0 block is 34 bytes):
-// it is read a byte at a time.
+// it is read a byte at a time (bf16w/f16w two bytes at a time).
 
 constexpr uint32_t kQTile = 8;
 
@@ -2194,66 +2199,49 @@ __device__ __forceinline__ void q_sub_scale(const uint8_t* b, uint32_t s, float&
     m1 = __fmul_rn(qf16(b + 2), (float)mn);
 }
 
-// QChunk<kind>::load(row, c, K, w): w[i] = element 32c+i of the row
+// QElem<kind>::get(row, c, l, K): element 32c+l of the row, dequantized
 // (0 past K, which only f16w/bf16w rows can reach).
 enum QKind { kQ8_0, kQ4_0, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, kQF16, kQBF16 };
 
 template <int kind>
-struct QChunk;
+struct QElem;
 
 template <>
-struct QChunk<kQ8_0> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+struct QElem<kQ8_0> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t) {
         const uint8_t* b = row + 34ull * c;
-        const float d = qf16(b);
-#pragma unroll
-        for (int i = 0; i < 32; i++) w[i] = __fmul_rn((float)(int8_t)qb(b, 2 + i), d);
+        return __fmul_rn((float)(int8_t)qb(b, 2 + l), qf16(b));
     }
 };
 
+// Q4_0, Q5_0 and Q5_1: element l < 16 is the low nibble of byte l, the
+// others the high nibble of byte l − 16; Q5's fifth bit l is bit l of qh.
 template <>
-struct QChunk<kQ4_0> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+struct QElem<kQ4_0> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t) {
         const uint8_t* b = row + 18ull * c;
-        const float d = qf16(b);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const uint32_t q = qb(b, 2 + j);
-            w[j] = __fmul_rn((float)((int)(q & 0xF) - 8), d);
-            w[16 + j] = __fmul_rn((float)((int)(q >> 4) - 8), d);
-        }
+        const uint32_t q = (qb(b, 2 + (l & 15)) >> (l & 16 ? 4 : 0)) & 0xF;
+        return __fmul_rn((float)((int)q - 8), qf16(b));
     }
 };
 
 template <>
-struct QChunk<kQ5_0> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+struct QElem<kQ5_0> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t) {
         const uint8_t* b = row + 22ull * c;
-        const float d = qf16(b);
-        const uint32_t qh = qle32(b + 2);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const uint32_t q = qb(b, 6 + j);
-            const uint32_t h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
-            w[j] = __fmul_rn((float)((int)((q & 0xF) | h0) - 16), d);
-            w[16 + j] = __fmul_rn((float)((int)((q >> 4) | h1) - 16), d);
-        }
+        const uint32_t h = ((qle32(b + 2) >> l) & 1) << 4;
+        const uint32_t q = ((qb(b, 6 + (l & 15)) >> (l & 16 ? 4 : 0)) & 0xF) | h;
+        return __fmul_rn((float)((int)q - 16), qf16(b));
     }
 };
 
 template <>
-struct QChunk<kQ5_1> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+struct QElem<kQ5_1> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t) {
         const uint8_t* b = row + 24ull * c;
-        const float d = qf16(b), m = qf16(b + 2);
-        const uint32_t qh = qle32(b + 4);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const uint32_t q = qb(b, 8 + j);
-            const uint32_t h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
-            w[j] = __fadd_rn(__fmul_rn((float)((q & 0xF) | h0), d), m);
-            w[16 + j] = __fadd_rn(__fmul_rn((float)((q >> 4) | h1), d), m);
-        }
+        const uint32_t h = ((qle32(b + 4) >> l) & 1) << 4;
+        const uint32_t q = ((qb(b, 8 + (l & 15)) >> (l & 16 ? 4 : 0)) & 0xF) | h;
+        return __fadd_rn(__fmul_rn((float)q, qf16(b)), qf16(b + 2));
     }
 };
 
@@ -2261,75 +2249,58 @@ struct QChunk<kQ5_1> {
 // fifth bits at 16, the nibbles at 48): chunk c is sub-block c % 8 of block
 // c / 8, the low or high nibbles of 32 bytes.
 template <bool k5>
-__device__ __forceinline__ void q_k45_load(const uint8_t* row, uint32_t c, float* w) {
+__device__ __forceinline__ float q_k45_get(const uint8_t* row, uint32_t c, uint32_t l) {
     const uint8_t* b = row + (k5 ? 176ull : 144ull) * (c / 8);
     const uint32_t s = c % 8;
     float d1, m1;
     q_sub_scale(b, s, d1, m1);
-    const uint8_t* qh = b + 16;
-    const uint8_t* ql = b + (k5 ? 48 : 16) + 32 * (s / 2);
-    const uint32_t shift = (s & 1) * 4;
-#pragma unroll
-    for (int l = 0; l < 32; l++) {
-        uint32_t q = (qb(ql, l) >> shift) & 0xF;
-        if (k5) q |= ((qb(qh, l) >> s) & 1) << 4;
-        w[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
-    }
+    uint32_t q = (qb(b + (k5 ? 48 : 16) + 32 * (s / 2), l) >> ((s & 1) * 4)) & 0xF;
+    if (k5) q |= ((qb(b + 16, l) >> s) & 1) << 4;
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);
 }
 
 template <>
-struct QChunk<kQ4_K> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
-        q_k45_load<false>(row, c, w);
+struct QElem<kQ4_K> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t) {
+        return q_k45_get<false>(row, c, l);
     }
 };
 
 template <>
-struct QChunk<kQ5_K> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
-        q_k45_load<true>(row, c, w);
+struct QElem<kQ5_K> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t) {
+        return q_k45_get<true>(row, c, l);
     }
 };
 
+// Q6_K (210 bytes): chunk c is sub-block s = c % 8 of block c / 8, elements
+// 128·(s/4) + 32·(s%4) + l: four low bits from ql, two high from qh, a
+// signed scale per 16 elements.
 template <>
-struct QChunk<kQ6_K> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t, float* w) {
+struct QElem<kQ6_K> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t) {
         const uint8_t* b = row + 210ull * (c / 8);
         const uint32_t s = c % 8, n = s / 4, g = s % 4;
-        const float d = qf16(b + 208);
-        const uint8_t* ql = b + 64 * n + 32 * (g & 1);
-        const uint8_t* qh = b + 128 + 32 * n;
-        const uint8_t* sc = b + 192 + 8 * n + 2 * g;
-        const uint32_t nshift = (g >> 1) * 4, hshift = 2 * g;
-        const float ds0 = __fmul_rn(d, (float)(int8_t)qb(sc, 0));
-        const float ds1 = __fmul_rn(d, (float)(int8_t)qb(sc, 1));
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            const int q = (int)(((qb(ql, l) >> nshift) & 0xF) | ((qb(qh, l) >> hshift) & 3) << 4) - 32;
-            w[l] = __fmul_rn(l < 16 ? ds0 : ds1, (float)q);
-        }
+        const uint32_t lo = (qb(b + 64 * n + 32 * (g & 1), l) >> ((g >> 1) * 4)) & 0xF;
+        const uint32_t hi = (qb(b + 128 + 32 * n, l) >> (2 * g)) & 3;
+        const float ds = __fmul_rn(qf16(b + 208), (float)(int8_t)qb(b + 192 + 8 * n + 2 * g, l / 16));
+        return __fmul_rn(ds, (float)((int)(lo | hi << 4) - 32));
     }
 };
 
 template <>
-struct QChunk<kQF16> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t K, float* w) {
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const uint32_t k = 32 * c + i;
-            w[i] = k < K ? qf16(row + 2ull * k) : 0.0f;
-        }
+struct QElem<kQF16> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t K) {
+        const uint32_t k = 32 * c + l;
+        return k < K ? f16_to_f32(__ldg(reinterpret_cast<const uint16_t*>(row) + k)) : 0.0f;
     }
 };
 
 template <>
-struct QChunk<kQBF16> {
-    static __device__ __forceinline__ void load(const uint8_t* row, uint32_t c, uint32_t K, float* w) {
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const uint32_t k = 32 * c + i;
-            w[i] = k < K ? bf16_to_f32(qb(row, 2 * k) | qb(row, 2 * k + 1) << 8) : 0.0f;
-        }
+struct QElem<kQBF16> {
+    static __device__ __forceinline__ float get(const uint8_t* row, uint32_t c, uint32_t l, uint32_t K) {
+        const uint32_t k = 32 * c + l;
+        return k < K ? bf16_to_f32(__ldg(reinterpret_cast<const uint16_t*>(row) + k)) : 0.0f;
     }
 };
 
@@ -2361,22 +2332,15 @@ __device__ __forceinline__ void qmatmul(const uint8_t* W, const float* X, float*
         float acc[kQTile];
 #pragma unroll
         for (uint32_t j = 0; j < kQTile; j++) acc[j] = 0.0f;
-        for (uint32_t c = lane; c < chunks; c += 32) {
-            float w[32];
-            QChunk<kind>::load(row, c, K, w);
-            // Fully unrolled, so w stays in registers; n < 32 only in
-            // the last chunk of an f16w/bf16w row.
-            const uint32_t k0 = 32 * c, n = min(32u, K - k0);
+#pragma unroll 4
+        for (uint32_t c = 0; c < chunks; c++) {
+            const uint32_t k = 32 * c + lane;
+            const float w = QElem<kind>::get(row, c, lane, K);
+            if (k < K) {  // false only in the last chunk of an f16w/bf16w row
+                const float* x = X + (uint64_t)t0 * K + k;
 #pragma unroll
-            for (uint32_t j = 0; j < kQTile; j++) {
-                if (j < nt) {
-                    const float* x = X + (uint64_t)(t0 + j) * K + k0;
-                    float s = acc[j];
-#pragma unroll
-                    for (uint32_t i = 0; i < 32; i++)
-                        if (i < n) s = fmaf(w[i], __ldg(x + i), s);
-                    acc[j] = s;
-                }
+                for (uint32_t j = 0; j < kQTile; j++)
+                    if (j < nt) acc[j] = fmaf(w, __ldg(x + (uint64_t)j * K), acc[j]);
             }
         }
 #pragma unroll
@@ -2392,17 +2356,10 @@ __device__ __forceinline__ void qmatmul(const uint8_t* W, const float* X, float*
 template <int kind>
 __device__ __forceinline__ void qembed(const uint8_t* table, const int32_t* ids, float* out, uint32_t T,
                                        uint32_t H) {
-    const uint32_t chunks = (H + 31) / 32;
     for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
         const uint8_t* row = table + (uint64_t)(uint32_t)ids[t] * q_row_bytes<kind>(H);
-        for (uint32_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-            float w[32];
-            QChunk<kind>::load(row, c, H, w);
-            const uint32_t k0 = 32 * c, n = min(32u, H - k0);
-#pragma unroll
-            for (uint32_t i = 0; i < 32; i++)
-                if (i < n) out[t * H + k0 + i] = w[i];
-        }
+        for (uint32_t k = threadIdx.x; k < H; k += blockDim.x)
+            out[t * H + k] = QElem<kind>::get(row, k / 32, k % 32, H);
     }
 }
 

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +28,7 @@ func init() {
 }
 
 const quantizeUsage = `IN OUT --type Q4_K_M|Q5_K_M|Q6_K|Q8_0|Q4_0 [--workers N] [--json]
+       memwall quantize --compare IN FILE... [--workers N] [--json]
 
 Reads a Llama model in bf16, f16 or f32 — a GGUF file, or a Hugging Face
 directory (config.json, safetensors, tokenizer.json optional), a .safetensors
@@ -40,16 +43,31 @@ vocabulary of tokenizer.json when it is a Llama-2, GPT-2 or Llama-3 style
 BPE. A model with no vocabulary gets tokenizer.ggml.model = no_vocab, so
 that llama.cpp loads it. The work is parallel over tensors and rows
 (--workers, default: every core); OUT is written beside its path and
-renamed into place when complete.`
+renamed into place when complete. Each tensor's error is measured as it is
+written: the RMS of quantized minus source over its elements, relative to
+the source's RMS; the report lists the largest.
+
+With --compare, nothing is written: each FILE, a quantized GGUF file of
+the model IN (from memwall quantize, llama-quantize or another tool), is
+read with memwall's dequantizer and each of its tensors compared with
+IN's, with the same measure, so that two tools' files of one source can
+be set side by side.`
 
 func runQuantize(e *env, args []string) error {
 	fs := newFlags(e, "quantize", quantizeUsage)
 	typeName := fs.String("type", "", "file type: Q4_K_M, Q5_K_M, Q6_K, Q8_0 or Q4_0 (required)")
 	workers := intFlagOf(fs, "workers", 0, 0, 1024, "quantizing goroutines (default: GOMAXPROCS)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	compare := fs.Bool("compare", false, "measure the error of quantized files FILE... of IN instead of writing one")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
+	}
+	if *compare {
+		if *typeName != "" {
+			return usagef("--type writes a file, --compare writes none: give one")
+		}
+		return runQuantizeCompare(e, pos, *workers, *asJSON)
 	}
 	if len(pos) != 2 {
 		return usagef("want IN and OUT, got %d arguments", len(pos))
@@ -234,12 +252,13 @@ func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, voca
 	if asJSON {
 		tensors := make([]map[string]any, len(res.Tensors))
 		for i, t := range res.Tensors {
-			tensors[i] = map[string]any{"name": t.Name, "from": t.From.String(), "to": t.To.String(), "shape": t.Shape, "bytes": t.Bytes, "source_bytes": t.Source}
+			tensors[i] = map[string]any{"name": t.Name, "from": t.From.String(), "to": t.To.String(), "shape": t.Shape, "bytes": t.Bytes, "source_bytes": t.Source,
+				"rms_error": t.Error.RMS(), "relative_error": finite(t.Error.Relative())}
 		}
 		return writeJSON(e.stdout, map[string]any{
 			"in": in, "out": out, "type": ft.String(), "tokenizer": vocab, "types": counts,
 			"tensors": tensors, "source_bytes": res.SourceBytes, "data_bytes": res.DataBytes, "file_bytes": res.FileBytes,
-			"bits_per_weight": bpw, "seconds": secs, "source_mb_per_s": mbps,
+			"bits_per_weight": bpw, "seconds": secs, "source_mb_per_s": mbps, "relative_error": finite(totalError(res.Tensors).Relative()),
 		})
 	}
 	names := make([]string, 0, len(counts))
@@ -255,5 +274,38 @@ func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, voca
 	fmt.Fprintf(e.stdout, "  %s of tensors from %s, %.2f bits per weight, %s on disk, %.2f s, %.0f MB/s of source\n",
 		humanBytes(res.DataBytes), humanBytes(res.SourceBytes), bpw, humanBytes(res.FileBytes), secs, mbps)
 	fmt.Fprintf(e.stdout, "  vocabulary: %s\n", vocab)
+	printWorst(e.stdout, res.Tensors, worstShown)
 	return nil
+}
+
+// worstShown is how many tensors the human reports list by error.
+const worstShown = 5
+
+// finite is v for JSON, which has no infinities: nil when v is not finite.
+func finite(v float64) any {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return nil
+	}
+	return v
+}
+
+// totalError is the error of the tensors together.
+func totalError(ts []quantize.TensorResult) quantize.Error {
+	var sum quantize.Error
+	for _, t := range ts {
+		sum.Add(t.Error)
+	}
+	return sum
+}
+
+// printWorst prints the model's relative RMS error and the n tensors with
+// the largest.
+func printWorst(w io.Writer, ts []quantize.TensorResult, n int) {
+	byErr := slices.Clone(ts)
+	slices.SortStableFunc(byErr, func(a, b quantize.TensorResult) int { return cmp.Compare(b.Error.Relative(), a.Error.Relative()) })
+	byErr = byErr[:min(n, len(byErr))]
+	fmt.Fprintf(w, "  RMS error relative to the source's: %.4f over the model; the largest:\n", totalError(ts).Relative())
+	for _, t := range byErr {
+		fmt.Fprintf(w, "    %.4f  %-5s %s\n", t.Error.Relative(), t.To, t.Name)
+	}
 }

@@ -183,6 +183,11 @@ func tokenizerKeys(m *llama.Model) ([]gguf.KV, string, error) {
 	if err != nil {
 		return nil, fmt.Sprintf("not carried (%s): %s", strings.TrimPrefix(err.Error(), "tokenizer: GGUF metadata: "), gguf.NoVocab), nil
 	}
+	return sortedKVs(meta), fmt.Sprintf("tokenizer.json (%s, %d tokens)", meta[gguf.KeyTokenizerModel], t.VocabSize()), nil
+}
+
+// sortedKVs is meta as GGUF metadata, by key.
+func sortedKVs(meta map[string]any) []gguf.KV {
 	keys := make([]string, 0, len(meta))
 	for k := range meta {
 		keys = append(keys, k)
@@ -192,7 +197,33 @@ func tokenizerKeys(m *llama.Model) ([]gguf.KV, string, error) {
 	for i, k := range keys {
 		kvs[i] = gguf.KV{Key: k, Value: meta[k]}
 	}
-	return kvs, fmt.Sprintf("tokenizer.json (%s, %d tokens)", meta[gguf.KeyTokenizerModel], t.VocabSize()), nil
+	return kvs
+}
+
+// minSyntheticVocab is the smallest vocabulary tokenizer.Synthetic makes.
+const minSyntheticVocab = 400
+
+// syntheticVocab returns the tokenizer.ggml.* keys of tokenizer.Synthetic's
+// Llama-2-style vocabulary of n tokens, for a GGUF file of made-up
+// weights, and a line saying what it is; no keys (the file keeps no_vocab)
+// when n is below minSyntheticVocab or above tokenizer.MaxVocab.
+func syntheticVocab(n int) ([]gguf.KV, string, error) {
+	if n < minSyntheticVocab || n > tokenizer.MaxVocab {
+		return nil, fmt.Sprintf("%s (a synthetic vocabulary needs %d to %d tokens)", gguf.NoVocab, minSyntheticVocab, tokenizer.MaxVocab), nil
+	}
+	js, err := tokenizer.Synthetic(n)
+	if err != nil {
+		return nil, "", err
+	}
+	t, err := tokenizer.Parse("synthetic tokenizer.json", js)
+	if err != nil {
+		return nil, "", err
+	}
+	meta, err := t.GGUFMetadata()
+	if err != nil {
+		return nil, "", err
+	}
+	return sortedKVs(meta), fmt.Sprintf("synthetic (%s, %d tokens)", meta[gguf.KeyTokenizerModel], n), nil
 }
 
 // writeStreamed writes a file too large to hold in memory by outputFile's

@@ -2,6 +2,7 @@ package quant
 
 import (
 	"bytes"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -255,7 +256,7 @@ func TestExtremes(t *testing.T) {
 		for _, mag := range []float32{0, 1e-30, 1e-12, 1e-7, 1, 6e4, 1e6, math.MaxFloat32} {
 			x := make([]float32, typ.BlockElems())
 			for i := range x {
-				x[i] = mag * float32(i%7-3) / 3
+				x[i] = mag * (float32(i%7-3) / 3) // finite: |x| ≤ mag
 			}
 			nb, _ := RowBytes(typ, len(x))
 			q := make([]byte, nb)
@@ -273,6 +274,45 @@ func TestExtremes(t *testing.T) {
 				if !(math.Abs(float64(v)) <= float64(mag)*(1+2*bound[typ])+0x1p-22) {
 					t.Errorf("%v, magnitude %g: element %d decodes to %g", typ, mag, i, v)
 					break
+				}
+			}
+		}
+	}
+}
+
+// TestNonFiniteRejected: a NaN or an infinity anywhere in a row is an
+// error naming its index, for every type, and nothing is written.
+func TestNonFiniteRejected(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, typ := range Types() {
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			for range 20 {
+				n := typ.BlockElems() * (1 + r.IntN(40))
+				x := row(r, n)
+				for i := range x {
+					if math.IsNaN(float64(x[i])) || math.IsInf(float64(x[i]), 0) {
+						x[i] = 0
+					}
+				}
+				at := r.IntN(n)
+				x[at] = bad
+				if r.IntN(2) == 0 && at+1 < n {
+					x[at+1+r.IntN(n-at-1)] = float32(math.NaN()) // a later one is not the first
+				}
+				nb, _ := RowBytes(typ, n)
+				q := make([]byte, nb)
+				for i := range q {
+					q[i] = 0xA5
+				}
+				err := Quantize(typ, q, x)
+				var nf *NonFiniteError
+				if !errors.As(err, &nf) || nf.Index != at || math.Float32bits(nf.Value) != math.Float32bits(bad) {
+					t.Fatalf("%v, %v at %d of %d: %v", typ, bad, at, n, err)
+				}
+				for i, b := range q {
+					if b != 0xA5 {
+						t.Fatalf("%v: byte %d written", typ, i)
+					}
 				}
 			}
 		}

@@ -1,6 +1,7 @@
 package quantize_test
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"strings"
@@ -116,5 +117,41 @@ func TestErrorArithmetic(t *testing.T) {
 	sum.Add(quantize.Error{Elems: 10, SqErr: 20, SqRef: 30})
 	if sum != (quantize.Error{Elems: 11, SqErr: 22, SqRef: 33}) {
 		t.Errorf("sum %+v", sum)
+	}
+}
+
+// TestWriteRefusesNonFinite: a NaN or an infinity in a tensor to quantize,
+// or values so large that a block's f16 scale overflows, stop Write with
+// an error naming the tensor and the row, as llama-quantize refuses them.
+func TestWriteRefusesNonFinite(t *testing.T) {
+	m := genTiny(t, smallShape(), synth.GGUF)
+	for _, c := range []struct {
+		bits uint16 // a BF16 value
+		want string
+	}{
+		{0x7FC0, "NaN"},
+		{0xFF80, "-Inf"},
+		{0x7F00, "overflows f16"}, // 1.7e38
+	} {
+		src, err := quantize.FromModel(m, "tiny", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := -1
+		for i, st := range src.Tensors {
+			if st.Name == "blk.1.ffn_up.weight" {
+				k = i
+			}
+		}
+		st := &src.Tensors[k]
+		st.Data = append([]byte(nil), st.Data...)
+		row := 3
+		at := 2 * (row*int(st.Shape[1]) + 17)
+		st.Data[at], st.Data[at+1] = byte(c.bits), byte(c.bits>>8)
+		var buf bytes.Buffer
+		_, err = quantize.Write(context.Background(), &buf, src, quant.MostlyQ4_K_M, quantize.Options{Workers: 2, ChunkElems: 1000})
+		if err == nil || !strings.Contains(err.Error(), st.Name) || !strings.Contains(err.Error(), "row 3") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%#04x: %v", c.bits, err)
+		}
 	}
 }

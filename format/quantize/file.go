@@ -310,12 +310,17 @@ func (j *job) work(scratch []float32) error {
 		}
 		q := j.out[k*j.outRow : (k+1)*j.outRow]
 		if err := quant.Quantize(j.to, q, x); err != nil {
-			return err
+			return fmt.Errorf("row %d: %w", r, err)
 		}
 		if err := quant.Dequantize(j.to, y, q); err != nil {
 			return err
 		}
+		before := j.diff.SqErr
 		j.diff.accumulate(y, x)
+		if d := j.diff.SqErr - before; math.IsNaN(d) || math.IsInf(d, 0) {
+			// as llama-quantize's check of the rows it writes
+			return fmt.Errorf("row %d: values beyond what %v holds (a block's scale overflows f16)", r, j.to)
+		}
 	}
 	return nil
 }

@@ -101,6 +101,47 @@ func TestRoundTripBounds(t *testing.T) {
 	}
 }
 
+// TestRequantize: quantizing dequantized values again gives the same
+// bytes for the legacy types (each block's largest value is a level, so
+// the scale comes back exactly); the k-quants search their scales again
+// and may land elsewhere (a quarter to a half of the rows do), but within
+// their bound of the values they start from.
+func TestRequantize(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 13))
+	legacy := map[Type]bool{Q8_0: true, Q4_0: true, Q5_0: true, Q5_1: true}
+	for _, typ := range Quantized() {
+		be := typ.BlockElems()
+		same := 0
+		for range 300 {
+			n := be * (1 + r.IntN(6))
+			x := row(r, n)
+			nb, _ := RowBytes(typ, n)
+			q1, q2 := make([]byte, nb), make([]byte, nb)
+			y1, y2 := make([]float32, n), make([]float32, n)
+			if Quantize(typ, q1, x) != nil || Dequantize(typ, y1, q1) != nil || Quantize(typ, q2, y1) != nil || Dequantize(typ, y2, q2) != nil {
+				t.Fatal("round trip failed")
+			}
+			if bytes.Equal(q1, q2) {
+				same++
+			} else if legacy[typ] {
+				t.Fatalf("%v: row of %d quantizes to other bytes the second time", typ, n)
+			}
+			for b := 0; b < n; b += be {
+				lo, hi := 0.0, 0.0
+				for _, v := range y1[b : b+be] {
+					lo, hi = min(lo, float64(v)), max(hi, float64(v))
+				}
+				for i := b; i < b+be; i++ {
+					if e := math.Abs(float64(y2[i]) - float64(y1[i])); e > bound[typ]*(hi-lo)+1e-30 {
+						t.Fatalf("%v: element %d: %g requantized to %g (block range %g)", typ, i, y1[i], y2[i], hi-lo)
+					}
+				}
+			}
+		}
+		t.Logf("%v: %d of 300 rows requantize to the same bytes", typ, same)
+	}
+}
+
 // rmsBound is the most the RMS error may be, relative to the RMS of the
 // values, on normally distributed rows: about 1.2 times what the reference
 // quantizers reach (which TestQuantizeMatchesGGML pins), so that a change

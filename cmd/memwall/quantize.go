@@ -270,6 +270,7 @@ func writeStreamed[R any](o *outputFile, write func(io.Writer) (R, error)) (R, e
 func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, vocab string, plan []quantize.TensorResult, res *quantize.Result, secs float64) error {
 	var elems uint64
 	counts := map[string]int{}
+	typeBytes := map[string]uint64{}
 	for _, t := range plan {
 		n := uint64(1)
 		for _, d := range t.Shape {
@@ -277,6 +278,7 @@ func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, voca
 		}
 		elems += n
 		counts[t.To.String()]++
+		typeBytes[t.To.String()] += t.Bytes
 	}
 	bpw := float64(res.DataBytes) * 8 / float64(max(elems, 1))
 	mbps := float64(res.SourceBytes) / 1e6 / max(secs, 1e-9)
@@ -287,7 +289,7 @@ func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, voca
 				"rms_error": t.Error.RMS(), "relative_error": finite(t.Error.Relative())}
 		}
 		return writeJSON(e.stdout, map[string]any{
-			"in": in, "out": out, "type": ft.String(), "tokenizer": vocab, "types": counts,
+			"in": in, "out": out, "type": ft.String(), "tokenizer": vocab, "types": counts, "type_bytes": typeBytes,
 			"tensors": tensors, "source_bytes": res.SourceBytes, "data_bytes": res.DataBytes, "file_bytes": res.FileBytes,
 			"bits_per_weight": bpw, "seconds": secs, "source_mb_per_s": mbps, "relative_error": finite(totalError(res.Tensors).Relative()),
 		})

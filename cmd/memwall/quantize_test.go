@@ -107,9 +107,10 @@ func TestQuantizeJSON(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	var res struct {
-		Type      string         `json:"type"`
-		Tokenizer string         `json:"tokenizer"`
-		Types     map[string]int `json:"types"`
+		Type      string            `json:"type"`
+		Tokenizer string            `json:"tokenizer"`
+		Types     map[string]int    `json:"types"`
+		TypeBytes map[string]uint64 `json:"type_bytes"`
 		Tensors   []struct {
 			Name  string `json:"name"`
 			To    string `json:"to"`
@@ -137,6 +138,13 @@ func TestQuantizeJSON(t *testing.T) {
 	}
 	for _, c := range res.Types {
 		n += c
+	}
+	var typed uint64
+	for _, b := range res.TypeBytes {
+		typed += b
+	}
+	if typed != res.DataBytes || len(res.TypeBytes) != len(res.Types) {
+		t.Errorf("type_bytes %v sum to %d, data_bytes %d", res.TypeBytes, typed, res.DataBytes)
 	}
 	if sum != res.DataBytes || n != len(res.Tensors) || res.Type != "Q5_K_M" || res.Types["Q6_K"] == 0 || res.BPW < 5 || res.BPW > 7 {
 		t.Errorf("JSON: %d tensor bytes against data_bytes %d, %d typed of %d, type %s, types %v, %.2f bpw", sum, res.DataBytes, n, len(res.Tensors), res.Type, res.Types, res.BPW)

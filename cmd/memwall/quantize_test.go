@@ -334,3 +334,15 @@ func TestQuantizeCompareErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestQuantizeCompareCancelled: an interrupted --compare says so.
+func TestQuantizeCompareCancelled(t *testing.T) {
+	dir := t.TempDir()
+	in := genFile(t, quantShape(), filepath.Join(dir, "bf16.gguf"), synth.GGUF)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	code, stdout, stderr := runEnv(t, func(e *env) { e.ctx = ctx }, "quantize", "--compare", in, in)
+	if code != 1 || !strings.Contains(stderr, "interrupted") || stdout != "" {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}

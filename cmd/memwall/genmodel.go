@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memwall/memwall/format/gguf"
 	"github.com/memwall/memwall/format/synth"
 )
 
@@ -36,6 +37,13 @@ gen-model replaces a config.json there only if memwall wrote it (it holds
 the key memwall.synth.config) and refuses to start otherwise; one model per
 directory, then. Each file is written under a temporary name and renamed
 into place at the end.
+
+A GGUF model holds the metadata llama.cpp needs to load it as it is,
+a vocabulary included: for --vocab 400 and above, a synthetic Llama-2-style
+one of exactly --vocab tokens (<unk> <s> </s>, the 256 byte tokens, pieces
+learned from a little English text, then unused tokens), so that text
+prompts work in memwall run and in llama.cpp; below 400,
+tokenizer.ggml.model = no_vocab (llama.cpp makes placeholder tokens).
 
 --dtype q4_k_m, q5_k_m, q6_k, q8_0 or q4_0 (GGUF only) writes the bf16
 model's values quantized as llama-quantize quantizes them, each tensor
@@ -155,10 +163,18 @@ func runGenModel(e *env, args []string) error {
 		}
 	}
 
+	var vocabKVs []gguf.KV
+	vocabLine := ""
+	if f == synth.GGUF {
+		if vocabKVs, vocabLine, err = syntheticVocab(cfg.Vocab); err != nil {
+			return err
+		}
+	}
+
 	bar := newProgress(e, "gen-model")
 	bar.unit = "bytes"
 	var last time.Time
-	opts := synth.Options{Format: f, Shards: *shards, Workers: *workers, Progress: func(done, total uint64) {
+	opts := synth.Options{Format: f, Shards: *shards, Workers: *workers, Metadata: vocabKVs, Progress: func(done, total uint64) {
 		if now := time.Now(); done == total || now.Sub(last) >= 100*time.Millisecond {
 			last = now
 			bar.update(float64(done), float64(total), humanBytes(done)+" of "+humanBytes(total))
@@ -177,7 +193,7 @@ func runGenModel(e *env, args []string) error {
 		return writeJSON(e.stdout, map[string]any{
 			"path": res.Path, "files": res.Files, "format": f, "config": cfg,
 			"params": cfg.Params(), "tensors": res.Tensors, "data_bytes": res.DataBytes,
-			"file_bytes": res.FileBytes, "seconds": secs, "gb_per_s": gbps,
+			"file_bytes": res.FileBytes, "seconds": secs, "gb_per_s": gbps, "vocabulary": vocabLine,
 		})
 	}
 	files := "1 file"
@@ -188,6 +204,9 @@ func runGenModel(e *env, args []string) error {
 		res.Path, cfg.Arch, cfg.Layers, cfg.Hidden, paramCount(cfg.Params()), strings.ToLower(cfg.DType))
 	fmt.Fprintf(e.stdout, "  %d tensors, %s of data in %s (%s on disk), %.2f s, %.2f GB/s\n",
 		res.Tensors, humanBytes(res.DataBytes), files, humanBytes(res.FileBytes), secs, gbps)
+	if vocabLine != "" {
+		fmt.Fprintf(e.stdout, "  vocabulary: %s\n", vocabLine)
+	}
 	return nil
 }
 

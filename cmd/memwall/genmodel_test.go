@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/memwall/memwall/format/gguf"
 	"github.com/memwall/memwall/format/safetensors"
 	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/tokenizer"
 )
 
 func runGen(t *testing.T, terminal bool, args ...string) (code int, stdout, stderr string) {
@@ -242,5 +245,68 @@ func TestGenModelConfig(t *testing.T) {
 	code, help, _ := runVerb(t, nil, "help", "gen-model")
 	if code != 0 || !strings.Contains(help, "config.json in --out's") || !strings.Contains(help, synth.MetadataKey) {
 		t.Errorf("help gen-model does not say it writes config.json:\n%s", help)
+	}
+}
+
+// TestGenModelVocabulary: a GGUF model of --vocab 400 and more carries a
+// Llama-2-style vocabulary of exactly that many distinct tokens (llama.cpp
+// asserts they are distinct), with <s> and </s> at the model's BOS and EOS
+// ids, which memwall's tokenizer reads back and round-trips text with; a
+// smaller one keeps no_vocab; a safetensors model gets none.
+func TestGenModelVocabulary(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []int{400, 1234} {
+		out := filepath.Join(dir, fmt.Sprintf("v%d.gguf", n))
+		code, stdout, stderr := runGen(t, false, "--layers", "1", "--hidden", "64", "--inter", "128", "--heads", "4", "--vocab", strconv.Itoa(n), "--out", out)
+		if code != 0 || !strings.Contains(stdout, fmt.Sprintf("vocabulary: synthetic (llama, %d tokens)", n)) {
+			t.Fatalf("vocab %d: exit %d, stdout %q, stderr %q", n, code, stdout, stderr)
+		}
+		f := openGGUF(t, out)
+		meta := map[string]any{}
+		count := map[string]int{}
+		for _, kv := range f.Metadata {
+			meta[kv.Key] = kv.Value
+			count[kv.Key]++
+		}
+		tokens, _ := meta["tokenizer.ggml.tokens"].([]string)
+		types, _ := meta["tokenizer.ggml.token_type"].([]int32)
+		scores, _ := meta["tokenizer.ggml.scores"].([]float32)
+		if meta[gguf.KeyTokenizerModel] != "llama" || count[gguf.KeyTokenizerModel] != 1 || len(tokens) != n || len(types) != n || len(scores) != n {
+			t.Fatalf("vocab %d: model %v (%d entries), %d tokens, %d types, %d scores", n, meta[gguf.KeyTokenizerModel], count[gguf.KeyTokenizerModel], len(tokens), len(types), len(scores))
+		}
+		seen := map[string]bool{}
+		for i, tok := range tokens {
+			if seen[tok] {
+				t.Fatalf("vocab %d: token %d %q twice", n, i, tok)
+			}
+			seen[tok] = true
+		}
+		bos, eos := meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"]
+		if bos != uint32(synth.BOS) || eos != uint32(synth.EOS) || tokens[synth.BOS] != "<s>" || tokens[synth.EOS] != "</s>" || tokens[3+'\n'] != "<0x0A>" {
+			t.Errorf("vocab %d: bos %v %q, eos %v %q, token %d %q", n, bos, tokens[synth.BOS], eos, tokens[synth.EOS], 3+'\n', tokens[3+'\n'])
+		}
+		tok, err := tokenizer.FromGGUF(meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := "Hello, world!\nThe run takes 3.2 seconds — ünïcode too."
+		ids := tok.Encode(text, true)
+		if ids[0] != synth.BOS || tok.Decode(ids, true) != text {
+			t.Errorf("vocab %d: %q encodes to %v, decodes to %q", n, text, ids, tok.Decode(ids, true))
+		}
+	}
+	small := filepath.Join(dir, "small.gguf")
+	if code, stdout, _ := runGen(t, false, "--layers", "1", "--hidden", "64", "--inter", "128", "--heads", "4", "--vocab", "399", "--out", small); code != 0 ||
+		!strings.Contains(stdout, "vocabulary: no_vocab") {
+		t.Errorf("vocab 399: exit %d, stdout %q", code, stdout)
+	}
+	for _, kv := range openGGUF(t, small).Metadata {
+		if kv.Key == gguf.KeyTokenizerModel && kv.Value != gguf.NoVocab || kv.Key == "tokenizer.ggml.tokens" {
+			t.Errorf("vocab 399: %s = %v", kv.Key, kv.Value)
+		}
+	}
+	st := filepath.Join(dir, "model.safetensors")
+	if code, stdout, _ := runGen(t, false, "--layers", "1", "--hidden", "64", "--inter", "128", "--heads", "4", "--vocab", "1000", "--out", st); code != 0 || strings.Contains(stdout, "vocabulary") {
+		t.Errorf("safetensors: exit %d, stdout %q", code, stdout)
 	}
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +28,7 @@ func init() {
 }
 
 const quantizeUsage = `IN OUT --type Q4_K_M|Q5_K_M|Q6_K|Q8_0|Q4_0 [--workers N] [--json]
+       memwall quantize --compare IN FILE... [--workers N] [--json]
 
 Reads a Llama model in bf16, f16 or f32 — a GGUF file, or a Hugging Face
 directory (config.json, safetensors, tokenizer.json optional), a .safetensors
@@ -40,16 +43,31 @@ vocabulary of tokenizer.json when it is a Llama-2, GPT-2 or Llama-3 style
 BPE. A model with no vocabulary gets tokenizer.ggml.model = no_vocab, so
 that llama.cpp loads it. The work is parallel over tensors and rows
 (--workers, default: every core); OUT is written beside its path and
-renamed into place when complete.`
+renamed into place when complete. Each tensor's error is measured as it is
+written: the RMS of quantized minus source over its elements, relative to
+the source's RMS; the report lists the largest.
+
+With --compare, nothing is written: each FILE, a quantized GGUF file of
+the model IN (from memwall quantize, llama-quantize or another tool), is
+read with memwall's dequantizer and each of its tensors compared with
+IN's, with the same measure, so that two tools' files of one source can
+be set side by side.`
 
 func runQuantize(e *env, args []string) error {
 	fs := newFlags(e, "quantize", quantizeUsage)
 	typeName := fs.String("type", "", "file type: Q4_K_M, Q5_K_M, Q6_K, Q8_0 or Q4_0 (required)")
 	workers := intFlagOf(fs, "workers", 0, 0, 1024, "quantizing goroutines (default: GOMAXPROCS)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	compare := fs.Bool("compare", false, "measure the error of quantized files FILE... of IN instead of writing one")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
+	}
+	if *compare {
+		if *typeName != "" {
+			return usagef("--type writes a file, --compare writes none: give one")
+		}
+		return runQuantizeCompare(e, pos, *workers, *asJSON)
 	}
 	if len(pos) != 2 {
 		return usagef("want IN and OUT, got %d arguments", len(pos))
@@ -165,6 +183,11 @@ func tokenizerKeys(m *llama.Model) ([]gguf.KV, string, error) {
 	if err != nil {
 		return nil, fmt.Sprintf("not carried (%s): %s", strings.TrimPrefix(err.Error(), "tokenizer: GGUF metadata: "), gguf.NoVocab), nil
 	}
+	return sortedKVs(meta), fmt.Sprintf("tokenizer.json (%s, %d tokens)", meta[gguf.KeyTokenizerModel], t.VocabSize()), nil
+}
+
+// sortedKVs is meta as GGUF metadata, by key.
+func sortedKVs(meta map[string]any) []gguf.KV {
 	keys := make([]string, 0, len(meta))
 	for k := range meta {
 		keys = append(keys, k)
@@ -174,7 +197,33 @@ func tokenizerKeys(m *llama.Model) ([]gguf.KV, string, error) {
 	for i, k := range keys {
 		kvs[i] = gguf.KV{Key: k, Value: meta[k]}
 	}
-	return kvs, fmt.Sprintf("tokenizer.json (%s, %d tokens)", meta[gguf.KeyTokenizerModel], t.VocabSize()), nil
+	return kvs
+}
+
+// minSyntheticVocab is the smallest vocabulary tokenizer.Synthetic makes.
+const minSyntheticVocab = 400
+
+// syntheticVocab returns the tokenizer.ggml.* keys of tokenizer.Synthetic's
+// Llama-2-style vocabulary of n tokens, for a GGUF file of made-up
+// weights, and a line saying what it is; no keys (the file keeps no_vocab)
+// when n is below minSyntheticVocab or above tokenizer.MaxVocab.
+func syntheticVocab(n int) ([]gguf.KV, string, error) {
+	if n < minSyntheticVocab || n > tokenizer.MaxVocab {
+		return nil, fmt.Sprintf("%s (a synthetic vocabulary needs %d to %d tokens)", gguf.NoVocab, minSyntheticVocab, tokenizer.MaxVocab), nil
+	}
+	js, err := tokenizer.Synthetic(n)
+	if err != nil {
+		return nil, "", err
+	}
+	t, err := tokenizer.Parse("synthetic tokenizer.json", js)
+	if err != nil {
+		return nil, "", err
+	}
+	meta, err := t.GGUFMetadata()
+	if err != nil {
+		return nil, "", err
+	}
+	return sortedKVs(meta), fmt.Sprintf("synthetic (%s, %d tokens)", meta[gguf.KeyTokenizerModel], n), nil
 }
 
 // writeStreamed writes a file too large to hold in memory by outputFile's
@@ -221,6 +270,7 @@ func writeStreamed[R any](o *outputFile, write func(io.Writer) (R, error)) (R, e
 func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, vocab string, plan []quantize.TensorResult, res *quantize.Result, secs float64) error {
 	var elems uint64
 	counts := map[string]int{}
+	typeBytes := map[string]uint64{}
 	for _, t := range plan {
 		n := uint64(1)
 		for _, d := range t.Shape {
@@ -228,18 +278,20 @@ func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, voca
 		}
 		elems += n
 		counts[t.To.String()]++
+		typeBytes[t.To.String()] += t.Bytes
 	}
 	bpw := float64(res.DataBytes) * 8 / float64(max(elems, 1))
 	mbps := float64(res.SourceBytes) / 1e6 / max(secs, 1e-9)
 	if asJSON {
 		tensors := make([]map[string]any, len(res.Tensors))
 		for i, t := range res.Tensors {
-			tensors[i] = map[string]any{"name": t.Name, "from": t.From.String(), "to": t.To.String(), "shape": t.Shape, "bytes": t.Bytes, "source_bytes": t.Source}
+			tensors[i] = map[string]any{"name": t.Name, "from": t.From.String(), "to": t.To.String(), "shape": t.Shape, "bytes": t.Bytes, "source_bytes": t.Source,
+				"rms_error": t.Error.RMS(), "relative_error": finite(t.Error.Relative())}
 		}
 		return writeJSON(e.stdout, map[string]any{
-			"in": in, "out": out, "type": ft.String(), "tokenizer": vocab, "types": counts,
+			"in": in, "out": out, "type": ft.String(), "tokenizer": vocab, "types": counts, "type_bytes": typeBytes,
 			"tensors": tensors, "source_bytes": res.SourceBytes, "data_bytes": res.DataBytes, "file_bytes": res.FileBytes,
-			"bits_per_weight": bpw, "seconds": secs, "source_mb_per_s": mbps,
+			"bits_per_weight": bpw, "seconds": secs, "source_mb_per_s": mbps, "relative_error": finite(totalError(res.Tensors).Relative()),
 		})
 	}
 	names := make([]string, 0, len(counts))
@@ -255,5 +307,38 @@ func reportQuantize(e *env, asJSON bool, in, out string, ft quant.FileType, voca
 	fmt.Fprintf(e.stdout, "  %s of tensors from %s, %.2f bits per weight, %s on disk, %.2f s, %.0f MB/s of source\n",
 		humanBytes(res.DataBytes), humanBytes(res.SourceBytes), bpw, humanBytes(res.FileBytes), secs, mbps)
 	fmt.Fprintf(e.stdout, "  vocabulary: %s\n", vocab)
+	printWorst(e.stdout, res.Tensors, worstShown)
 	return nil
+}
+
+// worstShown is how many tensors the human reports list by error.
+const worstShown = 5
+
+// finite is v for JSON, which has no infinities: nil when v is not finite.
+func finite(v float64) any {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return nil
+	}
+	return v
+}
+
+// totalError is the error of the tensors together.
+func totalError(ts []quantize.TensorResult) quantize.Error {
+	var sum quantize.Error
+	for _, t := range ts {
+		sum.Add(t.Error)
+	}
+	return sum
+}
+
+// printWorst prints the model's relative RMS error and the n tensors with
+// the largest.
+func printWorst(w io.Writer, ts []quantize.TensorResult, n int) {
+	byErr := slices.Clone(ts)
+	slices.SortStableFunc(byErr, func(a, b quantize.TensorResult) int { return cmp.Compare(b.Error.Relative(), a.Error.Relative()) })
+	byErr = byErr[:min(n, len(byErr))]
+	fmt.Fprintf(w, "  RMS error relative to the source's: %.4f over the model; the largest:\n", totalError(ts).Relative())
+	for _, t := range byErr {
+		fmt.Fprintf(w, "    %.4f  %-5s %s\n", t.Error.Relative(), t.To, t.Name)
+	}
 }

@@ -66,7 +66,7 @@ func TestQuantize(t *testing.T) {
 			t.Fatalf("%s: exit %d, stderr %q", ft, code, stderr)
 		}
 		if !strings.Contains(stdout, "wrote "+out+": "+strings.ToUpper(ft)+", 21 tensors") || !strings.Contains(stdout, "bits per weight") ||
-			!strings.Contains(stdout, "vocabulary: carried over (no_vocab)") {
+			!strings.Contains(stdout, "vocabulary: carried over (no_vocab)") || strings.Count(stdout, ".weight\n") != 5 || !strings.Contains(stdout, "relative to the source's") {
 			t.Errorf("%s: stdout %q", ft, stdout)
 		}
 		cfg := quantShape()
@@ -107,9 +107,10 @@ func TestQuantizeJSON(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	var res struct {
-		Type      string         `json:"type"`
-		Tokenizer string         `json:"tokenizer"`
-		Types     map[string]int `json:"types"`
+		Type      string            `json:"type"`
+		Tokenizer string            `json:"tokenizer"`
+		Types     map[string]int    `json:"types"`
+		TypeBytes map[string]uint64 `json:"type_bytes"`
 		Tensors   []struct {
 			Name  string `json:"name"`
 			To    string `json:"to"`
@@ -137,6 +138,13 @@ func TestQuantizeJSON(t *testing.T) {
 	}
 	for _, c := range res.Types {
 		n += c
+	}
+	var typed uint64
+	for _, b := range res.TypeBytes {
+		typed += b
+	}
+	if typed != res.DataBytes || len(res.TypeBytes) != len(res.Types) {
+		t.Errorf("type_bytes %v sum to %d, data_bytes %d", res.TypeBytes, typed, res.DataBytes)
 	}
 	if sum != res.DataBytes || n != len(res.Tensors) || res.Type != "Q5_K_M" || res.Types["Q6_K"] == 0 || res.BPW < 5 || res.BPW > 7 {
 		t.Errorf("JSON: %d tensor bytes against data_bytes %d, %d typed of %d, type %s, types %v, %.2f bpw", sum, res.DataBytes, n, len(res.Tensors), res.Type, res.Types, res.BPW)
@@ -239,5 +247,102 @@ func TestQuantizeCancelled(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("%d files left", len(entries))
+	}
+}
+
+// quantizeJSON is what quantize --json and quantize --compare --json say
+// of each tensor's error.
+type quantizeJSON struct {
+	Tensors []struct {
+		Name     string   `json:"name"`
+		To       string   `json:"to"`
+		RMS      float64  `json:"rms_error"`
+		Relative *float64 `json:"relative_error"`
+	} `json:"tensors"`
+	Relative *float64 `json:"relative_error"`
+}
+
+// TestQuantizeCompare: --compare measures, on the files written, the
+// errors the writing runs reported, and sets two files side by side.
+func TestQuantizeCompare(t *testing.T) {
+	dir := t.TempDir()
+	in := genFile(t, quantShape(), filepath.Join(dir, "bf16.gguf"), synth.GGUF)
+	var written []quantizeJSON
+	for _, ft := range []string{"Q4_K_M", "Q8_0"} {
+		code, stdout, stderr := runVerbTerminal(t, false, "quantize", in, filepath.Join(dir, ft+".gguf"), "--type", ft, "--json", "--workers", "3")
+		var r quantizeJSON
+		if err := json.Unmarshal([]byte(stdout), &r); code != 0 || err != nil {
+			t.Fatalf("%s: exit %d, %v, stderr %q", ft, code, err, stderr)
+		}
+		for _, tt := range r.Tensors {
+			quantized := tt.To != "F32"
+			if tt.Relative == nil || (*tt.Relative > 0) != quantized || *tt.Relative > 0.1 || (tt.RMS > 0) != quantized {
+				t.Errorf("%s %s %s: relative error %v, RMS %g", ft, tt.Name, tt.To, tt.Relative, tt.RMS)
+			}
+		}
+		written = append(written, r)
+	}
+	if !(*written[1].Relative < *written[0].Relative/4) {
+		t.Errorf("Q8_0's error %g, Q4_K_M's %g", *written[1].Relative, *written[0].Relative)
+	}
+	a, b := filepath.Join(dir, "Q4_K_M.gguf"), filepath.Join(dir, "Q8_0.gguf")
+	code, stdout, stderr := runVerbTerminal(t, false, "quantize", "--compare", in, a, b, "--json", "--workers", "2")
+	var res struct {
+		Files []quantizeJSON `json:"files"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); code != 0 || err != nil || len(res.Files) != 2 {
+		t.Fatalf("exit %d, %v, stderr %q, %d files", code, err, stderr, len(res.Files))
+	}
+	for i, f := range res.Files {
+		if len(f.Tensors) != len(written[i].Tensors) || *f.Relative != *written[i].Relative {
+			t.Fatalf("file %d: %d tensors, error %g; written %d, %g", i, len(f.Tensors), *f.Relative, len(written[i].Tensors), *written[i].Relative)
+		}
+		for k, tt := range f.Tensors {
+			if w := written[i].Tensors[k]; tt.Name != w.Name || tt.To != w.To || *tt.Relative != *w.Relative || tt.RMS != w.RMS {
+				t.Errorf("file %d tensor %s: compared %s %g, written %s %g", i, tt.Name, tt.To, *tt.Relative, w.To, *w.Relative)
+			}
+		}
+	}
+	code, stdout, _ = runVerbTerminal(t, false, "quantize", "--compare", in, a, a)
+	if code != 0 || !strings.Contains(stdout, "21 the same error, 0 larger, 0 smaller") || !strings.Contains(stdout, "the largest:") {
+		t.Errorf("exit %d, stdout %q", code, stdout)
+	}
+}
+
+func TestQuantizeCompareErrors(t *testing.T) {
+	dir := t.TempDir()
+	in := genFile(t, quantShape(), filepath.Join(dir, "bf16.gguf"), synth.GGUF)
+	other := quantShape()
+	other.Hidden = 512
+	otherIn := genFile(t, other, filepath.Join(dir, "other.gguf"), synth.GGUF)
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no file", []string{"--compare", in}, 2, "at least one FILE"},
+		{"with type", []string{"--compare", in, in, "--type", "Q4_0"}, 2, "give one"},
+		{"missing file", []string{"--compare", in, filepath.Join(dir, "none.gguf")}, 1, "none.gguf"},
+		{"another model", []string{"--compare", in, otherIn}, 1, "shape"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, stderr := runVerbTerminal(t, false, append([]string{"quantize"}, c.args...)...)
+			if code != c.code || !strings.Contains(stderr, c.want) {
+				t.Errorf("exit %d, stderr %q; want exit %d mentioning %q", code, stderr, c.code, c.want)
+			}
+		})
+	}
+}
+
+// TestQuantizeCompareCancelled: an interrupted --compare says so.
+func TestQuantizeCompareCancelled(t *testing.T) {
+	dir := t.TempDir()
+	in := genFile(t, quantShape(), filepath.Join(dir, "bf16.gguf"), synth.GGUF)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	code, stdout, stderr := runEnv(t, func(e *env) { e.ctx = ctx }, "quantize", "--compare", in, in)
+	if code != 1 || !strings.Contains(stderr, "interrupted") || stdout != "" {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }

@@ -126,6 +126,13 @@ func TestREADMECommands(t *testing.T) {
 	if _, err := synth.Generate(context.Background(), synth.TinyF16(), quantIn, synth.Options{Workers: 2, Format: synth.GGUF}); err != nil {
 		t.Fatal(err)
 	}
+	// quantize --compare's FILE: a quantized file of the same model.
+	quantCfg := synth.TinyF16()
+	quantCfg.DType = "Q8_0"
+	quantFile := filepath.Join(tmp, "tiny-q8_0.gguf")
+	if _, err := synth.Generate(context.Background(), quantCfg, quantFile, synth.Options{Workers: 2, Format: synth.GGUF}); err != nil {
+		t.Fatal(err)
+	}
 	onnxModel := filepath.Join(planTestONNX, "mobilenet_v2.onnx")
 	trace := "../../testdata/traces/vit_varbatch.csv.gz"
 	outputs := 0
@@ -173,6 +180,10 @@ func TestREADMECommands(t *testing.T) {
 		case "IN":
 			if verb == "quantize" {
 				return quantIn, true
+			}
+		case "FILE...":
+			if verb == "quantize" {
+				return quantFile, true
 			}
 		case "OUT":
 			if verb == "quantize" {

@@ -3,6 +3,7 @@ package quant
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -74,12 +75,16 @@ func FuzzQuantize(f *testing.F) {
 		be := typ.BlockElems()
 		x := make([]float32, len(b)/4/be*be)
 		var amax float64
+		first := -1
 		for i := range x {
 			v := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				v = 0
-			}
 			x[i] = v
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				if first < 0 {
+					first = i
+				}
+				continue
+			}
 			amax = max(amax, math.Abs(float64(v)))
 		}
 		n, err := RowBytes(typ, len(x))
@@ -87,6 +92,13 @@ func FuzzQuantize(f *testing.F) {
 			t.Fatal(err)
 		}
 		q := make([]byte, n)
+		if first >= 0 {
+			var nf *NonFiniteError
+			if err := Quantize(typ, q, x); !errors.As(err, &nf) || nf.Index != first {
+				t.Fatalf("%v: element %d is %v: %v", typ, first, x[first], err)
+			}
+			return
+		}
 		if err := Quantize(typ, q, x); err != nil {
 			t.Fatal(err)
 		}

@@ -146,6 +146,39 @@ func check(t Type, elems, data int) (int, error) {
 	return elems / types[t].blockElems, nil
 }
 
+// NonFiniteError is Quantize's error for a NaN or an infinity in its input.
+type NonFiniteError struct {
+	Index int     // of the first such element
+	Value float32 // NaN, +Inf or -Inf
+}
+
+func (e *NonFiniteError) Error() string {
+	return fmt.Sprintf("quant: element %d is %v: only finite values quantize", e.Index, e.Value)
+}
+
+// checkFinite returns a *NonFiniteError for the first NaN or infinity of x.
+// The sum of x·0 is 0 for finite values and NaN otherwise, so the loop has
+// no branch until it finds one.
+func checkFinite(x []float32) error {
+	const chunk = 256
+	for lo := 0; lo < len(x); lo += chunk {
+		part := x[lo:min(lo+chunk, len(x))]
+		var s float32
+		for _, v := range part {
+			s += v * 0
+		}
+		if s == 0 {
+			continue
+		}
+		for i, v := range part {
+			if v != v || v > math.MaxFloat32 || v < -math.MaxFloat32 {
+				return &NonFiniteError{Index: lo + i, Value: v}
+			}
+		}
+	}
+	return nil
+}
+
 // Dequantize decodes src, whole blocks of type t, into dst, as ggml's
 // dequantizer for t does (the float32 values are ggml's, bit for bit).
 // len(dst) must be a whole number of blocks and len(src) exactly their
@@ -205,12 +238,15 @@ func Dequantize(t Type, dst []float32, src []byte) error {
 // must hold exactly their bytes, as ggml's reference quantizer for t does
 // (quantize_row_*_ref: what llama-quantize runs without an importance
 // matrix); F16 and BF16 round to nearest even, as ggml converts. It returns
-// an error and writes nothing when the lengths do not fit. Values should be
-// finite: ggml's quantizers are not defined for NaN or infinities, and
-// neither are these (they do not panic on them).
+// an error and writes nothing when the lengths do not fit, or when a value
+// is a NaN or an infinity (*NonFiniteError): ggml's quantizers are not
+// defined for them, and llama-quantize refuses the rows they make.
 func Quantize(t Type, dst []byte, src []float32) error {
 	nb, err := check(t, len(src), len(dst))
 	if err != nil {
+		return err
+	}
+	if err := checkFinite(src); err != nil {
 		return err
 	}
 	switch t {

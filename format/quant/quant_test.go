@@ -2,6 +2,7 @@ package quant
 
 import (
 	"bytes"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -97,6 +98,47 @@ func TestRoundTripBounds(t *testing.T) {
 			}
 			t.Logf("worst error %.4f of a block's range (bound %.4f)", worst, bound[typ])
 		})
+	}
+}
+
+// TestRequantize: quantizing dequantized values again gives the same
+// bytes for the legacy types (each block's largest value is a level, so
+// the scale comes back exactly); the k-quants search their scales again
+// and may land elsewhere (a quarter to a half of the rows do), but within
+// their bound of the values they start from.
+func TestRequantize(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 13))
+	legacy := map[Type]bool{Q8_0: true, Q4_0: true, Q5_0: true, Q5_1: true}
+	for _, typ := range Quantized() {
+		be := typ.BlockElems()
+		same := 0
+		for range 300 {
+			n := be * (1 + r.IntN(6))
+			x := row(r, n)
+			nb, _ := RowBytes(typ, n)
+			q1, q2 := make([]byte, nb), make([]byte, nb)
+			y1, y2 := make([]float32, n), make([]float32, n)
+			if Quantize(typ, q1, x) != nil || Dequantize(typ, y1, q1) != nil || Quantize(typ, q2, y1) != nil || Dequantize(typ, y2, q2) != nil {
+				t.Fatal("round trip failed")
+			}
+			if bytes.Equal(q1, q2) {
+				same++
+			} else if legacy[typ] {
+				t.Fatalf("%v: row of %d quantizes to other bytes the second time", typ, n)
+			}
+			for b := 0; b < n; b += be {
+				lo, hi := 0.0, 0.0
+				for _, v := range y1[b : b+be] {
+					lo, hi = min(lo, float64(v)), max(hi, float64(v))
+				}
+				for i := b; i < b+be; i++ {
+					if e := math.Abs(float64(y2[i]) - float64(y1[i])); e > bound[typ]*(hi-lo)+1e-30 {
+						t.Fatalf("%v: element %d: %g requantized to %g (block range %g)", typ, i, y1[i], y2[i], hi-lo)
+					}
+				}
+			}
+		}
+		t.Logf("%v: %d of 300 rows requantize to the same bytes", typ, same)
 	}
 }
 
@@ -255,7 +297,7 @@ func TestExtremes(t *testing.T) {
 		for _, mag := range []float32{0, 1e-30, 1e-12, 1e-7, 1, 6e4, 1e6, math.MaxFloat32} {
 			x := make([]float32, typ.BlockElems())
 			for i := range x {
-				x[i] = mag * float32(i%7-3) / 3
+				x[i] = mag * (float32(i%7-3) / 3) // finite: |x| ≤ mag
 			}
 			nb, _ := RowBytes(typ, len(x))
 			q := make([]byte, nb)
@@ -273,6 +315,45 @@ func TestExtremes(t *testing.T) {
 				if !(math.Abs(float64(v)) <= float64(mag)*(1+2*bound[typ])+0x1p-22) {
 					t.Errorf("%v, magnitude %g: element %d decodes to %g", typ, mag, i, v)
 					break
+				}
+			}
+		}
+	}
+}
+
+// TestNonFiniteRejected: a NaN or an infinity anywhere in a row is an
+// error naming its index, for every type, and nothing is written.
+func TestNonFiniteRejected(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, typ := range Types() {
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			for range 20 {
+				n := typ.BlockElems() * (1 + r.IntN(40))
+				x := row(r, n)
+				for i := range x {
+					if math.IsNaN(float64(x[i])) || math.IsInf(float64(x[i]), 0) {
+						x[i] = 0
+					}
+				}
+				at := r.IntN(n)
+				x[at] = bad
+				if r.IntN(2) == 0 && at+1 < n {
+					x[at+1+r.IntN(n-at-1)] = float32(math.NaN()) // a later one is not the first
+				}
+				nb, _ := RowBytes(typ, n)
+				q := make([]byte, nb)
+				for i := range q {
+					q[i] = 0xA5
+				}
+				err := Quantize(typ, q, x)
+				var nf *NonFiniteError
+				if !errors.As(err, &nf) || nf.Index != at || math.Float32bits(nf.Value) != math.Float32bits(bad) {
+					t.Fatalf("%v, %v at %d of %d: %v", typ, bad, at, n, err)
+				}
+				for i, b := range q {
+					if b != 0xA5 {
+						t.Fatalf("%v: byte %d written", typ, i)
+					}
 				}
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"slices"
 
@@ -71,6 +72,56 @@ type TensorResult struct {
 	Shape  []uint64
 	Bytes  uint64 // written
 	Source uint64 // read
+	// Error is the written tensor's error against the source, over every
+	// element; Write measures it by dequantizing each row it writes (0 for
+	// a tensor whose bytes are copied). Plan leaves it zero.
+	Error Error
+}
+
+// Error is a tensor's error against its source: sums of squares over its
+// elements, accumulated in float64.
+type Error struct {
+	Elems uint64
+	SqErr float64 // Σ (quantized − source)²
+	SqRef float64 // Σ source²
+}
+
+// Add adds o's sums to e's.
+func (e *Error) Add(o Error) {
+	e.Elems += o.Elems
+	e.SqErr += o.SqErr
+	e.SqRef += o.SqRef
+}
+
+// RMS is the root mean square error, 0 for no elements.
+func (e Error) RMS() float64 {
+	if e.Elems == 0 {
+		return 0
+	}
+	return math.Sqrt(e.SqErr / float64(e.Elems))
+}
+
+// Relative is the RMS error relative to the source's RMS, √(SqErr/SqRef):
+// 0 when the error is 0, +Inf when only the source is (an all-zero source
+// quantized with an error).
+func (e Error) Relative() float64 {
+	if e.SqErr == 0 {
+		return 0
+	}
+	return math.Sqrt(e.SqErr / e.SqRef)
+}
+
+// accumulate adds the squared differences of got against ref.
+func (e *Error) accumulate(got, ref []float32) {
+	var se, sr float64
+	for i, r := range ref {
+		d := float64(got[i]) - float64(r)
+		se += d * d
+		sr += float64(r) * float64(r)
+	}
+	e.Elems += uint64(len(ref))
+	e.SqErr += se
+	e.SqRef += sr
 }
 
 // Plan returns the output's tensors (in file order: llama-quantize's, by
@@ -184,7 +235,7 @@ func Write(ctx context.Context, w io.Writer, src *Source, f quant.FileType, opts
 	}
 	p := &pipeline{opts: opts, total: res.SourceBytes}
 	jobs := make([]job, 0, len(plan))
-	for _, t := range plan {
+	for ti, t := range plan {
 		st := byName[t.Name]
 		row := int(rowLen(t.Shape))
 		rows := int(elems(t.Shape) / uint64(row))
@@ -192,10 +243,10 @@ func Write(ctx context.Context, w io.Writer, src *Source, f quant.FileType, opts
 		inRow, _ := quant.RowBytes(st.Type, row)
 		outRow, _ := quant.RowBytes(t.To, row)
 		for r := 0; r < rows; r += per {
-			jobs = append(jobs, job{t: st, to: t.To, first: r, rows: min(per, rows-r), row: row, inRow: inRow, outRow: outRow})
+			jobs = append(jobs, job{t: st, tensor: ti, to: t.To, first: r, rows: min(per, rows-r), row: row, inRow: inRow, outRow: outRow})
 		}
 	}
-	if err := p.run(ctx, jobs, gw); err != nil {
+	if err := p.run(ctx, jobs, gw, res.Tensors); err != nil {
 		return nil, err
 	}
 	if err := gw.Close(); err != nil {
@@ -219,11 +270,13 @@ func (c *countWriter) Write(p []byte) (int, error) {
 // job is rows [first, first+rows) of one tensor.
 type job struct {
 	t             *SourceTensor
+	tensor        int // index in Result.Tensors
 	to            quant.Type
 	first, rows   int
 	row           int // elements per row
 	inRow, outRow int // bytes per row in and out
 	out           []byte
+	diff          Error // of the rows written
 }
 
 // copies reports whether the job's bytes go out as they are.
@@ -239,22 +292,61 @@ func (j *job) sourceRow(r int) int {
 	return h*d + (k%2)*(d/2) + k/2
 }
 
-// work converts the job's rows through float32 into j.out.
+// work converts the job's rows through float32 into j.out and measures
+// their error in j.diff; scratch holds two rows.
 func (j *job) work(scratch []float32) error {
-	x := scratch[:j.row]
+	x, y := scratch[:j.row], scratch[j.row:2*j.row]
+	j.diff = Error{}
 	for k := range j.rows {
 		r := j.sourceRow(j.first + k)
 		in := j.t.Data[r*j.inRow : (r+1)*j.inRow]
-		if j.to == j.t.Type {
-			copy(j.out[k*j.outRow:], in)
-			continue
-		}
 		if err := quant.Dequantize(j.t.Type, x, in); err != nil {
 			return err
 		}
-		if err := quant.Quantize(j.to, j.out[k*j.outRow:(k+1)*j.outRow], x); err != nil {
+		if j.to == j.t.Type {
+			copy(j.out[k*j.outRow:], in)
+			j.diff.accumulate(x, x)
+			continue
+		}
+		q := j.out[k*j.outRow : (k+1)*j.outRow]
+		if err := quant.Quantize(j.to, q, x); err != nil {
+			return fmt.Errorf("row %d: %w", r, err)
+		}
+		if err := quant.Dequantize(j.to, y, q); err != nil {
 			return err
 		}
+		before := j.diff.SqErr
+		j.diff.accumulate(y, x)
+		if d := j.diff.SqErr - before; math.IsNaN(d) || math.IsInf(d, 0) {
+			// as llama-quantize's check of the rows it writes
+			return fmt.Errorf("row %d: values beyond what %v holds (a block's scale overflows f16)", r, j.to)
+		}
+	}
+	return nil
+}
+
+// scratch holds the workers' float32 rows, two per job.
+type scratch chan []float32
+
+func newScratch(workers int) scratch {
+	s := make(scratch, workers)
+	for range workers {
+		s <- nil
+	}
+	return s
+}
+
+// with calls f with two of j's rows of scratch, and names j's tensor in
+// f's error.
+func (s scratch) with(j *job, f func([]float32) error) error {
+	x := <-s
+	if len(x) < 2*j.row {
+		x = make([]float32, 2*j.row)
+	}
+	err := f(x)
+	s <- x
+	if err != nil {
+		return fmt.Errorf("quant: tensor %q: %w", j.t.Name, err)
 	}
 	return nil
 }
@@ -267,37 +359,26 @@ type pipeline struct {
 
 // run quantizes the jobs on the workers and writes them in order. Each job
 // in flight holds one output buffer; there are ordered.InFlight of them.
-func (p *pipeline) run(ctx context.Context, jobs []job, w io.Writer) error {
+// Each job's error is added to its tensor's in out.
+func (p *pipeline) run(ctx context.Context, jobs []job, w io.Writer, out []TensorResult) error {
 	free := make(chan []byte, ordered.InFlight(p.opts.Workers))
 	for range cap(free) {
 		free <- nil
 	}
-	scratch := make(chan []float32, p.opts.Workers)
-	for range cap(scratch) {
-		scratch <- nil
-	}
+	scratch := newScratch(p.opts.Workers)
 	work := func(i int) error {
 		j := &jobs[i]
 		if j.copies() {
 			start := j.first * j.inRow
 			j.out = j.t.Data[start : start+j.rows*j.inRow]
-			return nil
+			return scratch.with(j, j.compare) // no error, but the source's sum of squares
 		}
 		n := j.rows * j.outRow
 		if j.out = <-free; cap(j.out) < n {
 			j.out = make([]byte, n)
 		}
 		j.out = j.out[:n]
-		x := <-scratch
-		if len(x) < j.row {
-			x = make([]float32, j.row)
-		}
-		err := j.work(x)
-		scratch <- x
-		if err != nil {
-			return fmt.Errorf("quant: tensor %q: %w", j.t.Name, err)
-		}
-		return nil
+		return scratch.with(j, j.work)
 	}
 	write := func(i int) error {
 		j := &jobs[i]
@@ -307,6 +388,7 @@ func (p *pipeline) run(ctx context.Context, jobs []job, w io.Writer) error {
 		if !j.copies() {
 			free <- j.out
 		}
+		out[j.tensor].Error.Add(j.diff)
 		j.out = nil
 		p.done += uint64(j.rows * j.inRow)
 		if p.opts.Progress != nil {

@@ -32,6 +32,12 @@ type Options struct {
 	// tensor bytes written so far and the total, from one goroutine at a
 	// time, in increasing order; the last call has done == total.
 	Progress func(done, total uint64)
+	// Metadata, for a GGUF file, is set in its header after Generate's own
+	// keys, each replacing any of the same name (gguf.Set): a vocabulary's
+	// tokenizer.ggml.* keys, which then replace the no_vocab default. The
+	// caller keeps it consistent with the model (token count = Vocab).
+	// Ignored for safetensors.
+	Metadata []gguf.KV
 }
 
 // Result describes what Generate wrote.
@@ -311,6 +317,9 @@ func (g *generator) ggufMetadata() []gguf.KV {
 	}
 	if quantized {
 		kv = append(kv, gguf.KV{Key: "general.quantization_version", Value: uint32(quant.QuantizationVersion)})
+	}
+	for _, x := range g.opts.Metadata {
+		kv = gguf.Set(kv, x.Key, x.Value)
 	}
 	// Llama-3 rope scaling is in the rope_freqs.weight tensor, as llama.cpp
 	// stores it (Config.Tensors).

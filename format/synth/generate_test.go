@@ -370,3 +370,47 @@ func TestGenerateKeepsForeignConfig(t *testing.T) {
 		t.Errorf("a GGUF model writes no config.json: %v", err)
 	}
 }
+
+// TestGenerateMetadata: Options.Metadata's keys are in a GGUF file's
+// header once each, replacing Generate's (no_vocab), the tensors where they
+// were; a safetensors file ignores them.
+func TestGenerateMetadata(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Tiny()
+	cfg.Layers = 1
+	extra := []gguf.KV{{Key: gguf.KeyTokenizerModel, Value: "llama"}, {Key: "tokenizer.ggml.tokens", Value: []string{"a", "b"}}}
+	plain, err := Generate(context.Background(), cfg, filepath.Join(dir, "a.gguf"), Options{Format: GGUF})
+	if err != nil {
+		t.Fatal(err)
+	}
+	with, err := Generate(context.Background(), cfg, filepath.Join(dir, "b.gguf"), Options{Format: GGUF, Metadata: extra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := open(t, plain.Path), open(t, with.Path)
+	if a.Metadata[gguf.KeyTokenizerModel] != gguf.NoVocab || b.Metadata[gguf.KeyTokenizerModel] != "llama" || len(b.Metadata["tokenizer.ggml.tokens"].([]string)) != 2 {
+		t.Fatalf("metadata: %v, %v %v", a.Metadata[gguf.KeyTokenizerModel], b.Metadata[gguf.KeyTokenizerModel], b.Metadata["tokenizer.ggml.tokens"])
+	}
+	f, err := os.ReadFile(with.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(f, []byte(gguf.KeyTokenizerModel)); n != 1 {
+		t.Errorf("%s %d times in the file", gguf.KeyTokenizerModel, n)
+	}
+	if err := Verify(b); err != nil {
+		t.Fatal(err)
+	}
+	for i, ta := range a.Tensors {
+		if !bytes.Equal(a.Data(ta), b.Data(b.Tensors[i])) {
+			t.Errorf("tensor %s differs", ta.Name)
+		}
+	}
+	st, err := Generate(context.Background(), cfg, filepath.Join(dir, "model.safetensors"), Options{Metadata: extra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := open(t, st.Path); m.Metadata[gguf.KeyTokenizerModel] != nil {
+		t.Errorf("safetensors metadata %v", m.Metadata)
+	}
+}

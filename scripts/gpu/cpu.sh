@@ -40,9 +40,13 @@ done
 # llama.cpp's llama-bench: a CPU-only build (llama-bench-cpu.xz, cmake
 # without GGML_CUDA from the source in ../shared/anchors) when present, else
 # the CUDA build with -ngl 0 (its decode then runs on the CPU all the same).
-lb=/tmp/llama-bench
-if [ -f "$anchors/llama-bench-cpu.xz" ]; then xz -dc "$anchors/llama-bench-cpu.xz" >"$lb"; else xz -dc "$anchors/llama-bench.xz" >"$lb"; fi
-chmod +x "$lb"
+# LLAMA_BENCH names one built on the machine (build-llama.cpp.sh).
+lb=${LLAMA_BENCH:-}
+if [ -z "$lb" ]; then
+  lb=/tmp/llama-bench
+  if [ -f "$anchors/llama-bench-cpu.xz" ]; then xz -dc "$anchors/llama-bench-cpu.xz" >"$lb"; else xz -dc "$anchors/llama-bench.xz" >"$lb"; fi
+  chmod +x "$lb"
+fi
 timeout 200 "$lb" -m "$m" -ngl 0 -t "$cores" -p 16 -n 32 -r 2 -o json >"$dir/llama-bench.json" 2>"$dir/llama-bench.err" ||
   { echo "llama-bench failed:"; tail -5 "$dir/llama-bench.err"; }
 python3 - "$dir" <<'PY'

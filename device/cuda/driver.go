@@ -40,8 +40,8 @@ type driver struct {
 	// Graphs (graph.go), all optional: capture needs the first three, an
 	// instantiate and the last three.
 	cuStreamBeginCapture, cuStreamEndCapture, cuStreamIsCapturing uintptr
-	cuGraphInstantiateWithFlags, cuGraphInstantiate                uintptr // CUDA 11.4+; the older five-argument form
-	cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy              uintptr
+	cuGraphInstantiateWithFlags, cuGraphInstantiate               uintptr // CUDA 11.4+; the older five-argument form
+	cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy             uintptr
 
 	// missing lists optional symbols that were not found, for Info.Disabled.
 	missing []string

@@ -38,6 +38,10 @@ type Result struct {
 	// ProductWeightBytes is the weight bytes a decode step's matrix
 	// products read (every block's seven matrices and the LM head).
 	ProductWeightBytes uint64 `json:"product_weight_bytes"`
+	// DecodeGraphSteps is how many decode steps replayed the captured
+	// graph (Options.NoGraph, Engine.GraphStatus); the others ran plain
+	// launches.
+	DecodeGraphSteps int `json:"decode_graph_steps"`
 	// With Options.Profile (and at least 4 new tokens):
 	// DecodeStepDeviceSeconds is one decode step's device time, from its
 	// first op to its last, queued behind a spin kernel so that the host's
@@ -169,6 +173,8 @@ func (e *Engine) decode(ctx context.Context, seq kvcache.SeqID, pos, tok int, s 
 	res.HostBytesPerToken = e.HostWeightBytes()
 	var profiled time.Duration // wall time of the profiled steps
 	steps, profiledSteps := 0, 0
+	graphSteps0 := e.graphSteps
+	defer func() { res.DecodeGraphSteps += e.graphSteps - graphSteps0 }()
 	for {
 		res.Tokens = append(res.Tokens, tok)
 		if onToken != nil {
@@ -229,6 +235,12 @@ func (e *Engine) decodeStep(res *Result, tok int32, pos int, table []int32, kind
 	if kind != profileNone {
 		if err := e.startProfile(kind == profileClasses); err != nil {
 			return nil, err
+		}
+	}
+	if kind == profileNone && e.graphReason == "" {
+		logits, ok, err := e.graphStep(tok, pos, table)
+		if err != nil || ok {
+			return logits, err
 		}
 	}
 	out, err := e.step([]int32{tok}, pos, table, true)

@@ -283,7 +283,7 @@ type Set struct {
 	quant     map[string]device.Function            // the quantized kernels the module has, by name (quant.go)
 	gemm      map[string]device.Function
 	llama     llamaFuncs
-	state     stateFuncs // the step-state kernels, when the module has them (stepstate.go)
+	state     stateFuncs             // the step-state kernels, when the module has them (stepstate.go)
 	blocks    uint32                 // grid cap for the grid-stride kernels
 	sms       uint32                 // multiprocessors (a guess when the device does not say)
 	gemmLib   device.MatmulLibrary   // nil: memwall's own GEMM for every T

@@ -368,3 +368,13 @@ func costCombineAt(grid, block device.Dim3, args []any) (goCost, bool) {
 	}
 	return costCombine(grid, block, append(append([]any(nil), args[:5]...), capSplits))
 }
+
+// AttentionScratch returns the partials buffer the Set holds for st (0
+// before any split launch on it). A captured graph bakes the address in:
+// when it changes (a longer split grew the buffer), the graph must be
+// captured again.
+func (s *Set) AttentionScratch(st device.Stream) device.Ptr {
+	s.scratchMu.Lock()
+	defer s.scratchMu.Unlock()
+	return s.scratch[st].p
+}

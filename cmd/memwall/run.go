@@ -85,8 +85,8 @@ type runJSON struct {
 	// token less the profiled step's device time: what launching, the
 	// host's sampling and synchronizing add per token.
 	DecodeLaunchGapSeconds float64 `json:"decode_launch_gap_seconds,omitempty"`
-	PeakDeviceBytes         uint64                      `json:"peak_device_bytes"`
-	PoolPeakBytes           uint64                      `json:"pool_peak_bytes"`
+	PeakDeviceBytes        uint64  `json:"peak_device_bytes"`
+	PoolPeakBytes          uint64  `json:"pool_peak_bytes"`
 	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
 	// the attention scratch and the context.
 	PredictedPeakBytes uint64 `json:"predicted_peak_bytes"`

@@ -643,6 +643,11 @@ func (e *Engine) attentionScratch(info device.Info, chunk int) uint64 {
 			most = max(most, p.ScratchBytes, 1<<20)
 		}
 	}
+	// The decode graph's attention holds the partials of the most splits
+	// any context up to the longest takes (kernels.ReserveAttentionAt).
+	if at := kernels.PlanAttentionAt(uint32(e.opt.MaxTokens), 1, uint32(c.Heads), uint32(c.KVHeads), uint32(c.HeadDim), sms); at.ScratchBytes > 0 {
+		most = max(most, at.ScratchBytes, 1<<20)
+	}
 	return most
 }
 

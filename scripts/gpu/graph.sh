@@ -16,7 +16,7 @@
 #      and off, with --profile: tok/s, the profiled step's device time and
 #      the launch gap per token (wall time per token less that device time).
 #
-#   OUT=/some/dir scripts/gpu/graph.sh
+#   OUT=/some/dir scripts/gpu/graph.sh   (or AREAS=graph LIMIT_graph=480 scripts/gpu/all.sh)
 #
 # Needs gpubin/ from scripts/gpu-build.sh (memwall, device_cuda.test,
 # kernels.test, engine.test) and nvcc. Writes under $OUT/graph/: build.txt,
@@ -35,7 +35,7 @@ done
 models=${MODELS:-/dev/shm/memwall-graph}
 mkdir -p "$models"
 m=$models/llama-7b.gguf
-ptx=$dir/k90.ptx
+ptx=${PTX_OUT:-/tmp/memwall-graph-k90.ptx}
 rc=0
 t0=$(date +%s)
 

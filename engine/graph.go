@@ -58,8 +58,9 @@ type decodeGraph struct {
 // graphStep runs one decode step of tok at pos through the graph,
 // capturing it first when there is none (or the attention scratch moved).
 // ok false with a nil error: capture failed and graphReason now says why;
-// the caller runs the step plainly.
-func (e *Engine) graphStep(tok int32, pos int, table []int32) (logits []float32, ok bool, err error) {
+// the caller runs the step plainly. With timed, the replay is queued behind
+// a spin kernel between two timing events and its device time stored there.
+func (e *Engine) graphStep(tok int32, pos int, table []int32, timed *float64) (logits []float32, ok bool, err error) {
 	g := e.d.(device.Grapher)
 	if e.graph != nil && e.ks.AttentionScratch(e.compute) != e.graph.scratch {
 		if err := e.dropGraph(); err != nil {
@@ -78,7 +79,12 @@ func (e *Engine) graphStep(tok int32, pos int, table []int32) (logits []float32,
 		}
 	}
 	e.stageDecode(tok, pos, table)
-	if err := g.LaunchGraph(e.graph.exec, e.compute); err != nil {
+	if timed != nil {
+		err = e.timeReplay(g, timed)
+	} else {
+		err = g.LaunchGraph(e.graph.exec, e.compute)
+	}
+	if err != nil {
 		return nil, false, fmt.Errorf("engine: launch the decode graph: %w", err)
 	}
 	if err := e.d.StreamSynchronize(e.compute); err != nil {
@@ -86,6 +92,46 @@ func (e *Engine) graphStep(tok int32, pos int, table []int32) (logits []float32,
 	}
 	e.graphSteps++
 	return e.readLogits(), true, nil
+}
+
+// timeReplay launches the graph behind a spin kernel (so that the host's
+// launch does not show) between two timing events and stores the device
+// time between them in *seconds.
+func (e *Engine) timeReplay(g device.Grapher, seconds *float64) (err error) {
+	var evs [2]device.Event
+	defer func() {
+		for _, ev := range evs {
+			if ev != 0 {
+				err = errors.Join(err, e.d.DestroyEvent(ev))
+			}
+		}
+	}()
+	for i := range evs {
+		if evs[i], err = e.d.NewEvent(true); err != nil {
+			return err
+		}
+	}
+	if err := e.ks.Spin(profileSpin, e.compute); err != nil {
+		return err
+	}
+	if err := e.d.EventRecord(evs[0], e.compute); err != nil {
+		return err
+	}
+	if err := g.LaunchGraph(e.graph.exec, e.compute); err != nil {
+		return err
+	}
+	if err := e.d.EventRecord(evs[1], e.compute); err != nil {
+		return err
+	}
+	if err := e.d.EventSynchronize(evs[1]); err != nil {
+		return err
+	}
+	d, err := e.d.EventElapsed(evs[0], evs[1])
+	if err != nil {
+		return err
+	}
+	*seconds = d.Seconds()
+	return nil
 }
 
 // stageDecode writes the pinned staging buffer as the graph's uploads read

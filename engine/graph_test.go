@@ -304,7 +304,8 @@ func TestDecodeGraphBitIdentical(t *testing.T) {
 // TestDecodeGraphFallback: where the step cannot be captured the engine
 // says why and runs plain launches: streamed weights, a capture that the
 // device refuses (here: the recorder failing every capture as if a call
-// inside it were forbidden), and the option.
+// inside it were forbidden), a device without graphs; profiled steps run
+// plainly between replays, one replay timed.
 func TestDecodeGraphFallback(t *testing.T) {
 	if onGPU() {
 		t.Skip("the recorder stands in for the GPU's graphs on the simulator")
@@ -353,6 +354,17 @@ func TestDecodeGraphFallback(t *testing.T) {
 		}
 		if !slices.Equal(res.Tokens, plain.Tokens) {
 			t.Errorf("after a refused capture: %v, plain %v", res.Tokens, plain.Tokens)
+		}
+	})
+	t.Run("profile", func(t *testing.T) {
+		// Steps 1 and 2 are profiled plain, step 3 is a timed replay.
+		res, why := gen(t, newRecorder(testDevice(t)), engine.Options{Profile: true})
+		if why != "" || res.DecodeGraphSteps != 3 || !(res.DecodeGraphStepDeviceSeconds > 0) || !(res.DecodeStepDeviceSeconds > 0) {
+			t.Errorf("profiled: reason %q, %d graph steps, graph step %g s, plain step %g s", why, res.DecodeGraphSteps,
+				res.DecodeGraphStepDeviceSeconds, res.DecodeStepDeviceSeconds)
+		}
+		if !slices.Equal(res.Tokens, plain.Tokens) {
+			t.Errorf("profiled: %v, plain %v", res.Tokens, plain.Tokens)
 		}
 	})
 	t.Run("simulator", func(t *testing.T) {

@@ -81,6 +81,10 @@ type runJSON struct {
 	DecodeGraph       bool   `json:"decode_graph"`
 	DecodeGraphReason string `json:"decode_graph_reason,omitempty"`
 	DecodeGraphSteps  int    `json:"decode_graph_steps"`
+	// DecodeGraphStepDeviceSeconds (with --profile, when decode replays a
+	// graph) is one replay's device time, to set beside
+	// decode_step_device_seconds (a plain step timed the same way).
+	DecodeGraphStepDeviceSeconds float64 `json:"decode_graph_step_device_seconds,omitempty"`
 	// DecodeLaunchGapSeconds (with --profile) is the wall time per decode
 	// token less the profiled step's device time: what launching, the
 	// host's sampling and synchronizing add per token.
@@ -496,7 +500,7 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.DecodeProfileQueue = res.DecodeProfileQueueSeconds
 	out.DecodeProfileOps, out.DecodeProfileSegments = res.DecodeProfileOps, res.DecodeProfileSegments
 	out.DecodeGraph, out.DecodeGraphReason = eng.GraphStatus()
-	out.DecodeGraphSteps = res.DecodeGraphSteps
+	out.DecodeGraphSteps, out.DecodeGraphStepDeviceSeconds = res.DecodeGraphSteps, res.DecodeGraphStepDeviceSeconds
 	if res.DecodeStepDeviceSeconds > 0 && res.DecodeTokensPerS > 0 {
 		out.DecodeLaunchGapSeconds = 1/res.DecodeTokensPerS - res.DecodeStepDeviceSeconds
 	}
@@ -519,7 +523,11 @@ func printRun(e *env, o runJSON) {
 		fmt.Fprintf(w, "  prefill %.4f s: device %.4f s, of which weight copies %.4f s\n", o.PrefillSeconds, o.PrefillDeviceSeconds, o.PrefillCopySeconds)
 	}
 	if o.DecodeGraph {
-		fmt.Fprintf(w, "  decode as a device graph: %d steps replayed\n", o.DecodeGraphSteps)
+		fmt.Fprintf(w, "  decode as a device graph: %d steps replayed", o.DecodeGraphSteps)
+		if o.DecodeGraphStepDeviceSeconds > 0 {
+			fmt.Fprintf(w, "; one replay on the device %.1f µs", o.DecodeGraphStepDeviceSeconds*1e6)
+		}
+		fmt.Fprintln(w)
 	} else {
 		fmt.Fprintf(w, "  decode by plain launches: %s\n", o.DecodeGraphReason)
 	}

@@ -13,8 +13,9 @@
 #      memcheck and racecheck on a quick pass of the step-state tests;
 #   3. `memwall run --vram 20GiB` on the 7B, every weight resident, at 512
 #      and 4096 tokens of context (384 + 128 and 3968 + 128), --graph auto
-#      and off, with --profile: tok/s, the profiled step's device time and
-#      the launch gap per token (wall time per token less that device time).
+#      and off, with --profile: tok/s, a plain step's and a replay's device
+#      time (each queued behind a spin kernel) and the launch gap per token
+#      (wall time per token less the plain step's device time).
 #
 #   OUT=/some/dir scripts/gpu/graph.sh   (or AREAS=graph LIMIT_graph=480 scripts/gpu/all.sh)
 #
@@ -90,7 +91,7 @@ done
 python3 - "$dir" <<'PY' | tee "$dir/table.txt"
 import json, os, sys
 d = sys.argv[1]
-print("%-7s %-6s %-6s %11s %12s %16s %14s  %s" % ("context", "graph", "steps", "decode/s", "prefill/s", "device step µs", "gap/token µs", "tokens = off"))
+print("%-7s %-6s %-6s %10s %11s %15s %14s %13s  %s" % ("context", "graph", "steps", "decode/s", "prefill/s", "plain step µs", "graph step µs", "gap/token µs", "tokens = off"))
 bad = False
 for ctx in (512, 4096):
     runs = {}
@@ -103,8 +104,9 @@ for ctx in (512, 4096):
     for g, r in runs.items():
         same = "-" if "off" not in runs else str(r["tokens"] == runs["off"]["tokens"])
         bad |= same == "False"
-        print("%-7d %-6s %-6d %11.1f %12.1f %16.1f %14.1f  %s%s" % (ctx, g, r.get("decode_graph_steps", 0), r.get("decode_tokens_per_s", 0),
-              r.get("prefill_tokens_per_s", 0), 1e6 * r.get("decode_step_device_seconds", 0), 1e6 * r.get("decode_launch_gap_seconds", 0),
+        print("%-7d %-6s %-6d %10.1f %11.1f %15.1f %14.1f %13.1f  %s%s" % (ctx, g, r.get("decode_graph_steps", 0), r.get("decode_tokens_per_s", 0),
+              r.get("prefill_tokens_per_s", 0), 1e6 * r.get("decode_step_device_seconds", 0),
+              1e6 * r.get("decode_graph_step_device_seconds", 0), 1e6 * r.get("decode_launch_gap_seconds", 0),
               same, "" if r.get("decode_graph") else "  (plain: %s)" % r.get("decode_graph_reason", "")))
     if "auto" in runs and not runs["auto"].get("decode_graph"):
         print("graph: --graph auto did not replay a graph at %d" % ctx); bad = True

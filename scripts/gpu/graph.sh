@@ -67,7 +67,7 @@ gtest kernels kernels 120 "$bin/kernels.test" -test.run 'TestCUDAStepState|TestA
 gtest engine engine 150 "$bin/engine.test" -test.run 'TestDecodeGraph'
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in memcheck racecheck; do
-    (cd kernels && MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 timeout --kill-after=5 90 compute-sanitizer --tool $tool --error-exitcode 3 \
+    (cd kernels && MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 timeout --kill-after=5 75 compute-sanitizer --tool $tool --error-exitcode 3 \
       "$bin/kernels.test" -test.run 'TestCUDAStepState' -test.v) >"$dir/$tool.txt" 2>&1
     r=$?
     echo "graph: compute-sanitizer $tool rc=$r: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$dir/$tool.txt" | tail -n 1)"

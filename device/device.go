@@ -288,6 +288,52 @@ type OverlapLauncher interface {
 	CanOverlap() bool
 }
 
+// Graph is an instantiated graph of device work captured from a stream
+// (Grapher). Zero is never valid.
+type Graph uint64
+
+// Grapher is an optional capability of a Device: recording the work queued
+// on a stream once and replaying it with one call (CUDA graphs: stream
+// capture, instantiate, launch). Test for it with a type assertion, then
+// CanGraph; devices without it (the simulator, the CPU, Vulkan) run the same
+// work by plain launches.
+//
+// Contract: between BeginCapture(s) and EndCapture(s) the operations queued
+// on s (kernel launches, overlapped launches included, copies between
+// device memory and pinned host memory, memsets) are recorded, not run.
+// What may not be queued on s or issued by the capturing caller meanwhile:
+// anything that waits for the device (StreamSynchronize, EventSynchronize,
+// Synchronize, StreamQuery and EventQuery on s), copies from or to pageable
+// host memory, Alloc and Free (and the pool growth that calls them), event
+// records and waits that join other streams (not supported by memwall's
+// capture), and capture of a second stream. Doing any of them fails the call
+// or invalidates the capture: EndCapture then returns an error and no graph.
+// Kernel arguments are recorded by value at capture: work that must change
+// between replays reads what changes from device memory (a small state
+// buffer filled by a captured copy from a pinned host buffer, written by the
+// host before each LaunchGraph). Host buffers of captured copies must stay
+// allocated while the graph lives.
+type Grapher interface {
+	// CanGraph reports whether capture works on this device (CUDA: the
+	// capture, instantiate and launch symbols are bound).
+	CanGraph() bool
+	// BeginCapture starts recording the work queued on s. It fails with
+	// ErrUnsupported when CanGraph is false, and with ErrInvalid when s is
+	// already capturing.
+	BeginCapture(s Stream) error
+	// EndCapture stops recording on s and returns the instantiated graph.
+	// It always ends the capture; on error (the capture was invalidated,
+	// instantiation failed) nothing recorded runs and no graph is returned.
+	EndCapture(s Stream) (Graph, error)
+	// LaunchGraph queues one replay of g on s, ordered like any other work
+	// on s. A graph may be launched again before its previous replay ends;
+	// replays on one stream run one after the other.
+	LaunchGraph(g Graph, s Stream) error
+	// DestroyGraph frees g; replays already queued still complete.
+	// Destroying an unknown graph fails with ErrInvalid.
+	DestroyGraph(g Graph) error
+}
+
 // Device is one GPU (real or simulated). All methods are safe for concurrent
 // use by multiple goroutines.
 type Device interface {

@@ -128,6 +128,13 @@ type Options struct {
 	// DecodeSeconds and DecodeTokensPerS. A diagnostic: the events between
 	// op classes keep kernels from overlapping, and the spins take time.
 	Profile bool
+	// NoGraph keeps decode steps on plain launches. By default a decode
+	// step whose weights are all resident and whose blocks all run on the
+	// device is captured once as a device graph and replayed per token
+	// where the device can (device.Grapher) and the kernels have their
+	// step-state forms; the tokens are the same either way
+	// (GraphStatus says which applies).
+	NoGraph bool
 	// Logger receives debug logs; nil is silent.
 	Logger *slog.Logger
 	// HostLayers[l] true computes block l on the host device (Host) in
@@ -250,6 +257,16 @@ type Engine struct {
 	// hostX carries the residual stream between the devices.
 	sub   *Engine
 	hostX crossing
+
+	// The decode step as a graph (graph.go): graphReason is "" when
+	// decode steps replay one (captured at the first), else why not;
+	// graphSteps counts replays; stepState is set while the captured pass
+	// is queued (the KV write and attention read the position on the
+	// device).
+	graph       *decodeGraph
+	graphReason string
+	graphSteps  int
+	stepState   bool
 }
 
 // groupUse says which weights a plan group holds, by position in its
@@ -492,6 +509,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		}
 		e.events = append(e.events, ev)
 	}
+	e.graphReason = e.graphWhy()
 	return e, nil
 }
 
@@ -629,6 +647,11 @@ func (e *Engine) attentionScratch(info device.Info, chunk int) uint64 {
 		if p.Splits > 1 {
 			most = max(most, p.ScratchBytes, 1<<20)
 		}
+	}
+	// The decode graph's attention holds the partials of the most splits
+	// any context up to the longest takes (kernels.ReserveAttentionAt).
+	if at := kernels.PlanAttentionAt(uint32(e.opt.MaxTokens), 1, uint32(c.Heads), uint32(c.KVHeads), uint32(c.HeadDim), sms); at.ScratchBytes > 0 {
+		most = max(most, at.ScratchBytes, 1<<20)
 	}
 	return most
 }
@@ -853,6 +876,7 @@ func (e *Engine) Close() error {
 	if e.sub != nil {
 		errs = append(errs, e.sub.Close(), e.hostX.close())
 	}
+	errs = append(errs, e.dropGraph())
 	if e.arena != nil {
 		errs = append(errs, e.arena.Release())
 	}

@@ -26,6 +26,16 @@ import (
 
 func onGPU() bool { return os.Getenv("MEMWALL_TEST_DEVICE") == "cuda" }
 
+// kernelsEnv is what kernels.Load reads on the GPU: the environment, so
+// that MEMWALL_KERNELS_PTX can name PTX newer than the embedded modules
+// (the step-state kernels of the decode graph); nil on the simulator.
+func kernelsEnv() func(string) string {
+	if onGPU() {
+		return os.Getenv
+	}
+	return nil
+}
+
 func testDevice(t testing.TB) device.Device {
 	t.Helper()
 	if onGPU() {
@@ -114,7 +124,7 @@ func newRig(t testing.TB, d device.Device) *rig { return newLimitedRig(t, d, 0) 
 // no limit), as memwall run limits it to the budget.
 func newLimitedRig(t testing.TB, d device.Device, limit uint64) *rig {
 	t.Helper()
-	ks, err := kernels.Load(d, nil)
+	ks, err := kernels.Load(d, kernelsEnv())
 	if err != nil {
 		t.Fatal(err)
 	}

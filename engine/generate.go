@@ -38,6 +38,10 @@ type Result struct {
 	// ProductWeightBytes is the weight bytes a decode step's matrix
 	// products read (every block's seven matrices and the LM head).
 	ProductWeightBytes uint64 `json:"product_weight_bytes"`
+	// DecodeGraphSteps is how many decode steps replayed the captured
+	// graph (Options.NoGraph, Engine.GraphStatus); the others ran plain
+	// launches.
+	DecodeGraphSteps int `json:"decode_graph_steps"`
 	// With Options.Profile (and at least 4 new tokens):
 	// DecodeStepDeviceSeconds is one decode step's device time, from its
 	// first op to its last, queued behind a spin kernel so that the host's
@@ -49,11 +53,17 @@ type Result struct {
 	// time of their own, so the segments (DecodeProfileSegments of them)
 	// sum to DecodeProfileSeconds, more than the unprofiled step: the
 	// difference over the segments is the profile's cost per op.
-	DecodeStepDeviceSeconds float64              `json:"decode_step_device_seconds,omitempty"`
-	DecodeProfile           map[string]float64   `json:"decode_profile_seconds,omitempty"`
-	DecodeProfileOps        map[string]ProfileOp `json:"decode_profile_ops,omitempty"`
-	DecodeProfileSeconds    float64              `json:"decode_profile_step_seconds,omitempty"`
-	DecodeProfileSegments   int                  `json:"decode_profile_segments,omitempty"`
+	DecodeStepDeviceSeconds float64 `json:"decode_step_device_seconds,omitempty"`
+	// DecodeGraphStepDeviceSeconds (with Options.Profile, when decode
+	// replays a graph, at least 5 new tokens) is the device time of one
+	// replay of the fourth step, queued behind a spin kernel like
+	// DecodeStepDeviceSeconds, whose plain step it compares with: the
+	// difference is what the graph saves between kernels on the device.
+	DecodeGraphStepDeviceSeconds float64              `json:"decode_graph_step_device_seconds,omitempty"`
+	DecodeProfile                map[string]float64   `json:"decode_profile_seconds,omitempty"`
+	DecodeProfileOps             map[string]ProfileOp `json:"decode_profile_ops,omitempty"`
+	DecodeProfileSeconds         float64              `json:"decode_profile_step_seconds,omitempty"`
+	DecodeProfileSegments        int                  `json:"decode_profile_segments,omitempty"`
 	// DecodeProfileQueueSeconds is the longer of the two profiled steps'
 	// host time from the spin's launch to the step's last op queued: when
 	// it is below the spin (30 ms) the device ran the steps back to back.
@@ -158,6 +168,7 @@ const (
 	profileNone = iota
 	profileWhole
 	profileClasses
+	profileGraph // the fourth step, when decode replays a graph: one replay timed
 )
 
 // decode generates from tok, the first token, at position pos of sequence
@@ -169,6 +180,8 @@ func (e *Engine) decode(ctx context.Context, seq kvcache.SeqID, pos, tok int, s 
 	res.HostBytesPerToken = e.HostWeightBytes()
 	var profiled time.Duration // wall time of the profiled steps
 	steps, profiledSteps := 0, 0
+	graphSteps0 := e.graphSteps
+	defer func() { res.DecodeGraphSteps += e.graphSteps - graphSteps0 }()
 	for {
 		res.Tokens = append(res.Tokens, tok)
 		if onToken != nil {
@@ -196,6 +209,9 @@ func (e *Engine) decode(ctx context.Context, seq kvcache.SeqID, pos, tok int, s 
 		kind := profileNone
 		if e.opt.Profile && s.MaxNew >= 4 && (steps == 1 || steps == 2) {
 			kind = steps // profileWhole, then profileClasses
+		}
+		if e.opt.Profile && s.MaxNew >= 5 && steps == 3 && e.graph != nil {
+			kind = profileGraph
 		}
 		steps++
 		t0 := time.Now()
@@ -226,13 +242,24 @@ func (e *Engine) decode(ctx context.Context, seq kvcache.SeqID, pos, tok int, s 
 // decodeStep runs one decode step of tok at pos and returns its logits; a
 // profiled one (kind) leaves its figures in res.
 func (e *Engine) decodeStep(res *Result, tok int32, pos int, table []int32, kind int) ([]float32, error) {
-	if kind != profileNone {
+	plainProfile := kind == profileWhole || kind == profileClasses
+	if plainProfile {
 		if err := e.startProfile(kind == profileClasses); err != nil {
 			return nil, err
 		}
 	}
+	if !plainProfile && e.graphReason == "" {
+		var timed *float64
+		if kind == profileGraph {
+			timed = &res.DecodeGraphStepDeviceSeconds
+		}
+		logits, ok, err := e.graphStep(tok, pos, table, timed)
+		if err != nil || ok {
+			return logits, err
+		}
+	}
 	out, err := e.step([]int32{tok}, pos, table, true)
-	if kind != profileNone {
+	if plainProfile {
 		err = errors.Join(err, e.profiled(res, kind == profileClasses))
 	}
 	if err != nil {

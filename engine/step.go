@@ -197,7 +197,7 @@ func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (s
 	if err := e.upload(ids, start, table); err != nil {
 		return stepOut{}, err
 	}
-	cs, st := e.compute, e.staging.Bytes()
+	cs := e.compute
 	e.at = e.addrs(T)
 	c := &cursor{e: e}
 	var hc *cursor
@@ -226,13 +226,21 @@ func (e *Engine) step(ids []int32, start int, table []int32, wantLogits bool) (s
 		return stepOut{}, fmt.Errorf("engine: step: %w", err)
 	}
 	if wantLogits {
-		lb := st[len(st)-4*e.cfg.Vocab:]
-		out.logits = make([]float32, e.cfg.Vocab)
-		for i := range out.logits {
-			out.logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*i:]))
-		}
+		out.logits = e.readLogits()
 	}
 	return out, nil
+}
+
+// readLogits returns the logits a finished step left in the staging
+// buffer.
+func (e *Engine) readLogits() []float32 {
+	st := e.staging.Bytes()
+	lb := st[len(st)-4*e.cfg.Vocab:]
+	logits := make([]float32, e.cfg.Vocab)
+	for i := range logits {
+		logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*i:]))
+	}
+	return logits
 }
 
 // upload copies a step's token ids, positions and block table to the
@@ -590,14 +598,27 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 		return err
 	}
 	layer := uint32(e.kvLayer[l])
-	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
+	// In a captured step (e.stepState) the position comes from the
+	// positions buffer, not the launch: the same bits (graph.go).
+	var err error
+	if e.stepState {
+		err = ks.KVWriteAt(B[bK], B[bV], e.kv.Base(), B[bTable], B[bPos], t, e.layout, layer, cs)
+	} else {
+		err = ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs)
+	}
+	if err != nil {
 		return blockErr(l, "kv write", err)
 	}
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	if err := e.mark(ClassAttention, "attention"); err != nil {
 		return err
 	}
-	if err := ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
+	if e.stepState {
+		err = ks.AttentionAt(B[bQ], e.kv.Base(), B[bTable], B[bPos], uint32(e.opt.MaxTokens), t, nq, e.layout, layer, scale, B[bA], e.dt, cs)
+	} else {
+		err = ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs)
+	}
+	if err != nil {
 		return blockErr(l, "attention", err)
 	}
 	if err := e.products(c, l, "o", bA, nq*hd, t, false, product{llama.RoleO, bO, H}); err != nil {

@@ -1019,6 +1019,7 @@ struct AttnArgs {
     float* part;
     void* out;
     uint32_t odt;
+    uint32_t splits;  // of the context: gridDim.z, or fewer for the _at entries
 };
 
 template <class Tr, int E>
@@ -1137,7 +1138,7 @@ __device__ void attn_split(const AttnArgs& a, AttnSmem& sh) {
         }
     }
 
-    const uint32_t splits = gridDim.z;
+    const uint32_t splits = a.splits;
 #pragma unroll
     for (int g = 0; g < kAttnHeads; ++g) {
         if (g >= nh) break;  // uniform over the block
@@ -1334,7 +1335,7 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
 
     // Merge the warps (log2 units); partials are written in natural-log units
     // like memwall_attn_e*.
-    const uint32_t splits = gridDim.z;
+    const uint32_t splits = a.splits;
 #pragma unroll
     for (int g = 0; g < kAttnHeads; ++g) {
         if (g >= nh) break;  // uniform over the block
@@ -1969,11 +1970,10 @@ extern "C" __global__ void __launch_bounds__(256) memwall_round(float* x, uint32
 // position p lives in block table[p / blockTokens], slot p % blockTokens, at
 // block*blockBytes + ((layer*2 + kv)*blockTokens + slot)*kvHeads*headDim*elt
 // + head*headDim*elt.
-extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite(
+__device__ __forceinline__ void kvwrite_rows(
     const float* k, const float* v, unsigned char* cache, const int32_t* table, uint32_t start,
     uint32_t T, uint32_t blockTokens, uint32_t kvHeads, uint32_t headDim, uint32_t layer,
     uint32_t dt, uint64_t blockBytes) {
-    pdl_enter();
     const uint64_t rowElems = (uint64_t)kvHeads * headDim;
     const uint64_t n = (uint64_t)T * rowElems;
     const uint64_t elt = dt == kDtF32 ? 4 : 2;
@@ -1991,6 +1991,14 @@ extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite(
     }
 }
 
+extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite(
+    const float* k, const float* v, unsigned char* cache, const int32_t* table, uint32_t start,
+    uint32_t T, uint32_t blockTokens, uint32_t kvHeads, uint32_t headDim, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes) {
+    pdl_enter();
+    kvwrite_rows(k, v, cache, table, start, T, blockTokens, kvHeads, headDim, layer, dt, blockBytes);
+}
+
 // Attention, one split of the cached positions per grid.z: grid
 // (kvHeads * ceil((nHeads/kvHeads)/8), T, splits), block 256. See
 // attn_split. chunk: positions per split; part: splits > 1 only. One entry
@@ -2005,7 +2013,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e1(
     pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<1>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
-                           dt, blockBytes, scale, chunk, part, out, odt},
+                           dt, blockBytes, scale, chunk, part, out, odt, gridDim.z},
                   sh);
 }
 
@@ -2017,7 +2025,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e2(
     pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<2>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
-                           dt, blockBytes, scale, chunk, part, out, odt},
+                           dt, blockBytes, scale, chunk, part, out, odt, gridDim.z},
                   sh);
 }
 
@@ -2029,7 +2037,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) memwall_attn_e4(
     pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<4>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
-                           dt, blockBytes, scale, chunk, part, out, odt},
+                           dt, blockBytes, scale, chunk, part, out, odt, gridDim.z},
                   sh);
 }
 
@@ -2041,19 +2049,23 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_e8(
     pdl_enter();
     __shared__ AttnSmem sh;
     attn_entry<8>(AttnArgs{q, cache, table, start, T, nHeads, kvHeads, headDim, blockTokens, layer,
-                           dt, blockBytes, scale, chunk, part, out, odt},
+                           dt, blockBytes, scale, chunk, part, out, odt, gridDim.z},
                   sh);
 }
 
 // Merges the splits of memwall_attn: out[row, e] = sum_s acc_s[e] c_s /
 // sum_s l_s c_s with c_s = exp(m_s - max_s m_s), row = t*nHeads + h < rows.
 // splits <= 1024.
-extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
-    const float* part, void* out, uint32_t odt, uint32_t rows, uint32_t headDim,
-    uint32_t splits) {
-    pdl_enter();
-    __shared__ float c[1024], cl[1024];
-    __shared__ float red[32];
+struct CombineSmem {
+    float c[1024], cl[1024];
+    float red[32];
+};
+
+__device__ __forceinline__ void attn_combine(const float* part, void* out, uint32_t odt, uint32_t rows,
+                                             uint32_t headDim, uint32_t splits, CombineSmem& sh) {
+    float* c = sh.c;
+    float* cl = sh.cl;
+    float* red = sh.red;
     const uint64_t stride = headDim + 2;
     for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* pr = part + row * splits * stride;
@@ -2085,6 +2097,14 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
     }
 }
 
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
+    const float* part, void* out, uint32_t odt, uint32_t rows, uint32_t headDim,
+    uint32_t splits) {
+    pdl_enter();
+    __shared__ CombineSmem sh;
+    attn_combine(part, out, odt, rows, headDim, splits, sh);
+}
+
 // Prefill attention on tensor cores (compute_80; the compute_70 module
 // traps): grid (ceil(T/64), nHeads), block 128; headDim 64 or 128, cache
 // dtype bf16 or f16, cache, blockBytes and rows 16-byte aligned. Same
@@ -2098,7 +2118,7 @@ extern "C" __global__ void __launch_bounds__(128) memwall_attn_flash(
     pdl_enter();
 #if MEMWALL_SM80
     const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
-                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
+                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt, gridDim.z};
     __shared__ __align__(16) uint16_t smem[flash_smem_bytes(128) / 2];
     if (headDim == 128) {
         if (dt == kDtBF16) {
@@ -2130,7 +2150,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
     pdl_enter();
     __shared__ DecodeSmem sh;
     const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
-                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt};
+                     blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt, gridDim.z};
     if (headDim == 128) {
         if (dt == kDtBF16) {
             attn_decode<BF16, 128>(a, sh);
@@ -2144,6 +2164,96 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
             attn_decode<F16, 64>(a, sh);
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Step-state variants, for a decode step captured once as a graph and
+// replayed per token: the same kernels with the first position read from
+// device memory (pos[0], the step's positions buffer, filled by a copy
+// queued before them) instead of a launch argument, and the context split
+// computed on the device from it. They compute exactly what the entries
+// above compute for start = pos[0]: the split rule below is
+// kernels.PlanAttention's, given its per-launch cap (kernels.attnSplitCap:
+// 1 when the (kv head, token) blocks already fill the GPU, else the splits
+// that would), so the plain and the captured step give the same bits.
+// grid.z is the most splits any context up to the longest can take; blocks
+// past the context's own splits return at once.
+
+const uint32_t kAttnMinChunk = 128;  // kernels.minChunk
+
+// attn_at_args sets a.start, a.chunk and a.splits from pos[0] and the cap,
+// and reports whether this block's split is one of them.
+__device__ __forceinline__ bool attn_at_args(AttnArgs& a, const int32_t* pos, uint32_t cap) {
+    a.start = (uint32_t)pos[0];
+    const uint64_t ctx = (uint64_t)a.start + a.T;
+    uint64_t splits = 1;
+    if (cap > 1 && ctx > kAttnMinChunk) splits = min((uint64_t)cap, (ctx + kAttnMinChunk - 1) / kAttnMinChunk);
+    const uint64_t chunk = (ctx + splits - 1) / splits;
+    a.chunk = (uint32_t)chunk;
+    a.splits = (uint32_t)((ctx + chunk - 1) / chunk);
+    return blockIdx.z < a.splits;
+}
+
+// memwall_kvwrite_at: memwall_kvwrite at start = pos[0].
+extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite_at(
+    const float* k, const float* v, unsigned char* cache, const int32_t* table, const int32_t* pos,
+    uint32_t T, uint32_t blockTokens, uint32_t kvHeads, uint32_t headDim, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes) {
+    pdl_enter();
+    kvwrite_rows(k, v, cache, table, (uint32_t)pos[0], T, blockTokens, kvHeads, headDim, layer, dt, blockBytes);
+}
+
+// memwall_attn_at_e<E>, memwall_attn_decode_at: memwall_attn_e<E> and
+// memwall_attn_decode with start and chunk replaced by pos and cap.
+#define MEMWALL_ATTN_AT_ENTRY(NAME, BOUNDS, SMEM, BODY)                                                    \
+    extern "C" __global__ void BOUNDS NAME(                                                               \
+        const float* q, const unsigned char* cache, const int32_t* table, const int32_t* pos, uint32_t T, \
+        uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,         \
+        uint32_t dt, uint64_t blockBytes, float scale, uint32_t cap, float* part, void* out,               \
+        uint32_t odt) {                                                                                    \
+        pdl_enter();                                                                                       \
+        __shared__ SMEM sh;                                                                                \
+        AttnArgs a{q,     cache,      table, 0u,   T,   nHeads, kvHeads, headDim, blockTokens,             \
+                   layer, dt,         blockBytes, scale, 0u, part, out,     odt,     1u};                  \
+        if (!attn_at_args(a, pos, cap)) return;                                                            \
+        BODY;                                                                                              \
+    }
+
+__device__ __forceinline__ void attn_decode_entry(const AttnArgs& a, DecodeSmem& sh) {
+    if (a.headDim == 128) {
+        if (a.dt == kDtBF16) {
+            attn_decode<BF16, 128>(a, sh);
+        } else {
+            attn_decode<F16, 128>(a, sh);
+        }
+    } else {
+        if (a.dt == kDtBF16) {
+            attn_decode<BF16, 64>(a, sh);
+        } else {
+            attn_decode<F16, 64>(a, sh);
+        }
+    }
+}
+
+MEMWALL_ATTN_AT_ENTRY(memwall_attn_at_e1, __launch_bounds__(256, 2), AttnSmem, (attn_entry<1>(a, sh)))
+MEMWALL_ATTN_AT_ENTRY(memwall_attn_at_e2, __launch_bounds__(256, 2), AttnSmem, (attn_entry<2>(a, sh)))
+MEMWALL_ATTN_AT_ENTRY(memwall_attn_at_e4, __launch_bounds__(256, 2), AttnSmem, (attn_entry<4>(a, sh)))
+MEMWALL_ATTN_AT_ENTRY(memwall_attn_at_e8, __launch_bounds__(256), AttnSmem, (attn_entry<8>(a, sh)))
+MEMWALL_ATTN_AT_ENTRY(memwall_attn_decode_at, __launch_bounds__(256), DecodeSmem, (attn_decode_entry(a, sh)))
+
+// memwall_attn_combine_at: memwall_attn_combine with the splits of the
+// context pos[0] + T under cap (attn_at_args' rule); one split means the
+// attention kernel wrote out itself, and this one returns.
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine_at(
+    const float* part, void* out, uint32_t odt, uint32_t rows, uint32_t headDim, const int32_t* pos,
+    uint32_t T, uint32_t cap) {
+    pdl_enter();
+    __shared__ CombineSmem sh;
+    AttnArgs a{};
+    a.T = T;
+    attn_at_args(a, pos, cap);
+    if (a.splits <= 1) return;
+    attn_combine(part, out, odt, rows, headDim, a.splits, sh);
 }
 
 // ===========================================================================

@@ -283,6 +283,7 @@ type Set struct {
 	quant     map[string]device.Function            // the quantized kernels the module has, by name (quant.go)
 	gemm      map[string]device.Function
 	llama     llamaFuncs
+	state     stateFuncs             // the step-state kernels, when the module has them (stepstate.go)
 	blocks    uint32                 // grid cap for the grid-stride kernels
 	sms       uint32                 // multiprocessors (a guess when the device does not say)
 	gemmLib   device.MatmulLibrary   // nil: memwall's own GEMM for every T
@@ -498,6 +499,7 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		return fail(err)
 	}
 	s.resolveQuant(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
+	s.resolveState(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
 	if info.Backend != "sim" && info.ComputeMajor > 0 {
 		if err := s.selfTest(); err != nil {
 			// The self-test could not run: keep to the general kernels.

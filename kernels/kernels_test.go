@@ -39,7 +39,7 @@ func TestCUDASourceNamesEveryKernel(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^MEMWALL_\w+_ENTRY\((memwall_\w+),`).FindAllSubmatch(src, -1) {
 		defined = append(defined, string(m[1]))
 	}
-	want := append(Names(), QuantNames()...)
+	want := append(append(Names(), QuantNames()...), StateNames()...)
 	slices.Sort(defined)
 	slices.Sort(want)
 	if !slices.Equal(defined, want) {

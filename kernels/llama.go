@@ -461,22 +461,47 @@ type AttnPlan struct {
 // 128 positions, at most 1024 splits and 64 MiB of partials.
 func PlanAttention(start, T, nHeads, kvHeads, headDim, sms uint32) AttnPlan {
 	groups := ceilDiv(nHeads/kvHeads, attnHeads)
-	base := uint64(kvHeads) * uint64(groups) * uint64(T)
 	ctx := uint64(start) + uint64(T)
-	splits := uint64(1)
-	want := 4 * uint64(max(sms, 1))
-	if base < want && ctx > minChunk {
-		splits = min((want+base-1)/base, (ctx+minChunk-1)/minChunk, maxSplits)
-		per := uint64(T) * uint64(nHeads) * (uint64(headDim) + 2) * 4
-		splits = max(1, min(splits, maxScratch/per))
-	}
-	chunk := (ctx + splits - 1) / splits
-	splits = (ctx + chunk - 1) / chunk
+	splits, chunk := attnSplits(ctx, attnSplitCap(T, nHeads, kvHeads, headDim, sms))
 	p := AttnPlan{Grid: device.Dim3{X: kvHeads * groups, Y: T, Z: uint32(splits)}, Chunk: uint32(chunk), Splits: uint32(splits)}
 	if splits > 1 {
-		p.ScratchBytes = uint64(T) * uint64(nHeads) * splits * (uint64(headDim) + 2) * 4
+		p.ScratchBytes = attnPartBytes(T, nHeads, headDim, splits)
 	}
 	return p
+}
+
+// attnSplitCap is the most splits one attention launch of T tokens takes,
+// whatever the context: 1 when the (kv head, token) blocks already fill the
+// GPU (four per multiprocessor), else the splits that would fill it, at
+// most maxSplits and maxScratch of partials. The _at kernels take it as an
+// argument and apply attnSplits on the device.
+func attnSplitCap(T, nHeads, kvHeads, headDim, sms uint32) uint64 {
+	groups := ceilDiv(nHeads/kvHeads, attnHeads)
+	base := uint64(kvHeads) * uint64(groups) * uint64(T)
+	want := 4 * uint64(max(sms, 1))
+	if base >= want {
+		return 1
+	}
+	per := uint64(T) * uint64(nHeads) * (uint64(headDim) + 2) * 4
+	return max(1, min((want+base-1)/base, maxSplits, maxScratch/per))
+}
+
+// attnSplits splits a context of ctx positions under cap (attnSplitCap):
+// one split up to minChunk positions, else up to cap splits of at least
+// minChunk positions each, the chunk rounded up and the splits recounted
+// so that none is empty. kernels.cu's attn_at_args is the same rule.
+func attnSplits(ctx, cap uint64) (splits, chunk uint64) {
+	splits = 1
+	if cap > 1 && ctx > minChunk {
+		splits = min(cap, (ctx+minChunk-1)/minChunk)
+	}
+	chunk = (ctx + splits - 1) / splits
+	return (ctx + chunk - 1) / chunk, chunk
+}
+
+// attnPartBytes is the partials of T tokens' nHeads heads over splits.
+func attnPartBytes(T, nHeads, headDim uint32, splits uint64) uint64 {
+	return uint64(T) * uint64(nHeads) * splits * (uint64(headDim) + 2) * 4
 }
 
 // Attention queues grouped-query attention of T query tokens at positions

@@ -51,7 +51,8 @@ func goKernels() []goKernel {
 		ks = append(ks, goKernel{name: gemvGroupName(dt), run: runGemvGroup(dt), cost: costGemvGroup(dt)})
 	}
 	ks = append(ks, llamaGoKernels()...)
-	return append(ks, quantGoKernels()...)
+	ks = append(ks, quantGoKernels()...)
+	return append(ks, stateGoKernels()...)
 }
 
 func argErr(kernel string, i int, want string, got any) error {

@@ -75,8 +75,22 @@ type runJSON struct {
 	DecodeProfileSegments   int                         `json:"decode_profile_segments,omitempty"`
 	DecodeProfileQueue      float64                     `json:"decode_profile_queue_seconds,omitempty"`
 	ProductWeightBytes      uint64                      `json:"product_weight_bytes"`
-	PeakDeviceBytes         uint64                      `json:"peak_device_bytes"`
-	PoolPeakBytes           uint64                      `json:"pool_peak_bytes"`
+	// DecodeGraph says whether decode steps replayed a captured graph
+	// (--graph auto), DecodeGraphReason why not, DecodeGraphSteps how many
+	// did.
+	DecodeGraph       bool   `json:"decode_graph"`
+	DecodeGraphReason string `json:"decode_graph_reason,omitempty"`
+	DecodeGraphSteps  int    `json:"decode_graph_steps"`
+	// DecodeGraphStepDeviceSeconds (with --profile, when decode replays a
+	// graph) is one replay's device time, to set beside
+	// decode_step_device_seconds (a plain step timed the same way).
+	DecodeGraphStepDeviceSeconds float64 `json:"decode_graph_step_device_seconds,omitempty"`
+	// DecodeLaunchGapSeconds (with --profile) is the wall time per decode
+	// token less the profiled step's device time: what launching, the
+	// host's sampling and synchronizing add per token.
+	DecodeLaunchGapSeconds float64 `json:"decode_launch_gap_seconds,omitempty"`
+	PeakDeviceBytes        uint64  `json:"peak_device_bytes"`
+	PoolPeakBytes          uint64  `json:"pool_peak_bytes"`
 	// PredictedPeakBytes is the engine's plan: its pools' predicted peak,
 	// the attention scratch and the context.
 	PredictedPeakBytes uint64 `json:"predicted_peak_bytes"`
@@ -134,6 +148,7 @@ type runFlags struct {
 	asJSON, ignoreEOS, exact bool
 	timing, profile          bool
 	ungrouped                bool
+	graph                    string
 	logitsOut, source        string
 	pools                    poolFlags
 	place                    placementFlags
@@ -157,6 +172,7 @@ func runRun(e *env, args []string) error {
 	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
 	fs.BoolVar(&f.profile, "profile", false, "time two decode steps on the device, one whole and one per op class (diagnostic: it perturbs timing; those steps are left out of decode tokens/s)")
 	fs.BoolVar(&f.ungrouped, "ungrouped", false, "one launch per matrix product instead of q/k/v and gate/up grouped (same results; for comparison)")
+	fs.StringVar(&f.graph, "graph", "auto", "decode steps as a device graph: auto (captured once and replayed per token when every weight is resident on a CUDA device; same tokens) or off (plain launches)")
 	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
 	fs.StringVar(&f.logitsOut, "logits-out", "", "write the first generated token's logits to FILE (little-endian float32)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
@@ -192,6 +208,9 @@ func runRun(e *env, args []string) error {
 	}
 	if f.slots == 1 {
 		return usagef("--slots 1: want 2..16 (or 0: chosen)")
+	}
+	if f.graph != "auto" && f.graph != "off" {
+		return usagef("--graph %q: want auto or off", f.graph)
 	}
 	sampling := engine.Sampling{MaxNew: f.maxNew, Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, IgnoreEOS: f.ignoreEOS}
 	if err := sampling.Validate(); err != nil {
@@ -294,7 +313,7 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
 		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing,
-			Profile: f.profile, Ungrouped: f.ungrouped}, quiet: f.asJSON, pools: &f.pools, placement: &f.place}
+			Profile: f.profile, Ungrouped: f.ungrouped, NoGraph: f.graph == "off"}, quiet: f.asJSON, pools: &f.pools, placement: &f.place}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
@@ -480,6 +499,11 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.DecodeProfileSeconds, out.ProductWeightBytes = res.DecodeProfileSeconds, res.ProductWeightBytes
 	out.DecodeProfileQueue = res.DecodeProfileQueueSeconds
 	out.DecodeProfileOps, out.DecodeProfileSegments = res.DecodeProfileOps, res.DecodeProfileSegments
+	out.DecodeGraph, out.DecodeGraphReason = eng.GraphStatus()
+	out.DecodeGraphSteps, out.DecodeGraphStepDeviceSeconds = res.DecodeGraphSteps, res.DecodeGraphStepDeviceSeconds
+	if res.DecodeStepDeviceSeconds > 0 && res.DecodeTokensPerS > 0 {
+		out.DecodeLaunchGapSeconds = 1/res.DecodeTokensPerS - res.DecodeStepDeviceSeconds
+	}
 	st := dev.Stats()
 	out.PoolPeakBytes = st.PeakReservedBytes
 	out.ScratchBytes = eng.ScratchBytes()
@@ -498,9 +522,19 @@ func printRun(e *env, o runJSON) {
 	if o.PrefillDeviceSeconds > 0 {
 		fmt.Fprintf(w, "  prefill %.4f s: device %.4f s, of which weight copies %.4f s\n", o.PrefillSeconds, o.PrefillDeviceSeconds, o.PrefillCopySeconds)
 	}
+	if o.DecodeGraph {
+		fmt.Fprintf(w, "  decode as a device graph: %d steps replayed", o.DecodeGraphSteps)
+		if o.DecodeGraphStepDeviceSeconds > 0 {
+			fmt.Fprintf(w, "; one replay on the device %.1f µs", o.DecodeGraphStepDeviceSeconds*1e6)
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintf(w, "  decode by plain launches: %s\n", o.DecodeGraphReason)
+	}
 	if o.DecodeStepDeviceSeconds > 0 {
-		fmt.Fprintf(w, "  decode step on the device %.1f µs (products read %s: %.0f GB/s over the step)\n",
-			o.DecodeStepDeviceSeconds*1e6, humanBytes(o.ProductWeightBytes), float64(o.ProductWeightBytes)/o.DecodeStepDeviceSeconds/1e9)
+		fmt.Fprintf(w, "  decode step on the device %.1f µs (products read %s: %.0f GB/s over the step); launch gap %.1f µs per token\n",
+			o.DecodeStepDeviceSeconds*1e6, humanBytes(o.ProductWeightBytes), float64(o.ProductWeightBytes)/o.DecodeStepDeviceSeconds/1e9,
+			o.DecodeLaunchGapSeconds*1e6)
 	}
 	if o.DecodeProfileSeconds > 0 {
 		fmt.Fprintf(w, "  profiled step %.1f µs:", o.DecodeProfileSeconds*1e6)

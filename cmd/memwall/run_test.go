@@ -87,6 +87,15 @@ func TestRunJSON(t *testing.T) {
 			t.Errorf("peak %v, predicted %v, budget %v", peak, pred, budget)
 		}
 	}
+	// The simulator has no device graphs: decode says why it runs plain
+	// launches, and --graph off gives the same tokens with its own reason.
+	if resident["decode_graph"] != false || resident["decode_graph_reason"] == "" || resident["decode_graph_steps"].(float64) != 0 {
+		t.Errorf("resident run on the simulator: graph %v (%v), %v steps", resident["decode_graph"], resident["decode_graph_reason"], resident["decode_graph_steps"])
+	}
+	off := runJSONOut(t, append([]string{"run", dir, "--vram", "1GiB", "--graph", "off"}, args...)...)
+	if a, b := tokensOf(resident), tokensOf(off); !equalInts(a, b) || !strings.Contains(off["decode_graph_reason"].(string), "off") {
+		t.Errorf("--graph off: tokens %v (auto %v), reason %v", b, a, off["decode_graph_reason"])
+	}
 	// The GGUF file of the same weights gives the same tokens.
 	g := runJSONOut(t, append([]string{"run", gg, "--vram", "1GiB"}, args...)...)
 	if a, b := tokensOf(resident), tokensOf(g); !equalInts(a, b) {
@@ -124,6 +133,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"run", dir, "--prompt-ids", "1", "--vram", "lots", "--device", "sim"}, 2, "--vram"},
 		{[]string{"run", dir, "--prompt-ids", "1", "--top-p", "2", "--device", "sim"}, 2, "top-p"},
 		{[]string{"run", dir, "--prompt-ids", "1", "--device", "gpu"}, 2, "--device"},
+		{[]string{"run", dir, "--prompt-ids", "1", "--graph", "on", "--device", "sim"}, 2, "--graph"},
 		{[]string{"run", "--prompt-ids", "1"}, 2, "MODEL"},
 		{[]string{"run", dir, "--prompt-ids", long, "--device", "sim"}, 1, "max_position_embeddings"},
 		{[]string{"run", dir, "--prompt-ids", "1,2,5000", "--device", "sim"}, 1, "vocab_size"},

@@ -50,6 +50,10 @@ type Device struct {
 	host    map[uintptr]hostEntry // base address → how it was obtained
 	streams map[device.Stream]struct{}
 	events  map[device.Event]struct{}
+	// graphs are the instantiated graphs (graph.go), capturing the streams
+	// between BeginCapture and EndCapture; both made on first use.
+	graphs    map[device.Graph]struct{}
+	capturing map[device.Stream]struct{}
 }
 
 type hostEntry struct {
@@ -202,6 +206,9 @@ func (c *Device) readInfo(ordinal int) error {
 	}
 	if d.cuModuleLoadDataEx == 0 || d.cuModuleGetFunction == 0 || d.cuLaunchKernel == 0 {
 		in.Disabled = append(in.Disabled, "kernels: driver lacks cuModuleLoadDataEx/cuLaunchKernel")
+	}
+	if !c.graphSymbols() {
+		in.Disabled = append(in.Disabled, "graphs: driver lacks cuStreamBeginCapture_v2/cuStreamEndCapture/cuGraphInstantiate*/cuGraphLaunch")
 	}
 	if !in.MemoryPools {
 		in.Disabled = append(in.Disabled, "driver stream-ordered allocator (cuMemAllocAsync): not available")

@@ -37,6 +37,12 @@ type driver struct {
 	cuMemAllocAsync, cuMemFreeAsync                                         uintptr
 	cuLaunchKernelEx                                                        uintptr // CUDA 12.0+; 0 when absent
 
+	// Graphs (graph.go), all optional: capture needs the first three, an
+	// instantiate and the last three.
+	cuStreamBeginCapture, cuStreamEndCapture, cuStreamIsCapturing uintptr
+	cuGraphInstantiateWithFlags, cuGraphInstantiate               uintptr // CUDA 11.4+; the older five-argument form
+	cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy             uintptr
+
 	// missing lists optional symbols that were not found, for Info.Disabled.
 	missing []string
 }
@@ -105,6 +111,14 @@ func (d *driver) table() []symbol {
 		opt(&d.cuMemAllocAsync, "cuMemAllocAsync"),
 		opt(&d.cuMemFreeAsync, "cuMemFreeAsync"),
 		opt(&d.cuLaunchKernelEx, "cuLaunchKernelEx"),
+		opt(&d.cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
+		opt(&d.cuStreamEndCapture, "cuStreamEndCapture"),
+		opt(&d.cuStreamIsCapturing, "cuStreamIsCapturing"),
+		opt(&d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),
+		opt(&d.cuGraphInstantiate, "cuGraphInstantiate_v2"),
+		opt(&d.cuGraphLaunch, "cuGraphLaunch"),
+		opt(&d.cuGraphExecDestroy, "cuGraphExecDestroy"),
+		opt(&d.cuGraphDestroy, "cuGraphDestroy"),
 	}
 }
 

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Wave 3's figures on the GPU machine, in three phases that fit one device
+# call each on a machine kept warm between them (from the repo root):
+#
+#   scripts/gpu/wave3.sh 1   builds the PTX with nvcc (kernels_sm90/80.ptx.gz
+#                            come back in $OUT to be committed),
+#                            then starts llama.cpp's build in the background
+#                            (llama-bench, llama-quantize, llama-batched-bench
+#                            from $ANCHORS, ~5 min; it outlives the call),
+#                            writes the 7B-shaped bf16 and Q4_K_M GGUFs, runs
+#                            the GPU tests against the new PTX (quantized
+#                            products, step-state kernels, the captured
+#                            decode step, flash-decoding) and a
+#                            compute-sanitizer memcheck of the quantized ones
+#   scripts/gpu/wave3.sh 2   waits for the build, then memwall against
+#                            llama-bench on the same files, nothing else
+#                            running: --device cpu against -ngl 0; bf16 and
+#                            Q4_K_M resident (512 and 4,096 tokens of context)
+#                            against -ngl 99; --vram 8GiB against -ngl 18, 19
+#                            with nvidia-smi sampled
+#   scripts/gpu/wave3.sh 3   memwall quantize against llama-quantize
+#                            (scripts/gpu/quantize.sh) and the Q4_K_M at
+#                            --vram 3GiB against llama-bench's -ngl sweep
+#
+# Needs gpubin/ (GPU_PKGS=device/cpu/hostmath scripts/gpu/pack.sh, unpacked
+# from gpupack/bin.tar.xz when absent) and, in $ANCHORS (default gpurun/),
+# build-llama.cpp.sh and llama.cpp-src.tgz. Every phase keeps its logs in
+# /tmp/wave3 on the machine, packs them into $OUT/wave3-phaseN.tgz (and the
+# PTX into $OUT/) and prints a table last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+dir=/tmp/wave3
+mkdir -p "$dir" "$OUT"
+[ -d gpubin ] || tar -xJf gpupack/bin.tar.xz
+bin=$PWD/gpubin
+anchors=${ANCHORS:-$PWD/gpurun}
+models=${MODELS:-/dev/shm/mw}
+mkdir -p "$models"
+bf=$models/llama-7b.gguf
+q4=$models/llama-7b-q4_k_m.gguf
+lc=/tmp/lc
+ptx=/tmp/wave3-sm90.ptx
+[ -f "$ptx" ] && export MEMWALL_KERNELS_PTX=$ptx
+log=$dir/phase$1.log
+source scripts/gpu/lib.sh
+rows=()
+row() { rows+=("$(printf '%-52s %s' "$1" "$2")"); }
+
+# json FILE EXPR: a value of memwall's --json output ("-" when absent).
+json() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null || echo -; }
+
+# sampled NAME CMD...: CMD with nvidia-smi's memory.used (MiB) sampled
+# every 100 ms; the peak goes to $dir/NAME.peak.
+sampled() {
+  local name=$1; shift
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$dir/$name.smi" 2>/dev/null &
+  local smi=$!
+  "$@"
+  local rc=$?
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  sort -n "$dir/$name.smi" | tail -1 >"$dir/$name.peak"
+  return $rc
+}
+
+# mwrun NAME MODEL ARGS...: memwall run with --json into $dir/NAME.json.
+mwrun() {
+  local name=$1 m=$2; shift 2
+  local unset=()
+  # (the CPU device runs Go kernels and refuses a PTX file)
+  [[ " $* " == *" --device cpu "* ]] && unset=(-u MEMWALL_KERNELS_PTX)
+  sampled "$name" env "${unset[@]}" timeout 300 "$bin/memwall" run "$m" --ignore-eos --json "$@" >"$dir/$name.json" 2>"$dir/$name.err" ||
+    { echo "memwall run $name failed:" >>"$log"; tail -5 "$dir/$name.err" >>"$log"; }
+  row "memwall $name" "prefill $(json "$dir/$name.json" "'%.1f' % j['prefill_tokens_per_s']")  decode $(json "$dir/$name.json" "'%.2f' % j['decode_tokens_per_s']") tok/s  smi $(cat "$dir/$name.peak" 2>/dev/null) MiB"
+}
+
+# lbench NAME ARGS...: llama-bench -o json into $dir/NAME.json; a row per
+# test it ran.
+lbench() {
+  local name=$1; shift
+  sampled "$name" timeout 400 "$lc/llama-bench" "$@" -o json >"$dir/$name.json" 2>"$dir/$name.err" ||
+    { echo "llama-bench $name failed:" >>"$log"; tail -5 "$dir/$name.err" >>"$log"; }
+  while read -r line; do row "llama.cpp $name" "$line  smi $(cat "$dir/$name.peak" 2>/dev/null) MiB"; done < <(python3 - "$dir/$name.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    kind = f"pp{r['n_prompt']}" if r.get("n_prompt") else f"tg{r['n_gen']}"
+    if r.get("n_depth"):
+        kind += f"@d{r['n_depth']}"
+    print(f"{kind} {r['avg_ts']:.2f} tok/s")
+PY
+)
+}
+
+prompt() { python3 -c "import sys; n=int(sys.argv[1]); print(','.join(str(3 + (i * 7919) % 31000) for i in range(n)))" "$1"; }
+
+# gtest NAME PKG SECONDS BINARY ARGS...: a test binary on the GPU, in its
+# package's directory.
+gtest() {
+  local name=$1 pkg=$2 limit=$3; shift 3
+  pushd "$pkg" >/dev/null || return
+  MEMWALL_TEST_DEVICE=cuda run "$name" "$limit" "$@" -test.count 1
+  popd >/dev/null || return
+}
+
+phase1() {
+  mkdir -p "$dir/ptx"
+  run "nvcc: PTX for compute_90 and compute_80" 400 scripts/build-ptx.sh "$dir/ptx"
+  gunzip -c "$dir/ptx/kernels_sm90.ptx.gz" >"$ptx" && export MEMWALL_KERNELS_PTX=$ptx
+  # (after nvcc, which it would slow down; it outlives this call)
+  setsid nohup bash -c "'$anchors/build-llama.cpp.sh' $lc llama-bench llama-quantize llama-batched-bench >/tmp/lc.log 2>&1; echo \$? >/tmp/lc.rc" </dev/null >/dev/null 2>&1 &
+  [ -f "$bf" ] || run "gen-model 7B bf16" 120 "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf"
+  [ -f "$q4" ] || run "gen-model 7B Q4_K_M" 240 "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4"
+  gtest "device/cuda: graph replay" device/cuda 60 "$bin/device_cuda.test" -test.run 'TestGraphReplay' -test.v
+  gtest "kernels: quantized, step-state, embedded" kernels 240 "$bin/kernels.test" -test.run 'Quant|StepState|AttnSplitRule|Embedded' -test.v
+  gtest "engine on the GPU: graph, references, hybrid" engine 300 "$bin/engine.test" -test.run 'TestDecodeGraph|TestAgainstReference|TestQuantizedAgainstReference|TestGroupedBitIdentical|TestDecodeLaunches|TestFormatsAgree|TestHybrid' -test.v
+  pushd kernels >/dev/null || return
+  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer memcheck: quantized, step-state" 200 \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kernels.test" -test.run 'QuantCUDA|TestCUDAStepState' -test.count 1
+  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer racecheck: step-state" 120 \
+    compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/kernels.test" -test.run 'TestCUDAStepState' -test.count 1
+  popd >/dev/null || return
+  mwrun q4-smoke "$q4" --vram 20GiB --prompt-ids "$(prompt 64)" --max-new 32
+  grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^--- FAIL' "$log" | head -20
+}
+
+phase2() {
+  for i in $(seq 1 60); do [ -f /tmp/lc.rc ] && break; sleep 5; done
+  [ "$(cat /tmp/lc.rc 2>/dev/null)" = 0 ] || { echo "llama.cpp build: rc $(cat /tmp/lc.rc 2>/dev/null)"; tail -5 /tmp/lc.log; }
+  local p16 p448 p3968
+  p16=$(prompt 16); p448=$(prompt 448); p3968=$(prompt 3968)
+  mwrun cpu-1 "$bf" --device cpu --prompt-ids "$p16" --max-new 32
+  mwrun cpu-2 "$bf" --device cpu --prompt-ids "$p16" --max-new 32
+  lbench cpu-ngl0 -m "$bf" -ngl 0 -t "$(nproc)" -p 16 -n 32 -r 2
+  mwrun bf16-resident "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  mwrun bf16-resident-nograph "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 128 --graph off
+  mwrun bf16-ctx4096 "$bf" --vram 20GiB --prompt-ids "$p3968" --max-new 128
+  lbench bf16-ngl99 -m "$bf" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  lbench bf16-ngl99-d4096 -m "$bf" -ngl 99 -fa 1 -p 0 -n 128 -d 4096 -r 1
+  mwrun q4-resident "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  lbench q4-ngl99 -m "$q4" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  mwrun bf16-8g-stream "$bf" --vram 8GiB --placement stream --prompt-ids "$p448" --max-new 64
+  mwrun bf16-8g-auto "$bf" --vram 8GiB --placement auto --prompt-ids "$p448" --max-new 64
+  lbench bf16-ngl18 -m "$bf" -ngl 18 -fa 1 -p 512 -n 32 -r 1
+  lbench bf16-ngl19 -m "$bf" -ngl 19 -fa 1 -p 512 -n 32 -r 1
+}
+
+phase3() {
+  OUT=$dir LLAMA_QUANTIZE=$lc/llama-quantize LLAMA_BENCH=$lc/llama-bench MODELS=$models timeout 400 scripts/gpu/quantize.sh >"$dir/quantize.txt" 2>&1
+  tail -12 "$dir/quantize.txt"
+  local p448
+  p448=$(prompt 448)
+  mwrun q4-3g "$q4" --vram 3GiB --prompt-ids "$p448" --max-new 64
+  lbench q4-ngl16 -m "$q4" -ngl 16 -fa 1 -p 512 -n 32 -r 1
+  lbench q4-ngl20 -m "$q4" -ngl 20 -fa 1 -p 512 -n 32 -r 1
+}
+
+case "${1:-}" in
+  1) phase1 ;;
+  2) phase2 ;;
+  3) phase3 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3" >&2; exit 2 ;;
+esac
+printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
+cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null
+tar -czf "$OUT/wave3-phase$1.tgz" -C "$dir" --exclude ptx .

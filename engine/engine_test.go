@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"github.com/memwall/memwall/internal/longtest"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -586,9 +587,10 @@ func TestTiming(t *testing.T) {
 	}
 }
 
-// short is n with -short (the race detector's run), else long.
+// short is long with -long (CI's long job), else n: the randomized runs at
+// full count take half a minute each on two cores.
 func short(n, long int) int {
-	if testing.Short() {
+	if testing.Short() || !longtest.Enabled() {
 		return n
 	}
 	return long

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/memwall/memwall/internal/longtest"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -19,7 +20,7 @@ func TestFitPredictsRun(t *testing.T) {
 	for _, preset := range []string{"tiny", "tiny-f16"} {
 		dir, ggufPath := tinyDir(t, preset)
 		vocab := map[string]int{"tiny": 1024, "tiny-f16": 768}[preset]
-		for i := range 5 {
+		for i := range longtest.Choose(2, 5) {
 			model := []string{dir, ggufPath}[rng.IntN(2)]
 			prompt, maxNew := 1+rng.IntN(120), 1+rng.IntN(8)
 			var flags []string

@@ -561,6 +561,32 @@ func (e *Engine) norm(c *cursor, l int, what string, r llama.Role, out int, T in
 // product.
 func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	cfg, ks, cs, B := e.cfg, e.ks, e.compute, &e.at
+	t := uint32(T)
+	nq, hd := uint32(cfg.Heads), uint32(cfg.HeadDim)
+	if err := e.attentionIn(c, l, T); err != nil {
+		return err
+	}
+	if err := e.mark(ClassAttention, "kv write"); err != nil {
+		return err
+	}
+	layer := uint32(e.kvLayer[l])
+	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
+		return blockErr(l, "kv write", err)
+	}
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	if err := e.mark(ClassAttention, "attention"); err != nil {
+		return err
+	}
+	if err := ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
+		return blockErr(l, "attention", err)
+	}
+	return e.attentionOut(c, l, T)
+}
+
+// attentionIn is block l's attention norm, Q, K and V products and RoPE
+// over T tokens (at the positions in the pos buffer).
+func (e *Engine) attentionIn(c *cursor, l, T int) error {
+	cfg := e.cfg
 	t, H := uint32(T), uint32(cfg.Hidden)
 	nq, nkv, hd := uint32(cfg.Heads), uint32(cfg.KVHeads), uint32(cfg.HeadDim)
 	qBytes := 4 * uint64(T) * uint64(nq*hd)
@@ -586,21 +612,14 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	if err := e.rope(t, qBytes); err != nil {
 		return blockErr(l, "rope", err)
 	}
-	if err := e.mark(ClassAttention, "kv write"); err != nil {
-		return err
-	}
-	layer := uint32(e.kvLayer[l])
-	if err := ks.KVWrite(B[bK], B[bV], e.kv.Base(), B[bTable], uint32(start), t, e.layout, layer, cs); err != nil {
-		return blockErr(l, "kv write", err)
-	}
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	if err := e.mark(ClassAttention, "attention"); err != nil {
-		return err
-	}
-	if err := ks.Attention(B[bQ], e.kv.Base(), B[bTable], uint32(start), t, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
-		return blockErr(l, "attention", err)
-	}
-	if err := e.products(c, l, "o", bA, nq*hd, t, false, product{llama.RoleO, bO, H}); err != nil {
+	return nil
+}
+
+// attentionOut is block l's O product over attention's output and the
+// residual add and MLP norm after it.
+func (e *Engine) attentionOut(c *cursor, l, T int) error {
+	t, H, qd := uint32(T), uint32(e.cfg.Hidden), uint32(e.cfg.Heads*e.cfg.HeadDim)
+	if err := e.products(c, l, "o", bA, qd, t, false, product{llama.RoleO, bO, H}); err != nil {
 		return err
 	}
 	return e.residualNorm(c, l, bO, T, &normOp{l, llama.RoleMLPNorm, bH2, "mlp norm"})

@@ -103,6 +103,9 @@ func (b *Batch) MaxSeqs() int { return b.maxSeqs }
 // MaxTokens is the most tokens one step holds (the engine's prefill chunk).
 func (b *Batch) MaxTokens() int { return b.e.opt.PrefillChunk }
 
+// Vocab is the model's vocabulary size.
+func (b *Batch) Vocab() int { return b.e.cfg.Vocab }
+
 // SeqTokens is the longest sequence (prompt and generated tokens).
 func (b *Batch) SeqTokens() int { return b.e.opt.MaxTokens }
 

@@ -163,3 +163,6 @@ func configTemplate(b []byte) (string, error) {
 	}
 	return "", errors.New(`a list of templates without a "default" one`)
 }
+
+// Source says where the template came from (a file, or GGUF metadata).
+func (c *ChatTemplate) Source() string { return c.source }

@@ -151,3 +151,39 @@ func TestServeUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchServe runs the load generator against memwall serve.
+func TestBenchServe(t *testing.T) {
+	dir, _ := tinyDir(t, "tiny")
+	url, stop := startServe(t, dir, "--vram", "1GiB", "--max-seqs", "4", "--max-model-len", "128")
+	out := runJSONOut(t, "bench", "serve", "--url", url, "--synthetic", "alpaca", "--n", "6", "--max-len", "100", "--concurrency", "3", "--json")
+	if out["requests"].(float64) != 6 || out["failed"].(float64) != 0 || out["output_tokens"].(float64) < 6 || out["ttft_p50_s"].(float64) <= 0 ||
+		out["output_tokens_per_s"].(float64) <= 0 || out["itl_p99_s"].(float64) < out["itl_p50_s"].(float64) {
+		t.Errorf("bench serve: %v", out)
+	}
+	code, human, errOut := runVerbSim(t, "bench", "serve", "--url", url, "--synthetic", "alpaca", "--n", "2", "--max-len", "100")
+	if code != 0 || !strings.Contains(human, "output tokens/s") || !strings.Contains(human, "time to first token") {
+		t.Errorf("human: exit %d: %s%s", code, human, errOut)
+	}
+	if code, _ := stop(); code != 0 {
+		t.Errorf("serve exit %d", code)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "serve", "--synthetic", "alpaca"}, "--url"},
+		{[]string{"bench", "serve", "--url", "ftp://x", "--synthetic", "alpaca"}, "--url"},
+		{[]string{"bench", "serve", "--url", url}, "give one of"},
+		{[]string{"bench", "serve", "--url", url, "--synthetic", "nope"}, "--synthetic"},
+		{[]string{"bench", "serve", "--url", url, "--synthetic", "alpaca", "--concurrency", "0"}, "at least 1"},
+	} {
+		if code, _, errOut := runVerbSim(t, c.args...); code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d: %s", c.args, code, errOut)
+		}
+	}
+	// A server that is gone fails every request: exit 1.
+	if code, _, errOut := runVerbSim(t, "bench", "serve", "--url", url, "--synthetic", "alpaca", "--n", "2"); code != 1 || !strings.Contains(errOut, "failed") {
+		t.Errorf("no server: exit %d: %s", code, errOut)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/memwall/memwall/engine"
@@ -254,5 +255,70 @@ func checkBatchTokens(t *testing.T, i int, s *batchSeq, dtype string) {
 		}
 		t.Fatalf("sequence %d (prompt %d tokens, joined at step %d): token %d is %d, Generate gave %d\nbatch    %v\ngenerate %v",
 			i, len(s.prompt), s.join, j, tok, want[j], s.got, s.want)
+	}
+}
+
+// TestBatchErrors checks that a step the batch cannot run is refused,
+// naming the limit, and changes nothing.
+func TestBatchErrors(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny", synth.Safetensors))
+	r := newRig(t, testDevice(t))
+	o := engine.Options{Budget: 256 << 20, MaxTokens: 64, PrefillChunk: 8, KVBlocks: 4}
+	e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.zero(t)
+	defer e.Close()
+	if _, err := e.NewBatch(9); err == nil || !strings.Contains(err.Error(), "1..8") {
+		t.Errorf("9 sequences in steps of 8 tokens: %v", err)
+	}
+	b, err := e.NewBatch(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, p := range [][]int32{nil, make([]int32, 64), {5, 1024}} {
+		if _, _, err := b.Add(p); err == nil {
+			t.Errorf("Add(%d tokens, last %v): no error", len(p), p)
+		}
+	}
+	a, _, err := b.Add([]int32{5, 6, 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := b.Add([]int32{8, 9, 10, 11, 12, 13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.Add(make([]int32, 40)); !errors.Is(err, kvcache.ErrOutOfBlocks) {
+		t.Errorf("a prompt of 3 blocks with 2 free: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		ws   []engine.Work
+		want string
+	}{
+		{"too many sequences", []engine.Work{{Seq: a, Tokens: []int32{5}}, {Seq: c, Tokens: []int32{8}}, {Seq: 99, Tokens: []int32{1}}}, "more than the 2"},
+		{"too many tokens", []engine.Work{{Seq: a, Tokens: []int32{5, 6, 7}}, {Seq: c, Tokens: []int32{8, 9, 10, 11, 12, 13}}}, "more than the 8"},
+		{"twice", []engine.Work{{Seq: a, Tokens: []int32{5}}, {Seq: a, Start: 1, Tokens: []int32{6}}}, "twice"},
+		{"beyond its blocks", []engine.Work{{Seq: a, Start: 2, Tokens: []int32{7, 8}}}, "beyond its 3"},
+		{"unknown", []engine.Work{{Seq: 99, Tokens: []int32{1}}}, "beyond its 0"},
+		{"logits of nothing", []engine.Work{{Seq: a, Logits: true}}, "no token"},
+		{"vocabulary", []engine.Work{{Seq: a, Tokens: []int32{1024}}}, "outside the vocabulary"},
+	} {
+		if _, err := b.Step(ctx, c.ws); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	logits, err := b.Step(ctx, []engine.Work{{Seq: a, Tokens: []int32{5, 6, 7}, Logits: true}, {Seq: c, Tokens: []int32{8, 9}}})
+	if err != nil || len(logits[0]) != m.Config.Vocab || logits[1] != nil {
+		t.Fatalf("step: %v", err)
+	}
+	for _, s := range []kvcache.SeqID{a, c} {
+		if err := b.Free(s); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

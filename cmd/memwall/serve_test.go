@@ -141,7 +141,7 @@ func TestServeUsage(t *testing.T) {
 		{[]string{"serve"}, 2, "want one MODEL"},
 		{[]string{"serve", dir, "--max-seqs", "0"}, 2, "at least 1"},
 		{[]string{"serve", dir, "--addr", "nonsense"}, 2, "--addr"},
-		{[]string{"serve", dir, "--drain-timeout", "2h"}, 2, "0s..1h"},
+		{[]string{"serve", dir, "--drain-seconds", "7200"}, 2, "at most 3600"},
 		{[]string{"serve", dir, "--max-model-len", "100000", "--device", "sim"}, 2, "above the model's context of 512"},
 		{[]string{"serve", dir, "--vram", "2MiB", "--device", "sim"}, 1, "minimum"},
 	} {

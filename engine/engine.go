@@ -85,6 +85,13 @@ type Options struct {
 	PromptTokens int
 	// BlockTokens is the KV block size in tokens (default 16).
 	BlockTokens int
+	// KVBlocks is the KV cache's size in blocks; 0: one sequence of
+	// MaxTokens. A server (NewBatch) gives room for many sequences.
+	KVBlocks int
+	// PrefixCache keeps the K/V of full prompt blocks for later prompts
+	// with the same prefix (kvcache's prefix cache). Only Batch uses the
+	// hits; Generate computes every prompt token whatever is cached.
+	PrefixCache bool
 	// Slots is the number of staging slots when weights stream; 0 chooses
 	// 2, or 3 when weights stream, the chunk is at least AutoSlotsChunk
 	// tokens and the budget holds the third slot (a long chunk's products
@@ -424,6 +431,9 @@ func (e *Engine) estimateAt(ctx context.Context, info device.Info, chunk, slots 
 		return nil, fmt.Errorf("engine: activation plan: %w", err)
 	}
 	blocks := (o.MaxTokens + o.BlockTokens - 1) / o.BlockTokens
+	if o.KVBlocks > 0 {
+		blocks = o.KVBlocks
+	}
 	f.kvCfg = kvcache.Config{Layers: e.kvLayers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
 		BlockTokens: o.BlockTokens, Blocks: blocks}
 	f.KVBytes = f.kvCfg.BlockBytes() * uint64(blocks)
@@ -480,7 +490,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	}
 	// The KV cache and the arena, one large block each, are placed before
 	// the many weight groups, so that the pool's pages pack without holes.
-	if e.kv, err = kvcache.New(d, dev, host, e.foot.kvCfg, kvcache.Options{Stream: e.compute, NoPrefixCache: true}); err != nil {
+	if e.kv, err = kvcache.New(d, dev, host, e.foot.kvCfg, kvcache.Options{Stream: e.compute, NoPrefixCache: !o.PrefixCache}); err != nil {
 		return e, fmt.Errorf("engine: KV cache: %w", err)
 	}
 	e.layout = kernels.KVLayout{BlockTokens: uint32(o.BlockTokens), KVHeads: uint32(cfg.KVHeads), HeadDim: uint32(cfg.HeadDim),

@@ -569,30 +569,10 @@ func (e *Engine) norm(c *cursor, l int, what string, r llama.Role, out int, T in
 // product.
 func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	cfg, ks, cs, B := e.cfg, e.ks, e.compute, &e.at
-	t, H := uint32(T), uint32(cfg.Hidden)
-	nq, nkv, hd := uint32(cfg.Heads), uint32(cfg.KVHeads), uint32(cfg.HeadDim)
-	qBytes := 4 * uint64(T) * uint64(nq*hd)
-	// Q and K of a GGUF file come out in llama.cpp's row order and are put
-	// back in HF's by an exact permutation product, so that both formats
-	// run the same arithmetic from there.
-	qOut, kOut := bQ, bK
-	if cfg.PermutedQK {
-		qOut, kOut = bQRaw, bKRaw
-	}
-	if err := e.norm(c, l, "attention norm", llama.RoleAttnNorm, bH, T); err != nil {
+	t := uint32(T)
+	nq, hd := uint32(cfg.Heads), uint32(cfg.HeadDim)
+	if err := e.attentionIn(c, l, T); err != nil {
 		return err
-	}
-	if err := e.products(c, l, "q, k, v", bH, H, t, e.grouped[l].qkv,
-		product{llama.RoleQ, qOut, nq * hd}, product{llama.RoleK, kOut, nkv * hd}, product{llama.RoleV, bV, nkv * hd}); err != nil {
-		return err
-	}
-	if cfg.PermutedQK {
-		if err := e.unpermuteQK(t, qBytes); err != nil {
-			return blockErr(l, "q/k to HF row order", err)
-		}
-	}
-	if err := e.rope(t, qBytes); err != nil {
-		return blockErr(l, "rope", err)
 	}
 	if err := e.mark(ClassAttention, "kv write"); err != nil {
 		return err
@@ -621,7 +601,46 @@ func (e *Engine) attentionHalf(c *cursor, l, T, start int) error {
 	if err != nil {
 		return blockErr(l, "attention", err)
 	}
-	if err := e.products(c, l, "o", bA, nq*hd, t, false, product{llama.RoleO, bO, H}); err != nil {
+	return e.attentionOut(c, l, T)
+}
+
+// attentionIn is block l's attention norm, Q, K and V products and RoPE
+// over T tokens (at the positions in the pos buffer).
+func (e *Engine) attentionIn(c *cursor, l, T int) error {
+	cfg := e.cfg
+	t, H := uint32(T), uint32(cfg.Hidden)
+	nq, nkv, hd := uint32(cfg.Heads), uint32(cfg.KVHeads), uint32(cfg.HeadDim)
+	qBytes := 4 * uint64(T) * uint64(nq*hd)
+	// Q and K of a GGUF file come out in llama.cpp's row order and are put
+	// back in HF's by an exact permutation product, so that both formats
+	// run the same arithmetic from there.
+	qOut, kOut := bQ, bK
+	if cfg.PermutedQK {
+		qOut, kOut = bQRaw, bKRaw
+	}
+	if err := e.norm(c, l, "attention norm", llama.RoleAttnNorm, bH, T); err != nil {
+		return err
+	}
+	if err := e.products(c, l, "q, k, v", bH, H, t, e.grouped[l].qkv,
+		product{llama.RoleQ, qOut, nq * hd}, product{llama.RoleK, kOut, nkv * hd}, product{llama.RoleV, bV, nkv * hd}); err != nil {
+		return err
+	}
+	if cfg.PermutedQK {
+		if err := e.unpermuteQK(t, qBytes); err != nil {
+			return blockErr(l, "q/k to HF row order", err)
+		}
+	}
+	if err := e.rope(t, qBytes); err != nil {
+		return blockErr(l, "rope", err)
+	}
+	return nil
+}
+
+// attentionOut is block l's O product over attention's output and the
+// residual add and MLP norm after it.
+func (e *Engine) attentionOut(c *cursor, l, T int) error {
+	t, H, qd := uint32(T), uint32(e.cfg.Hidden), uint32(e.cfg.Heads*e.cfg.HeadDim)
+	if err := e.products(c, l, "o", bA, qd, t, false, product{llama.RoleO, bO, H}); err != nil {
 		return err
 	}
 	return e.residualNorm(c, l, bO, T, &normOp{l, llama.RoleMLPNorm, bH2, "mlp norm"})

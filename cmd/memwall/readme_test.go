@@ -136,6 +136,9 @@ func TestREADMECommands(t *testing.T) {
 	onnxModel := filepath.Join(planTestONNX, "mobilenet_v2.onnx")
 	trace := "../../testdata/traces/vit_varbatch.csv.gz"
 	outputs := 0
+	// A server for the lines that need a URL (bench serve), started when
+	// the first one does.
+	serveURL := ""
 	// fill returns the value for placeholder word w after flag prev in a
 	// command of verb.
 	fill := func(verb, prev, w string) (string, bool) {
@@ -177,6 +180,11 @@ func TestREADMECommands(t *testing.T) {
 			}
 		case "<command>":
 			return "plan", true
+		case "URL":
+			if serveURL == "" {
+				serveURL, _ = startServe(t, llamaDir, "--max-model-len", "128", "--max-seqs", "4")
+			}
+			return serveURL, true
 		case "IN":
 			if verb == "quantize" {
 				return quantIn, true
@@ -201,6 +209,8 @@ func TestREADMECommands(t *testing.T) {
 		"kv simulate":    {"--n", "50"},
 		"run":            {"--max-new", "4"},
 		"stream":         {"--steps", "1"},
+		"bench serve":    {"--n", "4", "--max-len", "100"},
+		"serve":          {"--max-model-len", "128", "--max-seqs", "4"},
 	}
 	cmds := readmeCommands(string(b))
 	if len(cmds) < 15 {
@@ -245,13 +255,20 @@ func TestREADMECommands(t *testing.T) {
 				args = append(args, short[verb]...)
 			}
 			ran[verb] = true
+			if verb == "serve" { // it serves until signalled: start it, then SIGTERM
+				_, stop := startServe(t, args[1:]...)
+				if code, errOut := stop(); code != 0 {
+					t.Errorf("README's %q as memwall %q: exit %d after SIGTERM: %s", synopsis, args, code, errOut)
+				}
+				continue
+			}
 			code, _, errOut := runVerbSim(t, args...)
 			if code != 0 {
 				t.Errorf("README's %q as memwall %q: exit %d: %s", synopsis, args, code, errOut)
 			}
 		}
 	}
-	for _, v := range []string{"version", "demo", "info", "bench transfer", "bench alloc", "plan", "replay", "gen-model", "fit", "run", "kv simulate", "bench kv", "stream"} {
+	for _, v := range []string{"version", "demo", "info", "bench transfer", "bench alloc", "plan", "replay", "gen-model", "fit", "run", "kv simulate", "bench kv", "stream", "serve", "bench serve"} {
 		if !ran[v] {
 			t.Errorf("no README command line of %s ran", v)
 		}

@@ -283,22 +283,11 @@ func parseIDs(s string) ([]int, error) {
 
 // runModel does the work of `memwall run` once the command line is valid.
 func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling engine.Sampling, source residency.Source, logits *outputFile) error {
-	local := e.local(path)
-	if err := checkRunModel(local); err != nil {
-		if local != path {
-			err = renamedError{err, local, path}
-		}
-		return err
-	}
-	m, err := openInput(e, path, llama.Open)
+	m, tok, err := openRunModel(e, path)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	tok, err := openTokenizer(m)
-	if err != nil {
-		return err
-	}
 	if f.prompt != "" {
 		if tok == nil {
 			return fmt.Errorf("%s: no tokenizer (no tokenizer.json beside the weights, no GGUF vocabulary): give --prompt-ids", path)
@@ -330,6 +319,29 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	}
 	printRun(e, out)
 	return nil
+}
+
+// openRunModel opens the Llama-family model at path (refusing, by its
+// contents, a file run does not read) and its tokenizer (nil when it has
+// none). The caller closes the model.
+func openRunModel(e *env, path string) (*llama.Model, textCodec, error) {
+	local := e.local(path)
+	if err := checkRunModel(local); err != nil {
+		if local != path {
+			err = renamedError{err, local, path}
+		}
+		return nil, nil, err
+	}
+	m, err := openInput(e, path, llama.Open)
+	if err != nil {
+		return nil, nil, err
+	}
+	tok, err := openTokenizer(m)
+	if err != nil {
+		m.Close()
+		return nil, nil, err
+	}
+	return m, tok, nil
 }
 
 // undecodable counts the ids tok has no token for, and returns the first.
@@ -390,61 +402,12 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 	maxTokens := min(len(ids)+g.sampling.MaxNew, m.Config.Context)
 	o := g.opts
 	o.MaxTokens, o.PromptTokens = maxTokens, len(ids)
-	// The kernels load and the GEMM library warms up on the compute
-	// stream first, so that the budget counts their modules and workspace.
-	if b := d.Info().Backend; b == "vulkan" {
-		return out, nil, fmt.Errorf("the %s backend has no Llama kernels yet (they are PTX and Go only): use --device cuda or --device sim", b)
-	}
-	ks, err := kernels.Load(d, e.getenv)
+	l, err := g.load(e, d, backend, o, "run")
 	if err != nil {
 		return out, nil, err
 	}
-	defer ks.Close()
-	st, err := d.NewStream()
-	if err != nil {
-		return out, nil, err
-	}
-	defer d.DestroyStream(st)
-	o.Stream = st
-	rp, err := reserveRun(e.ctx, d, ks, m, g.vram, o)
-	if err != nil {
-		return out, nil, g.planError(e, d, o, rp.budget, err)
-	}
-	hs, err := g.place(e, d, ks, &rp, backend)
-	if err != nil {
-		return out, nil, err
-	}
-	if hs != nil {
-		defer hs.close()
-	}
-	budget := rp.budget
-	if budget.Warning != "" && !g.quiet {
-		fmt.Fprintf(e.stderr, "memwall run: warning: %s\n", budget.Warning)
-	}
-	po := pool.DefaultOptions(d)
-	po.Name, po.Limit = "run", budget.PoolBytes
-	g.pools.device(&po)
-	dev, err := pool.New(d, po)
-	if err != nil {
-		return out, nil, err
-	}
-	defer dev.Close()
-	ho := pool.Options{Name: "run-host"}
-	g.pools.host(&ho)
-	host, err := pool.NewHost(d, ho)
-	if err != nil {
-		return out, nil, err
-	}
-	defer host.Close()
-	eng, err := engine.New(e.ctx, d, ks, dev, host, m, rp.opts)
-	if err != nil {
-		var be *engine.BudgetError
-		if errors.As(err, &be) {
-			return out, nil, g.minimum(e, d, o, budget, be, err)
-		}
-		return out, nil, err
-	}
-	defer eng.Close()
+	defer l.close()
+	ks, rp, dev, eng, budget := l.ks, l.rp, l.dev, l.eng, l.rp.budget
 	out = runJSON{Model: g.path, Device: backend + ": " + d.Info().Name, PromptIDs: ids, BudgetBytes: budget.VRAMBytes,
 		PrefillChunk: rp.foot.PrefillChunk, Slots: rp.foot.Slots, ChunkChosen: g.opts.PrefillChunk == 0, SlotsChosen: g.opts.Slots == 0,
 		PredictedPeakBytes: rp.predictedPeak(),
@@ -487,6 +450,88 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		}
 	}
 	return out, res, nil
+}
+
+// loaded is a model placed on a device: the kernels, the compute stream,
+// the reservation, the host side of hosted blocks, the pools and the
+// engine, closed in the reverse order by close.
+type loaded struct {
+	ks        *kernels.Set
+	rp        reservation
+	dev, host *pool.Pool
+	eng       *engine.Engine
+	closers   []func()
+}
+
+func (l *loaded) close() {
+	for i := len(l.closers) - 1; i >= 0; i-- {
+		l.closers[i]()
+	}
+}
+
+// load places g's model on d for options o (MaxTokens and PromptTokens
+// set): the kernels load and the GEMM library warms up on the compute
+// stream first, so that the budget counts their modules and workspace;
+// then the budget is planned (reserveRun), blocks placed (place), the
+// pools (named after verb) and the engine made. On error nothing stays
+// open.
+func (g *generation) load(e *env, d device.Device, backend string, o engine.Options, verb string) (_ *loaded, err error) {
+	m := g.model
+	if b := d.Info().Backend; b == "vulkan" {
+		return nil, fmt.Errorf("the %s backend has no Llama kernels yet (they are PTX and Go only): use --device cuda or --device sim", b)
+	}
+	l := &loaded{}
+	defer func() {
+		if err != nil {
+			l.close()
+		}
+	}()
+	if l.ks, err = kernels.Load(d, e.getenv); err != nil {
+		return nil, err
+	}
+	l.closers = append(l.closers, func() { l.ks.Close() })
+	st, err := d.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	l.closers = append(l.closers, func() { d.DestroyStream(st) })
+	o.Stream = st
+	if l.rp, err = reserveRun(e.ctx, d, l.ks, m, g.vram, o); err != nil {
+		return nil, g.planError(e, d, o, l.rp.budget, err)
+	}
+	hs, err := g.place(e, d, l.ks, &l.rp, backend)
+	if err != nil {
+		return nil, err
+	}
+	if hs != nil {
+		l.closers = append(l.closers, hs.close)
+	}
+	budget := l.rp.budget
+	if budget.Warning != "" && !g.quiet {
+		fmt.Fprintf(e.stderr, "memwall %s: warning: %s\n", verb, budget.Warning)
+	}
+	po := pool.DefaultOptions(d)
+	po.Name, po.Limit = verb, budget.PoolBytes
+	g.pools.device(&po)
+	if l.dev, err = pool.New(d, po); err != nil {
+		return nil, err
+	}
+	l.closers = append(l.closers, func() { l.dev.Close() })
+	ho := pool.Options{Name: verb + "-host"}
+	g.pools.host(&ho)
+	if l.host, err = pool.NewHost(d, ho); err != nil {
+		return nil, err
+	}
+	l.closers = append(l.closers, func() { l.host.Close() })
+	if l.eng, err = engine.New(e.ctx, d, l.ks, l.dev, l.host, m, l.rp.opts); err != nil {
+		var be *engine.BudgetError
+		if errors.As(err, &be) {
+			return nil, g.minimum(e, d, o, budget, be, err)
+		}
+		return nil, err
+	}
+	l.closers = append(l.closers, func() { l.eng.Close() })
+	return l, nil
 }
 
 func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.Result) {

@@ -1,0 +1,194 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/telemetry"
+	"github.com/memwall/memwall/tokenizer"
+)
+
+// Options configure a Server. ModelName is required.
+type Options struct {
+	// ModelName is the model's id in /v1/models, the name requests must
+	// give, and the model_name label of every metric.
+	ModelName string
+	// MaxSeqs is the most sequences running at once (0 or above the
+	// batch's: the batch's MaxSeqs).
+	MaxSeqs int
+	// MaxQueue is the most requests waiting for admission; one more gets
+	// 429 (default 1024).
+	MaxQueue int
+	// APIKey, when set, is required as "Authorization: Bearer KEY" on
+	// /v1/ (401 otherwise).
+	APIKey string
+	// Tokenizer encodes text prompts and decodes the output; nil: prompts
+	// must be token ids and the output is ids only (return_token_ids).
+	Tokenizer *tokenizer.Tokenizer
+	// Chat renders /v1/chat/completions' messages; nil: they get a 400
+	// saying the model has no chat template.
+	Chat *ChatTemplate
+	// IsEOS says which tokens end generation (nil: none).
+	IsEOS func(id int) bool
+	// Registry receives the metrics that /metrics serves; nil: the server
+	// makes its own.
+	Registry *prometheus.Registry
+	// Pools are exported with telemetry.RegisterPool (none if empty).
+	Pools []telemetry.PoolSource
+	// Memory is where the weights live, for memwall's gauges.
+	Memory Memory
+	// StreamedBytes returns the weight bytes streamed so far (called from
+	// the scheduler between steps); nil: 0.
+	StreamedBytes func() uint64
+	// Watermark is the fraction of KV blocks an admission leaves free so
+	// that running sequences can grow (default 0.01, as kvcache/sched).
+	Watermark float64
+	// Logger receives one debug line per request; nil is silent.
+	Logger *slog.Logger
+}
+
+// Server is an OpenAI-compatible server over one engine.Batch: Handler
+// serves HTTP, Run schedules. Requests join and leave the batch between
+// steps (continuous batching).
+type Server struct {
+	b    *engine.Batch
+	o    Options
+	reg  *prometheus.Registry
+	m    metrics
+	wake chan struct{}
+	made time.Time
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	incoming []*request
+	snap     snapshot
+	inflight int // requests submitted whose handler has not returned
+	draining bool
+	stopped  bool
+
+	// The scheduler goroutine's own.
+	running, waiting []*request
+	watermark        int
+}
+
+// New returns a server over b, which it drives from Run; b stays the
+// caller's to close after Run returns.
+func New(b *engine.Batch, o Options) (*Server, error) {
+	if o.ModelName == "" {
+		return nil, errors.New("serve: no model name")
+	}
+	if o.MaxSeqs <= 0 || o.MaxSeqs > b.MaxSeqs() {
+		o.MaxSeqs = b.MaxSeqs()
+	}
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = 1024
+	}
+	if !(o.Watermark >= 0 && o.Watermark < 1) {
+		return nil, fmt.Errorf("serve: watermark %v, want 0 <= w < 1", o.Watermark)
+	}
+	if o.Watermark == 0 {
+		o.Watermark = 0.01
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{b: b, o: o, reg: o.Registry, wake: make(chan struct{}, 1), made: time.Now()}
+	s.cond = sync.NewCond(&s.mu)
+	s.watermark = int(math.Ceil(o.Watermark * float64(b.Cache().Config().Blocks)))
+	if s.reg == nil {
+		s.reg = prometheus.NewRegistry()
+	}
+	if err := s.register(s.reg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run schedules until ctx is done, then ends the requests still held
+// (drain first to let them finish) and returns nil; an engine error ends
+// them with it and is returned. Call it once.
+func (s *Server) Run(ctx context.Context) error { return s.loop(ctx) }
+
+// Errors submit returns.
+var (
+	errDraining  = errors.New("serve: the server is shutting down")
+	errQueueFull = errors.New("serve: the queue is full")
+)
+
+// submit queues r for the scheduler. The caller must call done once it
+// has read r's last event.
+func (s *Server) submit(r *request) error {
+	s.mu.Lock()
+	switch {
+	case s.draining || s.stopped:
+		s.mu.Unlock()
+		return errDraining
+	case s.snap.waiting >= s.o.MaxQueue:
+		s.mu.Unlock()
+		return errQueueFull
+	}
+	s.incoming = append(s.incoming, r)
+	s.snap.waiting++
+	s.inflight++
+	s.mu.Unlock()
+	s.poke()
+	context.AfterFunc(r.ctx, s.poke)
+	return nil
+}
+
+// poke wakes the scheduler if it sleeps.
+func (s *Server) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// done says that a submitted request's handler has returned.
+func (s *Server) done() {
+	s.mu.Lock()
+	s.inflight--
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// Drain refuses new requests (503) and waits until every request taken
+// has ended and its handler returned, or ctx is done (its error).
+func (s *Server) Drain(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, s.cond.Broadcast)
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draining = true
+	for s.inflight > 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("serve: drain: %d requests still running: %w", s.inflight, err)
+		}
+		s.cond.Wait()
+	}
+	return nil
+}
+
+// Counts is what the scheduler holds: requests running (holding KV
+// blocks), waiting, and the KV cache's usage (0..1).
+type Counts struct {
+	Running, Waiting int
+	KVUsage          float64
+}
+
+// Counts returns the scheduler's last published counts.
+func (s *Server) Counts() Counts {
+	s.mu.Lock()
+	c := Counts{Running: s.snap.running, Waiting: s.snap.waiting}
+	s.mu.Unlock()
+	c.KVUsage = s.b.Cache().Stats().Usage()
+	return c
+}

@@ -15,9 +15,11 @@ import (
 const quantCPURows = 16
 
 // quantCPU returns the CPU device's quantized products: rows split over
-// the device's workers, each dequantizing quantCPURows rows with package
-// quant (ggml's values) and multiplying them with hostmath's float32 dots.
-// The embedding lookup stays the Go twin.
+// the device's workers, each dequantizing a few rows at a time (ggml's
+// values) and multiplying them with hostmath's float32 dots — hostmath's
+// QMatmul for the types it has dequantizers for (assembly in its vector
+// variants), package quant's dequantizer for the others. The embedding
+// lookup stays the Go twin.
 func quantCPU() map[string]func(m *cpu.Mem, grid, block device.Dim3, args []any) error {
 	out := map[string]func(m *cpu.Mem, grid, block device.Dim3, args []any) error{}
 	for _, dt := range QuantDTypes() {
@@ -40,8 +42,17 @@ func cpuQMatmul(dtype string) func(m *cpu.Mem, grid, block device.Dim3, args []a
 	}
 }
 
+// hostQTypes are the types hostmath.QMatmul takes, by quant.Type.
+var hostQTypes = map[quant.Type]hostmath.QType{
+	quant.Q8_0: hostmath.Q8_0, quant.Q4_0: hostmath.Q4_0, quant.Q4_K: hostmath.Q4_K, quant.Q5_K: hostmath.Q5_K, quant.Q6_K: hostmath.Q6_K,
+}
+
 // qmatmulHost computes op into y (T×M) over r's workers.
 func qmatmulHost(r *hostmath.Runner, k *hostmath.Kernels, y []float32, op *qmatOp) {
+	if q, ok := hostQTypes[op.typ]; ok {
+		k.QMatmul(r, y, op.w[:op.M*op.rowB], q, op.x, op.M, op.K, op.T)
+		return
+	}
 	r.Run(op.M, quantCPURows, func(lo, hi int) {
 		buf := make([]float32, quantCPURows*op.K)
 		for m0 := lo; m0 < hi; m0 += quantCPURows {

@@ -37,10 +37,12 @@ func archFor(v Variant) archKernels {
 	case AVX2:
 		return archAVX2()
 	case AVX512:
-		return archAVX512()
+		a := archAVX512()
+		a.deq = deqAVX512
+		return a
 	case AVX512BF16:
 		a := archAVX512()
-		a.bwide, a.bdots = 32, bf16Tables
+		a.bwide, a.bdots, a.deq = 32, bf16Tables, deqAVX512
 		return a
 	}
 	return archKernels{}

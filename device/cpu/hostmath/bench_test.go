@@ -122,3 +122,50 @@ func workerCounts() []int {
 	}
 	return append(ws, n)
 }
+
+// BenchmarkQMatmulCold is the quantized 4096×4096 product (Q4_K, Q6_K,
+// Q8_0) over 16 different weight matrices in turn, larger together than
+// the last level cache, at 1 and 8 tokens and each worker count: GB/s of
+// quantized bytes read. The "godeq" rows run the variant's dots over the
+// Go dequantizer, to show what the assembly dequantizers buy.
+func BenchmarkQMatmulCold(b *testing.B) {
+	const M, K, copies = 4096, 4096, 16
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, q := range []QType{Q4_K, Q6_K, Q8_0} {
+		ws := make([][]byte, copies)
+		for i := range ws {
+			ws[i] = randBlocks(r, q, M*K/q.BlockElems(), 0, false)
+		}
+		bytes := float64(len(ws[0]))
+		for _, T := range []int{1, 8} {
+			x := randF32(r, T*K, 0)
+			y := make([]float32, T*M)
+			for _, workers := range workerCounts() {
+				run := NewRunner(workers)
+				for _, k := range variants(b) {
+					godeq := *k
+					godeq.arch.deq = [numQTypes]deqFunc{}
+					for _, c := range []struct {
+						name string
+						k    *Kernels
+					}{{k.Variant().String(), k}, {k.Variant().String() + "-godeq", &godeq}} {
+						if c.k != k && k.arch.deq[q] == nil {
+							continue // no assembly dequantizers: the same as the row above
+						}
+						b.Run(fmt.Sprintf("%s/%v/%dx%d/T%d/workers%d", c.name, q, M, K, T, workers), func(b *testing.B) {
+							i := 0
+							for b.Loop() {
+								c.k.QMatmul(run, y, ws[i%copies], q, x, M, K, T)
+								i++
+							}
+							gbps := bytes * float64(b.N) / b.Elapsed().Seconds() / 1e9
+							b.ReportMetric(gbps, "GB/s")
+							b.ReportMetric(gbps/float64(workers), "GB/s/core")
+						})
+					}
+				}
+				run.Close()
+			}
+		}
+	}
+}

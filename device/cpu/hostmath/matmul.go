@@ -37,6 +37,7 @@ type archKernels struct {
 	wsum  [3][MaxTile]wsumFunc    // by DType, then T−1
 	bwide int                     // elements per step of bdots; 0: none
 	bdots [MaxTile]dotsKernels    // bf16 weights × bf16 activations, by T−1
+	deq   [numQTypes]deqFunc      // dequantizers by QType; nil: the Go twin
 }
 
 // checkDots panics unless the slices hold what Dots reads and writes: y

@@ -105,12 +105,6 @@ func parseTable(md []byte) (*table, error) {
 	return t, nil
 }
 
-// edge is one import a package's non-test files make, with a file that
-// makes it.
-type edge struct {
-	to, file string
-}
-
 // scan returns, for every package directory of the module at root
 // (module-relative), the memwall packages and other modules' packages its
 // non-test files import, under every build constraint (all files count).

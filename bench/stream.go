@@ -58,7 +58,7 @@ type StreamOptions struct {
 	// snapshot of an out-of-memory error (pool.Options.History; 0: none).
 	PoolHistory int
 	// OnPoolEvent, when set, receives every allocation and free of the
-	// device pool (pool.Options.OnEvent; a pool.EventLog's Record records
+	// device pool (pool.Options.OnEvent; a trace.EventLog's Record records
 	// them for memwall replay).
 	OnPoolEvent func(pool.Event)
 	// Logger receives debug logs (nil: silent).

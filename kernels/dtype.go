@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/memwall/memwall/device/cpu/hostmath"
+	"github.com/memwall/memwall/half"
 )
 
 // Dtype names accepted by Matmul, ShapeFor and the host functions. Matrix
@@ -31,22 +31,6 @@ func ElemSize(dtype string) (int, error) {
 	return 0, fmt.Errorf("dtype %q (want %s, %s or %s): %w", dtype, BF16, F16, F32, ErrDType)
 }
 
-// BF16ToF32 widens a bfloat16 bit pattern exactly.
-func BF16ToF32(h uint16) float32 { return hostmath.BF16ToF32(h) }
-
-// F32ToBF16 rounds f to the nearest bfloat16, ties to even; NaN stays a
-// (quiet) NaN with its sign, overflow becomes ±Inf.
-func F32ToBF16(f float32) uint16 { return hostmath.F32ToBF16(f) }
-
-// F16ToF32 widens an IEEE binary16 bit pattern exactly (subnormals, ±Inf
-// and NaN included).
-func F16ToF32(h uint16) float32 { return hostmath.F16ToF32(h) }
-
-// F32ToF16 rounds f to the nearest IEEE binary16, ties to even: values past
-// the largest half (65504) round to ±Inf, tiny values to subnormals or ±0;
-// NaN stays a quiet NaN with its sign.
-func F32ToF16(f float32) uint16 { return hostmath.F32ToF16(f) }
-
 // Encode converts src to dtype bytes (little-endian, rounding to nearest
 // even). It returns a new slice, or an error wrapping ErrDType.
 func Encode(dtype string, src []float32) ([]byte, error) {
@@ -60,9 +44,9 @@ func Encode(dtype string, src []float32) ([]byte, error) {
 		case F32:
 			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
 		case BF16:
-			binary.LittleEndian.PutUint16(out[2*i:], F32ToBF16(v))
+			binary.LittleEndian.PutUint16(out[2*i:], half.F32ToBF16(v))
 		case F16:
-			binary.LittleEndian.PutUint16(out[2*i:], F32ToF16(v))
+			binary.LittleEndian.PutUint16(out[2*i:], half.F32ToF16(v))
 		}
 	}
 	return out, nil
@@ -94,11 +78,11 @@ func decodeInto(dtype string, dst []float32, src []byte) {
 		}
 	case BF16:
 		for i := range dst {
-			dst[i] = BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+			dst[i] = half.BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		}
 	case F16:
 		for i := range dst {
-			dst[i] = F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+			dst[i] = half.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		}
 	}
 }

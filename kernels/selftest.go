@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/half"
 )
 
 // selfTest runs the flash-prefill and decode attention kernels once each on
@@ -29,7 +30,7 @@ func (s *Set) selfTest() error {
 	rng := rand.New(rand.NewPCG(0x6d656d77, 0x616c6c))
 	cache := make([]byte, uint64(nblk)*L.BlockBytes)
 	for i := 0; i+1 < len(cache); i += 2 {
-		binary.LittleEndian.PutUint16(cache[i:], F32ToBF16(float32(rng.NormFloat64())))
+		binary.LittleEndian.PutUint16(cache[i:], half.F32ToBF16(float32(rng.NormFloat64())))
 	}
 	table := make([]byte, 4*nblk)
 	for i, b := range rng.Perm(nblk) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/cpu/hostmath"
+	"github.com/memwall/memwall/half"
 )
 
 // Go twins of the Llama-layer kernels, for the simulator. They compute in
@@ -142,9 +143,9 @@ func putF(b []byte, i uint64, v float32) { binary.LittleEndian.PutUint32(b[4*i:]
 func getDT(dt string, b []byte, i uint64) float32 {
 	switch dt {
 	case BF16:
-		return BF16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
+		return half.BF16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
 	case F16:
-		return F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
+		return half.F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
 	}
 	return getF(b, i)
 }
@@ -152,9 +153,9 @@ func getDT(dt string, b []byte, i uint64) float32 {
 func putDT(dt string, b []byte, i uint64, v float32) {
 	switch dt {
 	case BF16:
-		binary.LittleEndian.PutUint16(b[2*i:], F32ToBF16(v))
+		binary.LittleEndian.PutUint16(b[2*i:], half.F32ToBF16(v))
 	case F16:
-		binary.LittleEndian.PutUint16(b[2*i:], F32ToF16(v))
+		binary.LittleEndian.PutUint16(b[2*i:], half.F32ToF16(v))
 	default:
 		putF(b, i, v)
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/telemetry/latency"
 )
 
 // Counter is the statistics layer: a Resource over another that counts
@@ -25,7 +24,7 @@ type Counter struct {
 	allocs, frees, fails, ooms atomic.Uint64
 	used, peak                 atomic.Uint64
 	n                          atomic.Uint64 // allocations, for latency sampling
-	lat                        latency.Histogram
+	lat                        Histogram
 }
 
 // NewCounter returns a statistics layer named name over up.
@@ -86,7 +85,7 @@ func (c *Counter) freed(n uint64) {
 
 // AllocLatency returns the histogram of sampled allocation latencies
 // through this layer (the layers below included).
-func (c *Counter) AllocLatency() *latency.Histogram { return &c.lat }
+func (c *Counter) AllocLatency() *Histogram { return &c.lat }
 
 // Stats returns the counts as a pool's Stats: Name, Allocs, Frees, OOMs,
 // LiveBlocks, UsedBytes, PeakUsedBytes and the latency quantiles. Read while other goroutines allocate, the figures may

@@ -61,7 +61,7 @@ func ExampleOOMError() {
 	var oom *pool.OOMError
 	if errors.As(err, &oom) {
 		fmt.Println(oom.Cause, oom.Snapshot != nil)
-		// oom.WriteSnapshot("oom.jsonl") writes it.
+		// trace.WriteSnapshot(f, oom.Snapshot) writes it for memwall replay --html.
 	}
 	// Output: pool limit true
 }

@@ -3,7 +3,6 @@ package pool_test
 import (
 	"errors"
 	"fmt"
-	"io"
 
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/pool"
@@ -23,8 +22,8 @@ func ExampleResource() {
 	if err != nil {
 		panic(err)
 	}
-	log := pool.NewEventLog(io.Discard)
-	r := pool.NewCounter(log.Wrap(model), "llama")
+	events := 0 // package trace's EventLog.Record would write them to a file
+	r := pool.NewCounter(pool.WithEvents(model, func(pool.Event) { events++ }), "llama")
 
 	kv, err := r.Alloc(64<<20, pool.AllocOptions{Purpose: pool.KV})
 	if err != nil {
@@ -40,7 +39,7 @@ func ExampleResource() {
 	if err := r.Free(kv); err != nil {
 		panic(err)
 	}
-	fmt.Println("logged events:", log.Events(), "; live:", r.Stats().LiveBlocks)
+	fmt.Println("logged events:", events, "; live:", r.Stats().LiveBlocks)
 	// Output:
 	// refused by: tenant quota
 	// freed through the pool: true

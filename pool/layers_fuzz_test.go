@@ -68,7 +68,7 @@ func runLayers(t *testing.T, data []byte) {
 	cnt := pool.NewCounter(a, "between")
 	c := pool.NewTenant(cnt, "c", 40<<20) // charged to a as well, counted between
 	var buf bytes.Buffer
-	log := pool.NewEventLog(&buf)
+	log := trace.NewEventLog(&buf)
 	layers := []pool.Resource{p, a, b, c, log.Wrap(c)}
 	quota := map[*pool.Tenant]uint64{a: 96 << 20, c: 40 << 20}
 	chainOf := func(i int) []*pool.Tenant {

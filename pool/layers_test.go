@@ -360,7 +360,7 @@ func TestCounterAlone(t *testing.T) {
 // address, no allocation is of one, and the counts add up.
 func TestLogLayerAlone(t *testing.T) {
 	var buf bytes.Buffer
-	log := pool.NewEventLog(&buf)
+	log := trace.NewEventLog(&buf)
 	fake := newFake(256, 1<<40)
 	r := log.Wrap(fake)
 	var wg sync.WaitGroup
@@ -459,7 +459,7 @@ func TestStackOverPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	log := pool.NewEventLog(&buf)
+	log := trace.NewEventLog(&buf)
 	c := pool.NewCounter(log.Wrap(tn), "stack")
 	r := rand.New(rand.NewPCG(8, 8))
 	var live []pool.Block

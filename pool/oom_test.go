@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -54,7 +55,7 @@ func TestOOMSnapshot(t *testing.T) {
 					t.Fatalf("history of %d holds %d events", hist, len(oom.Snapshot.Events))
 				}
 				path := filepath.Join(t.TempDir(), "oom.jsonl")
-				if err := oom.WriteSnapshot(path); err != nil {
+				if err := writeSnapshot(path, oom.Snapshot); err != nil {
 					t.Fatal(err)
 				}
 				rd, err := trace.Open(path, trace.Options{})
@@ -101,4 +102,17 @@ func TestOOMSnapshot(t *testing.T) {
 			})
 		}
 	}
+}
+
+// writeSnapshot writes s to a new file at path as trace.WriteSnapshot does.
+func writeSnapshot(path string, s *pool.Snapshot) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := trace.WriteSnapshot(f, s); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

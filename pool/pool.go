@@ -27,7 +27,7 @@
 // streams only after an event recorded on the freeing stream has completed.
 // Every failure is a value: an
 // *OOMError explains the numbers and carries a Snapshot of the pool's
-// memory (WriteSnapshot writes it for memwall replay --html), handle
+// memory (trace.WriteSnapshot writes it for memwall replay --html), handle
 // misuse returns ErrInvalidHandle and leaves the pool unchanged. Stats
 // reads counters without stopping any goroutine; package telemetry
 // exports them (telemetry.RegisterPool): the pool imports no metrics
@@ -44,8 +44,9 @@
 // Resource: a Tenant holds its blocks to a quota and frees only its own
 // (Pool.Tenant makes one listed in the pool's Stats; NewTenant over any
 // Resource), a Counter counts what passes (in a Stats that
-// telemetry.RegisterPool takes), and EventLog.Wrap records what passes as
-// the log memwall replay reads:
+// telemetry.RegisterPool takes), and WithEvents reports what passes (as
+// package trace's EventLog.Wrap does to write the log memwall replay
+// reads):
 //
 //	p, _ := pool.New(d, pool.DefaultOptions(d))
 //	model, _ := p.Tenant("llama", 20<<30)
@@ -154,7 +155,6 @@ import (
 
 	"github.com/memwall/memwall/alloc"
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/telemetry/latency"
 )
 
 // Device is what a pool takes of a device: its description, memory
@@ -578,7 +578,7 @@ type Pool struct {
 	// so Alloc and Free may take their plain paths.
 	plain   bool
 	revoked atomic.Bool
-	lat     []latency.Histogram
+	lat     []Histogram
 	hist    *history // Options.History; guarded by mu
 	// Pool-wide accounting, updated on the slow path, shared with the
 	// pool's shards (shard.go).
@@ -782,7 +782,7 @@ func newPool(d Device, o Options, host bool) (*Pool, error) {
 		p.smallMax = o.SmallMax
 	}
 	p.cond = sync.NewCond(&p.mu)
-	p.lat = make([]latency.Histogram, nproc)
+	p.lat = make([]Histogram, nproc)
 	if o.Cache != CacheOff {
 		p.procs = make([]procCache, nproc)
 		if p.single {
@@ -846,8 +846,8 @@ func (p *Pool) Options() Options { return p.opts }
 // AllocLatency returns a histogram of Alloc latencies, sampled (the first
 // allocation on each processor and one in 256 after it are timed) so that
 // reading the clock does not slow the fast path.
-func (p *Pool) AllocLatency() *latency.Histogram {
-	var h latency.Histogram
+func (p *Pool) AllocLatency() *Histogram {
+	var h Histogram
 	for i := range p.lat {
 		h.Merge(&p.lat[i])
 	}

@@ -6,13 +6,14 @@ import "github.com/memwall/memwall/device"
 // takes from the layer below it, the way RMM composes memory resources:
 // blocks out, blocks back. *Pool is the bottom of a stack (its arenas over
 // the device memory named by Options.Upstream); *Tenant (quotas and
-// ownership), *Counter (statistics) and the resource EventLog.Wrap returns
-// (an event log memwall replay reads) each stand over any Resource, so
-// that a stack is built to measure:
+// ownership), *Counter (statistics) and the resource WithEvents returns
+// (every allocation and free reported, as package trace's event log
+// records them) each stand over any Resource, so that a stack is built to
+// measure:
 //
 //	p, _ := pool.New(d, pool.DefaultOptions(d))     // arenas and caches
 //	t, _ := p.Tenant("bert", 8<<30)                 // a quota
-//	r := pool.NewCounter(log.Wrap(t), "bert")       // a log, then counts
+//	r := pool.NewCounter(log.Wrap(t), "bert")       // a trace.EventLog, then counts
 //	b, _ := r.Alloc(1<<20, pool.AllocOptions{})
 //	_ = r.Free(b)
 //
@@ -46,7 +47,7 @@ var (
 	_ Resource = (*Pool)(nil)
 	_ Layer    = (*Tenant)(nil)
 	_ Layer    = (*Counter)(nil)
-	_ Layer    = (*logged)(nil)
+	_ Layer    = (*observed)(nil)
 )
 
 // ownerOf is the tenant whose blocks r hands out: r itself, the nearest

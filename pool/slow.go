@@ -37,8 +37,8 @@ type OOMError struct {
 	Tried []string
 	// Err is the device's error, when the device refused memory.
 	Err error
-	// Snapshot is the pool's memory at the failure (WriteSnapshot writes
-	// it for memwall replay --html); nil for a tenant's quota.
+	// Snapshot is the pool's memory at the failure (trace.WriteSnapshot
+	// writes it for memwall replay --html); nil for a tenant's quota.
 	Snapshot *Snapshot
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/memwall/memwall/pool"
 	"github.com/memwall/memwall/telemetry"
-	"github.com/memwall/memwall/telemetry/latency"
 )
 
 // fakeSource is a PoolSource with made-up figures: the collector tested
@@ -19,13 +18,13 @@ import (
 // a scrape must not make unless asked).
 type fakeSource struct {
 	stats, detailed pool.Stats
-	hist            latency.Histogram
+	hist            pool.Histogram
 	walks           atomic.Int32
 }
 
-func (f *fakeSource) Stats() pool.Stats                { return f.stats }
-func (f *fakeSource) AllocLatency() *latency.Histogram { return &f.hist }
-func (f *fakeSource) DetailedStats() pool.Stats        { f.walks.Add(1); return f.detailed }
+func (f *fakeSource) Stats() pool.Stats             { return f.stats }
+func (f *fakeSource) AllocLatency() *pool.Histogram { return &f.hist }
+func (f *fakeSource) DetailedStats() pool.Stats     { f.walks.Add(1); return f.detailed }
 func randomStats(r *rand.Rand, name string) pool.Stats {
 	u := func() uint64 { return r.Uint64N(1 << 40) }
 	s := pool.Stats{Name: name, ReservedBytes: u(), PeakReservedBytes: u(), LimitBytes: u(), UsedBytes: u(),

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memwall/memwall/pool"
-	"github.com/memwall/memwall/telemetry/latency"
 )
 
 // PoolStats is a pool's snapshot (pool.Stats), the source of the metrics.
@@ -22,14 +21,14 @@ type PoolStats = pool.Stats
 // TenantStats is one tenant's accounting (pool.TenantStats).
 type TenantStats = pool.TenantStats
 
-// Histogram is the pool's latency histogram (latency.Histogram).
-type Histogram = latency.Histogram
+// Histogram is the pool's latency histogram (pool.Histogram).
+type Histogram = pool.Histogram
 
 // PoolSource is what the collector reads: a snapshot of counters and the
 // latency histogram. *pool.Pool implements it.
 type PoolSource interface {
 	Stats() pool.Stats
-	AllocLatency() *latency.Histogram
+	AllocLatency() *pool.Histogram
 }
 
 // detailedSource is a PoolSource that can also walk its free ranges

@@ -93,4 +93,12 @@
 // optional strings. Numbers are JSON integers. Unknown keys are skipped, so
 // the format can grow; blank lines are skipped. Writer writes it: buffered,
 // without reflection, no allocation per event, safe for concurrent use.
+//
+// # Recording memwall's pools
+//
+// The pool hands out plain records and knows no file format: EventLog
+// writes its events (EventLog.Record as pool.Options.OnEvent, or
+// EventLog.Wrap over any pool.Resource) and WriteSnapshot the Snapshot an
+// out-of-memory pool.OOMError carries, both as the log above, which
+// `memwall replay` replays and `memwall replay --html` draws.
 package trace

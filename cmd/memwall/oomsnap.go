@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/memwall/memwall/pool"
+	"github.com/memwall/memwall/trace"
 )
 
 // oomHistory is how many allocations and frees a pool keeps for the
@@ -63,7 +64,7 @@ func (s *oomSnapshot) handle(err error) error {
 		return fmt.Errorf("%w (no --oom-snapshot %s written: a tenant's quota refused the request, the pool's memory was not short)", err, s.path)
 	}
 	var buf bytes.Buffer
-	if _, werr := oom.Snapshot.WriteTo(&buf); werr != nil {
+	if _, werr := trace.WriteSnapshot(&buf, oom.Snapshot); werr != nil {
 		return fmt.Errorf("%w; the snapshot for --oom-snapshot %s: %v", err, s.path, werr)
 	}
 	if werr := s.out.write(buf.Bytes()); werr != nil {
@@ -81,7 +82,7 @@ type poolFlags struct {
 	logPath string
 	logOut  *outputFile
 	logBuf  bytes.Buffer
-	log     *pool.EventLog
+	log     *trace.EventLog
 }
 
 // add registers --oom-snapshot and --pool-log on fs.
@@ -100,7 +101,7 @@ func (p *poolFlags) check() error {
 		return err
 	}
 	if p.logOut = out; out != nil {
-		p.log = pool.NewEventLog(&p.logBuf)
+		p.log = trace.NewEventLog(&p.logBuf)
 	}
 	return nil
 }

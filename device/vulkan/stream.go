@@ -10,7 +10,6 @@ import (
 	"unsafe"
 
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/kernels/spirv"
 )
 
 // waitTimeout bounds every host wait on a semaphore: a GPU that has not
@@ -932,11 +931,11 @@ func (d *Device) copyKernel() *copyKernel {
 		if !d.hasBDA || d.noShaderCopy {
 			return
 		}
-		m, err := d.LoadModule(spirv.Module())
+		m, err := d.LoadModule(copyModule)
 		if err != nil {
 			return
 		}
-		fid, err := d.Function(m, spirv.NameCopy)
+		fid, err := d.Function(m, copyEntry)
 		if err != nil {
 			return
 		}

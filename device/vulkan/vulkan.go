@@ -48,7 +48,8 @@
 // buffer device address, the other scalars keep their size. The block shape
 // is bound through specialization constants 0, 1 and 2 (local_size_x_id
 // and friends), so one SPIR-V kernel serves every block size. Dynamic
-// shared memory is not offered. Package kernels/spirv holds memwall's.
+// shared memory is not offered. Package kernels/spirv holds memwall's
+// kernels; the device-to-device copy shader is the device's own (shaders/).
 //
 // # Memory
 //

@@ -15,7 +15,6 @@ import (
 	"unsafe"
 
 	"github.com/memwall/memwall/device"
-	"github.com/memwall/memwall/kernels/spirv"
 )
 
 // xferResult is one measured transfer candidate.
@@ -198,11 +197,11 @@ func measureFamily(f int, n uint64) ([]xferResult, error) {
 	if !d.hasBDA {
 		return out, nil
 	}
-	m, err := d.LoadModule(spirv.Module())
+	m, err := d.LoadModule(copyModule)
 	if err != nil {
 		return out, err
 	}
-	fn, err := d.Function(m, spirv.NameCopy)
+	fn, err := d.Function(m, copyEntry)
 	if err != nil {
 		return out, err
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+
+	"github.com/memwall/memwall/half"
 )
 
 // MaxElements bounds the element count of any tensor whose size is computed
@@ -191,9 +193,9 @@ func (t *Tensor) Float64s() ([]float64, error) {
 			case Double:
 				out = append(out, math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])))
 			case Float16:
-				out = append(out, halfToFloat(binary.LittleEndian.Uint16(b[2*i:])))
+				out = append(out, float64(half.F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))))
 			case BFloat16:
-				out = append(out, float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:]))<<16)))
+				out = append(out, float64(half.BF16ToF32(binary.LittleEndian.Uint16(b[2*i:]))))
 			}
 		}
 		return out, nil
@@ -207,11 +209,11 @@ func (t *Tensor) Float64s() ([]float64, error) {
 		out = append(out, t.DoubleData...)
 	case Float16:
 		for _, v := range t.Int32Data {
-			out = append(out, halfToFloat(uint16(v)))
+			out = append(out, float64(half.F16ToF32(uint16(v))))
 		}
 	case BFloat16:
 		for _, v := range t.Int32Data {
-			out = append(out, float64(math.Float32frombits(uint32(uint16(v))<<16)))
+			out = append(out, float64(half.BF16ToF32(uint16(v))))
 		}
 	}
 	return out, nil
@@ -258,24 +260,4 @@ func (t *Tensor) inlineCount() (int64, error) {
 		return 0, fmt.Errorf("tensor %q: holds %d values, dims %v need %d", t.Name, have, t.Dims, n)
 	}
 	return n, nil
-}
-
-// halfToFloat converts an IEEE 754 binary16 value to float64.
-func halfToFloat(h uint16) float64 {
-	sign := 1.0
-	if h&0x8000 != 0 {
-		sign = -1
-	}
-	exp := int(h>>10) & 0x1f
-	frac := float64(h & 0x3ff)
-	switch exp {
-	case 0:
-		return sign * math.Ldexp(frac, -24)
-	case 0x1f:
-		if frac == 0 {
-			return math.Inf(int(sign))
-		}
-		return math.NaN()
-	}
-	return sign * math.Ldexp(1+frac/1024, exp-15)
 }

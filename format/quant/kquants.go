@@ -1,6 +1,10 @@
 package quant
 
-import "math"
+import (
+	"math"
+
+	"github.com/memwall/memwall/half"
+)
 
 // The k-quants: super-blocks of 256 elements. Q4_K and Q5_K cut one into 8
 // sub-blocks of 32, each with a scale and a minimum quantized to 6 bits
@@ -239,8 +243,8 @@ func quantK45(x *[256]float32, nmax int32, rmin, rdelta float32, nstep int, L *[
 		lm[j] = min(63, uint8(nearestInt(float32(invMin*mins[j]))))
 	}
 	packScalesK4(sc, &ls, &lm)
-	d, dmin = F32ToF16(maxScale/63), F32ToF16(maxMin/63)
-	fd, fmin := F16ToF32(d), F16ToF32(dmin)
+	d, dmin = half.F32ToF16(maxScale/63), half.F32ToF16(maxMin/63)
+	fd, fmin := half.F16ToF32(d), half.F16ToF32(dmin)
 	for j := range 8 {
 		s, m := scaleMinK4(j, sc)
 		dj := fd * float32(s)
@@ -270,7 +274,7 @@ func quantQ4_K(y *[144]byte, x *[256]float32) {
 }
 
 func dequantQ4_K(y *[256]float32, x *[144]byte) {
-	d, dmin := F16ToF32(le16(x[0:])), F16ToF32(le16(x[2:]))
+	d, dmin := half.F16ToF32(le16(x[0:])), half.F16ToF32(le16(x[2:]))
 	sc := (*[12]byte)(x[4:])
 	q := x[16:]
 	for j := 0; j < 4; j++ {
@@ -314,7 +318,7 @@ func quantQ5_K(y *[176]byte, x *[256]float32) {
 }
 
 func dequantQ5_K(y *[256]float32, x *[176]byte) {
-	d, dmin := F16ToF32(le16(x[0:])), F16ToF32(le16(x[2:]))
+	d, dmin := half.F16ToF32(le16(x[0:])), half.F16ToF32(le16(x[2:]))
 	sc := (*[12]byte)(x[4:])
 	qh := (*[32]byte)(x[16:])
 	ql := x[48:]
@@ -368,13 +372,13 @@ func quantQ6_K(y *[210]byte, x *[256]float32) {
 		return
 	}
 	iscale := -128 / maxScale
-	d := F32ToF16(1 / iscale)
+	d := half.F32ToF16(1 / iscale)
 	put16(y[208:], d)
 	sc := (*[16]byte)(y[192:])
 	for ib := range 16 {
 		sc[ib] = byte(int8(min(127, nearestInt(float32(iscale*scales[ib])))))
 	}
-	fd := F16ToF32(d)
+	fd := half.F16ToF32(d)
 	for j := range 16 {
 		dj := fd * float32(int8(sc[j]))
 		if dj == 0 {
@@ -410,7 +414,7 @@ func quantQ6_K(y *[210]byte, x *[256]float32) {
 }
 
 func dequantQ6_K(y *[256]float32, x *[210]byte) {
-	d := F16ToF32(le16(x[208:]))
+	d := half.F16ToF32(le16(x[208:]))
 	ql, qh, sc := x[0:128], x[128:192], x[192:208]
 	for n := 0; n < 2; n++ {
 		o := y[128*n : 128*n+128]

@@ -1,6 +1,10 @@
 package quant
 
-import "math"
+import (
+	"math"
+
+	"github.com/memwall/memwall/half"
+)
 
 // The 32-element types: one f16 scale (and for Q5_1 an f16 offset) per
 // block. Their reference quantizers take the scale from the block's largest
@@ -23,7 +27,7 @@ func symmetricScale(y []byte, x *[32]float32, levels float32) (id float32) {
 	if d != 0 {
 		id = 1 / d
 	}
-	put16(y[0:], F32ToF16(d))
+	put16(y[0:], half.F32ToF16(d))
 	return id
 }
 
@@ -37,7 +41,7 @@ func quantQ8_0(y *[34]byte, x *[32]float32) {
 	if d != 0 {
 		id = 1 / d
 	}
-	put16(y[0:], F32ToF16(d))
+	put16(y[0:], half.F32ToF16(d))
 	for j, v := range x {
 		// roundf, half away from zero: in float64 the half is added
 		// exactly, and the conversion truncates toward zero.
@@ -47,7 +51,7 @@ func quantQ8_0(y *[34]byte, x *[32]float32) {
 }
 
 func dequantQ8_0(y *[32]float32, x *[34]byte) {
-	d := F16ToF32(le16(x[0:]))
+	d := half.F16ToF32(le16(x[0:]))
 	for j := range y {
 		y[j] = float32(int8(x[2+j])) * d
 	}
@@ -70,7 +74,7 @@ func nibble(v, bias float32, top int8) uint8 {
 }
 
 func dequantQ4_0(y *[32]float32, x *[18]byte) {
-	d := F16ToF32(le16(x[0:]))
+	d := half.F16ToF32(le16(x[0:]))
 	for j := range 16 {
 		y[j] = float32(int(x[2+j]&0xF)-8) * d
 		y[16+j] = float32(int(x[2+j]>>4)-8) * d
@@ -89,7 +93,7 @@ func quantQ5_0(y *[22]byte, x *[32]float32) {
 }
 
 func dequantQ5_0(y *[32]float32, x *[22]byte) {
-	d := F16ToF32(le16(x[0:]))
+	d := half.F16ToF32(le16(x[0:]))
 	qh := le32(x[2:])
 	for j := range 16 {
 		h0 := byte(qh>>j<<4) & 0x10
@@ -114,8 +118,8 @@ func quantQ5_1(y *[24]byte, x *[32]float32) {
 	if d != 0 {
 		id = 1 / d
 	}
-	put16(y[0:], F32ToF16(d))
-	put16(y[2:], F32ToF16(lo))
+	put16(y[0:], half.F32ToF16(d))
+	put16(y[2:], half.F32ToF16(lo))
 	var qh uint32
 	for j := range 16 {
 		q0 := uint8(float32((x[j]-lo)*id) + 0.5)
@@ -127,8 +131,8 @@ func quantQ5_1(y *[24]byte, x *[32]float32) {
 }
 
 func dequantQ5_1(y *[32]float32, x *[24]byte) {
-	d := F16ToF32(le16(x[0:]))
-	m := F16ToF32(le16(x[2:]))
+	d := half.F16ToF32(le16(x[0:]))
+	m := half.F16ToF32(le16(x[2:]))
 	qh := le32(x[4:])
 	for j := range 16 {
 		h0 := byte(qh>>j<<4) & 0x10

@@ -26,6 +26,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/memwall/memwall/half"
 )
 
 // Type is a ggml tensor type, numbered as ggml.h numbers them (the ids GGUF
@@ -196,11 +198,11 @@ func Dequantize(t Type, dst []float32, src []byte) error {
 		}
 	case F16:
 		for i := range dst {
-			dst[i] = F16ToF32(le16(src[2*i:]))
+			dst[i] = half.F16ToF32(le16(src[2*i:]))
 		}
 	case BF16:
 		for i := range dst {
-			dst[i] = BF16ToF32(le16(src[2*i:]))
+			dst[i] = half.BF16ToF32(le16(src[2*i:]))
 		}
 	case Q8_0:
 		for b := range nb {
@@ -256,11 +258,11 @@ func Quantize(t Type, dst []byte, src []float32) error {
 		}
 	case F16:
 		for i, v := range src {
-			put16(dst[2*i:], F32ToF16(v))
+			put16(dst[2*i:], half.F32ToF16(v))
 		}
 	case BF16:
 		for i, v := range src {
-			put16(dst[2*i:], F32ToBF16(v))
+			put16(dst[2*i:], half.F32ToBF16(v))
 		}
 	case Q8_0:
 		for b := range nb {

@@ -7,6 +7,7 @@ import (
 	"math"
 
 	"github.com/memwall/memwall/format/quant"
+	"github.com/memwall/memwall/half"
 )
 
 // Values are drawn from a counter-based generator, so any element of any
@@ -81,9 +82,9 @@ func newCodecVia(dtype, via string, mean, amp float32) (*codec, error) {
 	switch via {
 	case "":
 	case "BF16":
-		value = func(r uint16) float32 { return math.Float32frombits(uint32(F32ToBF16(laneValue(r, mean, amp))) << 16) }
+		value = func(r uint16) float32 { return half.BF16ToF32(half.F32ToBF16(laneValue(r, mean, amp))) }
 	case "F16":
-		value = func(r uint16) float32 { return quant.F16ToF32(F32ToF16(laneValue(r, mean, amp))) }
+		value = func(r uint16) float32 { return half.F16ToF32(half.F32ToF16(laneValue(r, mean, amp))) }
 	default:
 		return nil, fmt.Errorf("synth: via dtype %q: want BF16 or F16", via)
 	}
@@ -92,9 +93,9 @@ func newCodecVia(dtype, via string, mean, amp float32) (*codec, error) {
 	case "BF16", "F16":
 		c.size = 2
 		c.t16 = new([1 << 16]uint16)
-		enc := F32ToBF16
+		enc := half.F32ToBF16
 		if dtype == "F16" {
-			enc = F32ToF16
+			enc = half.F32ToF16
 		}
 		for r := range c.t16 {
 			c.t16[r] = enc(value(uint16(r)))
@@ -151,13 +152,6 @@ func (c *codec) fill(dst []byte, st, first uint64) {
 		one(i)
 	}
 }
-
-// F32ToBF16 rounds f to bfloat16, to nearest even (NaN stays NaN).
-func F32ToBF16(f float32) uint16 { return quant.F32ToBF16(f) }
-
-// F32ToF16 rounds f to IEEE binary16, to nearest even, producing subnormals,
-// infinities on overflow and a quiet NaN for NaN.
-func F32ToF16(f float32) uint16 { return quant.F32ToF16(f) }
 
 // SourceRow returns the Hugging Face row that row r of a tensor with rows
 // permuted in heads of d rows (Tensor.HeadDim) holds: llama.cpp's permute,

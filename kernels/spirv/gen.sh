@@ -7,7 +7,7 @@ set -eu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # source:entry[:define], the define compiling one dtype of a shared source.
-for k in fill:memwall_fill_u32 check:memwall_check_u32 spin:memwall_spin copy:memwall_copy_u32x4 \
+for k in fill:memwall_fill_u32 check:memwall_check_u32 spin:memwall_spin \
 	matmul:memwall_matmul_bf16:DT_BF16 matmul:memwall_matmul_f16:DT_F16 matmul:memwall_matmul_f32:DT_F32; do
 	src=${k%%:*}.comp
 	rest=${k#*:}
@@ -17,6 +17,6 @@ for k in fill:memwall_fill_u32 check:memwall_check_u32 spin:memwall_spin copy:me
 	glslangValidator --target-env vulkan1.2 $def -e "$entry" --source-entrypoint main -o "$tmp/$entry.spv" "$src" >/dev/null
 	spirv-val --target-env vulkan1.2 "$tmp/$entry.spv"
 done
-cat "$tmp/memwall_fill_u32.spv" "$tmp/memwall_check_u32.spv" "$tmp/memwall_spin.spv" "$tmp/memwall_copy_u32x4.spv" \
+cat "$tmp/memwall_fill_u32.spv" "$tmp/memwall_check_u32.spv" "$tmp/memwall_spin.spv" \
 	"$tmp/memwall_matmul_bf16.spv" "$tmp/memwall_matmul_f16.spv" "$tmp/memwall_matmul_f32.spv" >kernels.spv
-cat pattern.glsl fill.comp check.comp spin.comp copy.comp matmul.comp | sha256sum | cut -d' ' -f1 >sources.sha256
+cat pattern.glsl fill.comp check.comp spin.comp matmul.comp | sha256sum | cut -d' ' -f1 >sources.sha256

@@ -13,9 +13,10 @@
 // memwall_check_u32(src Ptr, n uint64, seed uint32, mismatches Ptr) adds the
 // number of words that differ from it to a 64-bit counter; memwall_spin(ns
 // uint64) keeps one invocation busy (it needs VK_KHR_shader_clock);
-// memwall_copy_u32x4(dst, src Ptr, n uint64) copies n 16-byte vectors
-// (device/vulkan's device-to-device copies); memwall_matmul_<dtype> is
-// kernels' Matmul (see MatmulName).
+// memwall_matmul_<dtype> is kernels' Matmul (see MatmulName). The copy
+// shader behind device/vulkan's device-to-device copies is the device's
+// own (device/vulkan/shaders), so that no device package stands on this
+// one.
 package spirv
 
 import (
@@ -33,7 +34,6 @@ const (
 	NameFill  = "memwall_fill_u32"
 	NameCheck = "memwall_check_u32"
 	NameSpin  = "memwall_spin"
-	NameCopy  = "memwall_copy_u32x4"
 )
 
 // MatmulName is the entry point of the matrix product in dtype ("bf16",
@@ -62,7 +62,7 @@ func Module() []byte { return module }
 
 // Names lists the kernels Module holds.
 func Names() []string {
-	names := []string{NameFill, NameCheck, NameSpin, NameCopy}
+	names := []string{NameFill, NameCheck, NameSpin}
 	for _, dt := range MatmulDTypes {
 		names = append(names, MatmulName(dt))
 	}
@@ -71,7 +71,7 @@ func Names() []string {
 
 // Sources are the GLSL files Module was compiled from, in the order their
 // hash covers them.
-var Sources = []string{"pattern.glsl", "fill.comp", "check.comp", "spin.comp", "copy.comp", "matmul.comp"}
+var Sources = []string{"pattern.glsl", "fill.comp", "check.comp", "spin.comp", "matmul.comp"}
 
 // SourcesHash returns the hash recorded when Module was compiled.
 func SourcesHash() string { return strings.TrimSpace(sourcesHash) }

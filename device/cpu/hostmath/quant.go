@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"unsafe"
+
+	"github.com/memwall/memwall/half"
 )
 
 // QType is a block-quantized weight type as GGUF files store it (ggml's
@@ -146,12 +148,12 @@ func dequantGeneric(q QType, dst []float32, src []byte) {
 		y, x := dst[i*e:(i+1)*e], src[i*b:(i+1)*b]
 		switch q {
 		case Q8_0:
-			d := F16ToF32(binary.LittleEndian.Uint16(x))
+			d := half.F16ToF32(binary.LittleEndian.Uint16(x))
 			for j := range 32 {
 				y[j] = float32(int8(x[2+j])) * d
 			}
 		case Q4_0:
-			d := F16ToF32(binary.LittleEndian.Uint16(x))
+			d := half.F16ToF32(binary.LittleEndian.Uint16(x))
 			for j := range 16 {
 				y[j] = float32(int(x[2+j]&0xF)-8) * d
 				y[16+j] = float32(int(x[2+j]>>4)-8) * d
@@ -167,7 +169,7 @@ func dequantGeneric(q QType, dst []float32, src []byte) {
 // dequantK45 decodes one Q4_K or Q5_K block: element 64j+l is
 // d·sc·q − dmin·m with sub-block 2j's scale and min for l < 32, 2j+1's above.
 func dequantK45(y *[256]float32, q QType, x []byte) {
-	d, dmin := F16ToF32(binary.LittleEndian.Uint16(x)), F16ToF32(binary.LittleEndian.Uint16(x[2:]))
+	d, dmin := half.F16ToF32(binary.LittleEndian.Uint16(x)), half.F16ToF32(binary.LittleEndian.Uint16(x[2:]))
 	sc := x[4:16]
 	qs, qh := x[16:], []byte(nil)
 	if q == Q5_K {
@@ -205,7 +207,7 @@ func scaleMin(j int, q []byte, d, dmin float32) (float32, float32) {
 // d·sc·(q−32), q's low 4 bits from ql and top 2 from qh, sc the scale of
 // its sub-block of 16.
 func dequantQ6K(y *[256]float32, x []byte) {
-	d := F16ToF32(binary.LittleEndian.Uint16(x[208:]))
+	d := half.F16ToF32(binary.LittleEndian.Uint16(x[208:]))
 	for n := range 2 {
 		ql, qh, sc := x[64*n:], x[128+32*n:], x[192+8*n:]
 		for l := range 32 {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/memwall/memwall/format/quant"
+	"github.com/memwall/memwall/half"
 )
 
 // quantOf is the format/quant type of each QType: package quant is the
@@ -46,7 +47,7 @@ func randBlocks(r *rand.Rand, q QType, nb, off int, wild bool) []byte {
 			case 2:
 				h = 0
 			default:
-				h = F32ToF16(float32(math.Ldexp(r.Float64()+0.5, -14+r.IntN(18))))
+				h = half.F32ToF16(float32(math.Ldexp(r.Float64()+0.5, -14+r.IntN(18))))
 			}
 			binary.LittleEndian.PutUint16(blk[f:], h)
 		}

@@ -21,7 +21,7 @@ import (
 	"github.com/memwall/memwall/format"
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/quant"
-	"github.com/memwall/memwall/kernels"
+	"github.com/memwall/memwall/half"
 )
 
 // Model holds the weights widened to float32.
@@ -263,9 +263,9 @@ func widen(m *format.Model, t format.Tensor) ([]float32, error) {
 		if len(b) != 2*n {
 			return nil, fmt.Errorf("reference: tensor %s: %d bytes", t.Name, len(b))
 		}
-		conv := kernels.BF16ToF32
+		conv := half.BF16ToF32
 		if t.DType == "F16" {
-			conv = kernels.F16ToF32
+			conv = half.F16ToF32
 		}
 		for i := range out {
 			out[i] = conv(binary.LittleEndian.Uint16(b[2*i:]))
@@ -283,34 +283,13 @@ func widen(m *format.Model, t format.Tensor) ([]float32, error) {
 	return out, nil
 }
 
-// RoundBF16 rounds x to the nearest bfloat16 (ties to even).
-func RoundBF16(x float32) float32 {
-	b := math.Float32bits(x)
-	if b&0x7FFFFFFF > 0x7F800000 {
-		return x
-	}
-	b += 0x7FFF + (b>>16)&1
-	return math.Float32frombits(b &^ 0xFFFF)
-}
+// RoundBF16 rounds x to the nearest bfloat16 (ties to even), as package
+// half converts.
+func RoundBF16(x float32) float32 { return half.BF16ToF32(half.F32ToBF16(x)) }
 
-// RoundF16 rounds x to the nearest IEEE half (ties to even), saturating to
-// infinity.
-func RoundF16(x float32) float32 {
-	if x != x || math.IsInf(float64(x), 0) {
-		return x
-	}
-	a := math.Abs(float64(x))
-	if a >= 65520 {
-		return float32(math.Copysign(math.Inf(1), float64(x)))
-	}
-	// Quantum: 2^(e-10) for normal halves, 2^-24 below 2^-14.
-	e := math.Floor(math.Log2(a))
-	if a == 0 {
-		return x
-	}
-	q := math.Exp2(max(e, -14) - 10)
-	return float32(math.RoundToEven(float64(x)/q) * q)
-}
+// RoundF16 rounds x to the nearest IEEE half (ties to even, 65520 and
+// beyond to infinity), as package half converts.
+func RoundF16(x float32) float32 { return half.F16ToF32(half.F32ToF16(x)) }
 
 // Argmax returns the index of the largest logit and the gap to the second.
 func Argmax(l []float32) (best int, gap float32) {

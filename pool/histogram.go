@@ -1,11 +1,4 @@
-// Package latency is the lock-free latency histogram the pool records
-// into. It imports nothing beyond the standard library, so that package
-// pool can use it without the metrics packages telemetry brings in.
-//
-//	var h latency.Histogram
-//	h.Observe(time.Since(start))
-//	p99 := h.Quantile(0.99)
-package latency
+package pool
 
 import (
 	"math"
@@ -14,7 +7,9 @@ import (
 	"time"
 )
 
-// Histogram counts durations in log-linear buckets: 8 sub-buckets per power
+// Histogram is the pool's latency histogram (Pool.AllocLatency,
+// Counter.AllocLatency), which package telemetry exports: it counts
+// durations in log-linear buckets: 8 sub-buckets per power
 // of two of nanoseconds, so any quantile is reported within 12.5%. Observe
 // is lock-free and safe for concurrent use; the zero value is ready.
 type Histogram struct {

@@ -1,4 +1,4 @@
-package pool_test
+package trace_test
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ func ExampleEventLog() {
 	d := sim.New(sim.DefaultOptions())
 	defer d.Close()
 	var buf bytes.Buffer
-	log := pool.NewEventLog(&buf)
+	log := trace.NewEventLog(&buf)
 	p, err := pool.New(d, pool.Options{OnEvent: log.Record})
 	if err != nil {
 		panic(err)

@@ -1,4 +1,4 @@
-package latency
+package pool
 
 import (
 	"math/rand/v2"

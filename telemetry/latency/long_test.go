@@ -1,4 +1,0 @@
-package latency
-
-// The module-wide -long flag, so that `go test ./... -long` runs here.
-import _ "github.com/memwall/memwall/internal/longtest"

@@ -109,16 +109,17 @@ phase1() {
   # (after nvcc, which it would slow down; it outlives this call)
   setsid nohup bash -c "'$anchors/build-llama.cpp.sh' $lc llama-bench llama-quantize llama-batched-bench >/tmp/lc.log 2>&1; echo \$? >/tmp/lc.rc" </dev/null >/dev/null 2>&1 &
   [ -f "$bf" ] || run "gen-model 7B bf16" 120 "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf"
-  [ -f "$q4" ] || run "gen-model 7B Q4_K_M" 240 "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4"
+  # (the Q4_K_M is quantized on the CPU while the GPU tests run)
+  local q4pid=
+  [ -f "$q4" ] || { "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4" >"$dir/gen-q4.log" 2>&1 & q4pid=$!; }
   gtest "device/cuda: graph replay" device/cuda 60 "$bin/device_cuda.test" -test.run 'TestGraphReplay' -test.v
-  gtest "kernels: quantized, step-state, embedded" kernels 240 "$bin/kernels.test" -test.run 'Quant|StepState|AttnSplitRule|Embedded' -test.v
-  gtest "engine on the GPU: graph, references, hybrid" engine 300 "$bin/engine.test" -test.run 'TestDecodeGraph|TestAgainstReference|TestQuantizedAgainstReference|TestGroupedBitIdentical|TestDecodeLaunches|TestFormatsAgree|TestHybrid' -test.v
+  gtest "kernels: quantized, step-state" kernels 200 "$bin/kernels.test" -test.run 'Quant|StepState|AttnSplitRule' -test.v
+  gtest "engine on the GPU: graph, batch, references" engine 300 "$bin/engine.test" -test.run 'TestDecodeGraph|TestBatch|TestAgainstReference|TestQuantizedAgainstReference|TestGroupedBitIdentical|TestDecodeLaunches|TestFormatsAgree|TestHybrid' -test.v
   pushd kernels >/dev/null || return
-  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer memcheck: quantized, step-state" 200 \
-    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kernels.test" -test.run 'QuantCUDA|TestCUDAStepState' -test.count 1
-  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer racecheck: step-state" 120 \
-    compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/kernels.test" -test.run 'TestCUDAStepState' -test.count 1
+  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer memcheck: quantized" 100 \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kernels.test" -test.run 'QuantCUDA' -test.count 1
   popd >/dev/null || return
+  [ -z "$q4pid" ] || { wait "$q4pid"; status+=("gen-model 7B Q4_K_M rc $?"); }
   mwrun q4-smoke "$q4" --vram 20GiB --prompt-ids "$(prompt 64)" --max-new 32
   grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^--- FAIL' "$log" | head -20
 }
@@ -142,6 +143,21 @@ phase2() {
   mwrun bf16-8g-auto "$bf" --vram 8GiB --placement auto --prompt-ids "$p448" --max-new 64
   lbench bf16-ngl18 -m "$bf" -ngl 18 -fa 1 -p 512 -n 32 -r 1
   lbench bf16-ngl19 -m "$bf" -ngl 19 -fa 1 -p 512 -n 32 -r 1
+  serve_bench
+}
+
+# serve_bench: memwall serve (bf16, resident) under bench serve's ShareGPT
+# mix at 32 clients, and llama-batched-bench at 32 parallel sequences.
+serve_bench() {
+  "$bin/memwall" serve "$bf" --max-seqs 32 --max-model-len 2048 --kv-tokens 65536 --addr 127.0.0.1:8099 >"$dir/serve.log" 2>&1 &
+  local sp=$!
+  for i in $(seq 1 120); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8099/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  timeout 200 "$bin/memwall" bench serve --url http://127.0.0.1:8099 --synthetic sharegpt --vocab 32000 --max-len 2048 \
+    --concurrency 32 --n 128 --json >"$dir/bench-serve.json" 2>"$dir/bench-serve.err"
+  kill -TERM "$sp"; wait "$sp"
+  row "memwall serve c32 sharegpt" "$(json "$dir/bench-serve.json" "'out %.0f tok/s  ttft p50 %.3f s  itl p50 %.4f s  failed %d' % (j['output_tokens_per_s'], j['ttft_p50_s'], j['itl_p50_s'], j['failed'])")"
+  timeout 150 "$lc/llama-batched-bench" -m "$bf" -ngl 99 -fa 1 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 >"$dir/batched.txt" 2>&1
+  while read -r line; do row "llama.cpp batched-bench" "$line"; done < <(grep -E '^\|\s+[0-9]' "$dir/batched.txt")
 }
 
 phase3() {

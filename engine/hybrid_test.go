@@ -66,8 +66,9 @@ func generate(t *testing.T, r, hr *rig, o engine.Options, p []int, n int) *engin
 
 // TestHybridTokens: with every other block computed on the host device (a
 // second simulator), a budget that cannot hold the model reports host
-// bytes per token and the same tokens and first logits, bit for bit, as the
-// all-resident run; the tokens agree with the Go reference.
+// bytes per token and the same tokens and first logits as the all-resident
+// run (bit for bit on the simulator, within the reference's tolerance on a
+// GPU); the tokens agree with the Go reference.
 func TestHybridTokens(t *testing.T) {
 	m := open(t, modelPath(t, "tiny", synth.Safetensors))
 	L := m.Config.Layers
@@ -93,8 +94,15 @@ func TestHybridTokens(t *testing.T) {
 	if !slices.Equal(res.Tokens, all.Tokens) {
 		t.Fatalf("hybrid tokens %v, resident %v", res.Tokens, all.Tokens)
 	}
-	if !slices.Equal(res.FirstLogits, all.FirstLogits) {
+	// The simulators run the same Go kernels on both sides, so the bits
+	// agree; a GPU computes the device blocks with its own summation order,
+	// different bits from the host's Go kernels, held to the reference's
+	// tolerance instead (as TestAgainstReference holds the GPU).
+	if !onGPU() && !slices.Equal(res.FirstLogits, all.FirstLogits) {
 		t.Fatal("hybrid first logits differ from the resident run's")
+	}
+	if diff, cos := compare(res.FirstLogits, all.FirstLogits); diff > 2e-3*maxAbs(all.FirstLogits) || cos < 0.999 {
+		t.Fatalf("hybrid first logits differ from the resident run's by %g (cosine %g)", diff, cos)
 	}
 	for _, g := range f.Plan.Groups {
 		if g.Layer >= 0 && hosted[g.Layer] {

@@ -41,6 +41,18 @@ func (r *rig) upload(b []byte) device.Ptr {
 
 func (r *rig) f32(v []float32) device.Ptr { return r.upload(f32Bytes(v)) }
 
+// uploadAt copies b to off bytes past the start of a new allocation and
+// returns that address.
+func (r *rig) uploadAt(b []byte, off int) device.Ptr {
+	r.t.Helper()
+	p := alloc(r.t, r.d, uint64(len(b)+off)) + device.Ptr(off)
+	if len(b) > 0 {
+		must(r.t, r.d.CopyHtoD(p, b, r.st))
+		must(r.t, r.d.StreamSynchronize(r.st))
+	}
+	return p
+}
+
 func (r *rig) i32(v []int32) device.Ptr {
 	b := make([]byte, 4*len(v))
 	for i, x := range v {

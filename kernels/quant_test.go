@@ -26,9 +26,15 @@ func quantSuite(t *testing.T, d device.Device, s *Set) {
 	}
 	for _, dt := range QuantDTypes() {
 		typ, _ := QuantType(dt)
-		for range cases {
-			M, T := 1+rng.IntN(37), 1+rng.IntN(11)
-			K := typ.BlockElems() * (1 + rng.IntN(3))
+		n, blocks, tokens := cases, 3, 11
+		if dt == Q4_K || dt == Q6_K {
+			// (the GPU's wide-load kernels: more shapes, tiles past the
+			// first, and the misaligned operands that take the chunk walk)
+			n, blocks, tokens = 3*cases, 6, 20
+		}
+		for range n {
+			M, T := 1+rng.IntN(37), 1+rng.IntN(tokens)
+			K := typ.BlockElems() * (1 + rng.IntN(blocks))
 			if typ.BlockElems() == 1 {
 				K = 1 + rng.IntN(300)
 			}
@@ -42,7 +48,10 @@ func quantSuite(t *testing.T, d device.Device, s *Set) {
 			for i := range x {
 				x[i] = float32(rng.NormFloat64())
 			}
-			W, X, Y := r.upload(w), r.f32(x), r.nans(uint64(4*T*M))
+			// W at any 2-byte and X at any 4-byte offset from an aligned
+			// allocation: each kernel path's alignment condition, both ways.
+			wOff, xOff := 2*rng.IntN(4), 4*rng.IntN(4)
+			W, X, Y := r.uploadAt(w, wOff), r.uploadAt(f32Bytes(x), xOff), r.nans(uint64(4*T*M))
 			must(t, s.Matmul(dt, W, X, Y, uint32(M), uint32(K), uint32(T), r.st))
 			got := r.readDT(F32, Y, T*M)
 			rb := len(w) / M
@@ -57,7 +66,7 @@ func quantSuite(t *testing.T, d device.Device, s *Set) {
 						mag += math.Abs(float64(v) * float64(x[tt*K+k]))
 					}
 					if e := math.Abs(float64(got[tt*M+m]) - want); !(e <= 1e-5*mag+1e-30) {
-						t.Fatalf("%s M=%d K=%d T=%d: y[%d,%d] = %g, want %g (Σ|w·x| %g)", dt, M, K, T, tt, m, got[tt*M+m], want, mag)
+						t.Fatalf("%s M=%d K=%d T=%d W+%d X+%d: y[%d,%d] = %g, want %g (Σ|w·x| %g)", dt, M, K, T, wOff, xOff, tt, m, got[tt*M+m], want, mag)
 					}
 				}
 			}

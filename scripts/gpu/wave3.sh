@@ -170,11 +170,40 @@ phase3() {
   lbench q4-ngl20 -m "$q4" -ngl 20 -fa 1 -p 512 -n 32 -r 1
 }
 
+# phase4: on a fresh machine, the wide-load Q4_K/Q6_K products: PTX, their
+# GPU tests and a sanitizer pass, then the 7B Q4_K_M resident (graph and
+# plain), profiled, and on the CPU; the bf16 resident step profiled.
+phase4() {
+  mkdir -p "$dir/ptx"
+  run "nvcc: PTX for compute_90 and compute_80" 400 scripts/build-ptx.sh "$dir/ptx"
+  gunzip -c "$dir/ptx/kernels_sm90.ptx.gz" >"$ptx" && export MEMWALL_KERNELS_PTX=$ptx
+  local q4pid=
+  [ -f "$q4" ] || { "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4" >"$dir/gen-q4.log" 2>&1 & q4pid=$!; }
+  gtest "kernels: quantized" kernels 200 "$bin/kernels.test" -test.run 'Quant' -test.v
+  gtest "engine on the GPU: quantized, batch" engine 200 "$bin/engine.test" -test.run 'TestQuantizedAgainstReference|TestBatch|TestDecodeGraph' -test.v
+  pushd kernels >/dev/null || return
+  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer memcheck: quantized" 100 \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kernels.test" -test.run 'QuantCUDA' -test.count 1
+  popd >/dev/null || return
+  [ -f "$bf" ] || run "gen-model 7B bf16" 120 "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf"
+  [ -z "$q4pid" ] || { wait "$q4pid"; status+=("gen-model 7B Q4_K_M rc $?"); }
+  local p448
+  p448=$(prompt 448)
+  mwrun q4-resident "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  mwrun q4-resident-nograph "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128 --graph off
+  mwrun q4-profile "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 32 --profile
+  mwrun bf16-profile "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 32 --profile
+  mwrun q4-3g "$q4" --vram 3GiB --prompt-ids "$p448" --max-new 64
+  mwrun q4-cpu "$q4" --device cpu --prompt-ids "$(prompt 16)" --max-new 32
+  grep -E 'ERROR SUMMARY|^--- FAIL' "$log" | head -20
+}
+
 case "${1:-}" in
   1) phase1 ;;
+  4) phase4 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

@@ -64,3 +64,10 @@ __device__ unsigned char __ldg(const unsigned char*);
 __device__ float __fmul_rn(float, float);
 __device__ float __fadd_rn(float, float);
 __device__ float __fsub_rn(float, float);
+
+// Used by the wide-load quantized products.
+struct __attribute__((aligned(8))) float2 {
+    float x, y;
+};
+__device__ float4 __ldg(const float4*);
+__device__ float2 __ldg(const float2*);

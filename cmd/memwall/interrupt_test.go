@@ -130,7 +130,7 @@ func TestSecondSignal(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		handleSignals(sigs, stop, &stderr, func(code int) { exited <- code })
+		handleSignals(sigs, stop, nil, &stderr, func(code int) { exited <- code })
 	}()
 	sigs <- syscall.SIGTERM
 	select {

@@ -95,7 +95,7 @@ func runStream(e *env, args []string) error {
 	if err != nil {
 		return usagef("--source: %v", err)
 	}
-	if err := pf.check(); err != nil {
+	if err := pf.check(e); err != nil {
 		return err
 	}
 	if err := checkFiles(e, modelInputs("MODEL", path), pf.outputs()...); err != nil {
@@ -275,11 +275,11 @@ func splitLines(s string) []string {
 // demoStream generates the tiny model, plans it into a budget that streams
 // three of its four blocks, and streams a few steps.
 func demoStream(e *env, d device.Device) error {
-	dir, err := os.MkdirTemp("", "memwall-demo-stream-")
+	dir, err := e.temps.MkdirTemp("", "memwall-demo-stream-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer e.temps.RemoveAll(dir)
 	path, err := synth.WriteTiny(e.ctx, dir, synth.Safetensors)
 	if err != nil {
 		return err

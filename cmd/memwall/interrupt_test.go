@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/plan"
 )
 
 // runInterrupted runs a command line in-process and delivers sig (as
@@ -40,8 +42,8 @@ func runInterrupted(t *testing.T, sig os.Signal, after time.Duration, args ...st
 }
 
 // TestInterruptStops: SIGINT or SIGTERM in the middle of each long loop
-// (huge --ops, --pairs, --n, --steps, --max-new, --reps and a 13.5 GB
-// model) stops the command within a second, with the signal's exit status
+// (huge --ops, --pairs, --n, --steps, --max-new, --reps, a 13.5 GB model
+// and the plan of the most buffers plan takes) stops the command within a second, with the signal's exit status
 // (130, 143), one message saying so and how far the work got, and no
 // temporary or output file left behind.
 func TestInterruptStops(t *testing.T) {
@@ -54,6 +56,17 @@ func TestInterruptStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	trace := filepath.Join("..", "..", "testdata", "traces", "gpt2_medium_generate.csv.gz")
+	// The most buffers plan takes, all live at once: each greedy pass is
+	// quadratic, seconds long.
+	lifetimes := filepath.Join(model, "wide.csv")
+	var csv strings.Builder
+	csv.WriteString("id,lower,upper,size\n")
+	for i := range plan.MaxBuffers {
+		fmt.Fprintf(&csv, "%d,0,%d,%d\n", i, 1+i%7, 1+i%4093)
+	}
+	if err := os.WriteFile(lifetimes, []byte(csv.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name  string
 		sig   os.Signal
@@ -81,6 +94,8 @@ func TestInterruptStops(t *testing.T) {
 			[]string{"interrupted by SIGINT", "of 1000000 tokens generated"}},
 		{"gen-model", os.Interrupt, 800 * time.Millisecond,
 			[]string{"gen-model", "--preset", "llama-7b", "--out", "OUT"}, []string{"interrupted by SIGINT after ", "of 12.6 GiB"}},
+		{"plan", os.Interrupt, 300 * time.Millisecond,
+			[]string{"plan", "--lifetimes", lifetimes, "--out", "OUT"}, []string{"interrupted by SIGINT (stopped in greedy-size, before any planner finished: ", " of 65536 buffers placed)"}},
 		{"demo", syscall.SIGTERM, 800 * time.Millisecond,
 			[]string{"demo", "--device", "sim"}, []string{"interrupted by SIGTERM", "demo step"}},
 	}

@@ -408,6 +408,7 @@ func runBenchKV(e *env, args []string) error {
 		o.Device = d
 	}
 	pb := newProgress(e, "bench kv")
+	pb.unit = "measurements" // one per --blocks size, then the swaps
 	o.Progress = func(done, total int, name string) { pb.update(float64(done), float64(total), name) }
 	rep, err := bench.KV(e.ctx, o)
 	pb.done()

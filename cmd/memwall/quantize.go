@@ -114,6 +114,7 @@ func runQuantize(e *env, args []string) error {
 	}
 
 	bar := newProgress(e, "quantize")
+	bar.unit = "bytes" // of the source read
 	var last time.Time
 	opts := quantize.Options{Workers: *workers, Progress: func(done, total uint64) {
 		if now := time.Now(); done == total || now.Sub(last) >= 100*time.Millisecond {

@@ -165,6 +165,13 @@ func TestBenchServe(t *testing.T) {
 	if code != 0 || !strings.Contains(human, "output tokens/s") || !strings.Contains(human, "time to first token") {
 		t.Errorf("human: exit %d: %s%s", code, human, errOut)
 	}
+	// On a terminal the bar counts requests, and so does the work
+	// recorded for an interrupted run's message.
+	var ran *env
+	code, _, errOut = runEnv(t, func(e *env) { e.terminal, ran = true, e }, "bench", "serve", "--url", url, "--synthetic", "alpaca", "--n", "2", "--max-len", "100")
+	if code != 0 || !strings.Contains(errOut, "\rbench serve [") || !strings.Contains(errOut, "100% 2 of 2 requests") || ran.work.String() != "2 of 2 requests" {
+		t.Errorf("on a terminal: exit %d, stderr %q, work %q", code, errOut, ran.work.String())
+	}
 	if code, _ := stop(); code != 0 {
 		t.Errorf("serve exit %d", code)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
-	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
 	"github.com/memwall/memwall/residency"
 )
@@ -293,7 +292,7 @@ func demoStream(e *env, d device.Device) error {
 	if err != nil {
 		return err
 	}
-	ks, err := kernels.Load(d, e.getenv)
+	ks, err := loadKernels(e, d)
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,8 @@ func runInterrupted(t *testing.T, sig os.Signal, after time.Duration, args ...st
 
 // TestInterruptStops: SIGINT or SIGTERM in the middle of each long loop
 // (huge --ops, --pairs, --n, --steps, --max-new, --reps, a 13.5 GB model
-// and the plan of the most buffers plan takes) stops the command within a second, with the signal's exit status
+// to write, one of 174 MiB to quantize and the plan of the most buffers
+// plan takes) stops the command within a second, with the signal's exit status
 // (130, 143), one message saying so and how far the work got, and no
 // temporary or output file left behind.
 func TestInterruptStops(t *testing.T) {
@@ -54,6 +55,12 @@ func TestInterruptStops(t *testing.T) {
 	model := t.TempDir()
 	if _, err := synth.Generate(context.Background(), synth.Config{Arch: "llama", Layers: 2, Hidden: 64, Inter: 128, Heads: 4, Vocab: 256, Context: 1 << 20, DType: "F32"},
 		filepath.Join(model, "model.safetensors"), synth.Options{Workers: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// 174 MiB of bf16 weights: seconds of Q4_K_M.
+	big := filepath.Join(model, "big.gguf")
+	if _, err := synth.Generate(context.Background(), synth.Config{Arch: "llama", Layers: 2, Hidden: 1024, Inter: 2816, Heads: 8, Vocab: 32000, Context: 4096, DType: "BF16"},
+		big, synth.Options{Workers: 2, Format: synth.GGUF}); err != nil {
 		t.Fatal(err)
 	}
 	trace := filepath.Join("..", "..", "testdata", "traces", "gpt2_medium_generate.csv.gz")
@@ -95,6 +102,8 @@ func TestInterruptStops(t *testing.T) {
 			[]string{"interrupted by SIGINT", "of 1000000 tokens generated"}},
 		{"gen-model", os.Interrupt, 800 * time.Millisecond,
 			[]string{"gen-model", "--preset", "llama-7b", "--out", "OUT"}, []string{"interrupted by SIGINT after ", "of 12.6 GiB"}},
+		{"quantize", syscall.SIGTERM, 600 * time.Millisecond,
+			[]string{"quantize", big, "OUT", "--type", "Q4_K_M"}, []string{"interrupted by SIGTERM after ", `re:after [0-9.]+ [KM]iB of 174\.0 MiB`}},
 		{"plan", os.Interrupt, 300 * time.Millisecond,
 			[]string{"plan", "--lifetimes", lifetimes, "--out", "OUT"}, []string{"interrupted by SIGINT (stopped in greedy-size, before any planner finished: ", " of 65536 buffers placed)"}},
 		{"demo", syscall.SIGTERM, 800 * time.Millisecond,

@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/pool"
 )
 
 // TestREADMELibrary: the README's section on memwall as a Go library points
@@ -98,6 +101,39 @@ func TestLibraryImports(t *testing.T) {
 					t.Errorf("importing %s pulls in %s", p, dep)
 				}
 			}
+		}
+	}
+}
+
+// TestLibraryErrorsNameThePoolOnce: a pool with the default name, and its
+// tenants, name themselves "pool" in their errors, not "pool pool" (which
+// the command line tidies, but a library user reads as it is).
+func TestLibraryErrorsNameThePoolOnce(t *testing.T) {
+	d := sim.New(sim.DefaultOptions())
+	defer d.Close()
+	p, err := pool.New(d, pool.Options{Limit: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tn, err := p.Tenant("a", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := p.Tenant("b", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := other.Alloc(4096, pool.AllocOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dup := p.Tenant("a", 0)
+	_, big := p.Alloc(64<<20, pool.AllocOptions{})
+	_, quota := tn.Alloc(2<<20, pool.AllocOptions{})
+	for name, err := range map[string]error{"a tenant twice": dup, "above the limit": big, "above the quota": quota, "another tenant's block": tn.Free(b)} {
+		if err == nil || !strings.HasPrefix(err.Error(), "pool: ") || strings.Contains(err.Error(), "pool pool") {
+			t.Errorf("%s: %v, want an error that begins \"pool: \" once", name, err)
 		}
 	}
 }

@@ -136,8 +136,18 @@ func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, er
 		}
 		return "layout"
 	}
+	// report is rep with the layout returned.
+	report := func(l Layout) Report {
+		rep.ArenaBytes = l.ArenaBytes
+		rep.Algorithm = l.Algorithm
+		rep.Fits = opts.Capacity == 0 || l.ArenaBytes <= opts.Capacity
+		rep.AtLowerBound = l.ArenaBytes <= rep.LowerBoundBytes
+		rep.Elapsed = time.Since(began)
+		return rep
+	}
 	// stopped is Solve's error when ctx is done: where it stopped ("in
-	// ffd", "before ffd", "" after the last planner) and what was done,
+	// ffd", "before ffd", "" after the last planner) and what was done
+	// ("plan: stopped in ffd, after greedy-size (best arena ...)"),
 	// with the best layout so far (every buffer apart when no planner
 	// finished).
 	stopped := func(at string, cause error) (Layout, Report, error) {
@@ -149,25 +159,19 @@ func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, er
 		}
 		where := "stopped"
 		if at != "" {
-			where += " " + at
+			where += " " + at + ","
 		}
-		switch {
-		case len(ran) == 0:
-			where += ", before any planner finished"
-		default:
-			where += ", after " + strings.Join(ran, ", ")
+		if len(ran) == 0 {
+			where += " before any planner finished"
+		} else {
+			where += " after " + strings.Join(ran, ", ")
 		}
 		if !have {
 			best = stacked(bufs, a)
 		} else {
 			where += fmt.Sprintf(" (best arena %d bytes, by %s)", best.ArenaBytes, best.Algorithm)
 		}
-		rep.ArenaBytes = best.ArenaBytes
-		rep.Algorithm = best.Algorithm
-		rep.Fits = opts.Capacity == 0 || best.ArenaBytes <= opts.Capacity
-		rep.AtLowerBound = best.ArenaBytes <= rep.LowerBoundBytes
-		rep.Elapsed = time.Since(began)
-		return best, rep, fmt.Errorf("plan: %s: %w", where, cause)
+		return best, report(best), fmt.Errorf("plan: %s: %w", where, cause)
 	}
 	for _, alg := range algs {
 		if err := ctx.Err(); err != nil {
@@ -236,12 +240,7 @@ func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, er
 			return Layout{}, Report{}, fmt.Errorf("plan: internal error: %w", err)
 		}
 	}
-	rep.ArenaBytes = best.ArenaBytes
-	rep.Algorithm = best.Algorithm
-	rep.Fits = opts.Capacity == 0 || best.ArenaBytes <= opts.Capacity
-	rep.AtLowerBound = best.ArenaBytes <= rep.LowerBoundBytes
-	rep.Elapsed = time.Since(began)
-	return best, rep, nil
+	return best, report(best), nil
 }
 
 // solveSearch runs the search part of Solve: a fit at the capacity, or a

@@ -509,7 +509,7 @@ func poolLatency(ctx context.Context, d device.Device, strategy string, g Policy
 			defer signal()
 			w, err := drawWorkload(ctx, mix, uint64(gi)+1, liveN, o.Pairs/4, o.Pairs)
 			if err != nil {
-				res[gi].err = err
+				res[gi].err = fmt.Errorf("goroutine %d: %w", gi, err)
 				return
 			}
 			// stopped is ctx's error, at every checkEvery-th pair of a

@@ -103,9 +103,9 @@ func TestInterruptStops(t *testing.T) {
 		{"gen-model", os.Interrupt, 800 * time.Millisecond,
 			[]string{"gen-model", "--preset", "llama-7b", "--out", "OUT"}, []string{"interrupted by SIGINT after ", "of 12.6 GiB"}},
 		{"quantize", syscall.SIGTERM, 600 * time.Millisecond,
-			[]string{"quantize", big, "OUT", "--type", "Q4_K_M"}, []string{"interrupted by SIGTERM after ", `re:after [0-9.]+ [KM]iB of 174\.0 MiB`}},
+			[]string{"quantize", big, "OUT", "--type", "Q4_K_M"}, []string{`re:^memwall quantize: interrupted by SIGTERM( after [0-9.]+ [KM]iB of 174\.0 MiB)?$`}}, // no bytes yet on a slow machine
 		{"plan", os.Interrupt, 300 * time.Millisecond,
-			[]string{"plan", "--lifetimes", lifetimes, "--out", "OUT"}, []string{"interrupted by SIGINT (stopped in greedy-size, before any planner finished: ", " of 65536 buffers placed)"}},
+			[]string{"plan", "--lifetimes", lifetimes, "--out", "OUT"}, []string{`re:interrupted by SIGINT \(stopped (in greedy-size, before any planner finished: [0-9]+ of 65536 buffers placed|before greedy-size, before any planner finished)\)$`}},
 		{"demo", syscall.SIGTERM, 800 * time.Millisecond,
 			[]string{"demo", "--device", "sim"}, []string{"interrupted by SIGTERM", "demo step"}},
 	}

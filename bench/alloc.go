@@ -182,7 +182,7 @@ func drawWorkload(ctx context.Context, mix Mix, seed uint64, live, warm, pairs i
 	for i := range w.Sizes {
 		if i%checkEvery == 0 {
 			if err := ctx.Err(); err != nil {
-				return w, fmt.Errorf("drawing the requests, %d of %d: %w", i, len(w.Sizes), err)
+				return w, fmt.Errorf("stopped while drawing the requests (%d of %d drawn), before any pair was timed: %w", i, len(w.Sizes), err)
 			}
 		}
 		w.Sizes[i] = mix.sample(r)
@@ -509,15 +509,17 @@ func poolLatency(ctx context.Context, d device.Device, strategy string, g Policy
 			defer signal()
 			w, err := drawWorkload(ctx, mix, uint64(gi)+1, liveN, o.Pairs/4, o.Pairs)
 			if err != nil {
-				res[gi].err = err
+				res[gi].err = fmt.Errorf("goroutine %d: %w", gi, err)
 				return
 			}
-			// stopped is ctx's error, at every checkEvery-th pair of a loop.
+			// stopped is ctx's error, at every checkEvery-th pair of a
+			// loop, saying how far the loop got: "stopped after 4096 of
+			// 20000 batched pairs".
 			stopped := func(i int, what string, of int) error {
 				if i%checkEvery != 0 || ctx.Err() == nil {
 					return nil
 				}
-				return fmt.Errorf("goroutine %d: %s: %d of %d done: %w", gi, what, i, of, ctx.Err())
+				return fmt.Errorf("goroutine %d: stopped after %d of %d %s: %w", gi, i, of, what, ctx.Err())
 			}
 			live := make([]pool.Block, liveN)
 			for i, size := range w.Initial {
@@ -593,7 +595,7 @@ func poolLatency(ctx context.Context, d device.Device, strategy string, g Policy
 			}
 			// Frees and allocations timed apart, on a quarter as many.
 			for i := 0; i < o.Pairs/4 && pr.err == nil; i++ {
-				if pr.err = stopped(i, "split pairs", o.Pairs/4); pr.err != nil {
+				if pr.err = stopped(i, "pairs with the free and the alloc timed apart", o.Pairs/4); pr.err != nil {
 					break
 				}
 				k := ks[i]

@@ -2,6 +2,8 @@ package plan
 
 import (
 	"cmp"
+	"context"
+	"fmt"
 	"slices"
 	"sort"
 )
@@ -25,11 +27,16 @@ const (
 // every offset is a multiple of it. It returns an error wrapping ErrInvalid
 // when bufs fails Validate; the layout is not verified (see Verify).
 func GreedyBySize(bufs []Buffer, alignment uint64) (Layout, error) {
+	return greedyBySize(context.Background(), bufs, alignment)
+}
+
+// greedyBySize is GreedyBySize, stopped with ctx's error when ctx is done.
+func greedyBySize(ctx context.Context, bufs []Buffer, alignment uint64) (Layout, error) {
 	if err := Validate(bufs, alignment); err != nil {
 		return Layout{}, err
 	}
 	order := bySizeOrder(bufs, func(a, b Buffer) int { return cmp.Compare(a.Start, b.Start) })
-	return greedyLayout(bufs, order, alignment, true, AlgorithmGreedySize), nil
+	return greedyLayout(ctx, bufs, order, alignment, true, AlgorithmGreedySize)
 }
 
 // FirstFitDecreasing places buffers in decreasing size (longer lifetimes
@@ -37,11 +44,17 @@ func GreedyBySize(bufs []Buffer, alignment uint64) (Layout, error) {
 // collide with an already placed buffer whose lifetime overlaps its own.
 // Alignment, errors and ownership are as for GreedyBySize.
 func FirstFitDecreasing(bufs []Buffer, alignment uint64) (Layout, error) {
+	return firstFitDecreasing(context.Background(), bufs, alignment)
+}
+
+// firstFitDecreasing is FirstFitDecreasing, stopped with ctx's error when
+// ctx is done.
+func firstFitDecreasing(ctx context.Context, bufs []Buffer, alignment uint64) (Layout, error) {
 	if err := Validate(bufs, alignment); err != nil {
 		return Layout{}, err
 	}
 	order := bySizeOrder(bufs, func(a, b Buffer) int { return cmp.Compare(b.End-b.Start, a.End-a.Start) })
-	return greedyLayout(bufs, order, alignment, false, AlgorithmFFD), nil
+	return greedyLayout(ctx, bufs, order, alignment, false, AlgorithmFFD)
 }
 
 // GreedyByBreadth is TensorFlow Lite's "greedy by breadth" offset planner:
@@ -51,6 +64,12 @@ func FirstFitDecreasing(bufs []Buffer, alignment uint64) (Layout, error) {
 // already placed buffers whose lifetimes overlap theirs. Alignment, errors
 // and ownership are as for GreedyBySize.
 func GreedyByBreadth(bufs []Buffer, alignment uint64) (Layout, error) {
+	return greedyByBreadth(context.Background(), bufs, alignment)
+}
+
+// greedyByBreadth is GreedyByBreadth, stopped with ctx's error when ctx is
+// done.
+func greedyByBreadth(ctx context.Context, bufs []Buffer, alignment uint64) (Layout, error) {
 	if err := Validate(bufs, alignment); err != nil {
 		return Layout{}, err
 	}
@@ -98,7 +117,7 @@ func GreedyByBreadth(bufs []Buffer, alignment uint64) (Layout, error) {
 	slices.SortFunc(order, func(x, y int) int {
 		return cmp.Or(cmp.Compare(key[x], key[y]), cmp.Compare(bufs[y].Size, bufs[x].Size), cmp.Compare(x, y))
 	})
-	return greedyLayout(bufs, order, alignment, true, AlgorithmGreedyBreadth), nil
+	return greedyLayout(ctx, bufs, order, alignment, true, AlgorithmGreedyBreadth)
 }
 
 // bySizeOrder returns buffer indexes by decreasing size, then tie, then
@@ -123,11 +142,16 @@ type slot struct {
 // greedyLayout places buffers in the given order, each in a gap between the
 // already placed buffers that overlap it in time: the smallest gap that fits
 // when bestFit, else the lowest. Buffers are kept sorted by offset, so one
-// placement costs one pass over the placed buffers.
-func greedyLayout(bufs []Buffer, order []int, alignment uint64, bestFit bool, name string) Layout {
+// placement costs one pass over the placed buffers. It looks at ctx every
+// checkEvery placements and stops with ctx's error, saying how many
+// buffers it had placed.
+func greedyLayout(ctx context.Context, bufs []Buffer, order []int, alignment uint64, bestFit bool, name string) (Layout, error) {
 	offsets := make([]uint64, len(bufs))
 	placed := make([]slot, 0, len(bufs))
-	for _, i := range order {
+	for n, i := range order {
+		if n%checkEvery == 0 && ctx.Err() != nil {
+			return Layout{}, fmt.Errorf("%d of %d buffers placed: %w", n, len(order), ctx.Err())
+		}
 		b := bufs[i]
 		if b.Size == 0 {
 			continue
@@ -163,8 +187,14 @@ func greedyLayout(bufs []Buffer, order []int, alignment uint64, bestFit bool, na
 		})
 		placed = slices.Insert(placed, at, s)
 	}
-	return Layout{Offsets: offsets, ArenaBytes: arenaOf(bufs, offsets, alignment), Alignment: max(alignment, 1), Algorithm: name}
+	return Layout{Offsets: offsets, ArenaBytes: arenaOf(bufs, offsets, alignment), Alignment: max(alignment, 1), Algorithm: name}, nil
 }
+
+// checkEvery is how many buffers the greedy planners place, and Verify
+// checks, between two looks at the context: a placement costs a pass over
+// the buffers placed, so that even 10^5 of them, placed in seconds, stop
+// within milliseconds.
+const checkEvery = 64
 
 // rangeMin answers minimum queries over a fixed slice (a sparse table).
 type rangeMin struct{ levels [][]int32 }

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -127,6 +128,11 @@ func Padded(bufs []Buffer, alignment uint64) []Buffer {
 // the first violation found; address conflicts and buffers past the arena
 // wrap ErrOverlap, malformed layouts wrap ErrInvalid.
 func Verify(bufs []Buffer, layout Layout) error {
+	return verify(context.Background(), bufs, layout)
+}
+
+// verify is Verify, stopped with ctx's error when ctx is done.
+func verify(ctx context.Context, bufs []Buffer, layout Layout) error {
 	if len(layout.Offsets) != len(bufs) {
 		return fmt.Errorf("plan verify: %d offsets for %d buffers: %w", len(layout.Offsets), len(bufs), ErrInvalid)
 	}
@@ -153,7 +159,10 @@ func Verify(bufs []Buffer, layout Layout) error {
 		return cmp.Or(cmp.Compare(bufs[x].Start, bufs[y].Start), cmp.Compare(x, y))
 	})
 	var live []int
-	for _, i := range idx {
+	for n, i := range idx {
+		if n%checkEvery == 0 && ctx.Err() != nil {
+			return fmt.Errorf("plan verify: %d of %d buffers checked: %w", n, len(idx), ctx.Err())
+		}
 		b := bufs[i]
 		live = slices.DeleteFunc(live, func(j int) bool { return bufs[j].End <= b.Start })
 		lo, hi := layout.Offsets[i], layout.Offsets[i]+b.Size

@@ -2,9 +2,11 @@ package plan
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -85,8 +87,12 @@ type Report struct {
 // are indexed like bufs; bufs is not modified or retained.
 //
 // Errors: invalid input or an unknown algorithm name wrap ErrInvalid and no
-// layout is returned. When ctx is done during the search, Solve returns the
-// best layout found so far together with ctx's error. A layout that does not
+// layout is returned. When ctx is done (it is looked at every few dozen
+// buffers placed or checked, and throughout the search), Solve returns
+// the best layout found so far, or every buffer apart, with an error that
+// wraps ctx's and says where it stopped and after which planners
+// ("plan: stopped in ffd, after greedy-size (best arena ...): context
+// canceled"; "stopped before ffd" between two planners). A layout that does not
 // fit opts.Capacity is not an error: Report.Fits says so.
 func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, error) {
 	began := time.Now()
@@ -130,19 +136,58 @@ func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, er
 		}
 		return "layout"
 	}
-	var ctxErr error
+	// report is rep with the layout returned.
+	report := func(l Layout) Report {
+		rep.ArenaBytes = l.ArenaBytes
+		rep.Algorithm = l.Algorithm
+		rep.Fits = opts.Capacity == 0 || l.ArenaBytes <= opts.Capacity
+		rep.AtLowerBound = l.ArenaBytes <= rep.LowerBoundBytes
+		rep.Elapsed = time.Since(began)
+		return rep
+	}
+	// stopped is Solve's error when ctx is done: where it stopped ("in
+	// ffd", "before ffd", "" after the last planner) and what was done
+	// ("plan: stopped in ffd, after greedy-size (best arena ...)"),
+	// with the best layout so far (every buffer apart when no planner
+	// finished).
+	stopped := func(at string, cause error) (Layout, Report, error) {
+		var ran []string
+		for _, r := range rep.Runs {
+			if r.Outcome != "cancelled" {
+				ran = append(ran, r.Algorithm)
+			}
+		}
+		where := "stopped"
+		if at != "" {
+			where += " " + at + ","
+		}
+		if len(ran) == 0 {
+			where += " before any planner finished"
+		} else {
+			where += " after " + strings.Join(ran, ", ")
+		}
+		if !have {
+			best = stacked(bufs, a)
+		} else {
+			where += fmt.Sprintf(" (best arena %d bytes, by %s)", best.ArenaBytes, best.Algorithm)
+		}
+		return best, report(best), fmt.Errorf("plan: %s: %w", where, cause)
+	}
 	for _, alg := range algs {
+		if err := ctx.Err(); err != nil {
+			return stopped("before "+alg, err)
+		}
 		t0 := time.Now()
 		run := Run{Algorithm: alg}
 		var l Layout
 		var err error
 		switch alg {
 		case AlgorithmGreedySize:
-			l, err = GreedyBySize(bufs, a)
+			l, err = greedyBySize(ctx, bufs, a)
 		case AlgorithmFFD:
-			l, err = FirstFitDecreasing(bufs, a)
+			l, err = firstFitDecreasing(ctx, bufs, a)
 		case AlgorithmGreedyBreadth:
-			l, err = GreedyByBreadth(bufs, a)
+			l, err = greedyByBreadth(ctx, bufs, a)
 		case AlgorithmSearch:
 			if goalMet() {
 				run.Outcome = "skipped: goal already met"
@@ -154,17 +199,23 @@ func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, er
 			if !ok {
 				run.Elapsed = time.Since(t0)
 				rep.Runs = append(rep.Runs, run)
-				if run.Outcome == "cancelled" {
-					ctxErr = ctx.Err()
-				}
 				opts.log(run)
+				if run.Outcome == "cancelled" {
+					return stopped("in "+alg, ctx.Err())
+				}
 				continue
 			}
 		}
 		if err != nil {
+			if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+				return stopped("in "+alg, err)
+			}
 			return Layout{}, Report{}, err
 		}
-		if err := Verify(bufs, l); err != nil {
+		if err := verify(ctx, bufs, l); err != nil {
+			if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+				return stopped("in the check of "+alg+"'s layout", err)
+			}
 			return Layout{}, Report{}, fmt.Errorf("plan %s: internal error: %w", alg, err)
 		}
 		run.Elapsed = time.Since(t0)
@@ -175,31 +226,21 @@ func Solve(ctx context.Context, bufs []Buffer, opts Options) (Layout, Report, er
 		rep.Runs = append(rep.Runs, run)
 		opts.log(run)
 		consider(l)
-		if ctxErr == nil {
-			if err := ctx.Err(); err != nil {
-				ctxErr = err
-			}
-		}
-		if ctxErr != nil {
-			break
-		}
+	}
+	if err := ctx.Err(); err != nil {
+		return stopped("", err)
 	}
 	if !have {
 		// Only the search ran and it found nothing: every buffer apart.
 		best = stacked(bufs, a)
-		if err := Verify(bufs, best); err != nil {
+		if err := verify(ctx, bufs, best); err != nil {
+			if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+				return stopped("in the check of every buffer apart", err)
+			}
 			return Layout{}, Report{}, fmt.Errorf("plan: internal error: %w", err)
 		}
 	}
-	rep.ArenaBytes = best.ArenaBytes
-	rep.Algorithm = best.Algorithm
-	rep.Fits = opts.Capacity == 0 || best.ArenaBytes <= opts.Capacity
-	rep.AtLowerBound = best.ArenaBytes <= rep.LowerBoundBytes
-	rep.Elapsed = time.Since(began)
-	if ctxErr != nil {
-		return best, rep, fmt.Errorf("plan: %w", ctxErr)
-	}
-	return best, rep, nil
+	return best, report(best), nil
 }
 
 // solveSearch runs the search part of Solve: a fit at the capacity, or a

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -418,3 +421,67 @@ func TestSearchGraphShaped(t *testing.T) {
 	}
 	t.Logf("%d buffers: lower bound %d, arena %d by %s in %v; runs %+v", len(bufs), rep.LowerBoundBytes, rep.ArenaBytes, rep.Algorithm, time.Since(start), rep.Runs)
 }
+
+// TestSolveCancelInGreedy: the greedy planners and the check of their
+// layouts look at the context too, so that a cancelled Solve on the
+// largest instance, whose greedy passes are quadratic (every buffer live
+// at once: seconds each), returns within a fraction of a second, saying
+// where it stopped and what it had done, with every buffer apart as the
+// layout when no planner had finished.
+func TestSolveCancelInGreedy(t *testing.T) {
+	instance := func(n int) []Buffer {
+		bufs := make([]Buffer, n)
+		for i := range bufs {
+			bufs[i] = Buffer{ID: strconv.Itoa(i), Start: 0, End: 1 + i%7, Size: uint64(1 + i%4093)}
+		}
+		return bufs
+	}
+	for _, c := range []struct {
+		name  string
+		bufs  []Buffer
+		algs  []string
+		after time.Duration
+		want  string
+	}{
+		{"first planner", instance(MaxBuffers), nil, 100 * time.Millisecond, "plan: stopped in greedy-size, before any planner finished: "},
+		// Fewer buffers: the first planner runs to its end.
+		{"second planner", instance(MaxBuffers / 8), []string{AlgorithmGreedyBreadth, AlgorithmFFD}, 0, "plan: stopped before ffd, after greedy-breadth (best arena "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bufs := c.bufs
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			opts := Options{Algorithms: c.algs, TimeLimit: -1}
+			if c.after > 0 {
+				time.AfterFunc(c.after, cancel)
+			} else {
+				// Cancelled as the first planner's layout is logged.
+				opts.Logger = slog.New(cancelHandler{cancel})
+			}
+			began := time.Now()
+			l, _, err := Solve(ctx, bufs, opts)
+			took := time.Since(began)
+			if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), c.want) {
+				t.Fatalf("err %v, want %q… wrapping context.Canceled", err, c.want)
+			}
+			if len(l.Offsets) != len(bufs) {
+				t.Fatalf("%d offsets returned for %d buffers", len(l.Offsets), len(bufs))
+			}
+			if limit := c.after + time.Second; took > limit {
+				t.Errorf("Solve returned %v after it began, want within %v", took, limit)
+			}
+		})
+	}
+}
+
+// cancelHandler is a slog handler that cancels a context at the first
+// record.
+type cancelHandler struct{ cancel context.CancelFunc }
+
+func (h cancelHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelHandler) Handle(context.Context, slog.Record) error {
+	h.cancel()
+	return nil
+}
+func (h cancelHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h cancelHandler) WithGroup(string) slog.Handler      { return h }

@@ -183,7 +183,7 @@ func (t *Tenant) refuse(b Block, owner *Tenant) error {
 
 func (t *Tenant) where() string {
 	if t.pool != "" {
-		return "pool " + t.pool
+		return poolLabel(t.pool)
 	}
 	return fmt.Sprintf("tenant %q", t.nm)
 }

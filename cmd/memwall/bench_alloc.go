@@ -54,11 +54,11 @@ func runBenchAlloc(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	of, err := checkOutput("--out", *out)
+	of, err := checkOutput(e.temps, "--out", *out)
 	if err != nil {
 		return err
 	}
-	if err := snap.check(); err != nil {
+	if err := snap.check(e); err != nil {
 		return err
 	}
 	if err := checkFiles(e, nil, of, snap.out); err != nil {

@@ -62,11 +62,12 @@ func runBenchServe(e *env, args []string) error {
 		return err
 	}
 	bar := newProgress(e, "bench serve")
+	bar.unit = "requests"
 	var mu sync.Mutex
 	res, err := bench.Serve(e.ctx, bench.ServeOptions{URL: *u, Model: *model, APIKey: *key, Requests: reqs, Concurrency: *conc, Vocab: *vocab, Seed: *seed,
 		Progress: func(done, total int) {
 			mu.Lock()
-			bar.update(float64(done), float64(total), "requests")
+			bar.update(float64(done), float64(total), fmt.Sprintf("%d of %d requests", done, total))
 			mu.Unlock()
 		}})
 	bar.done()

@@ -41,28 +41,33 @@ type env struct {
 	// work is how far the verb's progress bar got (drawn or not), for the
 	// message of an interrupted run.
 	work workDone
+	// temps registers the temporary files the run makes, which a second
+	// signal removes before it exits (nil: none are registered).
+	temps *tempFiles
 }
 
 func newEnv() *env {
 	ctx, stop := interruptible(context.Background())
-	e := &env{ctx: ctx, stop: stop, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), getenv: os.Getenv}
+	e := &env{ctx: ctx, stop: stop, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout), getenv: os.Getenv, temps: &tempFiles{}}
 	// SIGTERM stops the work as SIGINT does, so that every verb's cleanup
 	// (temporary files above all) runs for both; a second signal does not
 	// wait for it.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go handleSignals(sigs, stop, os.Stderr, os.Exit)
+	go handleSignals(sigs, stop, e.temps, os.Stderr, os.Exit)
 	return e
 }
 
 // handleSignals interrupts the run on the first signal from sigs and
 // calls exit on the next, with the status of the first, without waiting
-// for the work to stop (its cleanup included): a user who signals twice
-// wants out now.
-func handleSignals(sigs <-chan os.Signal, stop *interruption, stderr io.Writer, exit func(int)) {
+// for the work to stop: a user who signals twice wants out now. Before it
+// exits it removes the temporary files still registered in temps, which
+// the work's own cleanup would have removed.
+func handleSignals(sigs <-chan os.Signal, stop *interruption, temps *tempFiles, stderr io.Writer, exit func(int)) {
 	for sig := range sigs {
 		if !stop.signal(sig) {
 			first := stop.signalled()
+			temps.removeAll()
 			fmt.Fprintf(stderr, "memwall: %s after %s: exiting at once\n", signalName(sig), signalName(first))
 			exit(signalStatus(first))
 			return
@@ -291,7 +296,7 @@ func run(args []string, e *env) (code int) {
 		return exitUsage
 	}
 	if path := e.getenv("MEMWALL_CPUPROFILE"); path != "" {
-		stop, err := startCPUProfile(path)
+		stop, err := startCPUProfile(e.temps, path)
 		if err != nil {
 			fmt.Fprintf(e.stderr, "memwall: %v\n", err) // names the variable and the path
 			return exitFail
@@ -422,15 +427,16 @@ func printHelp(w io.Writer) {
 	fmt.Fprintln(w, "\nRun 'memwall help <command>' (or 'memwall <command> -h') for a command's flags.")
 	fmt.Fprintln(w, "Sizes take the units "+sizeUnitsHelp+".")
 	fmt.Fprintln(w, "Exit status: 0 done, 1 the work failed (a plan that does not fit included), 2 a bad command line,")
-	fmt.Fprintln(w, "130 stopped by SIGINT, 143 by SIGTERM (after cleaning up; a second signal exits at once).")
+	fmt.Fprintln(w, "130 stopped by SIGINT, 143 by SIGTERM (after cleaning up; a second signal exits at once, removing")
+	fmt.Fprintln(w, "the temporary files first).")
 }
 
 // startCPUProfile writes a CPU profile of the rest of the run to path
 // (MEMWALL_CPUPROFILE; scripts/pgo.sh builds the compiler's profile from
 // such runs), by outputFile's rules: the path is checked now and written
 // when the returned function stops the profile.
-func startCPUProfile(path string) (stop func() error, err error) {
-	o, err := checkOutput("MEMWALL_CPUPROFILE", path)
+func startCPUProfile(temps *tempFiles, path string) (stop func() error, err error) {
+	o, err := checkOutput(temps, "MEMWALL_CPUPROFILE", path)
 	if err != nil {
 		return nil, err
 	}

@@ -45,7 +45,7 @@ func runDemo(e *env, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	if err := snap.check(); err != nil {
+	if err := snap.check(e); err != nil {
 		return err
 	}
 	if err := checkFiles(e, nil, snap.out); err != nil {

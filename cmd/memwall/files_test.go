@@ -377,7 +377,7 @@ func TestOutputToDescriptors(t *testing.T) {
 	if code != 0 || errOut != string(svg) || !strings.Contains(out, "arena") {
 		t.Errorf("--svg /dev/stderr: exit %d, stderr %.40q, stdout %.40q", code, errOut, out)
 	}
-	if _, err := checkOutput("--out", "/dev/fd/987"); err == nil || !strings.Contains(err.Error(), "descriptor 987 is not open") {
+	if _, err := checkOutput(nil, "--out", "/dev/fd/987"); err == nil || !strings.Contains(err.Error(), "descriptor 987 is not open") {
 		t.Errorf("a closed descriptor: %v", err)
 	}
 }

@@ -170,7 +170,7 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 		wo.Cost = plan.Roofline(o.PeakFLOPS, o.DeviceGBps*1e9, o.LaunchLatency)
 		pl.computeSource = "modeled (the simulator's compute model)"
 	}
-	ks, kerr := kernels.Load(d, e.getenv)
+	ks, kerr := loadKernels(e, d)
 	switch {
 	case kerr == nil:
 		pl.kernels = ks
@@ -180,7 +180,9 @@ func fitModel(ctx context.Context, e *env, f *planFlags, path string, budget uin
 		}
 		wo.Cost, pl.timings = cost, ts
 		pl.computeSource = fmt.Sprintf("measured (%d product shapes × %d tokens on the device)", len(ts), f.tokens)
-	case needKernels:
+	case needKernels, info.Backend == auto.Vulkan:
+		// On Vulkan the products are memwall's own SPIR-V kernel: H200
+		// rates would model a device that is not there.
 		return fail(kerr)
 	case info.Backend != "sim":
 		pl.computeSource = "modeled (H200 rates; kernels did not load: " + kerr.Error() + ")"

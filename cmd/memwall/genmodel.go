@@ -144,7 +144,7 @@ func runGenModel(e *env, args []string) error {
 		return usagef("with --shards, --out names the index file (for example model.safetensors.index.json)")
 	}
 
-	o, err := checkOutput("--out", *out)
+	o, err := checkOutput(e.temps, "--out", *out)
 	if err != nil {
 		return err
 	}
@@ -174,7 +174,7 @@ func runGenModel(e *env, args []string) error {
 	bar := newProgress(e, "gen-model")
 	bar.unit = "bytes"
 	var last time.Time
-	opts := synth.Options{Format: f, Shards: *shards, Workers: *workers, Metadata: vocabKVs, Progress: func(done, total uint64) {
+	opts := synth.Options{Format: f, Shards: *shards, Workers: *workers, Metadata: vocabKVs, Temps: e.temps, Progress: func(done, total uint64) {
 		if now := time.Now(); done == total || now.Sub(last) >= 100*time.Millisecond {
 			last = now
 			bar.update(float64(done), float64(total), humanBytes(done)+" of "+humanBytes(total))

@@ -23,7 +23,7 @@ func isPipe(path string) bool {
 // bytes are copied to a temporary file, in a directory of its own under the
 // system's temporary directory ($TMPDIR), which e.local(path) names from
 // then on and the returned function removes; the copy takes as much disk
-// as the input. The formats memwall maps into memory (safetensors, GGUF,
+// as the input; the directory is registered in e.temps. The formats memwall maps into memory (safetensors, GGUF,
 // ONNX weights) and the readers that read their input twice need it. A
 // file, a directory or a path that does not exist is left as it is (and
 // the function returned does nothing); kind is the copy's kind (sniff),
@@ -41,7 +41,7 @@ func spoolPipe(e *env, what, path string) (remove func(), kind string, err error
 		return fail(err)
 	}
 	defer src.Close()
-	dir, err := os.MkdirTemp("", "memwall-pipe-")
+	dir, err := e.temps.MkdirTemp("", "memwall-pipe-")
 	if err != nil {
 		return fail(err)
 	}
@@ -57,7 +57,7 @@ func spoolPipe(e *env, what, path string) (remove func(), kind string, err error
 		kind, err = sniffFile(local)
 	}
 	if err != nil {
-		os.RemoveAll(dir)
+		e.temps.RemoveAll(dir)
 		return fail(err)
 	}
 	if e.spooled == nil {
@@ -66,7 +66,7 @@ func spoolPipe(e *env, what, path string) (remove func(), kind string, err error
 	e.spooled[path] = local
 	return func() {
 		delete(e.spooled, path)
-		os.RemoveAll(dir)
+		e.temps.RemoveAll(dir)
 	}, kind, nil
 }
 

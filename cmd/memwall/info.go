@@ -47,10 +47,37 @@ func (e *env) open(backend string, o auto.Options) (device.Device, auto.Choice, 
 		o.CPUKernels = kernels.CPU()
 	}
 	d, ch, err := auto.Open(backend, o)
-	if err == nil && e.wrapDevice != nil {
+	if err != nil {
+		return nil, ch, withAlternative(backend, err)
+	}
+	if e.wrapDevice != nil {
 		d = e.wrapDevice(d)
 	}
-	return d, ch, err
+	return d, ch, nil
+}
+
+// withAlternative is the error of a backend asked for by name that did not
+// open, with the backends to give instead: a machine without Vulkan or
+// without a CUDA GPU still runs memwall on its cores.
+func withAlternative(backend string, err error) error {
+	switch backend {
+	case auto.Vulkan:
+		return fmt.Errorf("%w; without a usable Vulkan device give --device cpu (the host's cores) or --device cuda (an NVIDIA GPU)", err)
+	case auto.CUDA:
+		return fmt.Errorf("%w; without a usable CUDA GPU give --device cpu (the host's cores) or --device sim (the simulator)", err)
+	}
+	return err
+}
+
+// loadKernels is kernels.Load, whose failure on a Vulkan device (its
+// SPIR-V product kernel did not load there) says so and names the
+// backends that run the same products.
+func loadKernels(e *env, d device.Device) (*kernels.Set, error) {
+	ks, err := kernels.Load(d, e.getenv)
+	if err != nil && d.Info().Backend == auto.Vulkan {
+		err = fmt.Errorf("--device vulkan: memwall's SPIR-V matrix product did not load on %s (%v); give --device cpu (the host's cores) or --device cuda (an NVIDIA GPU), which run the same products", d.Info().Name, err)
+	}
+	return ks, err
 }
 
 // infoJSON is `memwall info --json`.

@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/plan"
 )
 
 // runInterrupted runs a command line in-process and delivers sig (as
@@ -40,8 +43,9 @@ func runInterrupted(t *testing.T, sig os.Signal, after time.Duration, args ...st
 }
 
 // TestInterruptStops: SIGINT or SIGTERM in the middle of each long loop
-// (huge --ops, --pairs, --n, --steps, --max-new, --reps and a 13.5 GB
-// model) stops the command within a second, with the signal's exit status
+// (huge --ops, --pairs, --n, --steps, --max-new, --reps, a 13.5 GB model
+// to write, one of 174 MiB to quantize and the plan of the most buffers
+// plan takes) stops the command within a second, with the signal's exit status
 // (130, 143), one message saying so and how far the work got, and no
 // temporary or output file left behind.
 func TestInterruptStops(t *testing.T) {
@@ -53,19 +57,36 @@ func TestInterruptStops(t *testing.T) {
 		filepath.Join(model, "model.safetensors"), synth.Options{Workers: 2}); err != nil {
 		t.Fatal(err)
 	}
+	// 174 MiB of bf16 weights: seconds of Q4_K_M.
+	big := filepath.Join(model, "big.gguf")
+	if _, err := synth.Generate(context.Background(), synth.Config{Arch: "llama", Layers: 2, Hidden: 1024, Inter: 2816, Heads: 8, Vocab: 32000, Context: 4096, DType: "BF16"},
+		big, synth.Options{Workers: 2, Format: synth.GGUF}); err != nil {
+		t.Fatal(err)
+	}
 	trace := filepath.Join("..", "..", "testdata", "traces", "gpt2_medium_generate.csv.gz")
+	// The most buffers plan takes, all live at once: each greedy pass is
+	// quadratic, seconds long.
+	lifetimes := filepath.Join(model, "wide.csv")
+	var csv strings.Builder
+	csv.WriteString("id,lower,upper,size\n")
+	for i := range plan.MaxBuffers {
+		fmt.Fprintf(&csv, "%d,0,%d,%d\n", i, 1+i%7, 1+i%4093)
+	}
+	if err := os.WriteFile(lifetimes, []byte(csv.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name  string
 		sig   os.Signal
 		after time.Duration
 		args  []string // OUT stands for a file in the output directory
-		want  []string // in stderr
+		want  []string // in stderr; "re:X": X matches stderr's line
 	}{
 		{"bench kv", syscall.SIGTERM, 300 * time.Millisecond,
 			[]string{"bench", "kv", "--blocks", "1000", "--ops", "1000000000", "--no-swap"}, []string{"interrupted by SIGTERM", "of 1000000000 ops"}},
 		{"bench alloc", os.Interrupt, 500 * time.Millisecond,
 			[]string{"bench", "alloc", "--device", "sim", "--pairs", "5000000", "--goroutines", "1", "--mixes", "1MiB", "--strategies", "bestfit", "--policies", "virtual", "--out", "OUT"},
-			[]string{"interrupted by SIGINT", "bestfit/virtual fixed 1MiB ×1: "}},
+			[]string{"interrupted by SIGINT", "bestfit/virtual fixed 1MiB ×1: ", `re:goroutine 0: stopped (after [0-9]+ of [0-9]+ (warm-up pairs|batched pairs|pairs timed one by one|pairs with the free and the alloc timed apart)|while drawing the requests \([0-9]+ of [0-9]+ drawn\), before any pair was timed)\)$`}},
 		{"bench transfer", os.Interrupt, 500 * time.Millisecond,
 			[]string{"bench", "transfer", "--device", "sim", "--size", "64MiB", "--reps", "10000"}, []string{"interrupted by SIGINT", "of 10000 copies"}},
 		{"kv simulate", os.Interrupt, 1200 * time.Millisecond,
@@ -81,6 +102,10 @@ func TestInterruptStops(t *testing.T) {
 			[]string{"interrupted by SIGINT", "of 1000000 tokens generated"}},
 		{"gen-model", os.Interrupt, 800 * time.Millisecond,
 			[]string{"gen-model", "--preset", "llama-7b", "--out", "OUT"}, []string{"interrupted by SIGINT after ", "of 12.6 GiB"}},
+		{"quantize", syscall.SIGTERM, 600 * time.Millisecond,
+			[]string{"quantize", big, "OUT", "--type", "Q4_K_M"}, []string{`re:^memwall quantize: interrupted by SIGTERM( after [0-9.]+ [KM]iB of 174\.0 MiB)?$`}}, // no bytes yet on a slow machine
+		{"plan", os.Interrupt, 300 * time.Millisecond,
+			[]string{"plan", "--lifetimes", lifetimes, "--out", "OUT"}, []string{`re:interrupted by SIGINT \(stopped (in greedy-size, before any planner finished: [0-9]+ of 65536 buffers placed|before greedy-size, before any planner finished)\)$`}},
 		{"demo", syscall.SIGTERM, 800 * time.Millisecond,
 			[]string{"demo", "--device", "sim"}, []string{"interrupted by SIGTERM", "demo step"}},
 	}
@@ -103,7 +128,11 @@ func TestInterruptStops(t *testing.T) {
 				t.Errorf("went on %v after the signal", late)
 			}
 			for _, w := range c.want {
-				if !strings.Contains(stderr, w) {
+				if re, ok := strings.CutPrefix(w, "re:"); ok {
+					if !regexp.MustCompile(re).MatchString(strings.TrimSuffix(stderr, "\n")) {
+						t.Errorf("stderr %q does not match %s", stderr, re)
+					}
+				} else if !strings.Contains(stderr, w) {
 					t.Errorf("stderr %q lacks %q", stderr, w)
 				}
 			}
@@ -130,7 +159,7 @@ func TestSecondSignal(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		handleSignals(sigs, stop, &stderr, func(code int) { exited <- code })
+		handleSignals(sigs, stop, nil, &stderr, func(code int) { exited <- code })
 	}()
 	sigs <- syscall.SIGTERM
 	select {

@@ -105,11 +105,11 @@ func runKVSimulate(e *env, args []string) error {
 	default:
 		return usagef("--synthetic %q: want sharegpt, alpaca or shared-prefix", *synthetic)
 	}
-	htmlOut, err := checkOutput("--html", *html)
+	htmlOut, err := checkOutput(e.temps, "--html", *html)
 	if err != nil {
 		return err
 	}
-	eventsOut, err := checkOutput("--events", *events)
+	eventsOut, err := checkOutput(e.temps, "--events", *events)
 	if err != nil {
 		return err
 	}
@@ -374,7 +374,7 @@ func runBenchKV(e *env, args []string) error {
 	if err := df.check(); err != nil {
 		return err
 	}
-	if err := snap.check(); err != nil {
+	if err := snap.check(e); err != nil {
 		return err
 	}
 	if err := checkFiles(e, nil, snap.out); err != nil {
@@ -408,6 +408,7 @@ func runBenchKV(e *env, args []string) error {
 		o.Device = d
 	}
 	pb := newProgress(e, "bench kv")
+	pb.unit = "measurements" // one per --blocks size, then the swaps
 	o.Progress = func(done, total int, name string) { pb.update(float64(done), float64(total), name) }
 	rep, err := bench.KV(e.ctx, o)
 	pb.done()

@@ -31,8 +31,8 @@ func (s *oomSnapshot) add(fs *flag.FlagSet) {
 
 // check checks the file can be written (see checkOutput); call it before
 // the work starts.
-func (s *oomSnapshot) check() error {
-	out, err := checkOutput("--oom-snapshot", s.path)
+func (s *oomSnapshot) check(e *env) error {
+	out, err := checkOutput(e.temps, "--oom-snapshot", s.path)
 	s.out = out
 	return err
 }
@@ -92,11 +92,11 @@ func (p *poolFlags) add(fs *flag.FlagSet) {
 }
 
 // check checks both files can be written; call it before the work.
-func (p *poolFlags) check() error {
-	if err := p.snap.check(); err != nil {
+func (p *poolFlags) check(e *env) error {
+	if err := p.snap.check(e); err != nil {
 		return err
 	}
-	out, err := checkOutput("--pool-log", p.logPath)
+	out, err := checkOutput(e.temps, "--pool-log", p.logPath)
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,7 @@ type outputFile struct {
 	fd      int         // the open descriptor target names, or -1
 	w       io.Writer   // set by checkFiles: the env's stream that fd (or the file) is
 	mode    fs.FileMode // permissions of the file replaced, or 0o644
+	temps   *tempFiles  // registers the temporary file (nil: none)
 }
 
 // checkOutput checks that path, the value of flag (such as "--out"), can be
@@ -43,11 +44,13 @@ type outputFile struct {
 // is done; it returns nil, nil when path is empty (the flag not given). Its
 // errors name the flag and the path; they are failures (exit status 1), not
 // usage errors: the command line is well formed, the file system refuses.
-func checkOutput(flag, path string) (*outputFile, error) {
+// The temporary files (the directory's proof now, the file written later)
+// are made and removed through temps (the run's registry; nil: none).
+func checkOutput(temps *tempFiles, flag, path string) (*outputFile, error) {
 	if path == "" {
 		return nil, nil
 	}
-	o := &outputFile{flag: flag, path: path, target: path, fd: -1, mode: 0o644}
+	o := &outputFile{flag: flag, path: path, target: path, fd: -1, mode: 0o644, temps: temps}
 	if lst, err := os.Lstat(path); err == nil && lst.Mode()&fs.ModeSymlink != 0 {
 		t, err := resolveLink(path)
 		if err != nil {
@@ -97,12 +100,12 @@ func checkOutput(flag, path string) (*outputFile, error) {
 	}
 	// Prove the directory takes a new file: the same temporary file the
 	// write will make, removed at once.
-	f, err := os.CreateTemp(dir, "."+filepath.Base(o.target)+".*.tmp")
+	f, err := temps.CreateTemp(dir, "."+filepath.Base(o.target)+".*.tmp")
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: cannot create a file in %s: %v", flag, path, dir, pathErr(err))
 	}
 	f.Close()
-	os.Remove(f.Name())
+	temps.Remove(f.Name())
 	return o, nil
 }
 
@@ -184,7 +187,7 @@ func (o *outputFile) put(data []byte) error {
 	if st, err := os.Lstat(o.target); err == nil && !st.Mode().IsRegular() {
 		return fmt.Errorf("became a %s since the start; not replaced", st.Mode().Type())
 	}
-	f, err := os.CreateTemp(filepath.Dir(o.target), "."+filepath.Base(o.target)+".*.tmp")
+	f, err := o.temps.CreateTemp(filepath.Dir(o.target), "."+filepath.Base(o.target)+".*.tmp")
 	if err != nil {
 		return err
 	}
@@ -193,7 +196,7 @@ func (o *outputFile) put(data []byte) error {
 	defer func() {
 		if !ok {
 			f.Close()
-			os.Remove(tmp)
+			o.temps.Remove(tmp)
 		}
 	}()
 	if _, err := f.Write(data); err != nil {
@@ -208,7 +211,7 @@ func (o *outputFile) put(data []byte) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, o.target); err != nil {
+	if err := o.temps.Rename(tmp, o.target); err != nil {
 		return err
 	}
 	ok = true

@@ -21,7 +21,7 @@ func noTemps(t *testing.T, dir string) {
 func TestOutputFileRegularAndAbsent(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "r.json")
-	o, err := checkOutput("--out", p)
+	o, err := checkOutput(nil, "--out", p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestOutputFileRegularAndAbsent(t *testing.T) {
 	if err := os.Chmod(p, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	o, err = checkOutput("--out", p)
+	o, err = checkOutput(nil, "--out", p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestOutputFileRegularAndAbsent(t *testing.T) {
 	if err := none.write([]byte("x")); err != nil {
 		t.Errorf("nil outputFile: %v", err)
 	}
-	if o, err := checkOutput("--out", ""); o != nil || err != nil {
+	if o, err := checkOutput(nil, "--out", ""); o != nil || err != nil {
 		t.Errorf("empty path: %v, %v", o, err)
 	}
 }
@@ -73,7 +73,7 @@ func TestOutputFileLink(t *testing.T) {
 	os.Symlink(link1, link2)
 	os.Symlink(filepath.Join(sub, "new.json"), dangling)
 	for _, c := range []struct{ link, target string }{{link1, target}, {link2, target}, {dangling, filepath.Join(sub, "new.json")}} {
-		o, err := checkOutput("--out", c.link)
+		o, err := checkOutput(nil, "--out", c.link)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func TestOutputFileLink(t *testing.T) {
 	noTemps(t, sub)
 	loop := filepath.Join(dir, "loop")
 	os.Symlink(loop, loop)
-	if _, err := checkOutput("--out", loop); err == nil || !strings.Contains(err.Error(), "symbolic links") {
+	if _, err := checkOutput(nil, "--out", loop); err == nil || !strings.Contains(err.Error(), "symbolic links") {
 		t.Errorf("a link loop: %v", err)
 	}
 }
@@ -108,7 +108,7 @@ func TestOutputFileRefused(t *testing.T) {
 		if c.want == "not a directory" {
 			os.WriteFile(filepath.Join(dir, "f"), nil, 0o644)
 		}
-		_, err := checkOutput("--html", c.path)
+		_, err := checkOutput(nil, "--html", c.path)
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--html "+c.path) {
 			t.Errorf("%s: %v; want %q naming the flag and path", c.path, err, c.want)
 		}
@@ -119,7 +119,7 @@ func TestOutputFileRefused(t *testing.T) {
 	if os.Getuid() != 0 {
 		ro := filepath.Join(dir, "ro")
 		os.Mkdir(ro, 0o555)
-		if _, err := checkOutput("--out", filepath.Join(ro, "x")); err == nil || strings.Contains(err.Error(), ".tmp") {
+		if _, err := checkOutput(nil, "--out", filepath.Join(ro, "x")); err == nil || strings.Contains(err.Error(), ".tmp") {
 			t.Errorf("read-only directory: %v", err)
 		}
 	}
@@ -132,7 +132,7 @@ func TestOutputFileDevice(t *testing.T) {
 	if err != nil || st.Mode()&os.ModeCharDevice == 0 {
 		t.Skip("no character device", os.DevNull)
 	}
-	o, err := checkOutput("--out", os.DevNull)
+	o, err := checkOutput(nil, "--out", os.DevNull)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestOutputFileDevice(t *testing.T) {
 		t.Fatalf("%s is no longer a device: %v %v", os.DevNull, st.Mode(), err)
 	}
 	if _, err := os.Stat("/dev/full"); err == nil {
-		o, err := checkOutput("--out", "/dev/full")
+		o, err := checkOutput(nil, "--out", "/dev/full")
 		if err == nil {
 			err = o.write([]byte("x"))
 		}

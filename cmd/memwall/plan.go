@@ -177,10 +177,10 @@ func runPlan(e *env, args []string) error {
 			return usagef("--ort applies to models, not --lifetimes")
 		}
 	}
-	if c.outFile, err = checkOutput("--out", c.outPath); err != nil {
+	if c.outFile, err = checkOutput(e.temps, "--out", c.outPath); err != nil {
 		return err
 	}
-	if c.svgFile, err = checkOutput("--svg", c.svgPath); err != nil {
+	if c.svgFile, err = checkOutput(e.temps, "--svg", c.svgPath); err != nil {
 		return err
 	}
 	in := input{"MODEL", c.model}

@@ -108,12 +108,13 @@ func runQuantize(e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", in, errors.New(strings.TrimPrefix(err.Error(), "quant: ")))
 	}
-	o, err := checkOutput("OUT", out)
+	o, err := checkOutput(e.temps, "OUT", out)
 	if err != nil {
 		return err
 	}
 
 	bar := newProgress(e, "quantize")
+	bar.unit = "bytes" // of the source read
 	var last time.Time
 	opts := quantize.Options{Workers: *workers, Progress: func(done, total uint64) {
 		if now := time.Now(); done == total || now.Sub(last) >= 100*time.Millisecond {
@@ -243,7 +244,7 @@ func writeStreamed[R any](o *outputFile, write func(io.Writer) (R, error)) (R, e
 		}
 		return r, err
 	}
-	f, err := os.CreateTemp(filepath.Dir(o.target), "."+filepath.Base(o.target)+".*.tmp")
+	f, err := o.temps.CreateTemp(filepath.Dir(o.target), "."+filepath.Base(o.target)+".*.tmp")
 	if err != nil {
 		return zero, fmt.Errorf("%s %s: %v", o.flag, o.path, pathErr(err))
 	}
@@ -251,14 +252,14 @@ func writeStreamed[R any](o *outputFile, write func(io.Writer) (R, error)) (R, e
 	defer func() {
 		if !ok {
 			f.Close()
-			os.Remove(f.Name())
+			o.temps.Remove(f.Name())
 		}
 	}()
 	r, err := write(f)
 	if err != nil {
 		return zero, err
 	}
-	for _, step := range []func() error{func() error { return f.Chmod(o.mode) }, f.Sync, f.Close, func() error { return os.Rename(f.Name(), o.target) }} {
+	for _, step := range []func() error{func() error { return f.Chmod(o.mode) }, f.Sync, f.Close, func() error { return o.temps.Rename(f.Name(), o.target) }} {
 		if err := step(); err != nil {
 			return zero, fmt.Errorf("%s %s: %v", o.flag, o.path, pathErr(err))
 		}

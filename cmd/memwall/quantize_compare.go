@@ -75,6 +75,7 @@ func compareFile(e *env, src *quantize.Source, path string, workers int) ([]quan
 		return nil, err
 	}
 	bar := newProgress(e, "compare")
+	bar.unit = "bytes" // of the quantized file read
 	var last time.Time
 	ts, err := quantize.Compare(e.ctx, src, qs, quantize.Options{Workers: workers, Progress: func(done, total uint64) {
 		if now := time.Now(); done == total || now.Sub(last) >= 100*time.Millisecond {

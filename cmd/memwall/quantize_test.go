@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -170,11 +171,31 @@ func TestQuantizeJSON(t *testing.T) {
 	}
 }
 
-// TestQuantizeProgress: a bar on stderr only when stdout is a terminal.
+// TestQuantizeProgress: a bar on stderr only when stdout is a terminal,
+// counting bytes (of the source, of the quantized file compared) in
+// sizes; the work recorded for an interrupted run's message counts bytes
+// too.
 func TestQuantizeProgress(t *testing.T) {
 	dir := t.TempDir()
 	in := genFile(t, quantShape(), filepath.Join(dir, "bf16.gguf"), synth.GGUF)
-	code, _, stderr := runVerbTerminal(t, true, "quantize", in, filepath.Join(dir, "a.gguf"), "--type", "Q4_0")
+	for _, args := range [][]string{
+		{"quantize", in, filepath.Join(dir, "a.gguf"), "--type", "Q4_0"},
+		{"quantize", "--compare", in, filepath.Join(dir, "a.gguf")},
+	} {
+		var ran *env
+		code, _, stderr := runEnv(t, func(e *env) { e.terminal, ran = true, e }, args...)
+		label := "\rquantize ["
+		if args[1] == "--compare" {
+			label = "\rcompare ["
+		}
+		if code != 0 || !strings.Contains(stderr, label) || !regexp.MustCompile(`100% [0-9.]+ [KMG]iB of [0-9.]+ [KMG]iB`).MatchString(stderr) {
+			t.Errorf("%v on a terminal: exit %d, stderr %q, want a bar ending in sizes", args, code, stderr)
+		}
+		if w := ran.work.String(); !regexp.MustCompile(`^[0-9.]+ [KMG]iB of [0-9.]+ [KMG]iB$`).MatchString(w) {
+			t.Errorf("%v: the work done reads %q, want sizes", args, w)
+		}
+	}
+	code, _, stderr := runVerbTerminal(t, true, "quantize", in, filepath.Join(dir, "c.gguf"), "--type", "Q4_0")
 	if code != 0 || !strings.Contains(stderr, "quantize [") {
 		t.Errorf("terminal: exit %d, stderr %q", code, stderr)
 	}

@@ -54,7 +54,7 @@ func runReplay(e *env, args []string) error {
 	if len(cs) == 0 {
 		return usagef("--strategy %q selects no configuration", *strategy)
 	}
-	hf, err := checkOutput("--html", *html)
+	hf, err := checkOutput(e.temps, "--html", *html)
 	if err != nil {
 		return err
 	}

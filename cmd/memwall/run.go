@@ -220,11 +220,11 @@ func runRun(e *env, args []string) error {
 	if err != nil {
 		return usagef("--source: %v", err)
 	}
-	logits, err := checkOutput("--logits-out", f.logitsOut)
+	logits, err := checkOutput(e.temps, "--logits-out", f.logitsOut)
 	if err != nil {
 		return err
 	}
-	if err := f.pools.check(); err != nil {
+	if err := f.pools.check(e); err != nil {
 		return err
 	}
 	if err := f.place.check(); err != nil {
@@ -804,11 +804,11 @@ func (g *generation) belowMinimum(e *env, d device.Device, o engine.Options, b r
 // demoRun generates with the tiny synthetic model on d under a budget that
 // makes part of it stream, and says what ran where.
 func demoRun(e *env, d device.Device) error {
-	dir, err := os.MkdirTemp("", "memwall-demo-run")
+	dir, err := e.temps.MkdirTemp("", "memwall-demo-run")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer e.temps.RemoveAll(dir)
 	cfg := synth.Tiny()
 	if _, err := synth.Generate(e.ctx, cfg, filepath.Join(dir, "model.safetensors"), synth.Options{}); err != nil {
 		return err

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -164,6 +166,19 @@ func TestBenchServe(t *testing.T) {
 	code, human, errOut := runVerbSim(t, "bench", "serve", "--url", url, "--synthetic", "alpaca", "--n", "2", "--max-len", "100")
 	if code != 0 || !strings.Contains(human, "output tokens/s") || !strings.Contains(human, "time to first token") {
 		t.Errorf("human: exit %d: %s%s", code, human, errOut)
+	}
+	// SIGINT stops the load within a second, saying how many requests
+	// were done.
+	code, errOut, late := runInterrupted(t, os.Interrupt, 400*time.Millisecond, "bench", "serve", "--url", url, "--synthetic", "alpaca", "--n", "100000", "--max-len", "100", "--concurrency", "3")
+	if late < 0 || late > time.Second || code != exitSIGINT || !regexp.MustCompile(`^memwall bench serve: interrupted by SIGINT after [0-9]+ of 100000 requests\b`).MatchString(errOut) {
+		t.Errorf("bench serve interrupted: exit %d, %v after the signal, stderr %q", code, late, errOut)
+	}
+	// On a terminal the bar counts requests, and so does the work
+	// recorded for an interrupted run's message.
+	var ran *env
+	code, _, errOut = runEnv(t, func(e *env) { e.terminal, ran = true, e }, "bench", "serve", "--url", url, "--synthetic", "alpaca", "--n", "2", "--max-len", "100")
+	if code != 0 || !strings.Contains(errOut, "\rbench serve [") || !strings.Contains(errOut, "100% 2 of 2 requests") || ran.work.String() != "2 of 2 requests" {
+		t.Errorf("on a terminal: exit %d, stderr %q, work %q", code, errOut, ran.work.String())
 	}
 	if code, _ := stop(); code != 0 {
 		t.Errorf("serve exit %d", code)

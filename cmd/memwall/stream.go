@@ -10,7 +10,6 @@ import (
 	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/format/weights"
-	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/plan"
 	"github.com/memwall/memwall/residency"
 )
@@ -95,7 +94,7 @@ func runStream(e *env, args []string) error {
 	if err != nil {
 		return usagef("--source: %v", err)
 	}
-	if err := pf.check(); err != nil {
+	if err := pf.check(e); err != nil {
 		return err
 	}
 	if err := checkFiles(e, modelInputs("MODEL", path), pf.outputs()...); err != nil {
@@ -275,11 +274,11 @@ func splitLines(s string) []string {
 // demoStream generates the tiny model, plans it into a budget that streams
 // three of its four blocks, and streams a few steps.
 func demoStream(e *env, d device.Device) error {
-	dir, err := os.MkdirTemp("", "memwall-demo-stream-")
+	dir, err := e.temps.MkdirTemp("", "memwall-demo-stream-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer e.temps.RemoveAll(dir)
 	path, err := synth.WriteTiny(e.ctx, dir, synth.Safetensors)
 	if err != nil {
 		return err
@@ -293,7 +292,7 @@ func demoStream(e *env, d device.Device) error {
 	if err != nil {
 		return err
 	}
-	ks, err := kernels.Load(d, e.getenv)
+	ks, err := loadKernels(e, d)
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func TestOutputFileFIFO(t *testing.T) {
 	if err := syscall.Mkfifo(p, 0o644); err != nil {
 		t.Skip("no named pipes:", err)
 	}
-	o, err := checkOutput("--out", p)
+	o, err := checkOutput(nil, "--out", p)
 	if err != nil || !o.through {
 		t.Fatalf("%v %+v", err, o)
 	}

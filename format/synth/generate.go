@@ -38,7 +38,27 @@ type Options struct {
 	// caller keeps it consistent with the model (token count = Vocab).
 	// Ignored for safetensors.
 	Metadata []gguf.KV
+	// Temps makes Generate's temporary files and renames or removes each
+	// (nil: the os package does): a program that removes what it left
+	// when it must exit at once, on a second Ctrl-C, registers them
+	// through it.
+	Temps Temps
 }
+
+// Temps makes temporary files and renames or removes them, as
+// os.CreateTemp, os.Rename and os.Remove do (see Options.Temps).
+type Temps interface {
+	CreateTemp(dir, pattern string) (*os.File, error)
+	Rename(tmp, path string) error
+	Remove(tmp string) error
+}
+
+// osTemps is Temps by the os package.
+type osTemps struct{}
+
+func (osTemps) CreateTemp(dir, pattern string) (*os.File, error) { return os.CreateTemp(dir, pattern) }
+func (osTemps) Rename(tmp, path string) error                    { return os.Rename(tmp, path) }
+func (osTemps) Remove(tmp string) error                          { return os.Remove(tmp) }
 
 // Result describes what Generate wrote.
 type Result struct {
@@ -111,6 +131,9 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 		opts.ChunkBytes = 8 << 20
 	}
 	opts.ChunkBytes = max(opts.ChunkBytes&^15, 16) // whole elements of every dtype
+	if opts.Temps == nil {
+		opts.Temps = osTemps{}
+	}
 
 	tensors := cfg.Tensors(opts.Format)
 	files := []shardFile{{path: out, tensors: tensors}}
@@ -126,7 +149,7 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 	var temps []string
 	defer func() {
 		for _, t := range temps {
-			os.Remove(t)
+			opts.Temps.Remove(t)
 		}
 	}()
 	var finals []string
@@ -142,7 +165,7 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 		res.FileBytes += size
 	}
 	if opts.Shards > 1 {
-		tmp, size, err := writeIndex(cfg, files, out, res.DataBytes)
+		tmp, size, err := writeIndex(opts.Temps, cfg, files, out, res.DataBytes)
 		if tmp != "" {
 			temps = append(temps, tmp)
 		}
@@ -153,7 +176,7 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 		res.FileBytes += size
 	}
 	if opts.Format == Safetensors {
-		tmp, size, err := writeConfig(cfg, filepath.Dir(out))
+		tmp, size, err := writeConfig(opts.Temps, cfg, filepath.Dir(out))
 		if tmp != "" {
 			temps = append(temps, tmp)
 		}
@@ -164,7 +187,7 @@ func Generate(ctx context.Context, cfg Config, out string, opts Options) (*Resul
 		res.FileBytes += size
 	}
 	for i, tmp := range temps {
-		if err := os.Rename(tmp, finals[i]); err != nil {
+		if err := opts.Temps.Rename(tmp, finals[i]); err != nil {
 			return nil, fmt.Errorf("synth: %w", err)
 		}
 	}
@@ -238,7 +261,7 @@ type dataWriter interface {
 // writeFile writes one file to a temporary path and returns that path, the
 // file's size and any error; the caller renames or removes the temporary.
 func (g *generator) writeFile(ctx context.Context, f shardFile) (string, uint64, error) {
-	tmpf, err := os.CreateTemp(filepath.Dir(f.path), "."+filepath.Base(f.path)+".tmp*")
+	tmpf, err := g.opts.Temps.CreateTemp(filepath.Dir(f.path), "."+filepath.Base(f.path)+".tmp*")
 	if err != nil {
 		return "", 0, fmt.Errorf("synth: %w", err)
 	}
@@ -409,12 +432,12 @@ func CheckConfig(dir string) error {
 }
 
 // writeConfig writes config.json into dir under a temporary name.
-func writeConfig(cfg Config, dir string) (string, uint64, error) {
+func writeConfig(temps Temps, cfg Config, dir string) (string, uint64, error) {
 	b, err := json.MarshalIndent(cfg.HFConfig(), "", "  ")
 	if err != nil {
 		return "", 0, fmt.Errorf("synth: config.json: %w", err)
 	}
-	return writeTemp(filepath.Join(dir, "config.json"), append(b, '\n'))
+	return writeTemp(temps, filepath.Join(dir, "config.json"), append(b, '\n'))
 }
 
 // chunk is elements [first, first+n) of a tensor.
@@ -485,7 +508,7 @@ func (g *generator) stream(ctx context.Context, tensors []Tensor, w dataWriter) 
 }
 
 // writeIndex writes the sharded checkpoint's index to a temporary file.
-func writeIndex(cfg Config, files []shardFile, out string, total uint64) (string, uint64, error) {
+func writeIndex(temps Temps, cfg Config, files []shardFile, out string, total uint64) (string, uint64, error) {
 	wm := map[string]string{}
 	for _, f := range files {
 		for _, t := range f.tensors {
@@ -499,13 +522,13 @@ func writeIndex(cfg Config, files []shardFile, out string, total uint64) (string
 	if err != nil {
 		return "", 0, fmt.Errorf("synth %s: %w", out, err)
 	}
-	return writeTemp(out, append(b, '\n'))
+	return writeTemp(temps, out, append(b, '\n'))
 }
 
 // writeTemp writes b to a temporary file beside out (mode 0644) and
 // returns its name; the caller renames or removes it.
-func writeTemp(out string, b []byte) (string, uint64, error) {
-	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
+func writeTemp(temps Temps, out string, b []byte) (string, uint64, error) {
+	f, err := temps.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
 	if err != nil {
 		return "", 0, fmt.Errorf("synth: %w", err)
 	}

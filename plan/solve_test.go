@@ -443,7 +443,8 @@ func TestSolveCancelInGreedy(t *testing.T) {
 		after time.Duration
 		want  string
 	}{
-		{"first planner", instance(MaxBuffers), nil, 100 * time.Millisecond, "plan: stopped in greedy-size, before any planner finished: "},
+		{"first planner", instance(MaxBuffers), nil, 400 * time.Millisecond, // (past the set-up, which took over 100 ms on a loaded machine)
+			"plan: stopped in greedy-size, before any planner finished: "},
 		// Fewer buffers: the first planner runs to its end.
 		{"second planner", instance(MaxBuffers / 8), []string{AlgorithmGreedyBreadth, AlgorithmFFD}, 0, "plan: stopped before ffd, after greedy-breadth (best arena "},
 	} {

@@ -28,11 +28,39 @@ func loadChecked(t testing.TB, d device.Device, target string) *Set {
 	return loadTarget(t, countLaunches(t, d, target), target)
 }
 
-// loadTarget loads an embedded PTX target on d.
+// envTarget is the target name under which the GPU tests load the module
+// MEMWALL_KERNELS_PTX names instead of the embedded ones (gpuTargets).
+const envTarget = "env"
+
+// gpuTargets are the modules the GPU checks load: the one
+// MEMWALL_KERNELS_PTX names when it is set (PTX just built from this
+// kernels.cu, before it is embedded), else MEMWALL_TEST_TARGETS's
+// embedded targets (e.g. "sm80": one JIT under compute-sanitizer), else
+// all of them.
+func gpuTargets() []string {
+	if os.Getenv(EnvPTX) != "" {
+		return []string{envTarget}
+	}
+	if v := os.Getenv("MEMWALL_TEST_TARGETS"); v != "" {
+		return strings.Split(v, ",")
+	}
+	return Targets()
+}
+
+// loadTarget loads an embedded PTX target on d (envTarget: the file
+// MEMWALL_KERNELS_PTX names).
 func loadTarget(t testing.TB, d device.Device, target string) *Set {
 	t.Helper()
 	t0 := time.Now()
-	s, err := LoadPTX(d, EmbeddedFor(target), embeddedName(target))
+	ptx, name := EmbeddedFor(target), embeddedName(target)
+	if target == envTarget {
+		name = os.Getenv(EnvPTX)
+		var err error
+		if ptx, err = os.ReadFile(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := LoadPTX(d, ptx, name)
 	if err != nil {
 		t.Fatalf("load %s: %v", target, err)
 	}
@@ -73,13 +101,16 @@ func TestCUDALlamaKernels(t *testing.T) {
 	for i, c := range cases {
 		twins[i] = c.run(simRig)
 	}
-	targets := Targets()
-	if v := os.Getenv("MEMWALL_TEST_TARGETS"); v != "" { // e.g. "sm80": one JIT under compute-sanitizer
-		targets = strings.Split(v, ",")
-	}
-	for _, target := range targets {
+	for _, target := range gpuTargets() {
 		s := loadChecked(t, d, target)
 		r := newRig(t, d, s)
+		switch {
+		case s.HasRoPEGGUF():
+			checkRoPEGGUFExact(t, r, 21, 30)
+			fmt.Printf("KCHECK rope_gguf_exact %s 0 0 30\n", target)
+		case target != TargetSM70:
+			t.Errorf("%s: no %s", target, NameRoPEGGUF)
+		}
 		per := map[string]*errAgg{}
 		for i, c := range cases {
 			got := c.run(r)
@@ -204,7 +235,7 @@ func (tm *timer) per(n int, f func() error) time.Duration {
 // compute_70 too).
 func TestCUDALlamaSpeed(t *testing.T) {
 	d, tm := openTimed(t)
-	for _, target := range Targets() {
+	for _, target := range gpuTargets() {
 		s := loadTarget(t, d, target)
 		attnSpeed(t, d, s, tm, target)
 		normSpeed(t, d, s, tm)
@@ -278,15 +309,27 @@ func attnSpeed(t *testing.T, d device.Device, s *Set, tm *timer, target string) 
 		fmt.Printf("KPERF %s %s T=2048,heads=32/8,dim=128 %.2f TFLOP/s (%.3f ms)\n", name, target,
 			4*pairs*hd*nH/per.Seconds()/1e12, per.Seconds()*1e3)
 	}
+	// Decode: grouped (32/8, Llama-3) and multi-head (32/32, Llama-2) caches.
+	mha := L
+	mha.KVHeads, mha.BlockBytes = nH, 2*16*nH*hd*2
+	mhaCache := alloc(t, d, uint64(nblk)*mha.BlockBytes)
+	must(t, d.Memset8(mhaCache, 0x3c, uint64(nblk)*mha.BlockBytes, tm.st))
 	for _, pdl := range pdlModes(s) {
 		s.SetOverlap(pdl)
 		label := sweepLabel(s)
-		for _, ctx := range []uint32{512, 2048, 4096, 32768} {
-			// Queued behind a spin (GPU time, launches included), as decode runs it.
-			per := queued(t, s, tm, func() error { return s.Attention(q, cache, table, ctx-1, 1, nH, L, 0, scale, out, BF16, tm.st) })
-			kv := float64(ctx) * 2 * kvH * hd * 2
-			fmt.Printf("KPERF attention_decode %s ctx=%d,heads=32/8 %.0f GB/s (%.1f us)\n", label, ctx,
-				kv/per.Seconds()/1e9, per.Seconds()*1e6)
+		for _, lc := range []struct {
+			L     KVLayout
+			cache device.Ptr
+		}{{L, cache}, {mha, mhaCache}} {
+			for _, ctx := range []uint32{512, 2048, 4096, 32768} {
+				// Queued behind a spin (GPU time, launches included), as decode runs it.
+				per := queued(t, s, tm, func() error {
+					return s.Attention(q, lc.cache, table, ctx-1, 1, nH, lc.L, 0, scale, out, BF16, tm.st)
+				})
+				kv := float64(ctx) * 2 * float64(lc.L.KVHeads) * hd * 2
+				fmt.Printf("KPERF attention_decode %s ctx=%d,heads=32/%d %.0f GB/s (%.1f us)\n", label, ctx, lc.L.KVHeads,
+					kv/per.Seconds()/1e9, per.Seconds()*1e6)
+			}
 		}
 	}
 	s.SetOverlap(true)

@@ -1212,7 +1212,7 @@ struct DecodeSmem {
     float sacc[kAttnWarps][128];
 };
 
-template <class Tr, int D>
+template <class Tr, int D, int GH>
 __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     typedef typename Tr::S S;
     constexpr int E = D / 32;                           // output elements per lane
@@ -1240,15 +1240,15 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     uint32_t blk0 = 0;
     if (base0 + lane < p1) blk0 = (uint32_t)a.table[(base0 + lane) / a.blockTokens];
 
-    for (int i = threadIdx.x; i < kAttnHeads * D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < GH * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         sh.q[g][d] = g < nh ? a.q[((uint64_t)t * a.nHeads + h0 + g) * D + d] * sc : 0.0f;
     }
     __syncthreads();
 
-    float m[kAttnHeads], l[kAttnHeads], acc[kAttnHeads][E];
+    float m[GH], l[GH], acc[GH][E];
 #pragma unroll
-    for (int g = 0; g < kAttnHeads; ++g) {
+    for (int g = 0; g < GH; ++g) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
 #pragma unroll
@@ -1263,9 +1263,9 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
             const uint64_t blk = base == base0 ? blk0 : (uint64_t)(uint32_t)a.table[p / a.blockTokens];
             krow = a.cache + blk * a.blockBytes + layerOff + (p % a.blockTokens) * rowBytes;
         }
-        float s[kAttnHeads];
+        float s[GH];
 #pragma unroll
-        for (int g = 0; g < kAttnHeads; ++g) s[g] = 0.0f;
+        for (int g = 0; g < GH; ++g) s[g] = 0.0f;
         if (valid) {
             const uint4* k4 = reinterpret_cast<const uint4*>(krow);
 #pragma unroll
@@ -1278,7 +1278,7 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
                     float kf[VEC];
                     Tr::unpack(kv[c], kf);
 #pragma unroll
-                    for (int g = 0; g < kAttnHeads; ++g) {
+                    for (int g = 0; g < GH; ++g) {
                         if (g < nh) {
                             const float* qg = &sh.q[g][(c0 + c) * VEC];
 #pragma unroll
@@ -1290,7 +1290,7 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
         }
         // Online softmax over the group's positions, per head (log2 units).
 #pragma unroll
-        for (int g = 0; g < kAttnHeads; ++g) {
+        for (int g = 0; g < GH; ++g) {
             if (g < nh) {
                 float mx = valid ? s[g] : -INFINITY;
 #pragma unroll
@@ -1322,7 +1322,7 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
 #pragma unroll
             for (int jj = 0; jj < VR; ++jj) {
 #pragma unroll
-                for (int g = 0; g < kAttnHeads; ++g) {
+                for (int g = 0; g < GH; ++g) {
                     if (g < nh) {
                         const float pj = __shfl_sync(0xFFFFFFFFu, s[g], (j0 + jj) & 31);
 #pragma unroll
@@ -1337,7 +1337,7 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     // like memwall_attn_e*.
     const uint32_t splits = a.splits;
 #pragma unroll
-    for (int g = 0; g < kAttnHeads; ++g) {
+    for (int g = 0; g < GH; ++g) {
         if (g >= nh) break;  // uniform over the block
         if (lane == 0) {
             sh.sm[warp] = m[g];
@@ -1371,6 +1371,43 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
             }
         }
         __syncthreads();
+    }
+}
+
+// attn_decode for the block's query heads per kv head: the loops over
+// heads are unrolled to the fewest of 1, 2, 4, 8 that cover them, so that
+// a multi-head model's step runs an eighth of the code of an 8-head group
+// (the whole unrolled body for 8 heads did not stay in the instruction
+// cache: ~17 us a 32-position pass on the H200). The arithmetic of each
+// head is the same whichever covers it.
+template <class Tr, int D>
+__device__ __forceinline__ void attn_decode_heads(const AttnArgs& a, DecodeSmem& sh) {
+    const uint32_t G = a.nHeads / a.kvHeads;
+    if (G == 1) {
+        attn_decode<Tr, D, 1>(a, sh);
+    } else if (G <= 2) {
+        attn_decode<Tr, D, 2>(a, sh);
+    } else if (G <= 4) {
+        attn_decode<Tr, D, 4>(a, sh);
+    } else {
+        attn_decode<Tr, D, 8>(a, sh);
+    }
+}
+
+// attn_decode_entry runs attn_decode_heads for a's head dim and cache dtype.
+__device__ __forceinline__ void attn_decode_entry(const AttnArgs& a, DecodeSmem& sh) {
+    if (a.headDim == 128) {
+        if (a.dt == kDtBF16) {
+            attn_decode_heads<BF16, 128>(a, sh);
+        } else {
+            attn_decode_heads<F16, 128>(a, sh);
+        }
+    } else {
+        if (a.dt == kDtBF16) {
+            attn_decode_heads<BF16, 64>(a, sh);
+        } else {
+            attn_decode_heads<F16, 64>(a, sh);
+        }
     }
 }
 
@@ -1890,6 +1927,23 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rmsnorm(
     }
 }
 
+// rope_pair rotates the pair (a, b) by the angle whose cosine and sine are
+// c and s: for rdt bf16/f16 in HF's order in that dtype (a, b, c and s
+// rounded to rdt, then rdt(rdt(a*c) - rdt(b*s)) and rdt(rdt(b*c) +
+// rdt(a*s))); for f32 each product and sum rounded on its own, never
+// fused (as hostmath.RopePairIn computes it), so that every kernel that
+// rotates a pair gets the same bits from the same inputs.
+__device__ __forceinline__ void rope_pair(float a, float b, float c, float s, uint32_t rdt, float* x, float* y) {
+    if (rdt != kDtF32) {
+        a = round_dt(a, rdt), b = round_dt(b, rdt), c = round_dt(c, rdt), s = round_dt(s, rdt);
+        *x = round_dt(round_dt(a * c, rdt) - round_dt(b * s, rdt), rdt);
+        *y = round_dt(round_dt(b * c, rdt) + round_dt(a * s, rdt), rdt);
+    } else {
+        *x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        *y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+}
+
 // Rotates x (T x nHeads x headDim float32, in place) by angle
 // pos[t] * invFreq[i] for pair i < headDim/2: pairs (i, i + headDim/2) when
 // interleaved == 0 (HF rotate_half), (2i, 2i+1) otherwise (GGUF). cos and
@@ -1914,15 +1968,34 @@ extern "C" __global__ void __launch_bounds__(256) memwall_rope(
         float* base = x + th * headDim;
         const uint32_t ia = interleaved ? 2 * i : i;
         const uint32_t ib = interleaved ? 2 * i + 1 : i + half;
-        float a = base[ia], b = base[ib];
-        if (rdt != kDtF32) {
-            a = round_dt(a, rdt), b = round_dt(b, rdt), c = round_dt(c, rdt), s = round_dt(s, rdt);
-            base[ia] = round_dt(round_dt(a * c, rdt) - round_dt(b * s, rdt), rdt);
-            base[ib] = round_dt(round_dt(b * c, rdt) + round_dt(a * s, rdt), rdt);
-        } else {
-            base[ia] = a * c - b * s;
-            base[ib] = b * c + a * s;
-        }
+        rope_pair(base[ia], base[ib], c, s, rdt, &base[ia], &base[ib]);
+    }
+}
+
+// RoPE of Q or K rows in GGUF's order into HF's: src (T x nHeads x
+// headDim float32) holds each head's HF elements i and i + headDim/2 at
+// 2i and 2i + 1 (llama.cpp's permutation of the Q and K weight rows); dst
+// gets the head in HF's order, rotated as memwall_rope rotates it with
+// interleaved == 0 (flags bits 1-2: the rounding dtype, as there). The same
+// bits as putting the rows back in HF's order and then memwall_rope, in one
+// pass. src and dst do not overlap; src is 8-byte aligned.
+extern "C" __global__ void __launch_bounds__(256) memwall_rope_gguf(
+    const float* src, float* dst, const int32_t* pos, const float* invFreq, uint32_t T, uint32_t nHeads,
+    uint32_t headDim, uint32_t flags) {
+    pdl_enter();
+    const uint32_t rdt = (flags >> 1) & 3u;
+    const uint32_t half = headDim / 2;
+    const uint64_t n = (uint64_t)T * nHeads * half;
+    const uint64_t stride = grid_threads();
+    for (uint64_t p = global_thread(); p < n; p += stride) {
+        const uint32_t i = (uint32_t)(p % half);
+        const uint64_t th = p / half;  // t * nHeads + h
+        const uint64_t t = th / nHeads;
+        float s, c;
+        sincosf((float)pos[t] * invFreq[i], &s, &c);
+        const float2 ab = reinterpret_cast<const float2*>(src + th * headDim)[i];
+        float* out = dst + th * headDim;
+        rope_pair(ab.x, ab.y, c, s, rdt, &out[i], &out[i + half]);
     }
 }
 
@@ -2151,19 +2224,7 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
     __shared__ DecodeSmem sh;
     const AttnArgs a{q,     cache, table,      start,        T,    nHeads, kvHeads, headDim,
                      blockTokens, layer, dt, blockBytes, scale, chunk, part, out, odt, gridDim.z};
-    if (headDim == 128) {
-        if (dt == kDtBF16) {
-            attn_decode<BF16, 128>(a, sh);
-        } else {
-            attn_decode<F16, 128>(a, sh);
-        }
-    } else {
-        if (dt == kDtBF16) {
-            attn_decode<BF16, 64>(a, sh);
-        } else {
-            attn_decode<F16, 64>(a, sh);
-        }
-    }
+    attn_decode_entry(a, sh);
 }
 
 // ---------------------------------------------------------------------------
@@ -2218,22 +2279,6 @@ extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite_at(
         if (!attn_at_args(a, pos, cap)) return;                                                            \
         BODY;                                                                                              \
     }
-
-__device__ __forceinline__ void attn_decode_entry(const AttnArgs& a, DecodeSmem& sh) {
-    if (a.headDim == 128) {
-        if (a.dt == kDtBF16) {
-            attn_decode<BF16, 128>(a, sh);
-        } else {
-            attn_decode<F16, 128>(a, sh);
-        }
-    } else {
-        if (a.dt == kDtBF16) {
-            attn_decode<BF16, 64>(a, sh);
-        } else {
-            attn_decode<F16, 64>(a, sh);
-        }
-    }
-}
 
 MEMWALL_ATTN_AT_ENTRY(memwall_attn_at_e1, __launch_bounds__(256, 2), AttnSmem, (attn_entry<1>(a, sh)))
 MEMWALL_ATTN_AT_ENTRY(memwall_attn_at_e2, __launch_bounds__(256, 2), AttnSmem, (attn_entry<2>(a, sh)))
@@ -2687,6 +2732,47 @@ __device__ __forceinline__ void qembed(const uint8_t* table, const int32_t* ids,
     }
 }
 
+// qdequant writes rows [0, M) of the quantized K-column matrix W as bf16
+// (round to nearest even of ggml's float32 values): the weight operand of
+// a prefill product through the matrix library (Set.MatmulDequant). A
+// thread a 32-element chunk (the block scales read once, not once an
+// element), written as four 16-byte stores; threads over consecutive
+// chunks of a row, so a warp reads and writes runs of consecutive bytes.
+// f16w/bf16w rows, whose K need not be a multiple of 32, go an element a
+// thread.
+template <int kind>
+__device__ __forceinline__ void qdequant(const uint8_t* W, uint16_t* out, uint32_t M, uint32_t K) {
+    const uint64_t stride = grid_threads();
+    if (kind == kQF16 || kind == kQBF16) {
+        const uint64_t n = (uint64_t)M * K;
+        for (uint64_t i = global_thread(); i < n; i += stride) {
+            const uint64_t r = i / K;
+            const uint32_t k = (uint32_t)(i % K);
+            out[i] = f32_to_bf16_bits(QElem<kind>::get(W + r * q_row_bytes<kind>(K), k / 32, k % 32, K));
+        }
+        return;
+    }
+    const uint32_t chunks = K / 32;
+    const uint64_t n = (uint64_t)M * chunks;
+    for (uint64_t i = global_thread(); i < n; i += stride) {
+        const uint64_t r = i / chunks;
+        const uint32_t c = (uint32_t)(i % chunks);
+        const uint8_t* row = W + r * q_row_bytes<kind>(K);
+        uint4* o = reinterpret_cast<uint4*>(out + r * K + 32ull * c);
+#pragma unroll
+        for (uint32_t v = 0; v < 4; ++v) {
+            uint32_t w[4];
+#pragma unroll
+            for (uint32_t j = 0; j < 4; ++j) {
+                const uint32_t l = 8 * v + 2 * j;
+                w[j] = (uint32_t)f32_to_bf16_bits(QElem<kind>::get(row, c, l, K)) |
+                       (uint32_t)f32_to_bf16_bits(QElem<kind>::get(row, c, l + 1, K)) << 16;
+            }
+            o[v] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
 #define MEMWALL_QMATMUL_ENTRY(NAME, kind)                                                              \
     extern "C" __global__ void __launch_bounds__(256) NAME(const void* W, const float* X, float* Y,      \
                                                            uint32_t M, uint32_t K, uint32_t T) {        \
@@ -2708,21 +2794,37 @@ __device__ __forceinline__ void qembed(const uint8_t* table, const int32_t* ids,
         qembed<kind>(static_cast<const uint8_t*>(table), ids, out, T, H);                              \
     }
 
+#define MEMWALL_QDEQUANT_ENTRY(NAME, kind)                                                             \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const void* W, uint16_t* out, uint32_t M,    \
+                                                           uint32_t K) {                                \
+        pdl_enter();                                                                                   \
+        qdequant<kind>(static_cast<const uint8_t*>(W), out, M, K);                                     \
+    }
+
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q8_0, kQ8_0)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_q8_0, kQ8_0)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_q8_0, kQ8_0)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q4_0, kQ4_0)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_q4_0, kQ4_0)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_q4_0, kQ4_0)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_0, kQ5_0)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_0, kQ5_0)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_q5_0, kQ5_0)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_1, kQ5_1)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_1, kQ5_1)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_q5_1, kQ5_1)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q4_k, kQ4_K)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_q4_k, kQ4_K)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_q4_k, kQ4_K)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q5_k, kQ5_K)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_q5_k, kQ5_K)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_q5_k, kQ5_K)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_q6_k, kQ6_K)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_q6_k, kQ6_K)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_q6_k, kQ6_K)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_f16w, kQF16)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_f16w, kQF16)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_f16w, kQF16)
 MEMWALL_QMATMUL_ENTRY(memwall_qmatmul_bf16w, kQBF16)
 MEMWALL_QEMBED_ENTRY(memwall_qembed_bf16w, kQBF16)
+MEMWALL_QDEQUANT_ENTRY(memwall_qdequant_bf16w, kQBF16)

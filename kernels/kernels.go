@@ -283,19 +283,21 @@ type Set struct {
 	quant     map[string]device.Function            // the quantized kernels the module has, by name (quant.go)
 	gemm      map[string]device.Function
 	llama     llamaFuncs
-	state     stateFuncs             // the step-state kernels, when the module has them (stepstate.go)
-	blocks    uint32                 // grid cap for the grid-stride kernels
-	sms       uint32                 // multiprocessors (a guess when the device does not say)
-	gemmLib   device.MatmulLibrary   // nil: memwall's own GEMM for every T
-	flash     bool                   // Attention uses memwall_attn_flash for prefill
-	flashOK   bool                   // the module and device can run it
-	decodeOff bool                   // Attention never uses memwall_attn_decode
-	gemvOff   [gemvKinds]bool        // GEMV variants the self-test turned off
-	tensor    bool                   // the module has compute_80's tensor-core kernels
-	disabled  []string               // fast kernels the self-test turned off, and why
-	overlap   device.OverlapLauncher // non-nil: the module waits on griddepcontrol and the device overlaps launches
-	overlapOn bool                   // launch through overlap (SetOverlap)
-	prefetch  uint32                 // GEMV L2 prefetch per block: bytes | evict-last bit 31 (SetGemvPrefetch)
+	extra     map[string]device.Function // the ExtraNames the module has (resolveExtra)
+	ropeOff   bool                       // RoPEGGUF turned off (SetRoPEGGUF)
+	state     stateFuncs                 // the step-state kernels, when the module has them (stepstate.go)
+	blocks    uint32                     // grid cap for the grid-stride kernels
+	sms       uint32                     // multiprocessors (a guess when the device does not say)
+	gemmLib   device.MatmulLibrary       // nil: memwall's own GEMM for every T
+	flash     bool                       // Attention uses memwall_attn_flash for prefill
+	flashOK   bool                       // the module and device can run it
+	decodeOff bool                       // Attention never uses memwall_attn_decode
+	gemvOff   [gemvKinds]bool            // GEMV variants the self-test turned off
+	tensor    bool                       // the module has compute_80's tensor-core kernels
+	disabled  []string                   // fast kernels the self-test turned off, and why
+	overlap   device.OverlapLauncher     // non-nil: the module waits on griddepcontrol and the device overlaps launches
+	overlapOn bool                       // launch through overlap (SetOverlap)
+	prefetch  uint32                     // GEMV L2 prefetch per block: bytes | evict-last bit 31 (SetGemvPrefetch)
 	// gemvmOverlap: memwall_gemvm_* too is launched overlapped (off: the
 	// H200 sweep measured it slower so; the sweep turns it on to re-measure).
 	gemvmOverlap bool
@@ -500,6 +502,7 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	}
 	s.resolveQuant(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
 	s.resolveState(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
+	s.resolveExtra(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
 	if info.Backend != "sim" && info.ComputeMajor > 0 {
 		if err := s.selfTest(); err != nil {
 			// The self-test could not run: keep to the general kernels.

@@ -39,7 +39,7 @@ func TestCUDASourceNamesEveryKernel(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^MEMWALL_\w+_ENTRY\((memwall_\w+),`).FindAllSubmatch(src, -1) {
 		defined = append(defined, string(m[1]))
 	}
-	want := append(append(Names(), QuantNames()...), StateNames()...)
+	want := append(append(append(Names(), QuantNames()...), StateNames()...), ExtraNames()...)
 	slices.Sort(defined)
 	slices.Sort(want)
 	if !slices.Equal(defined, want) {
@@ -126,7 +126,7 @@ func TestEmbeddedPTX(t *testing.T) {
 		// none of the quantized products or step-state kernels (a quantized
 		// model on Volta or Turing is refused at its first product, saying
 		// so; its decode step is not captured as a graph).
-		srcHash, quant := want, append(QuantNames(), StateNames()...)
+		srcHash, quant := want, append(append(QuantNames(), StateNames()...), ExtraNames()...)
 		if target == TargetSM70 {
 			frozen, err := os.ReadFile("testdata/sm70-source.sha256")
 			if err != nil {
@@ -134,9 +134,8 @@ func TestEmbeddedPTX(t *testing.T) {
 			}
 			srcHash, quant = strings.TrimSpace(string(frozen)), nil
 		}
-		// Exactly Names, QuantNames and StateNames: the quantized and
-		// step-state kernels are optional at load time, never in a module by
-		// accident.
+		// Exactly Names, QuantNames, StateNames and ExtraNames: all but
+		// Names are optional at load time, never in a module by accident.
 		all := append(Names(), quant...)
 		for _, n := range quant {
 			if !slices.Contains(have, n) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/memwall/memwall/device"
 )
@@ -22,7 +23,21 @@ const (
 	NameAttnCombine = "memwall_attn_combine"
 	NameAttnFlash   = "memwall_attn_flash"
 	NameAttnDecode  = "memwall_attn_decode"
+	// NameRoPEGGUF is RoPE from GGUF's Q/K row order (RoPEGGUF), newer than
+	// the frozen compute_70 module: optional at load (ExtraNames).
+	NameRoPEGGUF = "memwall_rope_gguf"
 )
+
+// ExtraNames are the kernels outside Names, QuantNames and StateNames that
+// a module may lack (the frozen compute_70 one does): a Set without them
+// runs the slower path they replace (HasRoPEGGUF, HasDequant).
+func ExtraNames() []string {
+	n := []string{NameRoPEGGUF}
+	for _, dt := range QuantDTypes() {
+		n = append(n, QDequantName(dt))
+	}
+	return n
+}
 
 // attnLanes are the elements per lane E of the split-attention entries:
 // memwall_attn_e<E> takes head dims up to 32·E.
@@ -328,6 +343,67 @@ func (s *Set) RoPEIn(x, pos device.Ptr, T, nHeads, headDim uint32, invFreq devic
 	}
 	n := uint64(T) * uint64(nHeads) * uint64(headDim/2)
 	return s.launch(NameRoPE, s.llama.rope, s.gridFor(n), st, x, pos, invFreq, T, nHeads, headDim, flags)
+}
+
+// RoPEGGUF is RoPEIn with interleaved false of Q or K rows in GGUF's order:
+// src (T×nHeads×headDim float32) holds each head's HF elements i and
+// i + headDim/2 at 2i and 2i+1, as llama.cpp's permutation of the Q and K
+// weight rows leaves them; dst gets the rotated head in HF's order. The
+// same bits as permuting src into HF's order and then RoPEIn(dst, ...,
+// false, dt), in one launch. src is 8-byte aligned and does not overlap
+// dst. A Set whose module lacks the kernel (HasRoPEGGUF false) refuses it
+// with device.ErrUnsupported.
+func (s *Set) RoPEGGUF(src, dst, pos device.Ptr, T, nHeads, headDim uint32, invFreq device.Ptr, dt string, st device.Stream) error {
+	const k = NameRoPEGGUF
+	rc, err := dtCode(dt)
+	if err != nil {
+		return fmt.Errorf("kernels: %s: %w", k, err)
+	}
+	if !s.HasRoPEGGUF() {
+		return fmt.Errorf("kernels: %s: not in %s (rebuild with scripts/build-ptx.sh) or turned off: %w", k, s.source, device.ErrUnsupported)
+	}
+	if T == 0 {
+		return nil
+	}
+	if nHeads == 0 || headDim == 0 || headDim%2 != 0 {
+		return fmt.Errorf("kernels: %s: nHeads = %d, headDim = %d (want > 0 and even): %w", k, nHeads, headDim, ErrShape)
+	}
+	n := uint64(T) * uint64(nHeads) * uint64(headDim)
+	if uint64(src) < uint64(dst)+4*n && uint64(dst) < uint64(src)+4*n {
+		return fmt.Errorf("kernels: %s: src %#x and dst %#x overlap over %d bytes: %w", k, uint64(src), uint64(dst), 4*n, ErrShape)
+	}
+	if err := errors.Join(checkPtr(k, "src", src, 8), checkPtr(k, "dst", dst, 4), checkPtr(k, "pos", pos, 4),
+		checkPtr(k, "invFreq", invFreq, 4)); err != nil {
+		return err
+	}
+	return s.launch(k, s.extra[k], s.gridFor(n/2), st, src, dst, pos, invFreq, T, nHeads, headDim, rc<<1)
+}
+
+// HasRoPEGGUF reports whether the Set runs RoPEGGUF: its module has
+// memwall_rope_gguf (PTX built from this kernels.cu, or the Go twin) and
+// SetRoPEGGUF(false) was not called.
+func (s *Set) HasRoPEGGUF() bool {
+	_, ok := s.extra[NameRoPEGGUF]
+	return ok && !s.ropeOff
+}
+
+// SetRoPEGGUF turns RoPEGGUF off (false) or back on where the module has
+// it, so that the path it replaces can be compared with it.
+func (s *Set) SetRoPEGGUF(on bool) { s.ropeOff = !on }
+
+// resolveExtra looks ExtraNames up: on the simulator and the CPU (all)
+// every name is tried, elsewhere only those the PTX declares.
+func (s *Set) resolveExtra(ptx []byte, all bool, get func(string) (device.Function, error)) {
+	s.extra = map[string]device.Function{}
+	entries := PTXEntries(ptx)
+	for _, name := range ExtraNames() {
+		if !all && !slices.Contains(entries, name) {
+			continue
+		}
+		if f, err := get(name); err == nil {
+			s.extra[name] = f
+		}
+	}
 }
 
 // SiluMul queues out[i] = odt(silu(g[i])·u[i]) for i < n, g and u float32;

@@ -209,6 +209,54 @@ func ropeCase(rng *rand.Rand) llamaCase {
 	T, nH, hd := 1+rng.IntN(9), 1+rng.IntN(5), 2*(1+rng.IntN(80))
 	il := rng.IntN(2) == 1
 	rdt := pick(rng, F32, F32, BF16, F16)
+	in := ropeInputs(rng, T, nH, hd, il, rdt)
+	kernel := "rope"
+	if rdt != F32 {
+		kernel = "rope_" + rdt
+	}
+	return llamaCase{kernel: kernel, name: fmt.Sprintf("T=%d heads=%d dim=%d pos %d interleaved=%v in %s", T, nH, hd, in.pos[0], il, rdt), ref: in.ref, tol: tolFor(rdt, 1e-5),
+		run: func(r *rig) []float32 {
+			xp := r.f32(in.x)
+			must(r.t, r.s.RoPEIn(xp, r.i32(in.pos), uint32(T), uint32(nH), uint32(hd), r.f32(in.inv), il, rdt, r.st))
+			return r.readDT(F32, xp, len(in.x))
+		}}
+}
+
+// ropeGGUFCase is RoPEGGUF against HF-order RoPE's reference: the input is
+// a ropeCase input with each head in GGUF's order (HF element i at 2i,
+// i + hd/2 at 2i+1), the output in HF's.
+func ropeGGUFCase(rng *rand.Rand) llamaCase {
+	T, nH, hd := 1+rng.IntN(9), 1+rng.IntN(40), 2*(1+rng.IntN(128))
+	rdt := pick(rng, F32, BF16, F16)
+	in := ropeInputs(rng, T, nH, hd, false, rdt)
+	return llamaCase{kernel: "rope_gguf", name: fmt.Sprintf("T=%d heads=%d dim=%d pos %d in %s", T, nH, hd, in.pos[0], rdt), ref: in.ref, tol: tolFor(rdt, 1e-5),
+		run: func(r *rig) []float32 {
+			out := r.nans(uint64(4 * len(in.x)))
+			must(r.t, r.s.RoPEGGUF(r.f32(ggufOrder(in.x, hd)), out, r.i32(in.pos), uint32(T), uint32(nH), uint32(hd), r.f32(in.inv), rdt, r.st))
+			return r.readDT(F32, out, len(in.x))
+		}}
+}
+
+// ggufOrder lays each head of x (hd elements) out as llama.cpp's Q/K
+// permutation leaves it: HF element i at 2i, i + hd/2 at 2i+1.
+func ggufOrder(x []float32, hd int) []float32 {
+	out := make([]float32, len(x))
+	for b := 0; b < len(x); b += hd {
+		for i := range hd / 2 {
+			out[b+2*i], out[b+2*i+1] = x[b+i], x[b+i+hd/2]
+		}
+	}
+	return out
+}
+
+// ropeIn is one RoPE case's input and its float64 reference.
+type ropeIn struct {
+	x, inv []float32
+	pos    []int32
+	ref    []float64
+}
+
+func ropeInputs(rng *rand.Rand, T, nH, hd int, il bool, rdt string) ropeIn {
 	x := randF32(rng, T*nH*hd, 1)
 	start := rng.IntN(32000)
 	pos := make([]int32, T)
@@ -246,16 +294,7 @@ func ropeCase(rng *rand.Rand) llamaCase {
 			}
 		}
 	}
-	kernel := "rope"
-	if rdt != F32 {
-		kernel = "rope_" + rdt
-	}
-	return llamaCase{kernel: kernel, name: fmt.Sprintf("T=%d heads=%d dim=%d pos %d interleaved=%v in %s", T, nH, hd, start, il, rdt), ref: ref, tol: tolFor(rdt, 1e-5),
-		run: func(r *rig) []float32 {
-			xp := r.f32(x)
-			must(r.t, r.s.RoPEIn(xp, r.i32(pos), uint32(T), uint32(nH), uint32(hd), r.f32(inv), il, rdt, r.st))
-			return r.readDT(F32, xp, len(x))
-		}}
+	return ropeIn{x: x, inv: inv, pos: pos, ref: ref}
 }
 
 func siluCase(rng *rand.Rand) llamaCase {
@@ -498,7 +537,7 @@ func llamaCases(seed uint64, rounds int) []llamaCase {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	var cs []llamaCase
 	for range rounds {
-		cs = append(cs, embedCase(rng), rmsnormCase(rng), ropeCase(rng), siluCase(rng), kvwriteCase(rng), randomAttnCase(rng))
+		cs = append(cs, embedCase(rng), rmsnormCase(rng), ropeCase(rng), siluCase(rng), kvwriteCase(rng), randomAttnCase(rng), ropeGGUFCase(rng))
 		cs = append(cs, elementCases(rng)...)
 	}
 	return cs
@@ -614,6 +653,10 @@ func TestLlamaArgumentErrors(t *testing.T) {
 		{"rmsnorm null x", s.RMSNorm(0, p, F32, p, F32, 1, 8, 1e-5, st), device.ErrInvalid},
 		{"rope odd dim", s.RoPE(p, p, 1, 1, 7, p, false, st), ErrShape},
 		{"rope misaligned", s.RoPE(p+2, p, 1, 1, 8, p, false, st), device.ErrInvalid},
+		{"rope gguf overlap", s.RoPEGGUF(p, p+64, p, 1, 2, 64, p, F32, st), ErrShape},
+		{"rope gguf odd dim", s.RoPEGGUF(p, p+4096, p, 1, 1, 7, p, F32, st), ErrShape},
+		{"rope gguf misaligned src", s.RoPEGGUF(p+4, p+4096, p, 1, 1, 8, p, F32, st), device.ErrInvalid},
+		{"rope gguf dtype", s.RoPEGGUF(p, p+4096, p, 1, 1, 8, p, "q4", st), ErrDType},
 		{"silumul odt", s.SiluMul(p, p, p, "x", 4, st), ErrDType},
 		{"silumul misaligned", s.SiluMul(p, odd, p, F32, 4, st), device.ErrInvalid},
 		{"add null", s.Add(p, 0, 4, st), device.ErrInvalid},
@@ -905,4 +948,39 @@ func TestWarmUpMatmul(t *testing.T) {
 	if s.GemmWorkspaceBytes() != 0 || s.GemmLibrary() != "memwall" {
 		t.Errorf("the simulator has no matrix library: %d bytes, %s", s.GemmWorkspaceBytes(), s.GemmLibrary())
 	}
+}
+
+// checkRoPEGGUFExact holds RoPEGGUF to its contract on r's Set: the same
+// bits as RoPEIn (HF pairing) of the rows put back in HF's order, over
+// random shapes, positions and dtypes; rounds cases.
+func checkRoPEGGUFExact(t *testing.T, r *rig, seed uint64, rounds int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 9))
+	for range rounds {
+		T, nH, hd := 1+rng.IntN(12), 1+rng.IntN(64), 2*(1+rng.IntN(128))
+		rdt := pick(rng, F32, BF16, F16)
+		in := ropeInputs(rng, T, nH, hd, false, rdt)
+		pos, inv := r.i32(in.pos), r.f32(in.inv)
+		want := r.f32(in.x)
+		must(t, r.s.RoPEIn(want, pos, uint32(T), uint32(nH), uint32(hd), inv, false, rdt, r.st))
+		got := r.nans(uint64(4 * len(in.x)))
+		must(t, r.s.RoPEGGUF(r.f32(ggufOrder(in.x, hd)), got, pos, uint32(T), uint32(nH), uint32(hd), inv, rdt, r.st))
+		w, g := r.read(want, uint64(4*len(in.x))), r.read(got, uint64(4*len(in.x)))
+		for i := 0; i < len(w); i += 4 {
+			if string(w[i:i+4]) != string(g[i:i+4]) {
+				t.Fatalf("T=%d heads=%d dim=%d in %s: element %d is %x, RoPE of the HF-order rows gives %x", T, nH, hd, rdt, i/4, g[i:i+4], w[i:i+4])
+			}
+		}
+	}
+}
+
+func TestSimRoPEGGUFExact(t *testing.T) {
+	d := newSim(t)
+	s, err := Load(d, nil)
+	must(t, err)
+	defer s.Close()
+	if !s.HasRoPEGGUF() {
+		t.Fatal("the simulator has no memwall_rope_gguf twin")
+	}
+	checkRoPEGGUFExact(t, newRig(t, d, s), 1, 40)
 }

@@ -52,7 +52,9 @@ func goKernels() []goKernel {
 	}
 	ks = append(ks, llamaGoKernels()...)
 	ks = append(ks, quantGoKernels()...)
-	return append(ks, stateGoKernels()...)
+	ks = append(ks, stateGoKernels()...)
+	ks = append(ks, goKernel{name: NameRoPEGGUF, run: runRoPEGGUF, cost: costRoPEGGUF})
+	return append(ks, dequantGoKernels()...)
 }
 
 func argErr(kernel string, i int, want string, got any) error {

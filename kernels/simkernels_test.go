@@ -51,7 +51,7 @@ func kernelByName(t *testing.T, name string) goKernel {
 
 func TestGoKernelsCoverNames(t *testing.T) {
 	ks := goKernels()
-	names := append(append(Names(), QuantNames()...), StateNames()...)
+	names := append(append(append(Names(), QuantNames()...), StateNames()...), ExtraNames()...)
 	if len(ks) != len(names) {
 		t.Fatalf("%d Go kernels, %d names", len(ks), len(names))
 	}

@@ -329,6 +329,36 @@ func RopePairIn(dt string, a, b float32, pos int32, f float32) (float32, float32
 	return hostmath.RopePairIn(hostDType(dt), a, b, pos, f)
 }
 
+// ropeArgs are a RoPE launch's shape, rounding dtype, positions and
+// frequencies (T 0: nothing to do).
+type ropeArgs struct {
+	T, nH, hd uint64
+	rdt       string
+	pos, inv  []byte
+}
+
+// ropeOperands reads memwall_rope's and memwall_rope_gguf's common
+// operands: T, nHeads, headDim and flags (its last four integers), and the
+// positions and inverse frequencies at pointers posArg and posArg+1.
+func ropeOperands(k string, mem memory, a kargs, posArg int) (ropeArgs, error) {
+	r := ropeArgs{T: uint64(a.u[0]), nH: uint64(a.u[1]), hd: uint64(a.u[2])}
+	var ok bool
+	if r.rdt, ok = codeDtype(a.u[3] >> 1); !ok {
+		return ropeArgs{}, fmt.Errorf("kernels: %s: flags %#x: unknown dtype code %d: %w", k, a.u[3], a.u[3]>>1, device.ErrInvalid)
+	}
+	if r.T == 0 || r.nH == 0 || r.hd/2 == 0 {
+		return ropeArgs{}, nil
+	}
+	var err error
+	if r.pos, err = buf(k, "pos", mem, a.p[posArg], r.T, 4); err != nil {
+		return ropeArgs{}, err
+	}
+	if r.inv, err = buf(k, "invFreq", mem, a.p[posArg+1], r.hd/2, 4); err != nil {
+		return ropeArgs{}, err
+	}
+	return r, nil
+}
+
 func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
 	const k = NameRoPE
 	a, err := parseArgs(k, "pppuuuu", args)
@@ -338,24 +368,12 @@ func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
 	if err := checkLinearLaunch(k, grid, block); err != nil {
 		return err
 	}
-	T, nH, hd, il := uint64(a.u[0]), uint64(a.u[1]), uint64(a.u[2]), a.u[3]&1 != 0
-	rdt, ok := codeDtype(a.u[3] >> 1)
-	if !ok {
-		return fmt.Errorf("kernels: %s: flags %#x: unknown dtype code %d: %w", k, a.u[3], a.u[3]>>1, device.ErrInvalid)
+	r, err := ropeOperands(k, mem, a, 1)
+	if err != nil || r.T == 0 {
+		return err
 	}
-	half := hd / 2
-	if T == 0 || nH == 0 || half == 0 {
-		return nil
-	}
+	T, nH, hd, half, rdt, pb, fb, il := r.T, r.nH, r.hd, r.hd/2, r.rdt, r.pos, r.inv, a.u[3]&1 != 0
 	xb, err := buf(k, "x", mem, a.p[0], T*nH*hd, 4)
-	if err != nil {
-		return err
-	}
-	pb, err := buf(k, "pos", mem, a.p[1], T, 4)
-	if err != nil {
-		return err
-	}
-	fb, err := buf(k, "invFreq", mem, a.p[2], half, 4)
 	if err != nil {
 		return err
 	}
@@ -375,6 +393,53 @@ func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
 		}
 	}
 	return nil
+}
+
+// runRoPEGGUF is memwall_rope_gguf: the HF pair (i, i+half) of each head
+// read from src at (2i, 2i+1), rotated as runRoPE rotates it, into dst.
+func runRoPEGGUF(mem memory, grid, block device.Dim3, args []any) error {
+	const k = NameRoPEGGUF
+	a, err := parseArgs(k, "ppppuuuu", args)
+	if err != nil {
+		return err
+	}
+	if err := checkLinearLaunch(k, grid, block); err != nil {
+		return err
+	}
+	r, err := ropeOperands(k, mem, a, 2)
+	if err != nil || r.T == 0 {
+		return err
+	}
+	T, nH, hd, half, rdt, pb, fb := r.T, r.nH, r.hd, r.hd/2, r.rdt, r.pos, r.inv
+	sb, err := buf(k, "src", mem, a.p[0], T*nH*hd, 4)
+	if err != nil {
+		return err
+	}
+	db, err := buf(k, "dst", mem, a.p[1], T*nH*hd, 4)
+	if err != nil {
+		return err
+	}
+	for t := range T {
+		pos := int32(binary.LittleEndian.Uint32(pb[4*t:]))
+		for h := range nH {
+			base := (t*nH + h) * hd
+			for i := range half {
+				x, y := RopePairIn(rdt, getF(sb, base+2*i), getF(sb, base+2*i+1), pos, getF(fb, i))
+				putF(db, base+i, x)
+				putF(db, base+i+half, y)
+			}
+		}
+	}
+	return nil
+}
+
+func costRoPEGGUF(_, _ device.Dim3, args []any) (goCost, bool) {
+	a, err := parseArgs("", "ppppuuuu", args)
+	if err != nil {
+		return goCost{}, false
+	}
+	n := float64(a.u[0]) * float64(a.u[1]) * float64(a.u[2])
+	return goCost{flops: 3 * n, bytes: 8 * n}, true
 }
 
 func costRoPE(_, _ device.Dim3, args []any) (goCost, bool) {

@@ -142,6 +142,14 @@ type Options struct {
 	// step-state forms; the tokens are the same either way
 	// (GraphStatus says which applies).
 	NoGraph bool
+	// QuantPrefill keeps a block-quantized model's prefill products on the
+	// quantized kernels (float32 activations, each weight read once per 8
+	// tokens). By default steps of kernels.DequantMinTokens tokens and more
+	// write each weight in bf16 to an arena buffer and multiply there
+	// (kernels.MatmulDequant), with the activations rounded to bf16 as a
+	// bf16 model's are: the prefill rate of the bf16 model, and logits
+	// within a bf16 model's distance of the float32 reference.
+	QuantPrefill bool
 	// Logger receives debug logs; nil is silent.
 	Logger *slog.Logger
 	// HostLayers[l] true computes block l on the host device (Host) in
@@ -232,8 +240,11 @@ type Engine struct {
 	// unpermute is the head_dim × head_dim f32 permutation matrix that puts
 	// a GGUF head's Q/K rows back in HF order (zero Size otherwise).
 	unpermute pool.Block
-	events    []device.Event
-	groups    []groupUse
+	// ropeGGUF: RoPE reads GGUF's Q/K row order itself (the kernels have
+	// RoPEGGUF when New ran), and unpermute is not needed.
+	ropeGGUF bool
+	events   []device.Event
+	groups   []groupUse
 	// where is the plan group holding each weight the pass reads.
 	where map[roleKey]int
 	// grouped says, per layer, which products run as one MatmulGroup.
@@ -468,6 +479,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return nil, err
 	}
 	e.d, e.ks, e.dev, e.host = d, ks, dev, host
+	e.ropeGGUF = ks.HasRoPEGGUF()
 	e.resNorm, e.siluIn = ks.ResidualRMSNorm, ks.SiluMulIn
 	cfg := e.cfg
 	defer func() {
@@ -841,7 +853,7 @@ func (e *Engine) prepareHost(blocks int) error {
 	if err := e.d.CopyHtoD(e.invFreq.Ptr, b, e.compute); err != nil {
 		return fmt.Errorf("engine: upload RoPE frequencies: %w", err)
 	}
-	if e.cfg.PermutedQK {
+	if e.cfg.PermutedQK && !e.ropeGGUF {
 		if err := e.uploadUnpermute(); err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/memwall/memwall/engine/internal/reference"
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/kernels"
 )
 
 // counting is a device that counts kernel launches by kernel name.
@@ -144,15 +145,23 @@ func describe(c map[string]int) string {
 // and up where they touch; and the ungrouped step launches two products more per layer
 // (q, k, v as three, gate and up as two).
 func TestDecodeLaunches(t *testing.T) {
+	totals := map[string]int{}
 	for _, f := range []string{synth.Safetensors, synth.GGUF} {
 		m := open(t, modelPath(t, "tiny", f))
 		L := m.Config.Layers
 		o := engine.Options{Budget: 256 << 20, MaxTokens: 96, PrefillChunk: 16}
 		got := decodeLaunches(t, "tiny", f, o)
+		totals[f] = total(got)
 		p := launchesPerLayer()
+		// GGUF's Q and K rows go back to HF's order inside RoPE.
+		rope, notRope := "memwall_rope", "memwall_rope_gguf"
+		if f == synth.GGUF {
+			rope, notRope = notRope, rope
+		}
 		want := map[string]int{
 			"memwall_gemvg1_bf16": 2 * L,
-			"memwall_rope":        L,
+			rope:                  L,
+			notRope:               0,
 			"memwall_kvwrite":     L,
 			"memwall_rmsnorm":     p.rmsnorm*L + 1, // the fused residual and norm is an RMSNorm launch
 			"memwall_silumul":     p.silu * L,
@@ -177,6 +186,9 @@ func TestDecodeLaunches(t *testing.T) {
 			t.Errorf("%s: ungrouped step has %d launches, grouped %d: want %d more", f, total(un), total(got), 3*L)
 		}
 		t.Logf("%s, %d layers: %d launches per decode step (%s); ungrouped %d", f, L, total(got), describe(got), total(un))
+	}
+	if totals[synth.GGUF] != totals[synth.Safetensors] {
+		t.Errorf("a GGUF decode step launches %d kernels, safetensors %d: want the same", totals[synth.GGUF], totals[synth.Safetensors])
 	}
 	// Streaming, each streamed group's release records the event its slot's
 	// next copy waits for (on the copy stream) and its copy records the
@@ -216,6 +228,9 @@ type pairSpec struct {
 	// options (nil: the variant is no option) sets a run's variant in its
 	// options before engine.New.
 	options func(o *engine.Options, variant bool)
+	// kernels (nil: nothing) sets a run's variant in its rig's kernels
+	// before engine.New.
+	kernels func(ks *kernels.Set, variant bool)
 	// prepare (nil: nothing) sets a run's variant in its engine before
 	// Generate.
 	prepare func(e *engine.Engine, r *rig, variant bool)
@@ -247,6 +262,9 @@ func bitIdenticalPairs(t *testing.T, spec pairSpec) {
 						}
 						if spec.options != nil {
 							spec.options(&o, variant)
+						}
+						if spec.kernels != nil {
+							spec.kernels(r.ks, variant)
 						}
 						e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, o)
 						if err != nil {
@@ -303,6 +321,24 @@ func TestGroupedBitIdentical(t *testing.T) {
 		labels:    [2]string{"grouped", "ungrouped"},
 		promptLen: 37, seed: 9, maxNew: 20,
 		options: func(o *engine.Options, ungrouped bool) { o.Ungrouped = ungrouped },
+	})
+}
+
+// TestRoPEGGUFBitIdentical: RoPE reading GGUF's Q/K row order gives the
+// bits of the permutation product and RoPE it replaces, at every step and
+// in every mode (safetensors runs RoPE alone either way).
+func TestRoPEGGUFBitIdentical(t *testing.T) {
+	bitIdenticalPairs(t, pairSpec{
+		modes:     []runMode{{name: "resident"}, {name: "streaming", streaming: true}},
+		labels:    [2]string{"rope from GGUF order", "permutation, then rope"},
+		promptLen: 29, seed: 12, maxNew: 16,
+		kernels: func(ks *kernels.Set, permute bool) {
+			if !ks.HasRoPEGGUF() && !permute {
+				t.Fatal("the kernels lack memwall_rope_gguf")
+			}
+			ks.SetRoPEGGUF(!permute)
+			t.Cleanup(func() { ks.SetRoPEGGUF(true) })
+		},
 	})
 }
 
@@ -467,7 +503,7 @@ func TestRandomShapes(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if diff, cos := compare(res.FirstLogits, rl[len(p)-1]); diff > 2e-3*maxAbs(rl[len(p)-1]) || cos < 0.999 {
+				if diff, cos := compare(res.FirstLogits, rl[len(p)-1]); diff > logitsTol(cfg.DType, rl[len(p)-1]) || cos < 0.999 {
 					t.Errorf("%+v: first logits against the reference: max diff %.4g, cosine %.6f", cfg, diff, cos)
 				}
 				continue

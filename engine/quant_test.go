@@ -62,13 +62,17 @@ func TestQuantizedAgainstReference(t *testing.T) {
 				name string
 				d    device.Device
 			}{{"test-device", testDevice(t)}, {"cpu", cd}} {
-				for _, budget := range []string{"resident", "streaming"} {
+				for _, run := range []struct {
+					budget string
+					quant  bool // Options.QuantPrefill
+				}{{"resident", false}, {"streaming", false}, {"resident", true}, {"streaming", true}} {
+					budget := run.budget
 					r := newRig(t, dev.d)
 					b := uint64(256 << 20)
 					if budget != "resident" {
 						b = smallBudget(t, r, m, false)
 					}
-					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16})
+					e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16, QuantPrefill: run.quant})
 					if err != nil {
 						t.Fatalf("%s %s: %v", dev.name, budget, err)
 					}
@@ -85,8 +89,18 @@ func TestQuantizedAgainstReference(t *testing.T) {
 						t.Errorf("%s %s: %d of %d positions were near-ties", dev.name, budget, skipped, len(res.Tokens))
 					}
 					rl, _ := ref.Logits(p)
-					if diff, cos := compare(res.FirstLogits, rl[len(p)-1]); diff > 1e-3*maxAbs(rl[len(p)-1]) || cos < 0.99999 {
-						t.Errorf("%s %s: first logits differ from the reference's by %g (cos %.7f)", dev.name, budget, diff, cos)
+					// The quantized kernels sum float32 activations: close to
+					// the float32 reference. The default prefill (the first
+					// 16-token chunk) multiplies bf16 weights and
+					// activations: a bf16 model's distance from it.
+					tol, minCos := 1e-3*maxAbs(rl[len(p)-1]), 0.99999
+					if !run.quant { // (the bound a GPU's bf16 run is held to)
+						tol, minCos = 0.03*maxAbs(rl[len(p)-1]), 0.999
+					}
+					if diff, cos := compare(res.FirstLogits, rl[len(p)-1]); diff > tol || cos < minCos {
+						t.Errorf("%s %s quantized prefill %v: first logits differ from the reference's by %g (cos %.7f)", dev.name, budget, run.quant, diff, cos)
+					} else {
+						t.Logf("%s %s quantized prefill %v: first logits within %.3g of the reference's max (cos %.7f)", dev.name, budget, run.quant, diff/maxAbs(rl[len(p)-1]), cos)
 					}
 				}
 			}

@@ -33,10 +33,11 @@ const (
 	bLogits        // f32 V: the last token's logits
 	bQRaw          // f32 T×heads·hd: Q in the file's row order (GGUF)
 	bKRaw          // f32 T×kv·hd: K in the file's row order (GGUF)
+	bDeq           // a quantized model's prefill: one weight and its activations in bf16 (kernels.MatmulDequant)
 	numBufs
 )
 
-var bufNames = [numBufs]string{"ids", "pos", "table", "x", "h", "q", "k", "v", "attn", "o", "h2", "gate", "up", "silu_up", "down", "final_norm", "logits", "q_raw", "k_raw"}
+var bufNames = [numBufs]string{"ids", "pos", "table", "x", "h", "q", "k", "v", "attn", "o", "h2", "gate", "up", "silu_up", "down", "final_norm", "logits", "q_raw", "k_raw", "dequant"}
 
 // regions are buffers laid out back to back in one plan buffer, the
 // first's, each as long as the step's T rows make it (a part starts 256-byte
@@ -55,7 +56,8 @@ type op struct {
 
 // opList returns the forward pass of one step, top to bottom, and the
 // range [layerStart, layerEnd) of ops that run once per block. permuted
-// (GGUF) adds the op that puts Q and K rows back in HF order. The products
+// (GGUF): RoPE reads Q and K in GGUF's row order and writes them in HF's
+// (one op, whether the kernels do it in one pass or permute first). The products
 // that share an input are one op each (q, k, v; gate, up): MatmulGroup runs
 // them in one launch when it can, and when they run one by one their
 // outputs are written later than the op says, within their lifetimes.
@@ -63,29 +65,40 @@ type op struct {
 // launch where the kernels fuse them). (The residual add of down and the
 // next block's attention norm are not: h would then live across blocks,
 // 2·T·H bytes more arena.)
-func opList(permuted bool) (ops []op, layerStart, layerEnd int) {
+func opList(permuted, dequant bool) (ops []op, layerStart, layerEnd int) {
 	qkv := op{"q, k, v = h·Wq, Wk, Wv", []int{bH}, []int{bQ, bK, bV}}
 	if permuted {
 		qkv.writes = []int{bQRaw, bKRaw, bV}
 	}
+	// (dequant: a quantized model's products at prefill write their weight
+	// and input in bf16 to one scratch buffer, which lives from the first
+	// product of a block to the last.)
+	prod := func(o op) op {
+		if dequant {
+			o.writes = append(o.writes, bDeq)
+		}
+		return o
+	}
+	qkv = prod(qkv)
 	ops = []op{
 		{"upload ids, positions, block table", nil, []int{bIDs, bPos, bTable}},
 		{"embed", []int{bIDs}, []int{bX}},
 		{"attention norm", []int{bX}, []int{bH}},
 		qkv,
 	}
+	rope := op{"rope q, k", []int{bPos, bQ, bK}, []int{bQ, bK}}
 	if permuted {
-		ops = append(ops, op{"q, k to HF row order (GGUF)", []int{bQRaw, bKRaw}, []int{bQ, bK}})
+		rope = op{"rope q, k from GGUF's row order into HF's", []int{bPos, bQRaw, bKRaw}, []int{bQ, bK}}
 	}
+	ops = append(ops, rope)
 	ops = append(ops, []op{
-		{"rope q, k", []int{bPos, bQ, bK}, []int{bQ, bK}},
 		{"write k, v to the cache", []int{bK, bV, bTable}, nil},
 		{"attention", []int{bQ, bTable}, []int{bA}},
-		{"o = attn·Wo", []int{bA}, []int{bO}},
+		prod(op{"o = attn·Wo", []int{bA}, []int{bO}}),
 		{"x += o; h2 = mlp norm(x)", []int{bX, bO}, []int{bX, bH2}},
-		{"gate, up = h2·Wgate, Wup", []int{bH2}, []int{bG, bU}},
+		prod(op{"gate, up = h2·Wgate, Wup", []int{bH2}, []int{bG, bU}}),
 		{"m = silu(gate)·up", []int{bG, bU}, []int{bM}},
-		{"down = m·Wdown", []int{bM}, []int{bD}},
+		prod(op{"down = m·Wdown", []int{bM}, []int{bD}}),
 		{"x += down", []int{bX, bD}, []int{bX}},
 		{"final norm", []int{bX}, []int{bHF}},
 		{"logits = last row·Whead", []int{bHF}, []int{bLogits}},
@@ -109,7 +122,24 @@ func (e *Engine) sizes(T int) [numBufs]uint64 {
 	if c.PermutedQK {
 		size[bQRaw], size[bKRaw] = size[bQ], size[bK]
 	}
+	size[bDeq] = e.dequantBytes(T)
 	return size
+}
+
+// dequantBytes is the scratch kernels.MatmulDequant takes for the largest
+// product of a block over T tokens in a block-quantized model, or 0 (other
+// models, Options.QuantPrefill, and steps below kernels.DequantMinTokens,
+// whose products run on the quantized kernels). It does not depend on the kernels' module, so
+// that an estimate without one (fit) plans the arena run uses.
+func (e *Engine) dequantBytes(T int) uint64 {
+	c := e.cfg
+	if !e.model.Tensors.Quantized || e.opt.QuantPrefill || T < kernels.DequantMinTokens {
+		return 0
+	}
+	H, I, qd, kvd := uint32(c.Hidden), uint32(c.Intermediate), uint32(c.Heads*c.HeadDim), uint32(c.KVHeads*c.HeadDim)
+	t := uint32(T)
+	return max(kernels.DequantScratchBytes(qd, H, t), kernels.DequantScratchBytes(kvd, H, t),
+		kernels.DequantScratchBytes(H, qd, t), kernels.DequantScratchBytes(I, H, t), kernels.DequantScratchBytes(H, I, t))
 }
 
 func align256(n uint64) uint64 { return (n + 255) &^ 255 }
@@ -139,7 +169,7 @@ func (e *Engine) addrs(T int) [numBufs]device.Ptr {
 // have size 0 here (addrs places them).
 func (e *Engine) buffers(T int) []plan.Buffer {
 	size := e.sizes(T)
-	ops, opLayer, opLayerEnd := opList(e.cfg.PermutedQK)
+	ops, opLayer, opLayerEnd := opList(e.cfg.PermutedQK, e.dequantBytes(T) > 0)
 	first, last := [numBufs]int{}, [numBufs]int{}
 	inLayer := [numBufs]bool{}
 	for i := range first {
@@ -487,7 +517,7 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 				return err
 			}
 			e.readsWeights(e.weightBytes(wdt, p.M, K))
-			if err := e.ks.Matmul(e.productDType(wdt), w, e.at[x], e.at[p.y], p.M, K, T, e.compute); err != nil {
+			if err := e.matmul(e.productDType(wdt), w, e.at[x], e.at[p.y], p.M, K, T); err != nil {
 				return fail(err)
 			}
 			if err := c.settle(); err != nil {
@@ -519,7 +549,7 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 		err = e.ks.MatmulGroup(e.dt, e.at[x], K, T, ops, e.compute)
 	} else { // a mixed-dtype file: one product each, in the model dtype as always
 		for i, o := range ops {
-			if err = e.ks.Matmul(dts[i], o.W, e.at[x], o.Y, o.M, K, T, e.compute); err != nil {
+			if err = e.matmul(dts[i], o.W, e.at[x], o.Y, o.M, K, T); err != nil {
 				break
 			}
 		}
@@ -528,6 +558,16 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 		return fail(err)
 	}
 	return c.settle()
+}
+
+// matmul queues one product of a block on the compute stream: through
+// the dequant scratch where the step planned one (a quantized model's
+// prefill), else Matmul.
+func (e *Engine) matmul(dt string, W, X, Y device.Ptr, M, K, T uint32) error {
+	if n := e.dequantBytes(int(T)); n > 0 {
+		return e.ks.MatmulDequant(dt, W, X, Y, M, K, T, e.at[bDeq], n, e.compute)
+	}
+	return e.ks.Matmul(dt, W, X, Y, M, K, T, e.compute)
 }
 
 // block runs transformer block l over T tokens at positions start.., in
@@ -612,8 +652,9 @@ func (e *Engine) attentionIn(c *cursor, l, T int) error {
 	nq, nkv, hd := uint32(cfg.Heads), uint32(cfg.KVHeads), uint32(cfg.HeadDim)
 	qBytes := 4 * uint64(T) * uint64(nq*hd)
 	// Q and K of a GGUF file come out in llama.cpp's row order and are put
-	// back in HF's by an exact permutation product, so that both formats
-	// run the same arithmetic from there.
+	// back in HF's by RoPE reading them in that order (or, where the kernels
+	// lack it, by an exact permutation product before RoPE), so that both
+	// formats run the same arithmetic from there.
 	qOut, kOut := bQ, bK
 	if cfg.PermutedQK {
 		qOut, kOut = bQRaw, bKRaw
@@ -624,6 +665,12 @@ func (e *Engine) attentionIn(c *cursor, l, T int) error {
 	if err := e.products(c, l, "q, k, v", bH, H, t, e.grouped[l].qkv,
 		product{llama.RoleQ, qOut, nq * hd}, product{llama.RoleK, kOut, nkv * hd}, product{llama.RoleV, bV, nkv * hd}); err != nil {
 		return err
+	}
+	if cfg.PermutedQK && e.ropeGGUF {
+		if err := e.ropeFromGGUF(t, qBytes); err != nil {
+			return blockErr(l, "rope from GGUF's row order", err)
+		}
+		return nil
 	}
 	if cfg.PermutedQK {
 		if err := e.unpermuteQK(t, qBytes); err != nil {
@@ -735,6 +782,25 @@ func (e *Engine) rope(T uint32, qBytes uint64) error {
 		return err
 	}
 	return e.ks.RoPEIn(B[bK], B[bPos], T, nkv, hd, e.invFreq.Ptr, false, rd, e.compute)
+}
+
+// ropeFromGGUF rotates the raw (GGUF row order) Q and K of T tokens into Q
+// and K in HF's order (kernels.Set.RoPEGGUF: the bits of unpermuteQK and
+// then rope): one launch over both when T = 1 and both the raw and the
+// HF-order parts touch.
+func (e *Engine) ropeFromGGUF(T uint32, qBytes uint64) error {
+	hd, nq, nkv := uint32(e.cfg.HeadDim), uint32(e.cfg.Heads), uint32(e.cfg.KVHeads)
+	B, rd := &e.at, e.roundDType()
+	if err := e.mark(ClassOther, "rope"); err != nil {
+		return err
+	}
+	if T == 1 && e.touching(bQRaw, bKRaw, qBytes) && e.touching(bQ, bK, qBytes) {
+		return e.ks.RoPEGGUF(B[bQRaw], B[bQ], B[bPos], 1, nq+nkv, hd, e.invFreq.Ptr, rd, e.compute)
+	}
+	if err := e.ks.RoPEGGUF(B[bQRaw], B[bQ], B[bPos], T, nq, hd, e.invFreq.Ptr, rd, e.compute); err != nil {
+		return err
+	}
+	return e.ks.RoPEGGUF(B[bKRaw], B[bK], B[bPos], T, nkv, hd, e.invFreq.Ptr, rd, e.compute)
 }
 
 // residual rounds product b of block l (T rows) to the model dtype, adds

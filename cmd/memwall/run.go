@@ -148,7 +148,7 @@ type runFlags struct {
 	asJSON, ignoreEOS, exact bool
 	timing, profile          bool
 	ungrouped                bool
-	graph                    string
+	graph, quantPrefill      string
 	logitsOut, source        string
 	pools                    poolFlags
 	place                    placementFlags
@@ -173,6 +173,7 @@ func runRun(e *env, args []string) error {
 	fs.BoolVar(&f.profile, "profile", false, "time two decode steps on the device, one whole and one per op class (diagnostic: it perturbs timing; those steps are left out of decode tokens/s)")
 	fs.BoolVar(&f.ungrouped, "ungrouped", false, "one launch per matrix product instead of q/k/v and gate/up grouped (same results; for comparison)")
 	fs.StringVar(&f.graph, "graph", "auto", "decode steps as a device graph: auto (captured once and replayed per token when every weight is resident on a CUDA device; same tokens) or off (plain launches)")
+	fs.StringVar(&f.quantPrefill, "quant-prefill", "bf16", "a quantized model's prefill products: bf16 (each weight dequantized to bf16 for chunks of 16 tokens or more, activations rounded to bf16; the bf16 model's rate) or quantized (the quantized kernels, float32 activations)")
 	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
 	fs.StringVar(&f.logitsOut, "logits-out", "", "write the first generated token's logits to FILE (little-endian float32)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
@@ -211,6 +212,9 @@ func runRun(e *env, args []string) error {
 	}
 	if f.graph != "auto" && f.graph != "off" {
 		return usagef("--graph %q: want auto or off", f.graph)
+	}
+	if f.quantPrefill != "bf16" && f.quantPrefill != "quantized" {
+		return usagef("--quant-prefill %q: want bf16 or quantized", f.quantPrefill)
 	}
 	sampling := engine.Sampling{MaxNew: f.maxNew, Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, IgnoreEOS: f.ignoreEOS}
 	if err := sampling.Validate(); err != nil {
@@ -302,7 +306,7 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
 		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing,
-			Profile: f.profile, Ungrouped: f.ungrouped, NoGraph: f.graph == "off"}, quiet: f.asJSON, pools: &f.pools, placement: &f.place}
+			Profile: f.profile, Ungrouped: f.ungrouped, NoGraph: f.graph == "off", QuantPrefill: f.quantPrefill == "quantized"}, quiet: f.asJSON, pools: &f.pools, placement: &f.place}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err

@@ -466,3 +466,35 @@ func TestRunPlacement(t *testing.T) {
 		t.Errorf("--placement sideways: exit %d, %s", code, errOut)
 	}
 }
+
+// A quantized model's prefill: --quant-prefill bf16 (the default) plans
+// the dequant scratch, which fit's prediction and the measured peak both
+// hold; quantized plans none; any other value is a bad command line.
+func TestRunQuantPrefill(t *testing.T) {
+	dir := t.TempDir()
+	m := filepath.Join(dir, "q.gguf")
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--dtype", "q4_k_m", "--out", m); code != 0 {
+		t.Fatalf("gen-model: exit %d: %s", code, errOut)
+	}
+	args := []string{"run", m, "--vram", "1GiB", "--prompt-ids", "5,17,300,42,9,11,13,2,8,99,100,101,7,6,5,4,3,21,22,23", "--max-new", "4", "--ignore-eos", "--json"}
+	runs := map[string]map[string]any{}
+	for _, v := range []string{"bf16", "quantized"} {
+		j := runJSONOut(t, append(args, "--quant-prefill", v)...)
+		peak, pred := j["peak_device_bytes"].(float64), j["predicted_peak_bytes"].(float64)
+		if pred < peak || pred > 1.05*peak {
+			t.Errorf("--quant-prefill %s: peak %v, predicted %v", v, peak, pred)
+		}
+		if n := len(tokensOf(j)); n != 4 {
+			t.Errorf("--quant-prefill %s: %d tokens", v, n)
+		}
+		runs[v] = j
+	}
+	// (20 prompt tokens in one chunk: the arena holds the bf16 weight of a
+	// block's largest product and the chunk's activations besides.)
+	if a, b := runs["bf16"]["arena_bytes"].(float64), runs["quantized"]["arena_bytes"].(float64); a <= b {
+		t.Errorf("arena %v with the dequant scratch, %v without", a, b)
+	}
+	if code, _, errOut := runVerbSim(t, append(args, "--quant-prefill", "f16")...); code != 2 || !strings.Contains(errOut, "want bf16 or quantized") {
+		t.Errorf("--quant-prefill f16: exit %d: %s", code, errOut)
+	}
+}

@@ -18,6 +18,14 @@
 #                            Q4_K_M resident (512 and 4,096 tokens of context)
 #                            against -ngl 99; --vram 8GiB against -ngl 18, 19
 #                            with nvidia-smi sampled
+#   scripts/gpu/wave3.sh 5   on a fresh machine: PTX; the RoPE that reads
+#                            GGUF's Q/K order and the decode attention
+#                            unrolled per head count, checked bit for bit
+#                            against what they replace and timed (32/8 and
+#                            32/32 heads), memcheck; llama-bench's build
+#                            started in the background
+#   scripts/gpu/wave3.sh 6   right after 5: bf16, Q4_K_M and the Llama-3-8B shape resident against
+#                            llama-bench on the same files
 #   scripts/gpu/wave3.sh 3   memwall quantize against llama-quantize
 #                            (scripts/gpu/quantize.sh) and the Q4_K_M at
 #                            --vram 3GiB against llama-bench's -ngl sweep
@@ -39,6 +47,7 @@ models=${MODELS:-/dev/shm/mw}
 mkdir -p "$models"
 bf=$models/llama-7b.gguf
 q4=$models/llama-7b-q4_k_m.gguf
+l3=$models/llama3-8b.gguf
 lc=/tmp/lc
 ptx=/tmp/wave3-sm90.ptx
 [ -f "$ptx" ] && export MEMWALL_KERNELS_PTX=$ptx
@@ -138,7 +147,7 @@ phase2() {
   lbench bf16-ngl99 -m "$bf" -ngl 99 -fa 1 -p 512 -n 128 -r 2
   lbench bf16-ngl99-d4096 -m "$bf" -ngl 99 -fa 1 -p 0 -n 128 -d 4096 -r 1
   mwrun q4-resident "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
-  lbench q4-ngl99 -m "$q4" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  lbench q4-ngl99 -m "$q4" -ngl 99 -fa 1 -p 512,2048 -n 128 -r 2
   mwrun bf16-8g-stream "$bf" --vram 8GiB --placement stream --prompt-ids "$p448" --max-new 64
   mwrun bf16-8g-auto "$bf" --vram 8GiB --placement auto --prompt-ids "$p448" --max-new 64
   lbench bf16-ngl18 -m "$bf" -ngl 18 -fa 1 -p 512 -n 32 -r 1
@@ -197,13 +206,57 @@ phase4() {
   mwrun q4-cpu "$q4" --device cpu --prompt-ids "$(prompt 16)" --max-new 32
   grep -E 'ERROR SUMMARY|^--- FAIL' "$log" | head -20
 }
+# phase5: see the header; phase6 on the same machine right after it.
+phase5() {
+  mkdir -p "$dir/ptx"
+  run "nvcc: PTX for compute_90 and compute_80" 400 scripts/build-ptx.sh "$dir/ptx"
+  gunzip -c "$dir/ptx/kernels_sm90.ptx.gz" >"$ptx" && export MEMWALL_KERNELS_PTX=$ptx
+  # (after nvcc, which it would slow down; it outlives this call)
+  [ -f /tmp/lc.rc ] || setsid nohup bash -c "'$anchors/build-llama.cpp.sh' $lc llama-bench >/tmp/lc.log 2>&1; echo \$? >/tmp/lc.rc" </dev/null >/dev/null 2>&1 &
+  [ -f "$bf" ] || run "gen-model 7B bf16" 120 "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf"
+  local q4pid=
+  [ -f "$q4" ] || { "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4" >"$dir/gen-q4.log" 2>&1 & q4pid=$!; }
+  [ -f "$l3" ] || { "$bin/memwall" gen-model --preset llama3-8b-shape --format gguf --out "$l3" >"$dir/gen-l3.log" 2>&1 & }
+  gtest "kernels: llama, rope_gguf, dequant" kernels 240 "$bin/kernels.test" -test.run 'TestCUDALlamaKernels|StepState|TestDequantCUDA|TestQuantCUDA' -test.v
+  gtest "kernels: attention speed" kernels 200 "$bin/kernels.test" -test.run 'TestCUDALlamaSpeed' -test.v
+  gtest "engine on the GPU" engine 300 "$bin/engine.test" -test.run 'TestRoPEGGUFBitIdentical|TestDecodeLaunches|TestFormatsAgree|TestDecodeGraph|TestAgainstReference|TestQuantizedAgainstReference|TestBatch|TestHybrid' -test.v
+  [ -z "$q4pid" ] || { wait "$q4pid"; status+=("gen-model 7B Q4_K_M rc $?"); }
+  pushd kernels >/dev/null || return
+  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer memcheck: llama kernels, dequant" 150 \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kernels.test" -test.run 'TestCUDALlamaKernels|TestDequantCUDA' -test.count 1
+  popd >/dev/null || return
+  grep -E "ERROR SUMMARY|^--- FAIL|^    [a-z_]+_test.go:[0-9]+:|KPERF attention_decode|KCHECK rope" "$log" | head -60
+}
+
+# phase6: after phase5 (its PTX, models and llama.cpp build), memwall and
+# llama-bench resident on the same files, nothing else running.
+phase6() {
+  for i in $(seq 1 100); do [ -f /tmp/lc.rc ] && break; sleep 5; done
+  [ "$(cat /tmp/lc.rc 2>/dev/null)" = 0 ] || { echo "llama.cpp build: rc $(cat /tmp/lc.rc 2>/dev/null)"; tail -5 /tmp/lc.log; }
+  local p448 p3968
+  p448=$(prompt 448); p3968=$(prompt 3968)
+  mwrun bf16-resident "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  mwrun bf16-profile "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 32 --profile
+  mwrun bf16-ctx4096 "$bf" --vram 20GiB --prompt-ids "$p3968" --max-new 128
+  mwrun q4-resident "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  mwrun q4-profile "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 32 --profile
+  mwrun q4-quantprefill "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 32 --quant-prefill quantized
+  mwrun q4-8g-p2048 "$q4" --vram 8GiB --prompt-ids "$(prompt 2048)" --max-new 32
+  lbench bf16-ngl99 -m "$bf" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  lbench bf16-ngl99-d4096 -m "$bf" -ngl 99 -fa 1 -p 0 -n 128 -d 4096 -r 1
+  lbench q4-ngl99 -m "$q4" -ngl 99 -fa 1 -p 512,2048 -n 128 -r 2
+  mwrun l3-8b-resident "$l3" --vram 30GiB --prompt-ids "$p448" --max-new 128
+  lbench l3-8b-ngl99 -m "$l3" -ngl 99 -fa 1 -p 512 -n 128 -r 1
+}
 
 case "${1:-}" in
   1) phase1 ;;
   4) phase4 ;;
+  5) phase5 ;;
+  6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

@@ -295,6 +295,33 @@ func TestConcurrentRequests(t *testing.T) {
 			prompts[i] = append(append([]int32(nil), prompts[0]...), prompts[i]...)[:min(len(prompts[0])+4, rigMaxTokens-maxNew)]
 		}
 	}
+	// Whether sequences are preempted depends on how the requests' arrivals
+	// interleave with the steps (on a loaded machine they can come one after
+	// another): the tokens are checked on every try, preemption and prefix
+	// hits on one of up to three.
+	var metrics []byte
+	for try := 1; ; try++ {
+		metrics = concurrentTry(t, prompts, maxNew)
+		preempted := !bytes.Contains(metrics, []byte(`vllm:num_preemptions_total{model_name="tiny"} 0`))
+		hit := !bytes.Contains(metrics, []byte(`vllm:prefix_cache_hits_total{model_name="tiny"} 0`))
+		if preempted && hit || try == 3 || t.Failed() {
+			break
+		}
+		t.Logf("try %d: preempted %v, prefix hit %v", try, preempted, hit)
+	}
+	if !bytes.Contains(metrics, []byte(`vllm:num_preemptions_total{model_name="tiny"}`)) || bytes.Contains(metrics, []byte(`vllm:num_preemptions_total{model_name="tiny"} 0`)) {
+		t.Errorf("no preemption with 10 blocks for 4 sequences of up to 4 blocks:\n%s", grep(metrics, "preemptions"))
+	}
+	if bytes.Contains(metrics, []byte(`vllm:prefix_cache_hits_total{model_name="tiny"} 0`)) {
+		t.Errorf("no prefix cache hit:\n%s", grep(metrics, "prefix"))
+	}
+}
+
+// concurrentTry is one round of TestConcurrentRequests on a new server:
+// every request's tokens checked, then the metrics once idle.
+func concurrentTry(t *testing.T, prompts [][]int32, maxNew int) []byte {
+	t.Helper()
+	n := len(prompts)
 	r, refs := newRig(t, rigOptions{maxSeqs: 4, kvBlocks: 10, refs: prompts, refNew: maxNew})
 	var wg sync.WaitGroup
 	errs := make([]string, n)
@@ -349,12 +376,7 @@ func TestConcurrentRequests(t *testing.T) {
 	}
 	r.waitIdle(t)
 	_, _, metrics := r.do(t, "GET", "/metrics", nil)
-	if !bytes.Contains(metrics, []byte(`vllm:num_preemptions_total{model_name="tiny"}`)) || bytes.Contains(metrics, []byte(`vllm:num_preemptions_total{model_name="tiny"} 0`)) {
-		t.Errorf("no preemption with 10 blocks for 4 sequences of up to 4 blocks:\n%s", grep(metrics, "preemptions"))
-	}
-	if bytes.Contains(metrics, []byte(`vllm:prefix_cache_hits_total{model_name="tiny"} 0`)) {
-		t.Errorf("no prefix cache hit:\n%s", grep(metrics, "prefix"))
-	}
+	return metrics
 }
 
 func grep(b []byte, word string) string {

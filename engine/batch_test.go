@@ -54,6 +54,9 @@ func TestBatchMatchesGenerate(t *testing.T) {
 	for _, f := range []string{synth.Safetensors, synth.GGUF} {
 		for _, budget := range []string{"resident", "streaming"} {
 			t.Run(f+"/"+budget, func(t *testing.T) {
+				if raceEnabled && testing.Short() && budget == "resident" {
+					t.Skip("numerics only (streaming's copies are the concurrency)")
+				}
 				m := open(t, modelPath(t, "tiny", f))
 				r := newRig(t, testDevice(t))
 				const maxSeqs, maxTokens = 6, 64

@@ -396,6 +396,9 @@ func TestBudgetTooSmall(t *testing.T) {
 // wanders, then checks every step's logits against the reference's over
 // the same sequence, and that the seed fixes the tokens.
 func TestSampledSteps(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find")
+	}
 	ctx := context.Background()
 	m := open(t, modelPath(t, "tiny", synth.GGUF))
 	ref, err := reference.New(m, "BF16")
@@ -655,6 +658,9 @@ func TestRandomBudgets(t *testing.T) {
 // peak stays within the budget; a budget that holds no chunk is refused
 // with the minimum at one token, which then runs.
 func TestAutoChunk(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find")
+	}
 	if onGPU() {
 		t.Skip("a simulated device with 64 KiB pages")
 	}

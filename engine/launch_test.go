@@ -145,6 +145,9 @@ func describe(c map[string]int) string {
 // and up where they touch; and the ungrouped step launches two products more per layer
 // (q, k, v as three, gate and up as two).
 func TestDecodeLaunches(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find")
+	}
 	totals := map[string]int{}
 	for _, f := range []string{synth.Safetensors, synth.GGUF} {
 		m := open(t, modelPath(t, "tiny", f))
@@ -328,6 +331,9 @@ func TestGroupedBitIdentical(t *testing.T) {
 // bits of the permutation product and RoPE it replaces, at every step and
 // in every mode (safetensors runs RoPE alone either way).
 func TestRoPEGGUFBitIdentical(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find")
+	}
 	bitIdenticalPairs(t, pairSpec{
 		modes:     []runMode{{name: "resident"}, {name: "streaming", streaming: true}},
 		labels:    [2]string{"rope from GGUF order", "permutation, then rope"},

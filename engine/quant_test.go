@@ -38,6 +38,9 @@ func quantModel(t *testing.T, ft string) string {
 // the float32 reference over the dequantized weights (teacher-forced,
 // near-tie margin) and the first logits against the reference's.
 func TestQuantizedAgainstReference(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("numerics only: no concurrency the race detector could find (streaming's is TestRandomBudgets')")
+	}
 	ctx := context.Background()
 	types := []string{"q4_k_m", "q4_0"}
 	if longtest.Enabled() {

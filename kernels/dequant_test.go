@@ -51,16 +51,7 @@ func dequantSuite(t *testing.T, d device.Device, s *Set) {
 func dequantCase(t *testing.T, r *rig, dt string, typ quant.Type, rng *rand.Rand, M, K, T int) {
 	t.Helper()
 	s := r.s
-	src := make([]float32, M*K)
-	for i := range src {
-		src[i] = float32(rng.NormFloat64())
-	}
-	w := make([]byte, M*(K/typ.BlockElems())*typ.BlockBytes())
-	must(t, quant.Quantize(typ, w, src))
-	x := make([]float32, T*K)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64() * 3)
-	}
+	w, x := randQuant(t, rng, typ, M, K), randNormal(rng, T*K, 3)
 	W, X := r.upload(w), r.f32(x)
 	need := DequantScratchBytes(uint32(M), uint32(K), uint32(T))
 	scratch := r.nans(need)
@@ -157,16 +148,7 @@ func TestDequantWithout(t *testing.T) {
 	r := newRig(t, d, s)
 	typ, _ := QuantType(Q4_K)
 	M, K, T := 8, 256, 20
-	w := make([]byte, M*typ.BlockBytes())
-	src := make([]float32, M*K)
-	for i := range src {
-		src[i] = float32(rng.NormFloat64())
-	}
-	must(t, quant.Quantize(typ, w, src))
-	x := make([]float32, T*K)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64())
-	}
+	w, x := randQuant(t, rng, typ, M, K), randNormal(rng, T*K, 1)
 	W, X := r.upload(w), r.f32(x)
 	need := DequantScratchBytes(uint32(M), uint32(K), uint32(T))
 	Y1, Y2 := r.nans(uint64(4*T*M)), r.nans(uint64(4*T*M))

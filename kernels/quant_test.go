@@ -38,16 +38,7 @@ func quantSuite(t *testing.T, d device.Device, s *Set) {
 			if typ.BlockElems() == 1 {
 				K = 1 + rng.IntN(300)
 			}
-			src := make([]float32, M*K)
-			for i := range src {
-				src[i] = float32(rng.NormFloat64())
-			}
-			w := make([]byte, M*(K/typ.BlockElems())*typ.BlockBytes())
-			must(t, quant.Quantize(typ, w, src))
-			x := make([]float32, T*K)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			w, x := randQuant(t, rng, typ, M, K), randNormal(rng, T*K, 1)
 			// W at any 2-byte and X at any 4-byte offset from an aligned
 			// allocation: each kernel path's alignment condition, both ways.
 			wOff, xOff := 2*rng.IntN(4), 4*rng.IntN(4)
@@ -95,6 +86,23 @@ func quantSuite(t *testing.T, d device.Device, s *Set) {
 	if err := s.Matmul(Q4_K, r.upload(make([]byte, 144)), r.f32(make([]float32, 128)), r.nans(4), 1, 128, 1, r.st); !errors.Is(err, ErrShape) {
 		t.Errorf("q4_k K=128: %v, want ErrShape", err)
 	}
+}
+
+// randQuant is an M×K matrix of normal values quantized to typ.
+func randQuant(t *testing.T, rng *rand.Rand, typ quant.Type, M, K int) []byte {
+	t.Helper()
+	w := make([]byte, M*(K/typ.BlockElems())*typ.BlockBytes())
+	must(t, quant.Quantize(typ, w, randNormal(rng, M*K, 1)))
+	return w
+}
+
+// randNormal is n normal values of standard deviation sd.
+func randNormal(rng *rand.Rand, n int, sd float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * sd)
+	}
+	return v
 }
 
 func TestQuantSim(t *testing.T) {

@@ -2722,6 +2722,598 @@ __device__ __forceinline__ void qmatmul_q6k_wide(const uint8_t* W, const float* 
     }
 }
 
+// ===========================================================================
+// Decode products over 8-bit activations: memwall_q8mv(X, K, T, then three
+// products (W, Y, M, kind)) computes, for each product with M > 0 and each
+// token t < T in turn, Y[t][m] ≈ Σ_k w[m][k]·X[t][k] for m < M with X[t]
+// quantized to 8 bits, the way llama.cpp's MMVQ kernels multiply: each
+// 32-element chunk c of X[t] becomes d_c = amax_c/127 and q_k =
+// rint(x_k·(127/amax_c)) (round half to even, clamped to ±127; 0 when
+// amax_c = 0; a NaN in the chunk makes d_c NaN), and the product is the
+// integer dot of the weights' quants with q, scaled by the blocks' scales
+// and d_c:
+//   Y[t][m] = Σ_c d_c · Σ_{k∈c} w[m][k]·q_k   (w as format/quant dequantizes it)
+// up to float32 rounding of that sum's terms (the kernel scales integer
+// dots — Q4_K: d·sc·Σq·x − dmin·m·Σx per sub-block — instead of rounding
+// each w·q). Against the float product the activations' rounding moves Y
+// by at most Σ_c d_c/2·Σ_{k∈c}|w[m][k]|. kind is kQ4_K or kQ6_K; the
+// products share X and K (a layer's q, k, v or gate, up: one launch).
+//
+// Why: a float32 product must dequantize every weight to a float and do one
+// FMA per weight; the H200 measured it bound by those instructions (a 7B
+// Q4_K_M at 575 GB/s of quantized bytes, 4 TB/s available). Here __dp4a
+// multiplies four quants by four activations in one instruction and the
+// nibble masks take two more per four weights.
+//
+// Layout: a block of 256 threads is two groups of four warps, each group
+// GR rows; a group's 32·4 lanes take its rows' 256-element
+// blocks kQ8Slots at a time, eight lanes a block (lane u = l%8 takes 32 of
+// its elements), the warps of a group side by side along K. Each lane loads
+// its 32 activations, quantizes them in registers (the lanes that share a
+// chunk exchange their maxima), and multiplies them into all the group's
+// rows; the weights of the first half of the rows are loaded before the
+// activations, the second half's before the first half's arithmetic. Partial
+// sums meet in shared memory. No staging and no barrier before the
+// arithmetic: the first step's loads all leave at once. W 16-byte aligned
+// for Q4_K (a 144-byte block keeps it), 2-byte for Q6_K; X 4-byte aligned
+// (16-byte: float4 loads).
+
+// GR, a template parameter, is the rows a group takes (8: memwall_q8mv,
+// 4: memwall_q8mv_r4, fewer registers and twice the blocks); H = GR/2.
+constexpr uint32_t kQ8Slots = 16;  // 256-element blocks a group takes a step
+
+// a NaN-propagating max of |v| into a (fmaxf drops a NaN)
+__device__ __forceinline__ float q8_absmax(float a, float v) {
+    const float b = fabsf(v);
+    return (b > a || b != b) ? b : a;
+}
+
+__device__ __forceinline__ uint32_t q8_round(float v, float id) {
+    const float r = rintf(__fmul_rn(v, id));
+    return (uint32_t)((int)fminf(fmaxf(r, -127.0f), 127.0f) & 0xFF);
+}
+
+// Quantizes this lane's N activations v of a 32-element chunk that L
+// consecutive lanes share (every lane of the warp calls it) into q, four
+// to a word; returns d_c.
+template <int N, int L>
+__device__ __forceinline__ float q8_quant(const float (&v)[N], uint32_t (&q)[N / 4]) {
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; i++) a = q8_absmax(a, v[i]);
+#pragma unroll
+    for (int o = 1; o < L; o *= 2) a = q8_absmax(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+    const float d = __fdiv_rn(a, 127.0f);
+    const float id = a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < N / 4; i++)
+        q[i] = q8_round(v[4 * i], id) | q8_round(v[4 * i + 1], id) << 8 | q8_round(v[4 * i + 2], id) << 16 |
+               q8_round(v[4 * i + 3], id) << 24;
+    return d;
+}
+
+// N floats at p (4-byte aligned; 16-byte when v4), or zeros when !ok.
+template <int N>
+__device__ __forceinline__ void q8_ldx(const float* p, bool v4, bool ok, float (&v)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok && v4)
+            f = __ldg(reinterpret_cast<const float4*>(p + i));
+        else if (ok)
+            f = make_float4(__ldg(p + i), __ldg(p + i + 1), __ldg(p + i + 2), __ldg(p + i + 3));
+        v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+    }
+}
+
+// Σ of the signed bytes of the words.
+template <int N>
+__device__ __forceinline__ int q8_sum(const uint32_t (&q)[N]) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < N; i++) s = __dp4a(0x01010101, (int)q[i], s);
+    return s;
+}
+
+// Q4_K: lane u takes quant bytes 16u..16u+15 of a block (one 16-byte
+// load): their low nibbles are elements e0 + i (e0 = 64g + 16h, g = u/2,
+// h = u%2, i < 16: sub-block 2g), their high nibbles e0 + 32 + i
+// (sub-block 2g + 1); the block's header (d, dmin, 12 scale bytes) is one
+// 16-byte load the eight lanes share.
+template <uint32_t H>
+struct Q4KRows {
+    uint4 hd[H], q[H];
+};
+
+template <uint32_t H>
+__device__ __forceinline__ void q4k_load(const uint4* row0, uint64_t rowVecs, uint32_t rows, uint32_t b, uint32_t u,
+                                         bool ok, Q4KRows<H>& s) {
+#pragma unroll
+    for (uint32_t r = 0; r < H; r++) {
+        const uint4* blk = row0 + min(r, rows - 1) * rowVecs + 9 * b;
+        s.hd[r] = ok ? __ldg(blk) : make_uint4(0, 0, 0, 0);
+        s.q[r] = ok ? __ldg(blk + 1 + u) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+struct Q4KAct {
+    uint32_t l[4], h[4];
+    float dl, dh, sl, sh;
+};
+
+__device__ __forceinline__ void q4k_act(const float* x, bool v4, uint32_t b, uint32_t u, bool ok, Q4KAct& a) {
+    float lo[16], hi[16];
+    const float* p = x + 256ull * b + 64 * (u / 2) + 16 * (u % 2);
+    q8_ldx(p, v4, ok, lo);
+    q8_ldx(p + 32, v4, ok, hi);
+    a.dl = q8_quant<16, 2>(lo, a.l);
+    a.dh = q8_quant<16, 2>(hi, a.h);
+    a.sl = (float)q8_sum(a.l);
+    a.sh = (float)q8_sum(a.h);
+}
+
+template <uint32_t H>
+__device__ __forceinline__ void q4k_mul(const Q4KRows<H>& s, const Q4KAct& a, uint32_t u, float* acc) {
+    const uint32_t g = u / 2;
+#pragma unroll
+    for (uint32_t r = 0; r < H; r++) {
+        const uint4 hd = s.hd[r], q = s.q[r];
+        const float d = f16_to_f32(hd.x & 0xFFFF), dmin = f16_to_f32(hd.x >> 16);
+        const uint32_t sw[3] = {hd.y, hd.z, hd.w};
+        uint32_t sc, mn;
+        q_scale_min_w(sw, 2 * g, sc, mn);
+        const float dl = __fmul_rn(d, (float)sc), ml = __fmul_rn(dmin, (float)mn);
+        q_scale_min_w(sw, 2 * g + 1, sc, mn);
+        const float dh = __fmul_rn(d, (float)sc), mh = __fmul_rn(dmin, (float)mn);
+        const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+        int il = 0, ih = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            il = __dp4a((int)(qw[i] & 0x0F0F0F0Fu), (int)a.l[i], il);
+            ih = __dp4a((int)((qw[i] >> 4) & 0x0F0F0F0Fu), (int)a.h[i], ih);
+        }
+        acc[r] += a.dl * (dl * (float)il - ml * a.sl) + a.dh * (dh * (float)ih - mh * a.sh);
+    }
+}
+
+// Q6_K: lane u takes elements 128n + 32j + p + i of a block (n = u/4,
+// p = 8(u%4), j < 4, i < 8): eight bytes of ql at 64n + p and at
+// 64n + 32 + p (low nibbles for j = 0, 1, high for j = 2, 3), eight of qh
+// at 128 + 32n + p (two bits a j), and scales 8n + 2j + (u%4)/2. A block is
+// 210 bytes, so a row's blocks are only 2-byte aligned: 8-byte runs are
+// read as the aligned words that hold them and shifted into place.
+template <uint32_t H>
+struct Q6KRows {
+    uint2 l0[H], l1[H], h[H];
+    uint32_t sc[H];  // the lane's four int8 scales, j = 0..3
+    float d[H];
+};
+
+// The 8 bytes at p (2-byte aligned) as two little-endian words; reads the
+// aligned words that hold them (up to 4 bytes past the run, inside the
+// block for every run q6k_load reads).
+__device__ __forceinline__ uint2 q8_ld8(const uint8_t* p) {
+    const uint32_t* a = reinterpret_cast<const uint32_t*>((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 2u) * 8;
+    const uint32_t w0 = __ldg(a), w1 = __ldg(a + 1), w2 = __ldg(a + 2);
+    return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+
+template <uint32_t H>
+__device__ __forceinline__ void q6k_load(const uint8_t* row0, uint64_t rowBytes, uint32_t rows, uint32_t b,
+                                         uint32_t u, bool ok, Q6KRows<H>& s) {
+    const uint32_t n = u / 4, p = 8 * (u % 4), o = (u % 4) / 2;
+#pragma unroll
+    for (uint32_t r = 0; r < H; r++) {
+        if (!ok) {
+            s.l0[r] = s.l1[r] = s.h[r] = make_uint2(0, 0);
+            s.sc[r] = 0, s.d[r] = 0.0f;
+            continue;
+        }
+        const uint8_t* blk = row0 + min(r, rows - 1) * rowBytes + 210ull * b;
+        s.l0[r] = q8_ld8(blk + 64 * n + p);
+        s.l1[r] = q8_ld8(blk + 64 * n + 32 + p);
+        s.h[r] = q8_ld8(blk + 128 + 32 * n + p);
+        // scale 2j + o of the eight at 192 + 8n: byte o of the pair j
+        const uint16_t* sc = reinterpret_cast<const uint16_t*>(blk + 192 + 8 * n);
+        uint32_t w = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < 4; j++) w |= ((uint32_t)(__ldg(sc + j) >> (8 * o)) & 0xFF) << (8 * j);
+        s.sc[r] = w;
+        s.d[r] = f16_to_f32(__ldg(reinterpret_cast<const uint16_t*>(blk + 208)));
+    }
+}
+
+struct Q6KAct {
+    uint32_t q[4][2];
+    float d[4];
+    int s32[4];  // 32·Σq of each j (the quants' offset)
+};
+
+__device__ __forceinline__ void q6k_act(const float* x, bool v4, uint32_t b, uint32_t u, bool ok, Q6KAct& a) {
+    const float* p = x + 256ull * b + 128 * (u / 4) + 8 * (u % 4);
+#pragma unroll
+    for (uint32_t j = 0; j < 4; j++) {
+        float v[8];
+        q8_ldx(p + 32 * j, v4, ok, v);
+        a.d[j] = q8_quant<8, 4>(v, a.q[j]);
+        a.s32[j] = 32 * q8_sum(a.q[j]);
+    }
+}
+
+template <uint32_t H>
+__device__ __forceinline__ void q6k_mul(const Q6KRows<H>& s, const Q6KAct& a, float* acc) {
+#pragma unroll
+    for (uint32_t r = 0; r < H; r++) {
+        float sum = 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < 4; j++) {
+            const uint2 lo = j & 1 ? s.l1[r] : s.l0[r];
+            const uint32_t ls = (j >> 1) * 4;
+            const uint32_t v0 = ((lo.x >> ls) & 0x0F0F0F0Fu) | (((s.h[r].x >> (2 * j)) & 0x03030303u) << 4);
+            const uint32_t v1 = ((lo.y >> ls) & 0x0F0F0F0Fu) | (((s.h[r].y >> (2 * j)) & 0x03030303u) << 4);
+            const int iq = __dp4a((int)v0, (int)a.q[j][0], __dp4a((int)v1, (int)a.q[j][1], 0)) - a.s32[j];
+            const float ds = __fmul_rn(s.d[r], (float)(int8_t)((s.sc[r] >> (8 * j)) & 0xFF));
+            sum += a.d[j] * (ds * (float)iq);
+        }
+        acc[r] += sum;
+    }
+}
+
+// One product's rows [m0, m0 + rows) (rows ≤ GR) for token x: the group's
+// partial sums into acc. slot = the lane's block within a step.
+template <int kind, uint32_t GR>
+__device__ __forceinline__ void q8mv_rows(const uint8_t* W, uint64_t rb, uint64_t m0, uint32_t rows, const float* x,
+                                          bool v4, uint32_t nb, uint32_t slot, uint32_t u, float (&acc)[GR]) {
+    constexpr uint32_t kQ8Half = GR / 2;
+    const uint8_t* row0 = W + m0 * rb;
+    for (uint32_t b0 = 0; b0 < nb; b0 += kQ8Slots) {
+        const uint32_t b = b0 + slot;
+        const bool ok = b < nb;
+        if constexpr (kind == kQ4_K) {
+            const uint4* r0 = reinterpret_cast<const uint4*>(row0);
+            Q4KRows<kQ8Half> w0, w1;
+            Q4KAct a;
+            q4k_load(r0, rb / 16, rows, b, u, ok, w0);
+            q4k_act(x, v4, b, u, ok, a);
+            q4k_load(r0 + kQ8Half * (rb / 16), rb / 16, rows > kQ8Half ? rows - kQ8Half : 1, b, u,
+                     ok && rows > kQ8Half, w1);
+            if (ok) {
+                q4k_mul(w0, a, u, acc);
+                q4k_mul(w1, a, u, acc + kQ8Half);
+            }
+        } else {
+            Q6KRows<kQ8Half> w0, w1;
+            Q6KAct a;
+            q6k_load(row0, rb, rows, b, u, ok, w0);
+            q6k_act(x, v4, b, u, ok, a);
+            q6k_load(row0 + kQ8Half * rb, rb, rows > kQ8Half ? rows - kQ8Half : 1, b, u, ok && rows > kQ8Half, w1);
+            if (ok) {
+                q6k_mul(w0, a, acc);
+                q6k_mul(w1, a, acc + kQ8Half);
+            }
+        }
+    }
+}
+
+struct Q8Product {
+    const void* W;
+    float* Y;
+    uint32_t M, kind;
+};
+
+template <uint32_t GR>
+__device__ __forceinline__ void q8mv_group(const float* X, uint32_t K, uint32_t T, const void* W0, float* Y0,
+                                           uint32_t M0, uint32_t k0, const void* W1, float* Y1, uint32_t M1,
+                                           uint32_t k1, const void* W2, float* Y2, uint32_t M2, uint32_t k2) {
+    constexpr uint32_t kQ8GroupRows = GR, kQ8Rows = 2 * GR;
+    __shared__ float red[8][GR];
+    // this block's product and its block within it (selects, not an
+    // indexed array: that would live in local memory)
+    const uint32_t n0 = (M0 + kQ8Rows - 1) / kQ8Rows, n1 = (M1 + kQ8Rows - 1) / kQ8Rows;
+    uint32_t blk = blockIdx.x;
+    Q8Product p = {W0, Y0, M0, k0};
+    if (blk >= n0 + n1) {
+        p = {W2, Y2, M2, k2};
+        blk -= n0 + n1;
+    } else if (blk >= n0) {
+        p = {W1, Y1, M1, k1};
+        blk -= n0;
+    }
+    const uint32_t nb = K / 256;
+    const uint64_t rb = (p.kind == kQ4_K ? 144ull : 210ull) * nb;
+    gemv_enter(p.W, rb, p.M, (uint64_t)blk * kQ8Rows, kQ8Rows, (16u << 10) | 0x20000000u);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, u = lane % 8;
+    const uint32_t slot = 4 * (warp % 4) + lane / 8;
+    const uint64_t m0 = (uint64_t)blk * kQ8Rows + kQ8GroupRows * (warp / 4);
+    const uint32_t rows = m0 < p.M ? (uint32_t)min((uint64_t)kQ8GroupRows, p.M - m0) : 0;
+    const bool v4 = ((uintptr_t)X & 15u) == 0 && K % 4 == 0;
+    for (uint32_t t = 0; t < T; t++) {
+        float acc[kQ8GroupRows];
+#pragma unroll
+        for (uint32_t r = 0; r < kQ8GroupRows; r++) acc[r] = 0.0f;
+        if (rows > 0) {  // (uniform over a group: its warps' shuffles stay whole)
+            const float* x = X + (uint64_t)t * K;
+            const uint8_t* w = static_cast<const uint8_t*>(p.W);
+            if (p.kind == kQ4_K)
+                q8mv_rows<kQ4_K, GR>(w, rb, m0, rows, x, v4, nb, slot, u, acc);
+            else
+                q8mv_rows<kQ6_K, GR>(w, rb, m0, rows, x, v4, nb, slot, u, acc);
+        }
+#pragma unroll
+        for (uint32_t r = 0; r < kQ8GroupRows; r++) {
+            float s = acc[r];
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+            if (lane == 0) red[warp][r] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x < kQ8Rows) {
+            const uint32_t g = threadIdx.x / kQ8GroupRows, r = threadIdx.x % kQ8GroupRows;
+            const uint64_t m = (uint64_t)blk * kQ8Rows + threadIdx.x;
+            if (m < p.M)
+                p.Y[(uint64_t)t * p.M + m] = red[4 * g][r] + red[4 * g + 1][r] + red[4 * g + 2][r] + red[4 * g + 3][r];
+        }
+        __syncthreads();
+    }
+}
+
+#define MEMWALL_Q8MV_ENTRY(NAME, GR)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+        NAME(const float* X, uint32_t K, uint32_t T, const void* W0, float* Y0, uint32_t M0, uint32_t k0,  \
+             const void* W1, float* Y1, uint32_t M1, uint32_t k1, const void* W2, float* Y2, uint32_t M2,  \
+             uint32_t k2) {                                                                               \
+        q8mv_group<GR>(X, K, T, W0, Y0, M0, k0, W1, Y1, M1, k1, W2, Y2, M2, k2);                         \
+    }
+
+MEMWALL_Q8MV_ENTRY(memwall_q8mv, 8)
+MEMWALL_Q8MV_ENTRY(memwall_q8mv_r4, 4)
+
+
+// memwall_q8mvs_<type>(W, X, Y, M, K, T), Q4_K and Q6_K: the same product
+// as memwall_q8mv (the same activations, the same integer dots; only the
+// float32 order of the sum differs) for one product, laid out otherwise: a
+// block of 256 threads takes kQ8SRows consecutive rows, a warp
+// kQ8SRowsPerWarp of them side by side along all of K; the block first
+// stages X[t] (up to kQ8SSlab elements at a time) quantized into shared
+// memory, its first step's weights already loaded, then each warp walks its
+// rows' blocks four at a time with the next step's weights loaded before
+// the current step's arithmetic. Fewer registers than memwall_q8mv and
+// every block reads X once for 32 rows; but a launch per product, and a
+// barrier before the arithmetic. Set.SetQ8Layout chooses.
+
+constexpr uint32_t kQ8SSlab = 16384;      // activations staged at a time
+constexpr uint32_t kQ8SRowsPerWarp = 4;
+constexpr uint32_t kQ8SRows = 8 * kQ8SRowsPerWarp;  // rows a block
+
+struct Q8SStage {
+    int8_t q[kQ8SSlab];      // the slab's quantized activations
+    float d[kQ8SSlab / 32];  // d_c per 32-element chunk
+};
+
+
+__device__ __forceinline__ int q8s_round(float v, float id) {
+    const float r = rintf(__fmul_rn(v, id));
+    return (int)fminf(fmaxf(r, -127.0f), 127.0f);
+}
+
+// Quantizes x[0, n) (n a multiple of 256) into st; every thread of the
+// block calls it. Eight lanes share a 32-element chunk, four elements each.
+__device__ __forceinline__ void q8s_stage(const float* x, uint32_t n, Q8SStage& st) {
+    const bool v4 = ((uintptr_t)x & 15u) == 0;
+    for (uint32_t i = 4 * threadIdx.x; i < n; i += 4 * blockDim.x) {
+        float v0, v1, v2, v3;
+        if (v4) {
+            const float4 f = __ldg(reinterpret_cast<const float4*>(x + i));
+            v0 = f.x, v1 = f.y, v2 = f.z, v3 = f.w;
+        } else {
+            v0 = __ldg(x + i), v1 = __ldg(x + i + 1), v2 = __ldg(x + i + 2), v3 = __ldg(x + i + 3);
+        }
+        float a = q8_absmax(q8_absmax(q8_absmax(q8_absmax(0.0f, v0), v1), v2), v3);
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2) a = q8_absmax(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+        const float d = __fdiv_rn(a, 127.0f);
+        const float id = a > 0.0f ? __fdiv_rn(127.0f, a) : 0.0f;
+        const uint32_t p = (uint32_t)(q8s_round(v0, id) & 0xFF) | (uint32_t)(q8s_round(v1, id) & 0xFF) << 8 |
+                           (uint32_t)(q8s_round(v2, id) & 0xFF) << 16 | (uint32_t)(q8s_round(v3, id) & 0xFF) << 24;
+        *reinterpret_cast<uint32_t*>(st.q + i) = p;
+        if ((threadIdx.x & 7u) == 0) st.d[i / 32] = d;
+    }
+}
+
+// Σ of the 16 (int4) or 8 (int2) signed bytes.
+__device__ __forceinline__ int q8s_sum16(const int4 v) {
+    return __dp4a(0x01010101, v.x, __dp4a(0x01010101, v.y, __dp4a(0x01010101, v.z, __dp4a(0x01010101, v.w, 0))));
+}
+
+__device__ __forceinline__ int q8s_sum8(const int2 v) {
+    return __dp4a(0x01010101, v.x, __dp4a(0x01010101, v.y, 0));
+}
+
+// The warp's sums acc[r] reduced; lane 0 writes Y[m0 + r] for rows < M.
+__device__ __forceinline__ void q8s_store(const float (&acc)[kQ8SRowsPerWarp], float* Y, uint32_t M, uint64_t m0,
+                                         uint32_t lane) {
+#pragma unroll
+    for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) {
+        float s = acc[r];
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+        if (lane == 0 && m0 + r < M) Y[m0 + r] = s;
+    }
+}
+
+// Q4_K: lane u takes quant bytes 16u..16u+15 of each block (one 16-byte
+// load): the low nibbles are elements 64g + 16h + i of the block (g = u/2,
+// h = u%2, i < 16: sub-block 2g), the high nibbles the same 32 further on
+// (sub-block 2g + 1); the block's header (d, dmin, 12 scale bytes) is one
+// 16-byte load all eight lanes share.
+struct Q4KSStep {
+    uint4 hd[kQ8SRowsPerWarp], q[kQ8SRowsPerWarp];
+};
+
+__device__ __forceinline__ void q4ks_load(const uint4* const* rows, uint32_t b, uint32_t u,
+                                         Q4KSStep& s) {
+#pragma unroll
+    for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) {
+        s.hd[r] = __ldg(rows[r] + 9 * b);
+        s.q[r] = __ldg(rows[r] + 9 * b + 1 + u);
+    }
+}
+
+__device__ __forceinline__ void q4ks_step(const Q4KSStep& s, const Q8SStage& st, uint32_t b, uint32_t u,
+                                         float (&acc)[kQ8SRowsPerWarp]) {
+    const uint32_t g = u / 2, e = 256 * b + 64 * g + 16 * (u % 2);
+    const int4 xl = *reinterpret_cast<const int4*>(st.q + e);
+    const int4 xh = *reinterpret_cast<const int4*>(st.q + e + 32);
+    const float dxl = st.d[8 * b + 2 * g], dxh = st.d[8 * b + 2 * g + 1];
+    const float sxl = (float)q8s_sum16(xl), sxh = (float)q8s_sum16(xh);
+#pragma unroll
+    for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) {
+        const uint4 hd = s.hd[r], q = s.q[r];
+        const float d = f16_to_f32(hd.x & 0xFFFF), dmin = f16_to_f32(hd.x >> 16);
+        const uint32_t sw[3] = {hd.y, hd.z, hd.w};
+        uint32_t sc, mn;
+        q_scale_min_w(sw, 2 * g, sc, mn);
+        const float dl = __fmul_rn(d, (float)sc), ml = __fmul_rn(dmin, (float)mn);
+        q_scale_min_w(sw, 2 * g + 1, sc, mn);
+        const float dh = __fmul_rn(d, (float)sc), mh = __fmul_rn(dmin, (float)mn);
+        const int il = __dp4a((int)(q.x & 0x0F0F0F0Fu), xl.x,
+                              __dp4a((int)(q.y & 0x0F0F0F0Fu), xl.y,
+                                     __dp4a((int)(q.z & 0x0F0F0F0Fu), xl.z, __dp4a((int)(q.w & 0x0F0F0F0Fu), xl.w, 0))));
+        const int ih = __dp4a((int)((q.x >> 4) & 0x0F0F0F0Fu), xh.x,
+                              __dp4a((int)((q.y >> 4) & 0x0F0F0F0Fu), xh.y,
+                                     __dp4a((int)((q.z >> 4) & 0x0F0F0F0Fu), xh.z,
+                                            __dp4a((int)((q.w >> 4) & 0x0F0F0F0Fu), xh.w, 0))));
+        acc[r] += dxl * (dl * (float)il - ml * sxl) + dxh * (dh * (float)ih - mh * sxh);
+    }
+}
+
+// Q6_K: lane u takes elements 128n + 32j + p + i of each block (n = u/4,
+// p = 8(u%4), j < 4, i < 8): eight bytes of ql at 64n + p and at
+// 64n + 32 + p (low nibbles j = 0, 1, high nibbles j = 2, 3), eight of qh at
+// 128 + 32n + p (two bits a j), and the scales 8n + 2j + (u%4)/2. A block is
+// 210 bytes, so a row's blocks are only 2-byte aligned: 8-byte runs are
+// read as aligned words and shifted into place.
+struct Q6KSStep {
+    uint2 l0[kQ8SRowsPerWarp], l1[kQ8SRowsPerWarp], h[kQ8SRowsPerWarp];
+    uint32_t sc[kQ8SRowsPerWarp];  // the four int8 scales j = 0..3
+    float d[kQ8SRowsPerWarp];
+};
+
+
+__device__ __forceinline__ void q6ks_load(const uint8_t* const* rows, uint32_t b, uint32_t u,
+                                         Q6KSStep& s) {
+    const uint32_t n = u / 4, p = 8 * (u % 4), o = (u % 4) / 2;
+#pragma unroll
+    for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) {
+        const uint8_t* blk = rows[r] + 210ull * b;
+        s.l0[r] = q8_ld8(blk + 64 * n + p);
+        s.l1[r] = q8_ld8(blk + 64 * n + 32 + p);
+        s.h[r] = q8_ld8(blk + 128 + 32 * n + p);
+        const uint16_t* sc = reinterpret_cast<const uint16_t*>(blk + 192 + 8 * n);
+        // scale 2j + o of the eight at 192 + 8n: byte o of the pair j
+        const uint32_t s0 = __ldg(sc) >> (8 * o), s1 = __ldg(sc + 1) >> (8 * o);
+        const uint32_t s2 = __ldg(sc + 2) >> (8 * o), s3 = __ldg(sc + 3) >> (8 * o);
+        s.sc[r] = (s0 & 0xFF) | (s1 & 0xFF) << 8 | (s2 & 0xFF) << 16 | (s3 & 0xFF) << 24;
+        s.d[r] = f16_to_f32(__ldg(reinterpret_cast<const uint16_t*>(blk + 208)));
+    }
+}
+
+__device__ __forceinline__ void q6ks_step(const Q6KSStep& s, const Q8SStage& st, uint32_t b, uint32_t u,
+                                         float (&acc)[kQ8SRowsPerWarp]) {
+    const uint32_t n = u / 4, p = 8 * (u % 4);
+    int2 x[4];
+    float dx[4];
+    int sx[4];
+#pragma unroll
+    for (uint32_t j = 0; j < 4; j++) {
+        x[j] = *reinterpret_cast<const int2*>(st.q + 256 * b + 128 * n + 32 * j + p);
+        dx[j] = st.d[8 * b + 4 * n + j];
+        sx[j] = 32 * q8s_sum8(x[j]);
+    }
+#pragma unroll
+    for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) {
+        float a = 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < 4; j++) {
+            const uint2 lo = j & 1 ? s.l1[r] : s.l0[r];
+            const uint32_t ls = (j >> 1) * 4;
+            const uint32_t v0 = ((lo.x >> ls) & 0x0F0F0F0Fu) | (((s.h[r].x >> (2 * j)) & 0x03030303u) << 4);
+            const uint32_t v1 = ((lo.y >> ls) & 0x0F0F0F0Fu) | (((s.h[r].y >> (2 * j)) & 0x03030303u) << 4);
+            const int iq = __dp4a((int)v0, x[j].x, __dp4a((int)v1, x[j].y, 0)) - sx[j];
+            const float ds = __fmul_rn(s.d[r], (float)(int8_t)((s.sc[r] >> (8 * j)) & 0xFF));
+            a += dx[j] * (ds * (float)iq);
+        }
+        acc[r] += a;
+    }
+}
+
+// The product for one weight type: Step/load/step are the type's.
+template <int kind>
+__device__ __forceinline__ void q8mvs(const uint8_t* W, const float* X, float* Y, uint32_t M, uint32_t K, uint32_t T) {
+    __shared__ __align__(16) Q8SStage st;
+    const uint32_t lane = threadIdx.x % 32, u = lane % 8;
+    const uint64_t m0 = (uint64_t)blockIdx.x * kQ8SRows + (threadIdx.x / 32) * kQ8SRowsPerWarp;
+    const uint32_t nb = K / 256;
+    const uint64_t rb = (kind == kQ4_K ? 144ull : 210ull) * nb;
+    gemv_enter(W, rb, M, (uint64_t)blockIdx.x * kQ8SRows, kQ8SRows, (16u << 10) | 0x20000000u);
+    const uint8_t* rows[kQ8SRowsPerWarp];
+#pragma unroll
+    for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) rows[r] = W + min(m0 + r, (uint64_t)M - 1) * rb;
+    for (uint32_t t = 0; t < T; t++) {
+        float acc[kQ8SRowsPerWarp];
+#pragma unroll
+        for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) acc[r] = 0.0f;
+        for (uint32_t k0 = 0; k0 < K; k0 += kQ8SSlab) {
+            const uint32_t n = min(kQ8SSlab, K - k0), b0 = k0 / 256, bn = n / 256;
+            uint32_t b = lane / 8;
+            if constexpr (kind == kQ4_K) {
+                const uint4* rw[kQ8SRowsPerWarp];
+#pragma unroll
+                for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) rw[r] = reinterpret_cast<const uint4*>(rows[r]) + 9 * b0;
+                Q4KSStep cur;
+                if (b < bn) q4ks_load(rw, b, u, cur);  // before the staging: its latency overlaps
+                __syncthreads();                      // the previous slab is consumed
+                q8s_stage(X + (uint64_t)t * K + k0, n, st);
+                __syncthreads();
+                while (b < bn) {
+                    Q4KSStep next;
+                    if (b + 4 < bn) q4ks_load(rw, b + 4, u, next);
+                    q4ks_step(cur, st, b, u, acc);
+                    cur = next;
+                    b += 4;
+                }
+            } else {
+                const uint8_t* rw[kQ8SRowsPerWarp];
+#pragma unroll
+                for (uint32_t r = 0; r < kQ8SRowsPerWarp; r++) rw[r] = rows[r] + 210ull * b0;
+                Q6KSStep cur;
+                if (b < bn) q6ks_load(rw, b, u, cur);
+                __syncthreads();
+                q8s_stage(X + (uint64_t)t * K + k0, n, st);
+                __syncthreads();
+                while (b < bn) {
+                    Q6KSStep next;
+                    if (b + 4 < bn) q6ks_load(rw, b + 4, u, next);
+                    q6ks_step(cur, st, b, u, acc);
+                    cur = next;
+                    b += 4;
+                }
+            }
+        }
+        q8s_store(acc, Y + (uint64_t)t * M, M, m0, lane);
+    }
+}
+
+#define MEMWALL_Q8MVS_ENTRY(NAME, kind)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const void* W, const float* X, float* Y,      \
+                                                           uint32_t M, uint32_t K, uint32_t T) {        \
+        q8mvs<kind>(static_cast<const uint8_t*>(W), X, Y, M, K, T);                                     \
+    }
+
+MEMWALL_Q8MVS_ENTRY(memwall_q8mvs_q4_k, kQ4_K)
+MEMWALL_Q8MVS_ENTRY(memwall_q8mvs_q6_k, kQ6_K)
+
 template <int kind>
 __device__ __forceinline__ void qembed(const uint8_t* table, const int32_t* ids, float* out, uint32_t T,
                                        uint32_t H) {

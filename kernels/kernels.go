@@ -285,6 +285,8 @@ type Set struct {
 	llama     llamaFuncs
 	extra     map[string]device.Function // the ExtraNames the module has (resolveExtra)
 	ropeOff   bool                       // RoPEGGUF turned off (SetRoPEGGUF)
+	q8Off     bool                       // 8-bit-activation products turned off (SetQ8Activations)
+	q8Layout  Q8Layout                   // their kernels' layout (SetQ8Layout)
 	state     stateFuncs                 // the step-state kernels, when the module has them (stepstate.go)
 	blocks    uint32                     // grid cap for the grid-stride kernels
 	sms       uint32                     // multiprocessors (a guess when the device does not say)
@@ -359,6 +361,14 @@ func Load(d device.Device, getenv func(string) string) (*Set, error) {
 	}
 	if getenv(EnvPDL) == "0" {
 		s.SetOverlap(false)
+	}
+	if v := getenv(EnvQ8Layout); v != "" {
+		l, ok := q8LayoutNames[v]
+		if !ok {
+			s.Close()
+			return nil, fmt.Errorf("kernels: %s=%q: want staged, grouped or grouped-r4: %w", EnvQ8Layout, v, device.ErrInvalid)
+		}
+		s.SetQ8Layout(l)
 	}
 	if v := getenv(EnvPrefetch); v != "" {
 		n, perr := strconv.ParseUint(v, 10, 29)
@@ -453,6 +463,8 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 		s.overlap, s.overlapOn = ol, true
 	}
 	s.prefetch = DefaultGemvPrefetch
+	s.q8Off = info.Backend == cpuBackend
+	s.q8Layout = DefaultQ8Layout
 	s.groupOverlap = true
 	s.flashOK = s.tensor
 	s.flash = s.flashOK

@@ -22,7 +22,8 @@ func TestCUDASourceNamesEveryKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+|[A-Z_]+\s+)?(\w+)\s*\(`)
+	// (a macro's declaration may continue the line with a backslash)
+	re := regexp.MustCompile(`extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)(?:\s|\\)+|[A-Z_]+\s+)?(\w+)\s*\(`)
 	var defined []string
 	macros := 0 // the entry-defining macros' own declarations (their NAME parameter)
 	for _, m := range re.FindAllSubmatch(src, -1) {

@@ -36,7 +36,7 @@ func ExtraNames() []string {
 	for _, dt := range QuantDTypes() {
 		n = append(n, QDequantName(dt))
 	}
-	return n
+	return append(n, q8Names()...)
 }
 
 // attnLanes are the elements per lane E of the split-attention entries:

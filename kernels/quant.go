@@ -125,22 +125,33 @@ func (s *Set) quantKernel(name string) (device.Function, error) {
 // matmulQuant is Matmul for a block-quantized W: X and Y float32.
 func (s *Set) matmulQuant(dtype string, W, X, Y device.Ptr, M, K, T uint32, st device.Stream) error {
 	name := QMatmulName(dtype)
-	if _, err := QuantRowBytes(dtype, K); err != nil {
-		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", name, M, K, T, err)
-	}
-	if err := errors.Join(checkPtr(name, "W", W, 2), checkPtr(name, "X", X, 4), checkPtr(name, "Y", Y, 4)); err != nil {
+	if err := s.checkQuant(name, dtype, W, X, Y, M, K, T); err != nil {
 		return err
 	}
-	g := ceilDiv(M, quantRows)
-	if g > maxGridX {
-		return fmt.Errorf("kernels: %s M=%d: grid %d exceeds %d: %w", name, M, g, maxGridX, ErrShape)
+	if s.q8Path(dtype, W, T) && M > 0 {
+		return s.launchQ8(X, K, T, []QMatmulOp{{DType: dtype, W: W, Y: Y, M: M}}, st)
 	}
+	g := ceilDiv(M, quantRows)
 	f, err := s.quantKernel(name)
 	if err != nil {
 		return err
 	}
 	if err := s.launchK(f, device.Dim3{X: g, Y: 1, Z: 1}, blockDim(), 0, st, W, X, Y, M, K, T); err != nil {
 		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", name, M, K, T, err)
+	}
+	return nil
+}
+
+// checkQuant checks a quantized product's operands for kernel name.
+func (s *Set) checkQuant(name, dtype string, W, X, Y device.Ptr, M, K, T uint32) error {
+	if _, err := QuantRowBytes(dtype, K); err != nil {
+		return fmt.Errorf("kernels: %s M=%d K=%d T=%d: %w", name, M, K, T, err)
+	}
+	if err := errors.Join(checkPtr(name, "W", W, 2), checkPtr(name, "X", X, 4), checkPtr(name, "Y", Y, 4)); err != nil {
+		return err
+	}
+	if g := ceilDiv(M, quantRows); g > maxGridX {
+		return fmt.Errorf("kernels: %s M=%d: grid %d exceeds %d: %w", name, M, g, maxGridX, ErrShape)
 	}
 	return nil
 }
@@ -189,7 +200,13 @@ type qmatOp struct {
 }
 
 func qmatOperands(dtype string, mem memory, grid, block device.Dim3, args []any) (qmatOp, error) {
-	name := QMatmulName(dtype)
+	return qmatOperandsNamed(QMatmulName(dtype), dtype, quantRows, mem, grid, block, args)
+}
+
+// qmatOperandsNamed is qmatOperands for kernel name, which takes
+// memwall_qmatmul_'s arguments (W, X, Y, M, K, T) and rows weight rows a
+// block.
+func qmatOperandsNamed(name, dtype string, rows uint64, mem memory, grid, block device.Dim3, args []any) (qmatOp, error) {
 	a, err := parseMatArgs(name, args, false)
 	if err != nil {
 		return qmatOp{}, err
@@ -197,7 +214,7 @@ func qmatOperands(dtype string, mem memory, grid, block device.Dim3, args []any)
 	if err := checkLinearLaunch(name, grid, block); err != nil {
 		return qmatOp{}, err
 	}
-	if block.X*block.Y*block.Z != threadsPerBlock || uint64(grid.X)*quantRows < uint64(a.M) {
+	if block.X*block.Y*block.Z != threadsPerBlock || uint64(grid.X)*rows < uint64(a.M) {
 		return qmatOp{}, fmt.Errorf("kernels: %s M=%d: grid %v block %v does not cover the rows: %w", name, a.M, grid, block, device.ErrInvalid)
 	}
 	rb, err := QuantRowBytes(dtype, a.K)

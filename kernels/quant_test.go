@@ -16,9 +16,12 @@ import (
 // of the warp's rows or of a vector width, one to three blocks a row) on
 // s and compares every output with quant.Dot's float64 sum over the
 // dequantized row, and checks Embed's rows against quant.Dequantize
-// exactly.
+// exactly, all with the 8-bit-activation products off.
 func quantSuite(t *testing.T, d device.Device, s *Set) {
 	r := newRig(t, d, s)
+	// (the float32 products: q8Suite tests the 8-bit-activation ones)
+	defer s.SetQ8Activations(s.Q8Activations())
+	s.SetQ8Activations(false)
 	rng := rand.New(rand.NewPCG(27, 1))
 	cases := 4
 	if longtest.Enabled() {

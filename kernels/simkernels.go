@@ -54,7 +54,8 @@ func goKernels() []goKernel {
 	ks = append(ks, quantGoKernels()...)
 	ks = append(ks, stateGoKernels()...)
 	ks = append(ks, goKernel{name: NameRoPEGGUF, run: runRoPEGGUF, cost: costRoPEGGUF})
-	return append(ks, dequantGoKernels()...)
+	ks = append(ks, dequantGoKernels()...)
+	return append(ks, q8GoKernels()...)
 }
 
 func argErr(kernel string, i int, want string, got any) error {

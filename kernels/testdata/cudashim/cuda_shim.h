@@ -71,3 +71,18 @@ struct __attribute__((aligned(8))) float2 {
 };
 __device__ float4 __ldg(const float4*);
 __device__ float2 __ldg(const float2*);
+
+// Used by the 8-bit-activation products.
+struct __attribute__((aligned(16))) int4 {
+    int x, y, z, w;
+};
+struct __attribute__((aligned(8))) int2 {
+    int x, y;
+};
+__device__ float fabsf(float);
+__device__ float fminf(float, float);
+__device__ float rintf(float);
+__device__ float __fdiv_rn(float, float);
+__device__ int __dp4a(int, int, int);
+__device__ unsigned int __funnelshift_r(unsigned int, unsigned int, unsigned int);
+__device__ uint2 make_uint2(unsigned int, unsigned int);

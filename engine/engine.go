@@ -121,6 +121,13 @@ type Options struct {
 	// Exact keeps every activation in float32 instead of rounding like
 	// transformers (see the package documentation).
 	Exact bool
+	// KVDType is the K/V cache's dtype, "bf16", "f16" or "f32"; "" takes
+	// the model's dtype for a bf16, f16 or f32 model and f16 for a
+	// block-quantized one (as llama.cpp caches K and V): its activations
+	// are float32, but the decode and flash prefill attention kernels read
+	// 16-bit caches only, and a float32 cache is twice the bytes. K and V
+	// are rounded to it once, when written.
+	KVDType string
 	// Ungrouped runs each of a layer's matrix products in a launch of its
 	// own. By default the products that share an input (q, k and v; gate
 	// and up) are one kernels.Set.MatmulGroup call, one launch in decode,
@@ -228,6 +235,8 @@ type Engine struct {
 
 	dt      string // the kernels' name of the matrix dtype: "bf16", "f16", "f32"
 	elt     uint64
+	kvdt    string // the K/V cache's dtype (Options.KVDType)
+	kvElt   uint64
 	compute device.Stream
 	plan    *plan.WeightPlan
 	res     *residency.Residency
@@ -352,6 +361,20 @@ func newShell(m *llama.Model, o Options) (*Engine, error) {
 	if e.dt == kernels.F32 {
 		e.elt = 4
 	}
+	switch e.kvdt = o.KVDType; e.kvdt {
+	case "":
+		e.kvdt = e.dt
+		if m.Tensors.Quantized {
+			e.kvdt = kernels.F16
+		}
+	case kernels.BF16, kernels.F16, kernels.F32:
+	default:
+		return nil, fmt.Errorf("engine: KV dtype %q: want bf16, f16 or f32", o.KVDType)
+	}
+	e.kvElt = 2
+	if e.kvdt == kernels.F32 {
+		e.kvElt = 4
+	}
 	return e, nil
 }
 
@@ -445,7 +468,7 @@ func (e *Engine) estimateAt(ctx context.Context, info device.Info, chunk, slots 
 	if o.KVBlocks > 0 {
 		blocks = o.KVBlocks
 	}
-	f.kvCfg = kvcache.Config{Layers: e.kvLayers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.elt),
+	f.kvCfg = kvcache.Config{Layers: e.kvLayers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, ElemBytes: int(e.kvElt),
 		BlockTokens: o.BlockTokens, Blocks: blocks}
 	f.KVBytes = f.kvCfg.BlockBytes() * uint64(blocks)
 	f.ArenaBytes = f.layout.ArenaBytes
@@ -506,7 +529,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 		return e, fmt.Errorf("engine: KV cache: %w", err)
 	}
 	e.layout = kernels.KVLayout{BlockTokens: uint32(o.BlockTokens), KVHeads: uint32(cfg.KVHeads), HeadDim: uint32(cfg.HeadDim),
-		Layers: uint32(e.kvLayers), DType: e.dt, BlockBytes: e.kv.BlockBytes()}
+		Layers: uint32(e.kvLayers), DType: e.kvdt, BlockBytes: e.kv.BlockBytes()}
 	if e.arena, err = bind.Bind(dev, e.foot.bufs, e.foot.layout); err != nil {
 		return e, fmt.Errorf("engine: %w", err)
 	}

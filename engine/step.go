@@ -545,9 +545,18 @@ func (e *Engine) products(c *cursor, l int, what string, x int, K, T uint32, gro
 		e.readsWeights(e.weightBytes(dts[i], o.M, K))
 	}
 	var err error
-	if same {
+	switch {
+	case same:
 		err = e.ks.MatmulGroup(e.dt, e.at[x], K, T, ops, e.compute)
-	} else { // a mixed-dtype file: one product each, in the model dtype as always
+	case e.model.Tensors.Quantized && e.dequantBytes(int(T)) == 0:
+		// A quantized layer's products, one launch where the kernels have
+		// it (T = 1 over Q4_K and Q6_K), else one Matmul each.
+		qops := make([]kernels.QMatmulOp, len(ops))
+		for i, o := range ops {
+			qops[i] = kernels.QMatmulOp{DType: dts[i], W: o.W, Y: o.Y, M: o.M}
+		}
+		err = e.ks.QMatmulGroup(e.at[x], K, T, qops, e.compute)
+	default: // a mixed-dtype file: one product each, in the model dtype as always
 		for i, o := range ops {
 			if err = e.matmul(dts[i], o.W, e.at[x], o.Y, o.M, K, T); err != nil {
 				break

@@ -122,6 +122,10 @@ type runJSON struct {
 	// KernelsOverlap: kernels launch overlapped (programmatic dependent
 	// launch; MEMWALL_KERNELS_PDL=0 turns it off), for comparing profiles.
 	KernelsOverlap bool `json:"kernels_overlap"`
+	// KernelsQ8: single-token products over Q4_K and Q6_K weights quantize
+	// their activations to 8 bits (--quant-decode q8, where the kernels
+	// have them).
+	KernelsQ8 bool `json:"kernels_q8_activations"`
 	// KernelsDisabled lists kernels the load-time self-test turned off.
 	KernelsDisabled []string `json:"kernels_disabled,omitempty"`
 	Warning         string   `json:"warning,omitempty"`
@@ -149,6 +153,7 @@ type runFlags struct {
 	timing, profile          bool
 	ungrouped                bool
 	graph, quantPrefill      string
+	quantDecode              string
 	logitsOut, source        string
 	pools                    poolFlags
 	place                    placementFlags
@@ -174,6 +179,7 @@ func runRun(e *env, args []string) error {
 	fs.BoolVar(&f.ungrouped, "ungrouped", false, "one launch per matrix product instead of q/k/v and gate/up grouped (same results; for comparison)")
 	fs.StringVar(&f.graph, "graph", "auto", "decode steps as a device graph: auto (captured once and replayed per token when every weight is resident on a CUDA device; same tokens) or off (plain launches)")
 	fs.StringVar(&f.quantPrefill, "quant-prefill", "bf16", "a quantized model's prefill products: bf16 (each weight dequantized to bf16 for chunks of 16 tokens or more, activations rounded to bf16; the bf16 model's rate) or quantized (the quantized kernels, float32 activations)")
+	fs.StringVar(&f.quantDecode, "quant-decode", "q8", "a quantized model's single-token products over Q4_K and Q6_K weights: q8 (activations quantized to 8 bits per 32, integer dot products, as llama.cpp decodes; on GPUs and the simulator) or float (float32 activations)")
 	fs.BoolVar(&f.exact, "exact", false, "keep activations in float32 instead of rounding to the model dtype like transformers")
 	fs.StringVar(&f.logitsOut, "logits-out", "", "write the first generated token's logits to FILE (little-endian float32)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
@@ -215,6 +221,9 @@ func runRun(e *env, args []string) error {
 	}
 	if f.quantPrefill != "bf16" && f.quantPrefill != "quantized" {
 		return usagef("--quant-prefill %q: want bf16 or quantized", f.quantPrefill)
+	}
+	if f.quantDecode != "q8" && f.quantDecode != "float" {
+		return usagef("--quant-decode %q: want q8 or float", f.quantDecode)
 	}
 	sampling := engine.Sampling{MaxNew: f.maxNew, Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, IgnoreEOS: f.ignoreEOS}
 	if err := sampling.Validate(); err != nil {
@@ -306,7 +315,7 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
 		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing,
-			Profile: f.profile, Ungrouped: f.ungrouped, NoGraph: f.graph == "off", QuantPrefill: f.quantPrefill == "quantized"}, quiet: f.asJSON, pools: &f.pools, placement: &f.place}
+			Profile: f.profile, Ungrouped: f.ungrouped, NoGraph: f.graph == "off", QuantPrefill: f.quantPrefill == "quantized"}, floatDecode: f.quantDecode == "float", quiet: f.asJSON, pools: &f.pools, placement: &f.place}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
@@ -384,7 +393,10 @@ type generation struct {
 	sampling engine.Sampling
 	opts     engine.Options // Budget and MaxTokens are filled in
 	quiet    bool           // print no tokens as they come
-	pools    *poolFlags     // --oom-snapshot and --pool-log; nil: neither
+	// floatDecode turns the kernels' 8-bit-activation products off
+	// (--quant-decode float).
+	floatDecode bool
+	pools       *poolFlags // --oom-snapshot and --pool-log; nil: neither
 	// placement is --placement and its rates (nil: stream); rates, what
 	// place measured.
 	placement *placementFlags
@@ -416,7 +428,7 @@ func (g *generation) run(e *env, d device.Device, backend string) (runJSON, *eng
 		PrefillChunk: rp.foot.PrefillChunk, Slots: rp.foot.Slots, ChunkChosen: g.opts.PrefillChunk == 0, SlotsChosen: g.opts.Slots == 0,
 		PredictedPeakBytes: rp.predictedPeak(),
 		BudgetDefault:      budget.Default, ContextBytes: budget.ContextBytes, ContextSource: budget.ContextSource, LoadedBytes: budget.LoadedBytes,
-		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), KernelsOverlap: ks.Overlap(), KernelsDisabled: ks.Disabled(), Warning: budget.Warning}
+		Gemm: eng.GemmLibrary(), Kernels: ks.Source(), KernelsOverlap: ks.Overlap(), KernelsQ8: ks.Q8Activations(), KernelsDisabled: ks.Disabled(), Warning: budget.Warning}
 	var dec *tokenizer.StreamDecoder
 	if g.tok != nil {
 		dec = g.tok.NewDecoder()
@@ -494,6 +506,9 @@ func (g *generation) load(e *env, d device.Device, backend string, o engine.Opti
 		return nil, err
 	}
 	l.closers = append(l.closers, func() { l.ks.Close() })
+	if g.floatDecode {
+		l.ks.SetQ8Activations(false)
+	}
 	st, err := d.NewStream()
 	if err != nil {
 		return nil, err

@@ -26,6 +26,16 @@
 #                            started in the background
 #   scripts/gpu/wave3.sh 6   right after 5: bf16, Q4_K_M and the Llama-3-8B shape resident against
 #                            llama-bench on the same files
+#   scripts/gpu/wave3.sh 9   on a fresh machine: PTX; the 8-bit-activation
+#                            decode products in their three layouts (staged,
+#                            grouped, grouped-r4) checked, timed per product
+#                            against the float32 path and sanitized; the
+#                            engine's quantized references; the 7B Q4_K_M
+#                            resident with each layout (and profiled);
+#                            llama-bench's build started in the background
+#                            and llama-bench run if it is done in time
+#   scripts/gpu/wave3.sh 8   llama-bench on the same Q4_K_M once the build
+#                            is done
 #   scripts/gpu/wave3.sh 3   memwall quantize against llama-quantize
 #                            (scripts/gpu/quantize.sh) and the Q4_K_M at
 #                            --vram 3GiB against llama-bench's -ngl sweep
@@ -249,14 +259,57 @@ phase6() {
   lbench l3-8b-ngl99 -m "$l3" -ngl 99 -fa 1 -p 512 -n 128 -r 1
 }
 
+# phase8: llama-bench on the Q4_K_M (after 9, or on a machine with its build).
+phase8() {
+  for i in $(seq 1 100); do [ -f /tmp/lc.rc ] && break; sleep 5; done
+  [ "$(cat /tmp/lc.rc 2>/dev/null)" = 0 ] || { echo "llama.cpp build: rc $(cat /tmp/lc.rc 2>/dev/null)"; tail -5 /tmp/lc.log; }
+  lbench q4-ngl99 -m "$q4" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  mwrun q4-resident-2 "$q4" --vram 20GiB --prompt-ids "$(prompt 448)" --max-new 128
+}
+
+phase9() {
+  mkdir -p "$dir/ptx"
+  run "nvcc: PTX for compute_90 and compute_80" 300 scripts/build-ptx.sh "$dir/ptx"
+  gunzip -c "$dir/ptx/kernels_sm90.ptx.gz" >"$ptx" && export MEMWALL_KERNELS_PTX=$ptx
+  [ -f /tmp/lc.rc ] || setsid nohup bash -c "'$anchors/build-llama.cpp.sh' $lc llama-bench >/tmp/lc.log 2>&1; echo \$? >/tmp/lc.rc" </dev/null >/dev/null 2>&1 &
+  (for k in memwall_q8mv memwall_q8mv_r4 memwall_q8mvs_q4_k memwall_q8mvs_q6_k; do
+     echo "$k $(ptxas -arch=sm_90 -v -o /dev/null "$ptx" 2>&1 | grep -A5 "entry function '$k'" | grep -m1 Used)"; done >"$dir/q8mv-regs.txt") &
+  local q4pid=
+  [ -f "$q4" ] || { "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4" >"$dir/gen-q4.log" 2>&1 & q4pid=$!; }
+  gtest "kernels: q8mv, three layouts" kernels 200 "$bin/kernels.test" -test.run 'TestQ8CUDA' -test.v
+  gtest "kernels: q8mv speed" kernels 120 "$bin/kernels.test" -test.run 'TestCUDAQ8Speed' -test.v
+  pushd kernels >/dev/null || return
+  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer memcheck: q8mv" 150 \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kernels.test" -test.run 'TestQ8CUDA' -test.count 1
+  popd >/dev/null || return
+  gtest "engine on the GPU: quantized" engine 200 "$bin/engine.test" -test.run 'TestQuantizedAgainstReference|TestDecodeGraph' -test.v
+  [ -z "$q4pid" ] || { wait "$q4pid"; status+=("gen-model 7B Q4_K_M rc $?"); }
+  local p448 l
+  p448=$(prompt 448)
+  for l in staged grouped grouped-r4; do
+    MEMWALL_KERNELS_Q8=$l mwrun "q4-$l" "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  done
+  mwrun q4-profile "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 32 --profile
+  while read -r line; do row "ptxas sm_90" "$line"; done <"$dir/q8mv-regs.txt"
+  for i in $(seq 1 60); do [ -f /tmp/lc.rc ] && break; sleep 2; done
+  [ -f /tmp/lc.rc ] && lbench q4-ngl99 -m "$q4" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  for l in staged grouped grouped-r4; do
+    MEMWALL_KERNELS_Q8=$l mwrun "q4-$l-2" "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  done
+  grep -E "ERROR SUMMARY|^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:|KPERF q8mv" "$log" | grep -v "first logits within" | head -40
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('step', j.get('decode_step_device_seconds'), 'profile', json.dumps(j.get('decode_profile_seconds')))" "$dir/q4-profile.json" 2>/dev/null
+}
+
 case "${1:-}" in
+  9) phase9 ;;
+  8) phase8 ;;
   1) phase1 ;;
   4) phase4 ;;
   5) phase5 ;;
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

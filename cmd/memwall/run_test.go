@@ -498,3 +498,26 @@ func TestRunQuantPrefill(t *testing.T) {
 		t.Errorf("--quant-prefill f16: exit %d: %s", code, errOut)
 	}
 }
+
+// --quant-decode: q8 (the default on the simulator) says so in --json,
+// float turns the 8-bit products off, anything else is a bad command line.
+func TestRunQuantDecode(t *testing.T) {
+	dir := t.TempDir()
+	m := filepath.Join(dir, "q.gguf")
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--dtype", "q4_k_m", "--out", m); code != 0 {
+		t.Fatalf("gen-model: exit %d: %s", code, errOut)
+	}
+	args := []string{"run", m, "--vram", "1GiB", "--prompt-ids", "5,17,300,42", "--max-new", "4", "--ignore-eos", "--json"}
+	for v, want := range map[string]bool{"q8": true, "float": false} {
+		j := runJSONOut(t, append(args, "--quant-decode", v)...)
+		if got, _ := j["kernels_q8_activations"].(bool); got != want {
+			t.Errorf("--quant-decode %s: kernels_q8_activations %v, want %v", v, got, want)
+		}
+		if n := len(tokensOf(j)); n != 4 {
+			t.Errorf("--quant-decode %s: %d tokens", v, n)
+		}
+	}
+	if code, _, errOut := runVerbSim(t, append(args, "--quant-decode", "int4")...); code != 2 || !strings.Contains(errOut, "want q8 or float") {
+		t.Errorf("--quant-decode int4: exit %d: %s", code, errOut)
+	}
+}

@@ -79,8 +79,13 @@ func (c *counting) snapshot() map[string]int {
 // name): the launches of a run of n+1 tokens less those of a run of n.
 func decodeLaunches(t *testing.T, preset, f string, o engine.Options) map[string]int {
 	t.Helper()
+	return modelLaunches(t, open(t, modelPath(t, preset, f)), o)
+}
+
+// modelLaunches is decodeLaunches for an opened model.
+func modelLaunches(t *testing.T, m *llama.Model, o engine.Options) map[string]int {
+	t.Helper()
 	ctx := context.Background()
-	m := open(t, modelPath(t, preset, f))
 	run := func(n int) map[string]int {
 		d := newCounting(testDevice(t))
 		r := newRig(t, d)

@@ -158,3 +158,22 @@ func TestKVDType(t *testing.T) {
 		t.Errorf("KV dtype f8: %v", err)
 	}
 }
+
+// TestQuantDecodeLaunches: a Q4_K_M decode step multiplies its Q4_K and
+// Q6_K weights on the 8-bit kernel, q, k, v and gate, up one launch each,
+// and none on the float32 quantized kernels.
+func TestQuantDecodeLaunches(t *testing.T) {
+	if raceEnabled && testing.Short() {
+		t.Skip("launch counts only: no concurrency the race detector could find")
+	}
+	m := open(t, quantModel(t, "q4_k_m"))
+	L := m.Config.Layers
+	o := engine.Options{Budget: 256 << 20, MaxTokens: 64, PrefillChunk: 16}
+	got := modelLaunches(t, m, o)
+	// (ffn_down stays 16-bit in this model: its 688 columns are no whole
+	// number of 256-element blocks)
+	if got[kernels.NameQ8MV] != 3*L+1 || got[kernels.QMatmulName(kernels.Q4_K)] != 0 || got[kernels.QMatmulName(kernels.Q6_K)] != 0 {
+		t.Errorf("q8: %d launches of %s, want %d (q, k, v; o; gate, up; the LM head); all: %s", got[kernels.NameQ8MV], kernels.NameQ8MV, 3*L+1, describe(got))
+	}
+	t.Logf("q8: %s", describe(got))
+}

@@ -372,28 +372,41 @@ func runRoPE(mem memory, grid, block device.Dim3, args []any) error {
 	if err != nil || r.T == 0 {
 		return err
 	}
-	T, nH, hd, half, rdt, pb, fb, il := r.T, r.nH, r.hd, r.hd/2, r.rdt, r.pos, r.inv, a.u[3]&1 != 0
-	xb, err := buf(k, "x", mem, a.p[0], T*nH*hd, 4)
+	xb, err := buf(k, "x", mem, a.p[0], r.T*r.nH*r.hd, 4)
 	if err != nil {
 		return err
 	}
-	for t := range T {
-		pos := int32(binary.LittleEndian.Uint32(pb[4*t:]))
-		for h := range nH {
-			base := (t*nH + h) * hd
-			for i := range half {
-				ia, ib := i, i+half
-				if il {
-					ia, ib = 2*i, 2*i+1
-				}
-				x, y := RopePairIn(rdt, getF(xb, base+ia), getF(xb, base+ib), pos, getF(fb, i))
-				putF(xb, base+ia, x)
-				putF(xb, base+ib, y)
+	pairs := r.halves
+	if a.u[3]&1 != 0 {
+		pairs = interleaved
+	}
+	r.rotate(xb, xb, pairs, pairs)
+	return nil
+}
+
+// rotate applies RoPE to every head of r's T rows: the pair i of a head
+// (i < hd/2) is read from src at from(i) and written to dst at to(i), its
+// offsets in the head, as RopePairIn rotates it.
+func (r ropeArgs) rotate(src, dst []byte, from, to func(i uint64) (uint64, uint64)) {
+	for t := range r.T {
+		pos := int32(binary.LittleEndian.Uint32(r.pos[4*t:]))
+		for h := range r.nH {
+			base := (t*r.nH + h) * r.hd
+			for i := range r.hd / 2 {
+				ia, ib := from(i)
+				oa, ob := to(i)
+				x, y := RopePairIn(r.rdt, getF(src, base+ia), getF(src, base+ib), pos, getF(r.inv, i))
+				putF(dst, base+oa, x)
+				putF(dst, base+ob, y)
 			}
 		}
 	}
-	return nil
 }
+
+// halves is HF's pairing: (i, i + hd/2); interleaved is GGUF's: (2i, 2i+1).
+func (r ropeArgs) halves(i uint64) (uint64, uint64) { return i, i + r.hd/2 }
+
+func interleaved(i uint64) (uint64, uint64) { return 2 * i, 2*i + 1 }
 
 // runRoPEGGUF is memwall_rope_gguf: the HF pair (i, i+half) of each head
 // read from src at (2i, 2i+1), rotated as runRoPE rotates it, into dst.
@@ -410,26 +423,16 @@ func runRoPEGGUF(mem memory, grid, block device.Dim3, args []any) error {
 	if err != nil || r.T == 0 {
 		return err
 	}
-	T, nH, hd, half, rdt, pb, fb := r.T, r.nH, r.hd, r.hd/2, r.rdt, r.pos, r.inv
-	sb, err := buf(k, "src", mem, a.p[0], T*nH*hd, 4)
+	n := r.T * r.nH * r.hd
+	sb, err := buf(k, "src", mem, a.p[0], n, 4)
 	if err != nil {
 		return err
 	}
-	db, err := buf(k, "dst", mem, a.p[1], T*nH*hd, 4)
+	db, err := buf(k, "dst", mem, a.p[1], n, 4)
 	if err != nil {
 		return err
 	}
-	for t := range T {
-		pos := int32(binary.LittleEndian.Uint32(pb[4*t:]))
-		for h := range nH {
-			base := (t*nH + h) * hd
-			for i := range half {
-				x, y := RopePairIn(rdt, getF(sb, base+2*i), getF(sb, base+2*i+1), pos, getF(fb, i))
-				putF(db, base+i, x)
-				putF(db, base+i+half, y)
-			}
-		}
-	}
+	r.rotate(sb, db, interleaved, r.halves)
 	return nil
 }
 

@@ -106,34 +106,16 @@ func dequantCase(t *testing.T, r *rig, dt string, typ quant.Type, rng *rand.Rand
 	}
 }
 
-func TestDequantSim(t *testing.T) {
-	d := newSim(t)
-	s, err := Load(d, nil)
-	must(t, err)
-	defer s.Close()
-	dequantSuite(t, d, s)
-}
+func TestDequantSim(t *testing.T) { withSet(t, newSim(t), nil, dequantSuite) }
 
-func TestDequantCPU(t *testing.T) {
-	d := newCPU(t, "")
-	s, err := Load(d, nil)
-	must(t, err)
-	defer s.Close()
-	dequantSuite(t, d, s)
-}
+func TestDequantCPU(t *testing.T) { withSet(t, newCPU(t, ""), nil, dequantSuite) }
 
 // TestDequantCUDA runs the suite on the GPU (MEMWALL_TEST_DEVICE=cuda)
 // with MEMWALL_KERNELS_PTX's module (or the embedded one, once it holds
 // the kernels): the bf16 weights bit for bit against ggml's values, the
 // products through cuBLASLt where it takes them and memwall's GEMM where
 // it does not.
-func TestDequantCUDA(t *testing.T) {
-	d := openCUDA(t)
-	s, err := Load(d, os.Getenv)
-	must(t, err)
-	defer s.Close()
-	dequantSuite(t, d, s)
-}
+func TestDequantCUDA(t *testing.T) { withSet(t, openCUDA(t), os.Getenv, dequantSuite) }
 
 // A module without the kernels (the frozen compute_70 one) runs Matmul.
 func TestDequantWithout(t *testing.T) {

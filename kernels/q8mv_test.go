@@ -201,13 +201,7 @@ func TestQ8Quantize(t *testing.T) {
 	}
 }
 
-func TestQ8Sim(t *testing.T) {
-	d := newSim(t)
-	s, err := Load(d, nil)
-	must(t, err)
-	defer s.Close()
-	q8Suite(t, d, s)
-}
+func TestQ8Sim(t *testing.T) { withSet(t, newSim(t), nil, q8Suite) }
 
 func TestQ8CPU(t *testing.T) {
 	d := newCPU(t, "")
@@ -221,13 +215,7 @@ func TestQ8CPU(t *testing.T) {
 }
 
 // TestQ8CUDA runs the suite on the GPU (MEMWALL_TEST_DEVICE=cuda).
-func TestQ8CUDA(t *testing.T) {
-	d := openCUDA(t)
-	s, err := Load(d, os.Getenv)
-	must(t, err)
-	defer s.Close()
-	q8Suite(t, d, s)
-}
+func TestQ8CUDA(t *testing.T) { withSet(t, openCUDA(t), os.Getenv, q8Suite) }
 
 // TestCUDAQ8Speed times the 7B Q4_K_M decode products on the 8-bit path
 // and on the float32 path, queued behind a spin, PDL as Load sets it:

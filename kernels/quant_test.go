@@ -108,20 +108,17 @@ func randNormal(rng *rand.Rand, n int, sd float64) []float32 {
 	return v
 }
 
-func TestQuantSim(t *testing.T) {
-	d := newSim(t)
-	s, err := Load(d, nil)
-	must(t, err)
-	defer s.Close()
-	quantSuite(t, d, s)
-}
+func TestQuantSim(t *testing.T) { withSet(t, newSim(t), nil, quantSuite) }
 
-func TestQuantCPU(t *testing.T) {
-	d := newCPU(t, "")
-	s, err := Load(d, nil)
+func TestQuantCPU(t *testing.T) { withSet(t, newCPU(t, ""), nil, quantSuite) }
+
+// withSet loads the kernels on d (getenv as Load takes it) and runs suite
+// with them.
+func withSet(t *testing.T, d device.Device, getenv func(string) string, suite func(*testing.T, device.Device, *Set)) {
+	s, err := Load(d, getenv)
 	must(t, err)
 	defer s.Close()
-	quantSuite(t, d, s)
+	suite(t, d, s)
 }
 
 func TestQuantDType(t *testing.T) {

@@ -471,11 +471,7 @@ func TestRunPlacement(t *testing.T) {
 // the dequant scratch, which fit's prediction and the measured peak both
 // hold; quantized plans none; any other value is a bad command line.
 func TestRunQuantPrefill(t *testing.T) {
-	dir := t.TempDir()
-	m := filepath.Join(dir, "q.gguf")
-	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--dtype", "q4_k_m", "--out", m); code != 0 {
-		t.Fatalf("gen-model: exit %d: %s", code, errOut)
-	}
+	m := tinyQ4(t)
 	args := []string{"run", m, "--vram", "1GiB", "--prompt-ids", "5,17,300,42,9,11,13,2,8,99,100,101,7,6,5,4,3,21,22,23", "--max-new", "4", "--ignore-eos", "--json"}
 	runs := map[string]map[string]any{}
 	for _, v := range []string{"bf16", "quantized"} {
@@ -502,11 +498,7 @@ func TestRunQuantPrefill(t *testing.T) {
 // --quant-decode: q8 (the default on the simulator) says so in --json,
 // float turns the 8-bit products off, anything else is a bad command line.
 func TestRunQuantDecode(t *testing.T) {
-	dir := t.TempDir()
-	m := filepath.Join(dir, "q.gguf")
-	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--dtype", "q4_k_m", "--out", m); code != 0 {
-		t.Fatalf("gen-model: exit %d: %s", code, errOut)
-	}
+	m := tinyQ4(t)
 	args := []string{"run", m, "--vram", "1GiB", "--prompt-ids", "5,17,300,42", "--max-new", "4", "--ignore-eos", "--json"}
 	for v, want := range map[string]bool{"q8": true, "float": false} {
 		j := runJSONOut(t, append(args, "--quant-decode", v)...)
@@ -520,4 +512,14 @@ func TestRunQuantDecode(t *testing.T) {
 	if code, _, errOut := runVerbSim(t, append(args, "--quant-decode", "int4")...); code != 2 || !strings.Contains(errOut, "want q8 or float") {
 		t.Errorf("--quant-decode int4: exit %d: %s", code, errOut)
 	}
+}
+
+// tinyQ4 writes the tiny preset as a Q4_K_M GGUF and returns its path.
+func tinyQ4(t *testing.T) string {
+	t.Helper()
+	m := filepath.Join(t.TempDir(), "q.gguf")
+	if code, _, errOut := runGen(t, false, "--preset", "tiny", "--dtype", "q4_k_m", "--out", m); code != 0 {
+		t.Fatalf("gen-model: exit %d: %s", code, errOut)
+	}
+	return m
 }

@@ -258,6 +258,9 @@ type Engine struct {
 	where map[roleKey]int
 	// grouped says, per layer, which products run as one MatmulGroup.
 	grouped []layerGroups
+	// normed is the block whose attention norm the previous block's MLP
+	// residual already queued, fused with it (mlpHalf), or -1.
+	normed int
 	// resNorm is the fused residual add and RMSNorm (ks.ResidualRMSNorm;
 	// tests put the kernels it stands for in its place).
 	resNorm residualNormFunc
@@ -351,7 +354,7 @@ func newShell(m *llama.Model, o Options) (*Engine, error) {
 	if o.HostLayers != nil && len(o.HostLayers) != cfg.Layers {
 		return nil, fmt.Errorf("engine: %d host layer flags for a model of %d blocks", len(o.HostLayers), cfg.Layers)
 	}
-	e := &Engine{model: m, cfg: cfg, opt: o}
+	e := &Engine{model: m, cfg: cfg, opt: o, normed: -1}
 	e.kvLayer, e.kvLayers = kvLayers(cfg.Layers, e.runsHere)
 	e.dt = plan.MatmulDType(m.Tensors.MatrixDType)
 	if e.dt == "" {

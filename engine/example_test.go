@@ -76,5 +76,5 @@ func ExampleEstimate() {
 	}
 	// Output:
 	// budget 64 MiB: chunk 300, 2 slots, 0 of 31 weight groups stream
-	// budget 4 MiB: chunk 144, 2 slots, 30 of 31 weight groups stream
+	// budget 4 MiB: chunk 135, 2 slots, 30 of 31 weight groups stream
 }

@@ -112,6 +112,7 @@ func (e *Engine) hostRun(c *cursor, a, b, T, start int) error {
 	if err := s.d.CopyHtoD(s.at[bX], x, s.compute); err != nil {
 		return fmt.Errorf("engine: residual stream onto the host device before block %d: %w", a, err)
 	}
+	s.normed = -1
 	for l := a; l < b; l++ {
 		if err := s.block(c, l, T, start); err != nil {
 			return err

@@ -125,15 +125,17 @@ func total(c map[string]int) int {
 	return n
 }
 
-// perLayer is what a decode step launches per layer besides the products,
-// RoPE, the KV write and attention: RMSNorms, Rounds, Adds and SiLU·ups,
-// with kernels.Set's fused residual norm and SiLU·up.
-type perLayer struct{ rmsnorm, round, add, silu, residualNorm int }
+// stepLaunches is what a decode step of L blocks launches besides the
+// products, RoPE, the KV write and attention, with kernels.Set's fused
+// residual norm and SiLU·up: each block's O residual fused with its MLP
+// norm, each block's down residual but the last's fused with the next
+// block's attention norm (the last's a Round, an Add and a Round), the
+// first block's attention norm and the final norm on their own, and the
+// logits' Round.
+type stepLaunches struct{ rmsnorm, plainNorm, residualNorm, round, add, silu int }
 
-func launchesPerLayer() perLayer {
-	// down's residual: Round, Add, Round; the fused residual add and
-	// RMSNorm after attention; SiLU·up reading gate and up as they are.
-	return perLayer{rmsnorm: 2, round: 2, add: 1, silu: 1, residualNorm: 1}
+func launchesPerStep(L int) stepLaunches {
+	return stepLaunches{rmsnorm: 2*L + 1, plainNorm: 2, residualNorm: 2*L - 1, round: 3, add: 1, silu: L}
 }
 
 func describe(c map[string]int) string {
@@ -160,7 +162,7 @@ func TestDecodeLaunches(t *testing.T) {
 		o := engine.Options{Budget: 256 << 20, MaxTokens: 96, PrefillChunk: 16}
 		got := decodeLaunches(t, "tiny", f, o)
 		totals[f] = total(got)
-		p := launchesPerLayer()
+		p := launchesPerStep(L)
 		// GGUF's Q and K rows go back to HF's order inside RoPE.
 		rope, notRope := "memwall_rope", "memwall_rope_gguf"
 		if f == synth.GGUF {
@@ -171,11 +173,11 @@ func TestDecodeLaunches(t *testing.T) {
 			rope:                  L,
 			notRope:               0,
 			"memwall_kvwrite":     L,
-			"memwall_rmsnorm":     p.rmsnorm*L + 1, // the fused residual and norm is an RMSNorm launch
-			"memwall_silumul":     p.silu * L,
-			"memwall_add":         p.add * L,
+			"memwall_rmsnorm":     p.rmsnorm, // the fused residual and norm is an RMSNorm launch
+			"memwall_silumul":     p.silu,
+			"memwall_add":         p.add,
 			"memwall_embed":       1,
-			"memwall_round":       p.round*L + 1, // and the logits'
+			"memwall_round":       p.round,
 		}
 		// Resident groups are released without an event, and nothing
 		// waits: the step is one chain of kernels.
@@ -407,11 +409,11 @@ func TestProfile(t *testing.T) {
 	}
 	// Every op its own segment: the op counts are the launches'.
 	L := m.Config.Layers
-	pl := launchesPerLayer()
+	pl := launchesPerStep(L)
 	opSum := 0.0
-	for op, want := range map[string]int{"rmsnorm": (pl.rmsnorm-pl.residualNorm)*L + 1, "add + rmsnorm": pl.residualNorm * L,
+	for op, want := range map[string]int{"rmsnorm": pl.plainNorm, "add + rmsnorm": pl.residualNorm,
 		"q, k, v": L, "o": L, "gate, up": L, "down": L, "lm head": 1, "attention": L, "kv write": L, "rope": L,
-		"round": pl.round*L + 1, "add": pl.add * L, "silu·up": L, "embed": 1, "upload": 1, "download": 1} {
+		"round": pl.round, "add": pl.add, "silu·up": pl.silu, "embed": 1, "upload": 1, "download": 1} {
 		if want == 0 {
 			continue
 		}
@@ -580,9 +582,11 @@ func TestResidualNormFused(t *testing.T) {
 			})
 		},
 		after: func(t *testing.T, m *llama.Model) {
-			// Prefill (21 ids, chunks of 16: two steps) and maxNew−1 decode steps.
-			if steps, L := 2+maxNew-1, m.Config.Layers; calls != steps*L || siluCalls != steps*L {
-				t.Errorf("%d unfused norm and %d SiLU calls in %d steps of %d blocks, want %d", calls, siluCalls, steps, L, steps*L)
+			// Prefill (21 ids, chunks of 16: two steps) and maxNew−1 decode
+			// steps; per block the O residual and MLP norm, and but for the
+			// last block the MLP residual and the next attention norm.
+			if steps, L := 2+maxNew-1, m.Config.Layers; calls != steps*(2*L-1) || siluCalls != steps*L {
+				t.Errorf("%d unfused norm and %d SiLU calls in %d steps of %d blocks, want %d and %d", calls, siluCalls, steps, L, steps*(2*L-1), steps*L)
 			}
 			calls, siluCalls = 0, 0
 		},

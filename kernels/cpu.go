@@ -44,6 +44,15 @@ func CPU() []cpu.Kernel {
 		fast[AttnName(32*e)] = cpuAttn(AttnName(32*e), e)
 	}
 	maps.Copy(fast, quantCPU())
+	// Each row of the batched decode attention runs the CPU's decode attention.
+	rows := rowsGoKernels(func(mem memory, grid, block device.Dim3, args []any) error {
+		return cpuAttnDecode(mem.(*cpu.Mem), grid, block, args)
+	})
+	for _, k := range rows {
+		if k.name == NameAttnDecodeRows {
+			fast[k.name] = func(m *cpu.Mem, grid, block device.Dim3, args []any) error { return k.run(m, grid, block, args) }
+		}
+	}
 	var out []cpu.Kernel
 	for _, k := range goKernels() {
 		run := fast[k.name]

@@ -1226,7 +1226,9 @@ __device__ void attn_decode(const AttnArgs& a, DecodeSmem& sh) {
     const uint32_t h0 = kvh * G;
     const int nh = (int)G;
     const uint32_t t = blockIdx.y;
-    const uint64_t ctx = (uint64_t)a.start + t + 1;
+    // (mod 2^32: memwall_attn_decode_rows sets start = pos[t] - t; positions
+    // are below 2^31)
+    const uint64_t ctx = (uint64_t)(uint32_t)(a.start + t) + 1;
     const uint64_t p0 = (uint64_t)blockIdx.z * a.chunk;
     const uint64_t p1 = min(ctx, p0 + a.chunk);
     const uint64_t elt = sizeof(S);
@@ -2042,19 +2044,22 @@ extern "C" __global__ void __launch_bounds__(256) memwall_round(float* x, uint32
 // start + t of layer `layer` of the paged cache, converted to dt:
 // position p lives in block table[p / blockTokens], slot p % blockTokens, at
 // block*blockBytes + ((layer*2 + kv)*blockTokens + slot)*kvHeads*headDim*elt
-// + head*headDim*elt.
+// + head*headDim*elt. With rowPos (memwall_kvwrite_rows), row t is one token
+// of its own sequence instead: position rowPos[t], block table table +
+// t*perSeq.
 __device__ __forceinline__ void kvwrite_rows(
     const float* k, const float* v, unsigned char* cache, const int32_t* table, uint32_t start,
     uint32_t T, uint32_t blockTokens, uint32_t kvHeads, uint32_t headDim, uint32_t layer,
-    uint32_t dt, uint64_t blockBytes) {
+    uint32_t dt, uint64_t blockBytes, const int32_t* rowPos = nullptr, uint32_t perSeq = 0) {
     const uint64_t rowElems = (uint64_t)kvHeads * headDim;
     const uint64_t n = (uint64_t)T * rowElems;
     const uint64_t elt = dt == kDtF32 ? 4 : 2;
     const uint64_t stride = grid_threads();
     for (uint64_t i = global_thread(); i < n; i += stride) {
         const uint64_t t = i / rowElems, r = i % rowElems;
-        const uint64_t p = (uint64_t)start + t;
-        const uint64_t blk = (uint64_t)(uint32_t)table[p / blockTokens];
+        const uint64_t p = rowPos ? (uint64_t)(uint32_t)rowPos[t] : (uint64_t)start + t;
+        const int32_t* tab = rowPos ? table + t * perSeq : table;
+        const uint64_t blk = (uint64_t)(uint32_t)tab[p / blockTokens];
         const uint64_t slot = p % blockTokens;
         unsigned char* kb = cache + blk * blockBytes +
                             (((uint64_t)layer * 2 * blockTokens + slot) * rowElems) * elt;
@@ -2134,14 +2139,15 @@ struct CombineSmem {
     float red[32];
 };
 
-__device__ __forceinline__ void attn_combine(const float* part, void* out, uint32_t odt, uint32_t rows,
-                                             uint32_t headDim, uint32_t splits, CombineSmem& sh) {
+// attn_combine_row merges row's splits partials at pr (splits of
+// headDim + 2 floats) into out's row; every thread of the block calls it.
+__device__ __forceinline__ void attn_combine_row(const float* pr, void* out, uint32_t odt, uint64_t row,
+                                                 uint32_t headDim, uint32_t splits, CombineSmem& sh) {
     float* c = sh.c;
     float* cl = sh.cl;
     float* red = sh.red;
     const uint64_t stride = headDim + 2;
-    for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const float* pr = part + row * splits * stride;
+    {
         // Every split's m and l at once (one round trip), then the block max.
         float mloc = -INFINITY;
         for (uint32_t s = threadIdx.x; s < splits; s += blockDim.x) {
@@ -2168,6 +2174,12 @@ __device__ __forceinline__ void attn_combine(const float* part, void* out, uint3
         }
         __syncthreads();  // c is rewritten for the next row
     }
+}
+
+__device__ __forceinline__ void attn_combine(const float* part, void* out, uint32_t odt, uint32_t rows,
+                                             uint32_t headDim, uint32_t splits, CombineSmem& sh) {
+    for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x)
+        attn_combine_row(part + row * splits * (headDim + 2), out, odt, row, headDim, splits, sh);
 }
 
 extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine(
@@ -2242,16 +2254,21 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode(
 
 const uint32_t kAttnMinChunk = 128;  // kernels.minChunk
 
-// attn_at_args sets a.start, a.chunk and a.splits from pos[0] and the cap,
-// and reports whether this block's split is one of them.
-__device__ __forceinline__ bool attn_at_args(AttnArgs& a, const int32_t* pos, uint32_t cap) {
-    a.start = (uint32_t)pos[0];
-    const uint64_t ctx = (uint64_t)a.start + a.T;
+// attn_split_rule splits a context of ctx positions under cap
+// (kernels.attnSplits): a.chunk and a.splits.
+__device__ __forceinline__ void attn_split_rule(AttnArgs& a, uint64_t ctx, uint32_t cap) {
     uint64_t splits = 1;
     if (cap > 1 && ctx > kAttnMinChunk) splits = min((uint64_t)cap, (ctx + kAttnMinChunk - 1) / kAttnMinChunk);
     const uint64_t chunk = (ctx + splits - 1) / splits;
     a.chunk = (uint32_t)chunk;
     a.splits = (uint32_t)((ctx + chunk - 1) / chunk);
+}
+
+// attn_at_args sets a.start, a.chunk and a.splits from pos[0] and the cap,
+// and reports whether this block's split is one of them.
+__device__ __forceinline__ bool attn_at_args(AttnArgs& a, const int32_t* pos, uint32_t cap) {
+    a.start = (uint32_t)pos[0];
+    attn_split_rule(a, (uint64_t)a.start + a.T, cap);
     return blockIdx.z < a.splits;
 }
 
@@ -2299,6 +2316,62 @@ extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine_at(
     attn_at_args(a, pos, cap);
     if (a.splits <= 1) return;
     attn_combine(part, out, odt, rows, headDim, a.splits, sh);
+}
+
+// ---------------------------------------------------------------------------
+// Rows of many sequences, for a batched step: row t (< T) is one token of its
+// own sequence, at position pos[t], with block table tables + t*perSeq. Each
+// row computes what memwall_kvwrite and memwall_attn_decode compute for that
+// sequence alone at T = 1 (its context split under cap as attn_at_args
+// splits it), so one launch serves every decoding sequence of the step.
+// The partials of row t's splits lie at part + (t*nHeads*gridDim.z +
+// h*splits_t + s)*(headDim + 2); memwall_attn_combine_rows merges them.
+
+extern "C" __global__ void __launch_bounds__(256) memwall_kvwrite_rows(
+    const float* k, const float* v, unsigned char* cache, const int32_t* tables, const int32_t* pos,
+    uint32_t T, uint32_t blockTokens, uint32_t kvHeads, uint32_t headDim, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, uint32_t perSeq) {
+    pdl_enter();
+    kvwrite_rows(k, v, cache, tables, 0u, T, blockTokens, kvHeads, headDim, layer, dt, blockBytes, pos, perSeq);
+}
+
+// memwall_attn_decode_rows: grid (kvHeads, T, the most splits of any row),
+// block 256; memwall_attn_decode_at's arguments with tables for table and
+// perSeq last.
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_decode_rows(
+    const float* q, const unsigned char* cache, const int32_t* tables, const int32_t* pos, uint32_t T,
+    uint32_t nHeads, uint32_t kvHeads, uint32_t headDim, uint32_t blockTokens, uint32_t layer,
+    uint32_t dt, uint64_t blockBytes, float scale, uint32_t cap, float* part, void* out,
+    uint32_t odt, uint32_t perSeq) {
+    pdl_enter();
+    __shared__ DecodeSmem sh;
+    const uint32_t t = blockIdx.y;
+    const uint32_t p = (uint32_t)pos[t];
+    AttnArgs a{q,     cache, tables + (uint64_t)t * perSeq, 0u,   T,   nHeads, kvHeads, headDim, blockTokens,
+               layer, dt,    blockBytes,                    scale, 0u, part, out,     odt,     1u};
+    attn_split_rule(a, (uint64_t)p + 1, cap);
+    if (blockIdx.z >= a.splits) return;
+    a.start = p - t;  // attn_decode's context of row t is start + t + 1
+    a.part = part + (uint64_t)t * nHeads * (gridDim.z - a.splits) * (headDim + 2);
+    attn_decode_entry(a, sh);
+}
+
+// memwall_attn_combine_rows: the rows' splits merged, rows = T*nHeads
+// (row r: token r / nHeads); zmax is the attention launch's grid.z. A row
+// of one split was written by the attention kernel itself.
+extern "C" __global__ void __launch_bounds__(256) memwall_attn_combine_rows(
+    const float* part, void* out, uint32_t odt, uint32_t rows, uint32_t headDim, const int32_t* pos,
+    uint32_t T, uint32_t cap, uint32_t zmax) {
+    pdl_enter();
+    __shared__ CombineSmem sh;
+    const uint32_t nh = rows / T;
+    for (uint64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const uint64_t t = row / nh, h = row % nh;
+        AttnArgs a{};
+        attn_split_rule(a, (uint64_t)(uint32_t)pos[t] + 1, cap);
+        if (a.splits <= 1) continue;  // uniform over the block
+        attn_combine_row(part + (t * nh * zmax + h * a.splits) * (headDim + 2), out, odt, row, headDim, a.splits, sh);
+    }
 }
 
 // ===========================================================================

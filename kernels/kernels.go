@@ -288,6 +288,7 @@ type Set struct {
 	q8Off     bool                       // 8-bit-activation products turned off (SetQ8Activations)
 	q8Layout  Q8Layout                   // their kernels' layout (SetQ8Layout)
 	state     stateFuncs                 // the step-state kernels, when the module has them (stepstate.go)
+	rows      rowsFuncs                  // the row kernels, when the module has them (rows.go)
 	blocks    uint32                     // grid cap for the grid-stride kernels
 	sms       uint32                     // multiprocessors (a guess when the device does not say)
 	gemmLib   device.MatmulLibrary       // nil: memwall's own GEMM for every T
@@ -515,6 +516,7 @@ func LoadPTX(d device.Device, ptx []byte, source string) (*Set, error) {
 	s.resolveQuant(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
 	s.resolveState(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
 	s.resolveExtra(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
+	s.resolveRows(ptx, info.Backend == "sim" || info.Backend == cpuBackend, func(name string) (device.Function, error) { return d.Function(mod, name) })
 	if info.Backend != "sim" && info.ComputeMajor > 0 {
 		if err := s.selfTest(); err != nil {
 			// The self-test could not run: keep to the general kernels.

@@ -40,7 +40,7 @@ func TestCUDASourceNamesEveryKernel(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^MEMWALL_\w+_ENTRY\((memwall_\w+),`).FindAllSubmatch(src, -1) {
 		defined = append(defined, string(m[1]))
 	}
-	want := append(append(append(Names(), QuantNames()...), StateNames()...), ExtraNames()...)
+	want := append(append(append(append(Names(), QuantNames()...), StateNames()...), ExtraNames()...), RowsNames()...)
 	slices.Sort(defined)
 	slices.Sort(want)
 	if !slices.Equal(defined, want) {
@@ -127,7 +127,7 @@ func TestEmbeddedPTX(t *testing.T) {
 		// none of the quantized products or step-state kernels (a quantized
 		// model on Volta or Turing is refused at its first product, saying
 		// so; its decode step is not captured as a graph).
-		srcHash, quant := want, append(append(QuantNames(), StateNames()...), ExtraNames()...)
+		srcHash, quant := want, append(append(append(QuantNames(), StateNames()...), ExtraNames()...), RowsNames()...)
 		if target == TargetSM70 {
 			frozen, err := os.ReadFile("testdata/sm70-source.sha256")
 			if err != nil {

@@ -55,7 +55,8 @@ func goKernels() []goKernel {
 	ks = append(ks, stateGoKernels()...)
 	ks = append(ks, goKernel{name: NameRoPEGGUF, run: runRoPEGGUF, cost: costRoPEGGUF})
 	ks = append(ks, dequantGoKernels()...)
-	return append(ks, q8GoKernels()...)
+	ks = append(ks, q8GoKernels()...)
+	return append(ks, rowsGoKernels(runAttnDecode)...)
 }
 
 func argErr(kernel string, i int, want string, got any) error {

@@ -51,7 +51,7 @@ func kernelByName(t *testing.T, name string) goKernel {
 
 func TestGoKernelsCoverNames(t *testing.T) {
 	ks := goKernels()
-	names := append(append(append(Names(), QuantNames()...), StateNames()...), ExtraNames()...)
+	names := append(append(append(append(Names(), QuantNames()...), StateNames()...), ExtraNames()...), RowsNames()...)
 	if len(ks) != len(names) {
 		t.Fatalf("%d Go kernels, %d names", len(ks), len(names))
 	}

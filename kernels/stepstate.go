@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -41,25 +40,35 @@ type stateFuncs struct {
 	attn                     [len(attnLanes)]device.Function
 }
 
-// resolveState looks the step-state kernels up: on the simulator and the
-// CPU (all) every name is tried, elsewhere only those the PTX declares.
-// StepState is true only when all of them resolved.
-func (s *Set) resolveState(ptx []byte, all bool, get func(string) (device.Function, error)) {
+// resolveAll looks up every one of names, a set of kernels optional at
+// load (the step-state kernels, the row kernels): on the simulator and the
+// CPU (all) every name is tried, elsewhere only those the PTX declares. It
+// returns nil unless all of them resolved.
+func resolveAll(names []string, ptx []byte, all bool, get func(string) (device.Function, error)) []device.Function {
 	have := map[string]bool{}
 	for _, e := range PTXEntries(ptx) {
 		have[e] = true
 	}
-	names := StateNames()
 	fs := make([]device.Function, len(names))
 	for i, n := range names {
 		if !all && !have[n] {
-			return
+			return nil
 		}
 		f, err := get(n)
 		if err != nil {
-			return
+			return nil
 		}
 		fs[i] = f
+	}
+	return fs
+}
+
+// resolveState looks the step-state kernels up (resolveAll). StepState is
+// true only when all of them resolved.
+func (s *Set) resolveState(ptx []byte, all bool, get func(string) (device.Function, error)) {
+	fs := resolveAll(StateNames(), ptx, all, get)
+	if fs == nil {
+		return
 	}
 	st := &s.state
 	st.kvwrite, st.decode, st.combine = fs[0], fs[len(fs)-2], fs[len(fs)-1]
@@ -235,15 +244,11 @@ func stateGoKernels() []goKernel {
 
 // readPos returns the int32 at p, the step's first position.
 func readPos(k string, mem memory, p device.Ptr) (uint32, error) {
-	b, err := buf(k, "pos", mem, p, 1, 4)
+	pos, err := rowPositions(k, mem, p, 1)
 	if err != nil {
 		return 0, err
 	}
-	v := int32(binary.LittleEndian.Uint32(b))
-	if v < 0 {
-		return 0, fmt.Errorf("kernels: %s: position %d: %w", k, v, device.ErrInvalid)
-	}
-	return uint32(v), nil
+	return pos[0], nil
 }
 
 // withArg returns args with args[i] replaced by v (args itself untouched).

@@ -176,6 +176,10 @@ func (b *Batch) Step(ctx context.Context, ws []Work) ([][]float32, error) {
 	if T == 0 {
 		return make([][]float32, len(ws)), nil
 	}
+	// The one-token works first, so that their rows (and block tables)
+	// are the step's first: one launch attends them all (Batch.attention).
+	order := decodeFirst(ws)
+	ws = permute(ws, order)
 	if err := b.upload(ws, T); err != nil {
 		return nil, err
 	}
@@ -199,7 +203,34 @@ func (b *Batch) Step(ctx context.Context, ws []Work) ([][]float32, error) {
 	if err := e.d.StreamSynchronize(e.compute); err != nil {
 		return nil, fmt.Errorf("engine: batch step: %w", err)
 	}
-	return b.read(ws), nil
+	got := b.read(ws)
+	out := make([][]float32, len(ws))
+	for i, j := range order {
+		out[j] = got[i]
+	}
+	return out, nil
+}
+
+// decodeFirst returns the order that puts ws's one-token works first, each
+// part in its given order: order[i] is the index in ws of the i-th work.
+func decodeFirst(ws []Work) []int {
+	order := make([]int, 0, len(ws))
+	for pass := range 2 {
+		for i, w := range ws {
+			if (len(w.Tokens) == 1) == (pass == 0) {
+				order = append(order, i)
+			}
+		}
+	}
+	return order
+}
+
+func permute(ws []Work, order []int) []Work {
+	out := make([]Work, len(ws))
+	for i, j := range order {
+		out[i] = ws[j]
+	}
+	return out
 }
 
 // check validates ws and returns the step's tokens and the logits rows
@@ -273,8 +304,11 @@ func (b *Batch) upload(ws []Work, T int) error {
 }
 
 // attention is block l up to and including the residual add of the O
-// product, as attentionHalf, with the K/V write and the attention run per
-// sequence over its rows, its positions and its block table.
+// product, as attentionHalf, with the K/V write and the attention of the
+// leading one-token works (decodeFirst) in one launch each when there are
+// two or more of them and the kernels take the shapes (kernels.Set.Rows),
+// and per sequence over its rows, its positions and its block table for
+// the rest.
 func (b *Batch) attention(c *cursor, l int, ws []Work, T int) error {
 	e := b.e
 	cfg, ks, cs, B := e.cfg, e.ks, e.compute, &e.at
@@ -285,8 +319,26 @@ func (b *Batch) attention(c *cursor, l int, ws []Work, T int) error {
 	layer := uint32(e.kvLayer[l])
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	qRow, kvRow, aRow := 4*uint64(nq*hd), 4*uint64(nkv*hd), e.elt*uint64(nq*hd)
-	r := uint64(0)
-	for i, w := range ws {
+	dec, maxCtx := 0, 0
+	for dec < len(ws) && len(ws[dec].Tokens) == 1 {
+		maxCtx = max(maxCtx, ws[dec].Start+1)
+		dec++
+	}
+	if dec < 2 || !ks.Rows(nq, e.layout, e.kv.Base()) {
+		dec = 0
+	}
+	if dec > 0 {
+		n, per := uint32(dec), uint32(b.perSeq)
+		if err := ks.KVWriteRows(B[bK], B[bV], e.kv.Base(), b.tables.Ptr, e.bufs[bPos], per, n, e.layout, layer, cs); err != nil {
+			return blockErr(l, "kv write", err)
+		}
+		if err := ks.AttentionRows(B[bQ], e.kv.Base(), b.tables.Ptr, e.bufs[bPos], per, uint32(maxCtx), n, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
+			return blockErr(l, "attention", err)
+		}
+	}
+	r := uint64(dec)
+	for i, w := range ws[dec:] {
+		i += dec
 		n := uint32(len(w.Tokens))
 		if n == 0 {
 			continue

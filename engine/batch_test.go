@@ -12,6 +12,7 @@ import (
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/format/synth"
 	"github.com/memwall/memwall/internal/longtest"
+	"github.com/memwall/memwall/kernels"
 	"github.com/memwall/memwall/kvcache"
 )
 
@@ -49,15 +50,23 @@ func batchMinimum(t *testing.T, r *rig, m *llama.Model, o engine.Options) uint64
 // lengths joining at random steps, prefilled in random chunks mixed with
 // the others' decode tokens, some leaving early) and checks that every
 // sequence's greedy tokens are Generate's for its prompt alone.
+//
+// tiny-hd64's heads take the decode attention kernel, so its decoding
+// sequences are attended in one launch per block (Batch.attention).
 func TestBatchMatchesGenerate(t *testing.T) {
 	ctx := context.Background()
-	for _, f := range []string{synth.Safetensors, synth.GGUF} {
-		for _, budget := range []string{"resident", "streaming"} {
-			t.Run(f+"/"+budget, func(t *testing.T) {
+	for _, c := range []struct{ preset, f, budget string }{
+		{"tiny", synth.Safetensors, "resident"}, {"tiny", synth.Safetensors, "streaming"},
+		{"tiny", synth.GGUF, "resident"}, {"tiny", synth.GGUF, "streaming"},
+		{"tiny-hd64", synth.Safetensors, "resident"}, {"tiny-hd64", synth.GGUF, "streaming"},
+	} {
+		preset, f, budget := c.preset, c.f, c.budget
+		{
+			t.Run(preset+"/"+f+"/"+budget, func(t *testing.T) {
 				if raceEnabled && testing.Short() && budget == "resident" {
 					t.Skip("numerics only (streaming's copies are the concurrency)")
 				}
-				m := open(t, modelPath(t, "tiny", f))
+				m := open(t, modelPath(t, preset, f))
 				r := newRig(t, testDevice(t))
 				const maxSeqs, maxTokens = 6, 64
 				o := engine.Options{Budget: 256 << 20, MaxTokens: maxTokens, PrefillChunk: 16, KVBlocks: maxSeqs * maxTokens / 16, PrefixCache: true}
@@ -322,6 +331,88 @@ func TestBatchErrors(t *testing.T) {
 	for _, s := range []kvcache.SeqID{a, c} {
 		if err := b.Free(s); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestBatchRowsLaunches holds a batched step to one K/V write and one
+// attention launch per block for all its decoding sequences (the row
+// kernels), with a prefilling sequence beside them attended on its own,
+// and the tokens to the per-sequence kernels' (same bits on the
+// simulator).
+func TestBatchRowsLaunches(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny-hd64", synth.Safetensors))
+	L := m.Config.Layers
+	step := func(rows bool) (map[string]int, [][]float32) {
+		d := newCounting(testDevice(t))
+		r := newRig(t, d)
+		if !rows {
+			r.ks.SetRows(false)
+		}
+		o := engine.Options{Budget: 256 << 20, MaxTokens: 64, PrefillChunk: 16, KVBlocks: 32}
+		o.ReserveBytes = engine.BatchBytes(m.Config, o, 6)
+		e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.zero(t)
+		defer e.Close()
+		b, err := e.NewBatch(6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		var ws []engine.Work
+		for i := range 4 {
+			p := prompt(3+i, m.Config.Vocab, uint64(i))
+			ids := make([]int32, len(p))
+			for j, v := range p {
+				ids[j] = int32(v)
+			}
+			id, _, err := b.Add(ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Step(ctx, []engine.Work{{Seq: id, Tokens: ids}}); err != nil {
+				t.Fatal(err)
+			}
+			tok := int32(10 + i)
+			if err := b.Append(id, tok); err != nil {
+				t.Fatal(err)
+			}
+			ws = append(ws, engine.Work{Seq: id, Start: len(ids), Tokens: []int32{tok}, Logits: true})
+		}
+		late, _, err := b.Add([]int32{5, 6, 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The prefilling sequence between the decoding ones: the step puts
+		// the decoding ones first and hands the logits back in this order.
+		ws = append(ws[:2], append([]engine.Work{{Seq: late, Tokens: []int32{5, 6, 7}, Logits: true}}, ws[2:]...)...)
+		before := d.snapshot()
+		logits, err := b.Step(ctx, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := d.snapshot()
+		for k, v := range before {
+			after[k] -= v
+		}
+		return after, logits
+	}
+	got, logits := step(true)
+	if got[kernels.NameKVWriteRows] != L || got[kernels.NameAttnDecodeRows] != L || got[kernels.NameKVWrite] != L {
+		t.Errorf("a step of 4 decoding sequences and one prefilling, %d blocks: %d row K/V writes, %d row attentions, %d K/V writes; want %d each\n%v",
+			L, got[kernels.NameKVWriteRows], got[kernels.NameAttnDecodeRows], got[kernels.NameKVWrite], L, got)
+	}
+	plain, want := step(false)
+	if plain[kernels.NameKVWriteRows] != 0 || plain[kernels.NameKVWrite] != 5*L {
+		t.Errorf("with the row kernels off: %v", plain)
+	}
+	for i := range want {
+		if !slices.Equal(logits[i], want[i]) {
+			t.Fatalf("work %d: logits differ from the per-sequence kernels'", i)
 		}
 	}
 }

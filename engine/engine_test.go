@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/memwall/memwall/internal/longtest"
 	"math"
 	"math/rand/v2"
@@ -70,11 +71,18 @@ func modelPath(t testing.TB, preset, formatName string) string {
 		if modelsErr != nil {
 			return
 		}
-		for _, p := range []string{"tiny", "tiny-f16", "tiny-f32"} {
+		for _, p := range []string{"tiny", "tiny-f16", "tiny-f32", "tiny-hd64"} {
 			cfg, ok := synth.Presets()[p]
-			if !ok { // tiny-f32: rounds nowhere, so the engine must match the reference to float32 precision
+			switch {
+			case p == "tiny-f32": // rounds nowhere, so the engine must match the reference to float32 precision
 				cfg = synth.Tiny()
 				cfg.DType = "F32"
+			case p == "tiny-hd64": // heads of 64, which the decode attention kernel takes (tiny's are 32)
+				cfg = synth.Tiny()
+				cfg.Heads, cfg.KVHeads = 4, 2
+			case !ok:
+				modelsErr = fmt.Errorf("no preset %q", p)
+				return
 			}
 			for _, f := range []string{synth.Safetensors, synth.GGUF} {
 				dir := filepath.Join(modelsDir, p)

@@ -50,7 +50,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 dir=/tmp/wave3
 mkdir -p "$dir" "$OUT"
-[ -d gpubin ] || tar -xJf gpupack/bin.tar.xz
+[ -d gpubin ] || tar -xJf gpupack/bin.tar.xz 2>/dev/null || tar -xJf gpupack/bin-ab.tar.xz
 bin=$PWD/gpubin
 anchors=${ANCHORS:-$PWD/gpurun}
 models=${MODELS:-/dev/shm/mw}
@@ -173,8 +173,16 @@ serve_bench() {
   for i in $(seq 1 120); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8099/health', timeout=2)" 2>/dev/null && break; sleep 1; done
   timeout 200 "$bin/memwall" bench serve --url http://127.0.0.1:8099 --synthetic sharegpt --vocab 32000 --max-len 2048 \
     --concurrency 32 --n 128 --json >"$dir/bench-serve.json" 2>"$dir/bench-serve.err"
+  # batched-bench's load: 128-token prompts, 128 tokens out, 32 at once
+  python3 -c "import json; [print(json.dumps({'arrival_s': 0, 'prompt_tokens': 128, 'output_tokens': 128})) for _ in range(64)]" >"$dir/fixed.jsonl"
+  timeout 100 "$bin/memwall" bench serve --url http://127.0.0.1:8099 --requests "$dir/fixed.jsonl" --vocab 32000 \
+    --concurrency 32 --json >"$dir/bench-fixed.json" 2>"$dir/bench-fixed.err"
+  curl -s http://127.0.0.1:8099/metrics >"$dir/serve-metrics.txt" 2>/dev/null
   kill -TERM "$sp"; wait "$sp"
+  row "memwall serve c32 pp128 tg128" "$(json "$dir/bench-fixed.json" "'out %.0f tok/s  ttft p50 %.3f s  itl p50 %.4f s  failed %d' % (j['output_tokens_per_s'], j['ttft_p50_s'], j['itl_p50_s'], j['failed'])")"
+  grep -E '^memwall_serve_step_seconds_(sum|count)' "$dir/serve-metrics.txt" | tr '\n' ' '; echo
   row "memwall serve c32 sharegpt" "$(json "$dir/bench-serve.json" "'out %.0f tok/s  ttft p50 %.3f s  itl p50 %.4f s  failed %d' % (j['output_tokens_per_s'], j['ttft_p50_s'], j['itl_p50_s'], j['failed'])")"
+  [ -x "$lc/llama-batched-bench" ] || return 0
   timeout 150 "$lc/llama-batched-bench" -m "$bf" -ngl 99 -fa 1 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 >"$dir/batched.txt" 2>&1
   while read -r line; do row "llama.cpp batched-bench" "$line"; done < <(grep -E '^\|\s+[0-9]' "$dir/batched.txt")
 }
@@ -259,6 +267,75 @@ phase6() {
   lbench l3-8b-ngl99 -m "$l3" -ngl 99 -fa 1 -p 512 -n 128 -r 1
 }
 
+# phase10: on a fresh machine, an A/B of the committed binaries (gpubin/)
+# against another build (gpubin-b/: memwall and engine.test), both with
+# their PTX embedded: the B build's engine tests on the GPU, then bf16 and
+# Q4_K_M resident, A and B alternating, and llama-bench on the same files,
+# nothing else running (llama-bench and llama-batched-bench build during
+# the tests).
+phase10() {
+  [ -d gpubin-b ] || tar -xJf gpupack/bin-ab.tar.xz
+  local b=$PWD/gpubin-b
+  [ -f /tmp/lc.rc ] || setsid nohup bash -c "'$anchors/build-llama.cpp.sh' $lc llama-bench llama-batched-bench >/tmp/lc.log 2>&1; echo \$? >/tmp/lc.rc" </dev/null >/dev/null 2>&1 &
+  [ -f "$bf" ] || { "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1 & }
+  local bfpid=$!
+  [ -f "$q4" ] || { "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4" >"$dir/gen-q4.log" 2>&1 & }
+  local q4pid=$!
+  gtest "engine on the GPU (B)" engine 240 "$b/engine.test" -test.run 'TestAgainstReference|TestDecodeGraph|TestDecodeLaunches|TestQuantizedAgainstReference|TestBatch|TestResidualNormFused|TestHybrid' -test.v
+  wait "$bfpid" "$q4pid"
+  # quiet from here: the build done first
+  for i in $(seq 1 80); do [ -f /tmp/lc.rc ] && break; sleep 5; done
+  status+=("llama-batched-bench build rc $(cat /tmp/lc.rc 2>/dev/null)")
+  local p448 i
+  p448=$(prompt 448)
+  for i in 1 2; do
+    mwrun "bf16-A$i" "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 128
+    bin=$b mwrun "bf16-B$i" "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 128
+    mwrun "q4-A$i" "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
+    bin=$b mwrun "q4-B$i" "$q4" --vram 20GiB --prompt-ids "$p448" --max-new 128
+  done
+  bin=$b mwrun bf16-B-profile "$bf" --vram 20GiB --prompt-ids "$p448" --max-new 32 --profile
+  lbench bf16-ngl99 -m "$bf" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  lbench q4-ngl99 -m "$q4" -ngl 99 -fa 1 -p 512 -n 128 -r 2
+  grep -E "^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | grep -v "first logits within" | head -20
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('step', j.get('decode_graph_step_device_seconds'), 'profile', json.dumps(j.get('decode_profile_seconds')))" "$dir/bf16-B-profile.json" 2>/dev/null
+}
+
+# phase11: right after 10 (its files and llama-batched-bench): memwall
+# serve under bench serve's ShareGPT mix at 32 clients with the B build,
+# its step-time histogram and metrics kept, llama-batched-bench at 1, 8
+# and 32 sequences, and bench alloc's random mix on 1 and 16 goroutines.
+phase11() {
+  [ -d gpubin-b ] || tar -xJf gpupack/bin-ab.tar.xz
+  bin=$PWD/gpubin-b serve_bench
+  run "bench alloc: random, 1 and 16 goroutines" 200 "$bin/memwall" bench alloc --device cuda --mixes random \
+    --policies virtual,virtual-keep --strategies bestfit --goroutines 1,16 --pairs 20000 --out "$dir/alloc.json"
+  grep -A40 "=== bench alloc" "$log" | grep -E "virtual|async|live|reserved" | head -20
+}
+
+# phase12: on a fresh machine: PTX; the row kernels (a batch's decoding
+# sequences written and attended in one launch each) checked bit for bit
+# against the per-sequence kernels, with the step-state and llama kernels
+# whose code they share, and sanitized; the engine's batch tests; then the
+# 7B bf16 resident and memwall serve under bench serve (phase 11's load).
+phase12() {
+  mkdir -p "$dir/ptx"
+  run "nvcc: PTX for compute_90 and compute_80" 300 scripts/build-ptx.sh "$dir/ptx"
+  gunzip -c "$dir/ptx/kernels_sm90.ptx.gz" >"$ptx" && export MEMWALL_KERNELS_PTX=$ptx
+  local bfpid=
+  [ -f "$bf" ] || { "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1 & bfpid=$!; }
+  gtest "kernels: rows, step state, llama" kernels 240 "$bin/kernels.test" -test.run 'TestCUDARows|TestCUDAStepState|TestCUDALlamaKernels' -test.v
+  pushd kernels >/dev/null || return
+  MEMWALL_TEST_DEVICE=cuda MEMWALL_TEST_QUICK=1 run "compute-sanitizer memcheck: rows" 120 \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/kernels.test" -test.run 'TestCUDARows' -test.count 1
+  popd >/dev/null || return
+  gtest "engine on the GPU: batch, graph, reference" engine 200 "$bin/engine.test" -test.run 'TestBatch|TestDecodeGraph|TestAgainstReference' -test.v
+  [ -z "$bfpid" ] || { wait "$bfpid"; status+=("gen-model 7B bf16 rc $?"); }
+  mwrun bf16-resident "$bf" --vram 20GiB --prompt-ids "$(prompt 448)" --max-new 128
+  serve_bench
+  grep -E "ERROR SUMMARY|^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | grep -v "first logits within\|tokens \[" | head -30
+}
+
 # phase8: llama-bench on the Q4_K_M (after 9, or on a machine with its build).
 phase8() {
   for i in $(seq 1 100); do [ -f /tmp/lc.rc ] && break; sleep 5; done
@@ -301,6 +378,9 @@ phase9() {
 }
 
 case "${1:-}" in
+  10) phase10 ;;
+  11) phase11 ;;
+  12) phase12 ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -309,7 +389,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

@@ -162,26 +162,59 @@ func (b *Batch) Free(seq kvcache.SeqID) error { return b.e.kv.Free(seq) }
 // them (nil for the others), each a fresh slice. After a device error the
 // Engine must be closed.
 func (b *Batch) Step(ctx context.Context, ws []Work) ([][]float32, error) {
+	out, _, err := b.step(ctx, ws, false)
+	return out, err
+}
+
+// BatchProfile is the device time of one profiled batched step
+// (Batch.StepProfiled), from its uploads to its logits' download.
+type BatchProfile struct {
+	Seconds float64              `json:"seconds"`
+	Classes map[string]float64   `json:"classes"` // device seconds by op class (ClassProducts, ...)
+	Ops     map[string]ProfileOp `json:"ops"`     // by op
+	// Segments is the number of timed segments: an event before every op,
+	// each adding a little time of its own.
+	Segments int `json:"segments"`
+}
+
+// StepProfiled is Step with an event before every op, the device kept
+// busy meanwhile so that the step runs back to back: what one step costs
+// on the device, and where.
+func (b *Batch) StepProfiled(ctx context.Context, ws []Work) ([][]float32, *BatchProfile, error) {
+	return b.step(ctx, ws, true)
+}
+
+func (b *Batch) step(ctx context.Context, ws []Work, profile bool) (_ [][]float32, _ *BatchProfile, err error) {
 	e := b.e
 	if b.closed || e.closed {
-		return nil, fmt.Errorf("engine: batch closed")
+		return nil, nil, fmt.Errorf("engine: batch closed")
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("engine: batch step: %w", err)
+		return nil, nil, fmt.Errorf("engine: batch step: %w", err)
 	}
 	T, want, err := b.check(ws)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if T == 0 {
-		return make([][]float32, len(ws)), nil
+		return make([][]float32, len(ws)), nil, nil
 	}
 	// The one-token works first, so that their rows (and block tables)
 	// are the step's first: one launch attends them all (Batch.attention).
 	order := decodeFirst(ws)
 	ws = permute(ws, order)
+	if profile {
+		if err := e.startProfile(true); err != nil {
+			return nil, nil, err
+		}
+		defer func() {
+			if e.prof != nil { // the step failed before its end: free the events
+				_, _ = e.finishProfile()
+			}
+		}()
+	}
 	if err := b.upload(ws, T); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	e.at = e.addrs(T)
 	c := &cursor{e: e}
@@ -197,18 +230,29 @@ func (b *Batch) Step(ctx context.Context, ws []Work) ([][]float32, error) {
 	if err == nil {
 		err = c.drain()
 	}
+	if err == nil && profile {
+		err = e.endProfile()
+	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := e.d.StreamSynchronize(e.compute); err != nil {
-		return nil, fmt.Errorf("engine: batch step: %w", err)
+		return nil, nil, fmt.Errorf("engine: batch step: %w", err)
+	}
+	var bp *BatchProfile
+	if profile {
+		sp, err := e.finishProfile()
+		if err != nil {
+			return nil, nil, err
+		}
+		bp = &BatchProfile{Seconds: sp.all, Classes: sp.classes, Ops: sp.ops, Segments: sp.segments}
 	}
 	got := b.read(ws)
 	out := make([][]float32, len(ws))
 	for i, j := range order {
 		out[j] = got[i]
 	}
-	return out, nil
+	return out, bp, nil
 }
 
 // decodeFirst returns the order that puts ws's one-token works first, each
@@ -329,8 +373,14 @@ func (b *Batch) attention(c *cursor, l int, ws []Work, T int) error {
 	}
 	if dec > 0 {
 		n, per := uint32(dec), uint32(b.perSeq)
+		if err := e.mark(ClassAttention, "kv write"); err != nil {
+			return err
+		}
 		if err := ks.KVWriteRows(B[bK], B[bV], e.kv.Base(), b.tables.Ptr, e.bufs[bPos], per, n, e.layout, layer, cs); err != nil {
 			return blockErr(l, "kv write", err)
+		}
+		if err := e.mark(ClassAttention, "attention"); err != nil {
+			return err
 		}
 		if err := ks.AttentionRows(B[bQ], e.kv.Base(), b.tables.Ptr, e.bufs[bPos], per, uint32(maxCtx), n, nq, e.layout, layer, scale, B[bA], e.dt, cs); err != nil {
 			return blockErr(l, "attention", err)
@@ -344,8 +394,14 @@ func (b *Batch) attention(c *cursor, l int, ws []Work, T int) error {
 			continue
 		}
 		tab := b.tables.Ptr.Add(4 * uint64(i*b.perSeq))
+		if err := e.mark(ClassAttention, "kv write"); err != nil {
+			return err
+		}
 		if err := ks.KVWrite(B[bK].Add(r*kvRow), B[bV].Add(r*kvRow), e.kv.Base(), tab, uint32(w.Start), n, e.layout, layer, cs); err != nil {
 			return blockErr(l, "kv write", err)
+		}
+		if err := e.mark(ClassAttention, "attention"); err != nil {
+			return err
 		}
 		if err := ks.Attention(B[bQ].Add(r*qRow), e.kv.Base(), tab, uint32(w.Start), n, nq, e.layout, layer, scale, B[bA].Add(r*aRow), e.dt, cs); err != nil {
 			return blockErr(l, "attention", err)
@@ -365,6 +421,9 @@ func (b *Batch) head(c *cursor, ws []Work, T, want int) error {
 	rowBytes := 4 * uint64(H)
 	src := B[bX]
 	if want != T { // gather the rows (a decode-only batch has them in place)
+		if err := e.mark(ClassOther, "gather"); err != nil {
+			return err
+		}
 		r, j := 0, uint64(0)
 		for _, w := range ws {
 			r += len(w.Tokens)
@@ -390,8 +449,14 @@ func (b *Batch) head(c *cursor, ws []Work, T, want int) error {
 		}
 	}
 	n := uint32(want)
+	if err := e.mark(ClassNorms, "rmsnorm"); err != nil {
+		return err
+	}
 	if err := e.ks.RMSNorm(src, normP, normDT, B[bHF], e.dt, n, H, float32(cfg.RMSNormEps), cs); err != nil {
 		return fmt.Errorf("engine: final norm: %w", err)
+	}
+	if err := e.mark(ClassProducts, "lm head"); err != nil {
+		return err
 	}
 	e.readsWeights(e.weightBytes(headDT, uint32(cfg.Vocab), H))
 	if err := e.ks.Matmul(e.productDType(headDT), headP, B[bHF], b.logits.Ptr, uint32(cfg.Vocab), H, n, cs); err != nil {
@@ -405,6 +470,9 @@ func (b *Batch) head(c *cursor, ws []Work, T, want int) error {
 		if err := e.ks.Round(b.logits.Ptr, e.dt, size, cs); err != nil {
 			return fmt.Errorf("engine: round logits: %w", err)
 		}
+	}
+	if err := e.mark(ClassOther, "download"); err != nil {
+		return err
 	}
 	if err := e.d.CopyDtoH(b.logitsHost()[:4*size], b.logits.Ptr, cs); err != nil {
 		return fmt.Errorf("engine: download logits: %w", err)

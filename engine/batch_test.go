@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -413,6 +414,74 @@ func TestBatchRowsLaunches(t *testing.T) {
 	for i := range want {
 		if !slices.Equal(logits[i], want[i]) {
 			t.Fatalf("work %d: logits differ from the per-sequence kernels'", i)
+		}
+	}
+}
+
+// TestBatchStepProfiled checks that a profiled batched step gives Step's
+// logits and times every op: each block's row attention and K/V write
+// once, its products, the head; the classes sum to the step.
+func TestBatchStepProfiled(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny-hd64", synth.Safetensors))
+	L := m.Config.Layers
+	r := newRig(t, testDevice(t))
+	o := engine.Options{Budget: 256 << 20, MaxTokens: 64, PrefillChunk: 16, KVBlocks: 32}
+	o.ReserveBytes = engine.BatchBytes(m.Config, o, 4)
+	e, err := engine.New(ctx, r.d, r.ks, r.dev, r.host, m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.zero(t)
+	defer e.Close()
+	b, err := e.NewBatch(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var ws []engine.Work
+	for i := range 3 {
+		ids := []int32{int32(3 + i), 9, 4}
+		id, _, err := b.Add(ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Step(ctx, []engine.Work{{Seq: id, Tokens: ids}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Append(id, 7); err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, engine.Work{Seq: id, Start: len(ids), Tokens: []int32{7}, Logits: true})
+	}
+	got, p, err := b.StepProfiled(ctx, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p == nil || p.Seconds <= 0 || p.Segments < 7*L {
+		t.Fatalf("profile %+v", p)
+	}
+	sum := 0.0
+	for _, s := range p.Classes {
+		sum += s
+	}
+	if math.Abs(sum-p.Seconds) > 1e-6*max(1, p.Seconds) {
+		t.Errorf("classes sum to %g s, the step took %g s", sum, p.Seconds)
+	}
+	for op, want := range map[string]int{"attention": L, "kv write": L, "q, k, v": L, "down": L, "lm head": 1, "download": 1} {
+		if p.Ops[op].Count != want {
+			t.Errorf("op %q ran %d times, want %d (%v)", op, p.Ops[op].Count, want, p.Ops)
+		}
+	}
+	// The same step again, unprofiled: it writes the same K/V again, so
+	// its logits must be the profiled step's.
+	again, err := b.Step(ctx, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if !slices.Equal(got[i], again[i]) {
+			t.Fatalf("work %d: the profiled step's logits differ from Step's", i)
 		}
 	}
 }

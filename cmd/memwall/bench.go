@@ -7,7 +7,7 @@ import (
 )
 
 func init() {
-	register(verb{name: "bench", summary: "measure the link (transfer), allocation latency (alloc) and the KV cache (kv)", run: runBench})
+	register(verb{name: "bench", summary: "measure the link (transfer), allocation latency (alloc), the KV cache (kv), a server (serve) and batched generation (batch)", run: runBench})
 }
 
 // benchVerbs are the `memwall bench` sub-commands, one file each.

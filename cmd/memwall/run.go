@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"math"
@@ -188,21 +189,9 @@ func runRun(e *env, args []string) error {
 	fs.StringVar(&f.place.placement, "placement", "stream", "blocks the budget cannot hold: stream (copied to the device each step; the default), host (computed on the host's cores, prefill included, so far) or auto (on a CUDA device, what the measured link and host rates predict is faster for decode; stream on the simulator)")
 	floatVar(fs, &f.place.linkGBps, "link-gbps", 0, 0, 10000, false, "host-to-device GB/s for --placement auto (0: measure)")
 	floatVar(fs, &f.place.hostGBps, "host-gbps", 0, 0, 10000, false, "host product GB/s (weights read) for --placement auto (0: measure)")
-	pos, err := parseFlags(fs, args)
+	pos, vram, err := parseModelFlags(fs, args, &f.df, &f.vram)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef("want one MODEL argument, got %d", len(pos))
-	}
-	if err := f.df.check(); err != nil {
-		return err
-	}
-	var vram uint64
-	if f.vram != "" {
-		if vram, err = flagSize("vram", f.vram, false); err != nil {
-			return err
-		}
 	}
 	if (f.prompt == "") == (f.ids == "") {
 		return usagef("give exactly one of --prompt and --prompt-ids")
@@ -337,6 +326,28 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 // openRunModel opens the Llama-family model at path (refusing, by its
 // contents, a file run does not read) and its tokenizer (nil when it has
 // none). The caller closes the model.
+// parseModelFlags parses the flags of a verb that takes one MODEL and a
+// --vram budget (vram, the flag's text; "" for the default): the
+// positional arguments (exactly one) and the budget in bytes (0: none
+// given).
+func parseModelFlags(fs *flag.FlagSet, args []string, df *deviceFlag, vram *string) (pos []string, bytes uint64, err error) {
+	if pos, err = parseFlags(fs, args); err != nil {
+		return nil, 0, err
+	}
+	if len(pos) != 1 {
+		return nil, 0, usagef("want one MODEL argument, got %d", len(pos))
+	}
+	if err := df.check(); err != nil {
+		return nil, 0, err
+	}
+	if *vram != "" {
+		if bytes, err = flagSize("vram", *vram, false); err != nil {
+			return nil, 0, err
+		}
+	}
+	return pos, bytes, nil
+}
+
 func openRunModel(e *env, path string) (*llama.Model, textCodec, error) {
 	local := e.local(path)
 	if err := checkRunModel(local); err != nil {

@@ -89,24 +89,12 @@ func runServe(e *env, args []string) error {
 	fs.StringVar(&f.name, "model-name", "", "the model's id in the API (default: MODEL's base name)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object when listening instead of the human summary")
-	pos, err := parseFlags(fs, args)
+	pos, vram, err := parseModelFlags(fs, args, &f.df, &f.vram)
 	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usagef("want one MODEL argument, got %d", len(pos))
-	}
-	if err := f.df.check(); err != nil {
 		return err
 	}
 	if _, _, err := net.SplitHostPort(f.addr); err != nil {
 		return usagef("--addr %q: want host:port (%v)", f.addr, err)
-	}
-	var vram uint64
-	if f.vram != "" {
-		if vram, err = flagSize("vram", f.vram, false); err != nil {
-			return err
-		}
 	}
 	source, err := residency.ParseSource(f.source)
 	if err != nil {

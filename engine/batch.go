@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/format/llama"
@@ -33,7 +34,10 @@ type Work struct {
 // attended through its own block table in the engine's paged KV cache. A
 // sequence's greedy tokens are those Generate gives for its prompt alone
 // (on the simulator bit for bit: every kernel computes a row the same way
-// whatever the other rows are).
+// whatever the other rows are, but for one exception: when a step's
+// decoding sequences fill the device, a context longer than 128 positions
+// is attended in fewer splits than alone, kernels.PlanAttentionRows, and
+// its sums round in another order).
 //
 // A Batch owns the Engine's KV cache while it lives: call Generate on the
 // Engine only after Close. Its methods must be called from one goroutine
@@ -495,15 +499,29 @@ func (b *Batch) read(ws []Work) [][]float32 {
 		if !w.Logits {
 			continue
 		}
-		row := lb[4*j*V:]
 		l := make([]float32, V)
-		for k := range l {
-			l[k] = math.Float32frombits(binary.LittleEndian.Uint32(row[4*k:]))
-		}
+		decodeF32(l, lb[4*j*V:][:4*V])
 		out[i] = l
 		j++
 	}
 	return out
+}
+
+// littleEndian: the host stores a float32 as the device does, so the
+// logits copy as they are.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// decodeF32 fills dst with the little-endian float32s of src (4·len(dst)
+// bytes): one copy where the host is little-endian and src 4-byte
+// aligned.
+func decodeF32(dst []float32, src []byte) {
+	if littleEndian && len(dst) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(src)))%4 == 0 {
+		copy(dst, unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(src))), len(dst)))
+		return
+	}
+	for k := range dst {
+		dst[k] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*k:]))
+	}
 }
 
 // Close frees the batch's buffers; the sequences it added stay in the

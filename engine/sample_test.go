@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -95,6 +96,26 @@ func TestSamplerGreedyAndValidate(t *testing.T) {
 	for _, s := range []Sampling{{MaxNew: -1}, {Temperature: -1}, {Temperature: math.Inf(1)}, {Temperature: math.NaN()}, {TopK: -2}, {TopP: 1.5}, {TopP: -0.1}} {
 		if s.Validate() == nil {
 			t.Errorf("%+v accepted", s)
+		}
+	}
+}
+
+// decodeF32 reads little-endian float32s, aligned or not, NaN payloads
+// and signed zeros included.
+func TestDecodeF32(t *testing.T) {
+	vals := []float32{0, float32(math.Copysign(0, -1)), 1.5, -3.25e-38, float32(math.Inf(1)), math.Float32frombits(0x7fc01234), math.MaxFloat32}
+	buf := make([]byte, 4*len(vals)+1)
+	for off := range 2 {
+		src := buf[off : off+4*len(vals)]
+		for i, v := range vals {
+			binary.LittleEndian.PutUint32(src[4*i:], math.Float32bits(v))
+		}
+		dst := make([]float32, len(vals))
+		decodeF32(dst, src)
+		for i := range vals {
+			if math.Float32bits(dst[i]) != math.Float32bits(vals[i]) {
+				t.Errorf("offset %d, value %d: %#x, want %#x", off, i, math.Float32bits(dst[i]), math.Float32bits(vals[i]))
+			}
 		}
 	}
 }

@@ -268,9 +268,7 @@ func (e *Engine) readLogits() []float32 {
 	st := e.staging.Bytes()
 	lb := st[len(st)-4*e.cfg.Vocab:]
 	logits := make([]float32, e.cfg.Vocab)
-	for i := range logits {
-		logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*i:]))
-	}
+	decodeF32(logits, lb)
 	return logits
 }
 

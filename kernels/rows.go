@@ -14,9 +14,12 @@ import (
 // continuous batch), in one launch each instead of one per sequence. Row t
 // sits at position pos[t] (int32 on the device: the step's positions
 // buffer) and reads its sequence's block table at tables + t·perSeq
-// entries. Each row gives the bits KVWrite and Attention give for that
-// sequence alone at T = 1: the same kernel code, its context split as
-// PlanAttention splits a one-token context.
+// entries. Each row runs the code KVWrite and Attention run for that
+// sequence alone at T = 1, its context split by the same rule under the
+// cap of a T-row launch (PlanAttentionRows): while the rows do not fill
+// the GPU that is the one-token split and the bits are the same; when they
+// do, a long context takes fewer splits than alone (no partials, no
+// combine), and its sums round in another order.
 
 // Names of the row kernels (kernels.cu, "Rows of many sequences").
 const (
@@ -98,10 +101,11 @@ func (s *Set) KVWriteRows(k, v, cache, tables, pos device.Ptr, perSeq, T uint32,
 
 // PlanAttentionRows returns AttentionRows' grid for T rows whose contexts
 // (position + 1) are at most maxCtx, the split cap each row's context is
-// split under (a one-token Attention's) and the partials' bytes (0 when no
-// row splits).
+// split under (attnSplitCap of T tokens: 1 when the rows' blocks already
+// fill the GPU, else the splits that would) and the partials' bytes (0
+// when no row splits).
 func PlanAttentionRows(maxCtx, T, nHeads, kvHeads, headDim, sms uint32) AttnAtPlan {
-	limit := attnSplitCap(1, nHeads, kvHeads, headDim, sms)
+	limit := attnSplitCap(T, nHeads, kvHeads, headDim, sms)
 	most, _ := attnSplits(uint64(maxCtx), limit)
 	groups := ceilDiv(nHeads/kvHeads, attnHeads)
 	p := AttnAtPlan{Grid: device.Dim3{X: kvHeads * groups, Y: T, Z: uint32(most)}, Cap: uint32(limit)}
@@ -115,7 +119,8 @@ func PlanAttentionRows(maxCtx, T, nHeads, kvHeads, headDim, sms uint32) AttnAtPl
 // row t (nHeads×HeadDim float32) of a sequence at position pos[t], whose
 // K/V (already written, KVWriteRows) are read through tables + t·perSeq;
 // out's row t (odt) gets what Attention gives for that sequence alone at
-// T = 1. maxCtx bounds every row's pos[t] + 1 (it sizes the grid and the
+// T = 1 (the same bits unless the rows fill the GPU and the row's context
+// splits into fewer parts: see PlanAttentionRows). maxCtx bounds every row's pos[t] + 1 (it sizes the grid and the
 // partials). Rows must be true; it fails with device.ErrUnsupported
 // otherwise.
 func (s *Set) AttentionRows(q, cache, tables, pos device.Ptr, perSeq, maxCtx, T, nHeads uint32, L KVLayout, layer uint32, scale float32, out device.Ptr, odt string, st device.Stream) error {

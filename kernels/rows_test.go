@@ -161,7 +161,7 @@ func TestCUDARows(t *testing.T) {
 		rounds = 12
 	}
 	rowsRounds(t, d, s, rounds, []int{4, 16, 132})
-	t.Logf("%s: %d cases, KVWriteRows and AttentionRows bit-equal to KVWrite and Attention per sequence", s.Source(), rounds)
+	t.Logf("%s: %d cases, KVWriteRows and AttentionRows equal to KVWrite and Attention per sequence (bit for bit where a row splits as it does alone)", s.Source(), rounds)
 }
 
 // Refusals: shapes the decode kernel does not take, a missing module, a

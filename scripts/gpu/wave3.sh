@@ -336,6 +336,60 @@ phase12() {
   grep -E "ERROR SUMMARY|^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | grep -v "first logits within\|tokens \[" | head -30
 }
 
+# phase13: on a fresh machine (the PTX embedded): memwall bench batch
+# against llama-batched-bench on the same bf16 and Q4_K_M files (1, 8 and
+# 32 sequences of 128 + 128 tokens), a decode step of each profiled, and
+# memwall serve under bench serve's loads; llama-batched-bench builds while
+# the files are written, and everything is measured after it.
+phase13() {
+  [ -f /tmp/lc.rc ] || setsid nohup bash -c "'$anchors/build-llama.cpp.sh' $lc llama-batched-bench >/tmp/lc.log 2>&1; echo \$? >/tmp/lc.rc" </dev/null >/dev/null 2>&1 &
+  local bfpid= q4pid= n
+  [ -f "$bf" ] || { "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1 & bfpid=$!; }
+  [ -f "$q4" ] || { "$bin/memwall" gen-model --preset llama-7b --dtype q4_k_m --out "$q4" >"$dir/gen-q4.log" 2>&1 & q4pid=$!; }
+  [ -z "$bfpid" ] || wait "$bfpid"
+  [ -z "$q4pid" ] || wait "$q4pid"
+  for i in $(seq 1 90); do [ -f /tmp/lc.rc ] && break; sleep 5; done
+  status+=("llama-batched-bench build rc $(cat /tmp/lc.rc 2>/dev/null)")
+  for m in bf16:"$bf" q4:"$q4"; do
+    n=${m%%:*}
+    timeout 200 "$bin/memwall" bench batch "${m#*:}" --vram 40GiB --npl 1,8,32 --npp 128 --ntg 128 --profile --json >"$dir/batch-$n.json" 2>"$dir/batch-$n.err" ||
+      { echo "bench batch $n failed:" >>"$log"; tail -5 "$dir/batch-$n.err" >>"$log"; }
+    while read -r line; do row "memwall bench batch $n" "$line"; done < <(python3 - "$dir/batch-$n.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for r in j["rows"]:
+    p = r.get("profile") or {}
+    cl = " ".join(f"{k} {1e3*v:.2f}" for k, v in sorted((p.get("classes") or {}).items()))
+    print(f"B {r['b']:3d}  S_PP {r['s_pp_tokens_per_s']:9.1f}  S_TG {r['s_tg_tokens_per_s']:8.1f}  S {r['s_tokens_per_s']:8.1f}  step {1e3*p.get('seconds', 0):.2f} ms: {cl}")
+PY
+)
+    [ -x "$lc/llama-batched-bench" ] && timeout 150 "$lc/llama-batched-bench" -m "${m#*:}" -ngl 99 -fa 1 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 >"$dir/batched-$n.txt" 2>&1
+    while read -r line; do row "llama.cpp batched-bench $n" "$line"; done < <(grep -E '^\|\s+[0-9]' "$dir/batched-$n.txt")
+  done
+  lc=/nonexistent serve_bench
+}
+
+# phase14: on a fresh machine (the PTX embedded): the row kernels checked
+# against the per-sequence kernels (bit for bit where a row splits as it
+# does alone), then memwall bench batch on the bf16 7B, profiled.
+phase14() {
+  local bfpid=
+  [ -f "$bf" ] || { "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1 & bfpid=$!; }
+  gtest "kernels: rows" kernels 200 "$bin/kernels.test" -test.run 'TestCUDARows' -test.v
+  [ -z "$bfpid" ] || wait "$bfpid"
+  timeout 200 "$bin/memwall" bench batch "$bf" --vram 40GiB --npl 1,8,32 --npp 128 --ntg 128 --profile --json >"$dir/batch-bf16.json" 2>"$dir/batch-bf16.err" ||
+    { echo "bench batch failed:" >>"$log"; tail -5 "$dir/batch-bf16.err" >>"$log"; }
+  python3 - "$dir/batch-bf16.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for r in j["rows"]:
+    p = r.get("profile") or {}
+    cl = " ".join(f"{k} {1e3*v:.2f}" for k, v in sorted((p.get("classes") or {}).items()))
+    print(f"B {r['b']:3d}  S_PP {r['s_pp_tokens_per_s']:9.1f}  S_TG {r['s_tg_tokens_per_s']:8.1f}  S {r['s_tokens_per_s']:8.1f}  step {1e3*p.get('seconds', 0):.2f} ms: {cl}")
+PY
+  grep -E "^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | head -10
+}
+
 # phase8: llama-bench on the Q4_K_M (after 9, or on a machine with its build).
 phase8() {
   for i in $(seq 1 100); do [ -f /tmp/lc.rc ] && break; sleep 5; done
@@ -381,6 +435,8 @@ case "${1:-}" in
   10) phase10 ;;
   11) phase11 ;;
   12) phase12 ;;
+  13) phase13 ;;
+  14) phase14 ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -389,7 +445,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

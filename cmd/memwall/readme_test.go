@@ -210,6 +210,7 @@ func TestREADMECommands(t *testing.T) {
 		"run":            {"--max-new", "4"},
 		"stream":         {"--steps", "1"},
 		"bench serve":    {"--n", "4", "--max-len", "100"},
+		"bench batch":    {"--npl", "1,2", "--npp", "4", "--ntg", "2"},
 		"serve":          {"--max-model-len", "128", "--max-seqs", "4"},
 	}
 	cmds := readmeCommands(string(b))
@@ -268,7 +269,7 @@ func TestREADMECommands(t *testing.T) {
 			}
 		}
 	}
-	for _, v := range []string{"version", "demo", "info", "bench transfer", "bench alloc", "plan", "replay", "gen-model", "fit", "run", "kv simulate", "bench kv", "stream", "serve", "bench serve"} {
+	for _, v := range []string{"version", "demo", "info", "bench transfer", "bench alloc", "plan", "replay", "gen-model", "fit", "run", "kv simulate", "bench kv", "stream", "serve", "bench serve", "bench batch"} {
 		if !ran[v] {
 			t.Errorf("no README command line of %s ran", v)
 		}

@@ -113,17 +113,12 @@ func benchBatch(e *env, f *benchBatchFlags, path string, vram uint64) error {
 	defer d.Close()
 	o := engine.Options{MaxTokens: f.seqTokens, PromptTokens: f.npp, PrefillChunk: f.chunk, BlockTokens: 16}
 	o.KVBlocks = f.maxSeqs * ((f.seqTokens + o.BlockTokens - 1) / o.BlockTokens)
-	o.ReserveBytes = engine.BatchBytes(m.Config, o, f.maxSeqs)
 	g := generation{model: m, path: path, vram: vram, opts: o, quiet: true}
-	l, err := g.load(e, d, ch.Backend, o, "bench batch")
+	l, b, err := g.loadBatch(e, d, ch.Backend, f.maxSeqs, "bench batch", "--npl")
 	if err != nil {
 		return err
 	}
 	defer l.close()
-	b, err := l.eng.NewBatch(f.maxSeqs)
-	if err != nil {
-		return fmt.Errorf("%w: lower --npl or raise --prefill-chunk (or --vram)", err)
-	}
 	defer b.Close()
 	out := benchBatchJSON{Model: path, Device: ch.Backend + ": " + d.Info().Name, BudgetBytes: l.rp.budget.VRAMBytes, PrefillChunk: b.MaxTokens()}
 	pb := newProgress(e, "bench batch")

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/engine"
 	"github.com/memwall/memwall/format/llama"
@@ -142,17 +143,12 @@ func serveModel(e *env, f *serveFlags, path string, vram uint64, source residenc
 		kvTokens = f.maxSeqs * maxLen
 	}
 	o.KVBlocks = max((kvTokens+o.BlockTokens-1)/o.BlockTokens, (maxLen+o.BlockTokens-1)/o.BlockTokens)
-	o.ReserveBytes = engine.BatchBytes(m.Config, o, f.maxSeqs)
 	g := generation{model: m, path: path, vram: vram, opts: o, quiet: f.asJSON}
-	l, err := g.load(e, d, ch.Backend, o, "serve")
+	l, b, err := g.loadBatch(e, d, ch.Backend, f.maxSeqs, "serve", "--max-seqs")
 	if err != nil {
 		return err
 	}
 	defer l.close()
-	b, err := l.eng.NewBatch(f.maxSeqs)
-	if err != nil {
-		return fmt.Errorf("%w: lower --max-seqs or raise --prefill-chunk (or --vram)", err)
-	}
 	defer b.Close()
 	chat, chatFrom := serveChat(e, m, tok)
 	rs := l.eng.Residency().Stats()
@@ -184,6 +180,25 @@ func serveModel(e *env, f *serveFlags, path string, vram uint64, source residenc
 		printServe(e, out)
 	}
 	return serveUntilDone(e, s, ln, time.Duration(f.drainS)*time.Second)
+}
+
+// loadBatch loads g's model as load does, with room kept out of the
+// weight plan for a batch of maxSeqs sequences (engine.BatchBytes), and
+// makes that batch. seqsFlag names the flag that set maxSeqs in the error
+// a batch that does not fit gives.
+func (g *generation) loadBatch(e *env, d device.Device, backend string, maxSeqs int, verb, seqsFlag string) (*loaded, *engine.Batch, error) {
+	o := g.opts
+	o.ReserveBytes = engine.BatchBytes(g.model.Config, o, maxSeqs)
+	l, err := g.load(e, d, backend, o, verb)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := l.eng.NewBatch(maxSeqs)
+	if err != nil {
+		l.close()
+		return nil, nil, fmt.Errorf("%w: lower %s or raise --prefill-chunk (or --vram)", err, seqsFlag)
+	}
+	return l, b, nil
 }
 
 // serveChat loads the model's chat template: nil (chat requests get a

@@ -211,7 +211,7 @@ func (pl *planner) planRun(p *Pool, a *arena, first, n uint64) error {
 // reclaimer (hold) maps as one that keeps its pages: the reclaimer gives
 // back whole handles once idle.
 func (a *arena) maxRun(p *Pool, peak uint64, hold bool) uint64 {
-	n := max(1, p.opts.Limit/16/a.pageBytes)
+	n := max(1, p.limitBytes()/16/a.pageBytes)
 	if k := p.opts.KeepFreeBytes; k != 0 {
 		n = min(n, k/a.pageBytes)
 	}
@@ -325,11 +325,11 @@ func (a *arena) allFree(first, last uint64) bool {
 // makeRoom makes sure bytes more fit under the limit, releasing free
 // handles if it must. Called with p.mu held.
 func (a *arena) makeRoom(p *Pool, bytes uint64) error {
-	if p.reserved.Load()+p.inflight.Load()+bytes <= p.opts.Limit {
+	if p.reserved.Load()+p.inflight.Load()+bytes <= p.limitBytes() {
 		return nil
 	}
 	a.shrink(p, 0)
-	if p.reserved.Load()+p.inflight.Load()+bytes > p.opts.Limit {
+	if p.reserved.Load()+p.inflight.Load()+bytes > p.limitBytes() {
 		return errLimit
 	}
 	return nil

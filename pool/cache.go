@@ -319,7 +319,7 @@ func (p *Pool) cacheFree(m *meta) {
 // parkable reports whether a freed large block may be parked: blocks up to
 // a sixty-fourth of the pool's limit.
 func (p *Pool) parkable(m *meta) bool {
-	return m.class == 0 && m.size <= p.opts.Limit/64 && p.procs != nil
+	return m.class == 0 && m.size <= p.limitBytes()/64 && p.procs != nil
 }
 
 // keepFree keeps a freed large block in this processor's cache, and

@@ -761,6 +761,7 @@ func newPool(d Device, o Options, host bool) (*Pool, error) {
 		ledger:  &ledger{},
 	}
 	p.root = p
+	p.ledger.limit.Store(o.Limit)
 	p.born = time.Now()
 	if o.History > 0 {
 		p.hist = &history{buf: make([]Event, o.History)}
@@ -841,7 +842,73 @@ func (p *Pool) reserveRanges() error {
 }
 
 // Options returns the pool's effective options.
-func (p *Pool) Options() Options { return p.opts }
+func (p *Pool) Options() Options {
+	o := p.opts
+	o.Limit = p.limitBytes()
+	return o
+}
+
+// limitBytes is the pool's limit now (Options.Limit, or SetLimit's).
+func (p *Pool) limitBytes() uint64 { return p.ledger.limit.Load() }
+
+// ErrLimitBelowReserved matches SetLimit's refusal of a limit below the
+// bytes the pool must keep reserved (*LimitError).
+var ErrLimitBelowReserved = errors.New("pool: limit below the reserved bytes")
+
+// LimitError is SetLimit's refusal: after Trim the pool still reserves
+// Reserved bytes (Used of them in live blocks), more than Limit.
+type LimitError struct {
+	Pool                  string
+	Limit, Reserved, Used uint64
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s: limit %d bytes (%.2f MiB) is below the %d bytes (%.2f MiB) it reserves after trimming (%d in live blocks): free blocks first",
+		poolLabel(e.Pool), e.Limit, float64(e.Limit)/(1<<20), e.Reserved, float64(e.Reserved)/(1<<20), e.Used)
+}
+
+// Is makes errors.Is(err, ErrLimitBelowReserved) true.
+func (e *LimitError) Is(target error) bool { return target == ErrLimitBelowReserved }
+
+// SetLimit changes the limit on the bytes the pool reserves from the
+// device (Options.Limit) while it runs: a budget that shrinks or grows.
+// Raising it takes effect at once. Lowering it first gives back what the
+// pool holds and does not use (Trim) when the reserved bytes exceed the
+// new limit; if they still do, the limit is left as it was and a
+// *LimitError says by how much. Once it returns nil the pool's reserved
+// bytes are at most n and stay so. Allocations racing a lowering may fail
+// against either limit. n must be positive; the address space reserved
+// at New (Options.ReserveBytes) does not grow, so a pool that will be
+// raised is made with ReserveBytes for its largest limit.
+func (p *Pool) SetLimit(n uint64) error {
+	if n == 0 {
+		return fmt.Errorf("%s: limit 0: give the bytes the pool may reserve", poolLabel(p.opts.Name))
+	}
+	r := p.root
+	for {
+		old := r.limitBytes()
+		if n >= old {
+			if r.ledger.limit.CompareAndSwap(old, n) {
+				return nil
+			}
+			continue
+		}
+		// Lower first, so that nothing new maps above n, then trim what
+		// was reserved before.
+		if !r.ledger.limit.CompareAndSwap(old, n) {
+			continue
+		}
+		if r.ledger.reserved.Load()+r.ledger.inflight.Load() <= n {
+			return nil
+		}
+		r.Trim()
+		if res := r.ledger.reserved.Load() + r.ledger.inflight.Load(); res > n {
+			r.ledger.limit.CompareAndSwap(n, old)
+			return &LimitError{Pool: p.opts.Name, Limit: n, Reserved: res, Used: r.Stats().UsedBytes}
+		}
+		return nil
+	}
+}
 
 // AllocLatency returns a histogram of Alloc latencies, sampled (the first
 // allocation on each processor and one in 256 after it are timed) so that
@@ -1159,7 +1226,7 @@ func (p *Pool) Free(b Block) error {
 		if c.bytes > procMaxBytes {
 			chain = appendChain(c.takeDeferred(), c.drain(cls, procMaxBytes/2))
 		}
-	case m.size <= p.opts.Limit/64:
+	case m.size <= p.limitBytes()/64:
 		if m.req == c.lastLarge && m.shift < p.opts.Alignment && !m.paged { // as keepFree
 			m = c.park(m)
 		}

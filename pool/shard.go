@@ -30,11 +30,14 @@ import (
 // ledger is the accounting a pool shares with its shards.
 type ledger struct {
 	reserved, peakReserved atomic.Uint64
-	peakUsed               atomic.Uint64 // peak of taken
-	pendingBytes           atomic.Uint64
-	ooms                   atomic.Uint64
-	devAllocs, devFrees    atomic.Uint64
-	maps, unmaps           atomic.Uint64
+	// limit is Options.Limit as SetLimit last set it: pool-wide, read
+	// without a lock where the pool decides whether bytes fit.
+	limit               atomic.Uint64
+	peakUsed            atomic.Uint64 // peak of taken
+	pendingBytes        atomic.Uint64
+	ooms                atomic.Uint64
+	devAllocs, devFrees atomic.Uint64
+	maps, unmaps        atomic.Uint64
 	// inflight is the bytes of pages being created and mapped outside
 	// any lock (arena.touch); moving counts the goroutines moving pages
 	// (unmap one, map it elsewhere) outside any lock: while one does, no

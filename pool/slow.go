@@ -474,8 +474,8 @@ func (p *Pool) growChunk(size, align uint64) (*meta, error) {
 	if need > csize/2 {
 		csize = roundUp(need, unit)
 	}
-	if p.reserved.Load()+csize > p.opts.Limit {
-		if p.reserved.Load()+roundUp(need, unit) > p.opts.Limit {
+	if p.reserved.Load()+csize > p.limitBytes() {
+		if p.reserved.Load()+roundUp(need, unit) > p.limitBytes() {
 			return nil, errLimit
 		}
 		csize = roundUp(need, unit)
@@ -522,7 +522,7 @@ func (p *Pool) oomError(size, align uint64, tried []string, limitHit bool, devEr
 	st := p.arenaStats()
 	c, _ := p.totals()
 	used := c.used()
-	e := &OOMError{Pool: p.opts.Name, Requested: size, Align: align, Limit: p.opts.Limit,
+	e := &OOMError{Pool: p.opts.Name, Requested: size, Align: align, Limit: p.limitBytes(),
 		Reserved: p.reserved.Load(), Used: used, Free: st.free, LargestFree: st.largest,
 		Fragmentation: st.frag(), Tried: tried, Snapshot: p.snapshot(size)}
 	switch {

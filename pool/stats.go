@@ -107,7 +107,7 @@ func (p *Pool) stats(c counters, cached, free uint64) Stats {
 		Growth:            p.opts.Growth.String(),
 		ReservedBytes:     p.reserved.Load(),
 		PeakReservedBytes: p.peakReserved.Load(),
-		LimitBytes:        p.opts.Limit,
+		LimitBytes:        p.limitBytes(),
 		UsedBytes:         c.used(),
 		RequestedBytes:    c.requested,
 		PeakUsedBytes:     p.peakUsed.Load(),

@@ -89,9 +89,9 @@ func (p *Pool) MemInfo() (free, total uint64, err error) {
 	reserved := p.reserved.Load()
 	idle := reserved - min(reserved, p.takenNow())
 	p.mu.Unlock()
-	more := p.opts.Limit - min(p.opts.Limit, reserved)
+	more := p.limitBytes() - min(p.limitBytes(), reserved)
 	if f, _, err := p.up.MemInfo(); err == nil {
 		more = min(more, f)
 	}
-	return idle + more, p.opts.Limit, nil
+	return idle + more, p.limitBytes(), nil
 }

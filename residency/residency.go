@@ -135,6 +135,12 @@ type Options struct {
 	Timing bool
 	// Logger receives debug logs (nil: silent).
 	Logger *slog.Logger
+	// Live prepares for Retarget: every group gets a host source, not
+	// only the streamed ones (the registered mapping, a pinned copy of the
+	// whole model, or bounce buffers), so that a group demoted later
+	// streams at once and one promoted uploads from pinned memory at the
+	// link's rate; the source is prepared even when nothing streams yet.
+	Live bool
 
 	// Test hook: drop the copy stream's wait for a slot's release, to show
 	// that the tests catch a missing dependency.
@@ -381,7 +387,7 @@ func (r *Residency) newEvent(timing bool) (device.Event, error) {
 func (r *Residency) allocate() error {
 	if len(r.streamed) > 0 {
 		for i := range r.p.Slots {
-			b, err := r.dev.Alloc(r.p.SlotBytes, pool.AllocOptions{Purpose: pool.Staging, Stream: r.copyS})
+			b, err := r.devAlloc(r.p.SlotBytes, pool.AllocOptions{Purpose: pool.Staging, Stream: r.copyS})
 			if err != nil {
 				return fmt.Errorf("residency: staging slot %d of %d (%d bytes): %w", i+1, r.p.Slots, r.p.SlotBytes, err)
 			}
@@ -419,7 +425,7 @@ func (r *Residency) allocate() error {
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(r.groups[b].plan.Region, r.groups[a].plan.Region) })
 	for _, i := range order {
 		g := &r.groups[i]
-		b, err := r.dev.Alloc(g.plan.Region, pool.AllocOptions{Purpose: pool.Weights})
+		b, err := r.devAlloc(g.plan.Region, pool.AllocOptions{Purpose: pool.Weights})
 		if err != nil {
 			return fmt.Errorf("residency: resident group %s (%d bytes): %w", g.plan.Name, g.plan.Region, err)
 		}
@@ -447,30 +453,58 @@ func (r *Residency) extentBytes(e plan.Extent) ([]byte, error) {
 	return b, nil
 }
 
-// uploadResident copies the resident groups from the registered mapping or
-// the mapped file (pageable) on the copy stream, one group at a time so
-// that what the driver stages for pageable copies stays small.
+// uploadResident copies the resident groups on the copy stream and waits
+// for them (uploads).
 func (r *Residency) uploadResident(ctx context.Context) error {
-	for i := range r.groups {
+	return r.uploads(ctx, func(yield func(int) bool) {
+		for i := range r.groups {
+			if !yield(i) {
+				return
+			}
+		}
+	})
+}
+
+// uploads copies the resident groups among those of seq into their
+// regions (nothing for a streamed group or one read in place) and waits
+// for the copies. A group with a pinned host source (Options.Live, or a
+// streamed-then-promoted one) is queued behind the others without a wait,
+// so the link stays busy; one read from the pageable mapping waits for
+// its own copy first, so that what the driver stages for pageable copies
+// stays small.
+func (r *Residency) uploads(ctx context.Context, seq func(yield func(int) bool)) error {
+	queued := ""
+	for i := range seq {
 		g := &r.groups[i]
 		if !g.resident || g.block.Ptr == 0 {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return errors.Join(err, r.d.StreamSynchronize(r.copyS))
 		}
-		for _, e := range g.plan.Extents {
-			src, err := r.extentBytes(e)
-			if err != nil {
-				return err
+		for j, e := range g.plan.Extents {
+			src := []byte(nil)
+			if g.host != nil {
+				src = g.host[j]
+			} else {
+				var err error
+				if src, err = r.extentBytes(e); err != nil {
+					return errors.Join(err, r.d.StreamSynchronize(r.copyS))
+				}
 			}
 			if err := r.d.CopyHtoD(g.block.Ptr.Add(e.DevOffset), src, r.copyS); err != nil {
+				return errors.Join(fmt.Errorf("residency: upload %s: %w", g.plan.Name, err), r.d.StreamSynchronize(r.copyS))
+			}
+		}
+		queued = g.plan.Name
+		if g.host == nil {
+			if err := r.d.StreamSynchronize(r.copyS); err != nil {
 				return fmt.Errorf("residency: upload %s: %w", g.plan.Name, err)
 			}
 		}
-		if err := r.d.StreamSynchronize(r.copyS); err != nil {
-			return fmt.Errorf("residency: upload %s: %w", g.plan.Name, err)
-		}
+	}
+	if err := r.d.StreamSynchronize(r.copyS); err != nil {
+		return fmt.Errorf("residency: uploads up to %s: %w", queued, err)
 	}
 	return nil
 }
@@ -490,7 +524,7 @@ func (r *Residency) Plan() *plan.WeightPlan { return r.p }
 func (r *Residency) Stats() Stats {
 	s := r.stats
 	s.Source = r.source.String()
-	if len(r.streamed) == 0 {
+	if len(r.streamed) == 0 && !r.o.Live {
 		s.Source = "none"
 	}
 	s.Groups = len(r.groups)

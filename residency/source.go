@@ -16,13 +16,13 @@ import (
 
 // prepareSource chooses and sets up the host side of the streamed copies.
 func (r *Residency) prepareSource() error {
-	if len(r.streamed) == 0 {
+	if len(r.streamed) == 0 && !r.o.Live {
 		r.source = Auto
 		return nil
 	}
 	want := r.o.Source
 	fits := func() bool {
-		return r.host != nil && (r.o.HostBytes == 0 || r.p.StreamedBytes <= r.o.HostBytes)
+		return r.host != nil && (r.o.HostBytes == 0 || r.sourcedBytes() <= r.o.HostBytes)
 	}
 	if want == Auto {
 		switch {
@@ -119,7 +119,7 @@ func (r *Residency) register() error {
 		base[f], baseOff[f] = hb.Bytes, lo
 		r.regPtr[f] = regBase{ptr: hb.DevicePtr, off: lo}
 	}
-	for _, i := range r.streamed {
+	for _, i := range r.sourced() {
 		g := &r.groups[i]
 		g.host = make([][]byte, len(g.plan.Extents))
 		for j, e := range g.plan.Extents {
@@ -139,7 +139,7 @@ func (r *Residency) unregister() error {
 	}
 	r.registered = nil
 	r.stats.RegisteredBytes = 0
-	for _, i := range r.streamed {
+	for _, i := range r.sourced() {
 		r.groups[i].host = nil
 	}
 	return errors.Join(errs...)
@@ -150,10 +150,10 @@ func (r *Residency) copyPinned() error {
 	if r.host == nil {
 		return errors.New("residency: a pinned copy needs a host pool")
 	}
-	if r.o.HostBytes != 0 && r.p.StreamedBytes > r.o.HostBytes {
-		return fmt.Errorf("residency: pinned copy of %d streamed bytes exceeds HostBytes %d", r.p.StreamedBytes, r.o.HostBytes)
+	if n := r.sourcedBytes(); r.o.HostBytes != 0 && n > r.o.HostBytes {
+		return fmt.Errorf("residency: pinned copy of %d streamed bytes exceeds HostBytes %d", n, r.o.HostBytes)
 	}
-	for _, i := range r.streamed {
+	for _, i := range r.sourced() {
 		g := &r.groups[i]
 		blk, err := r.host.Alloc(g.plan.Copy, pool.AllocOptions{Purpose: pool.Weights})
 		if err != nil {
@@ -198,7 +198,7 @@ func (r *Residency) freeHost() error {
 	r.bounce = nil
 	r.stats.HostBytes = 0
 	if r.source != Register {
-		for _, i := range r.streamed {
+		for _, i := range r.sourced() {
 			r.groups[i].host = nil
 		}
 	}
@@ -253,6 +253,28 @@ func (r *Residency) bounceCopy(dst device.Ptr, e plan.Extent) error {
 		}
 	}
 	return nil
+}
+
+// sourced is the groups whose bytes need a host source: the streamed
+// ones, or every group under Options.Live (any may stream later).
+func (r *Residency) sourced() []int {
+	if !r.o.Live {
+		return r.streamed
+	}
+	all := make([]int, len(r.groups))
+	for i := range all {
+		all[i] = i
+	}
+	return all
+}
+
+// sourcedBytes is the bytes a pinned copy of the sourced groups takes.
+func (r *Residency) sourcedBytes() uint64 {
+	var n uint64
+	for _, i := range r.sourced() {
+		n += r.groups[i].plan.Copy
+	}
+	return n
 }
 
 // parallelCopy copies src into dst (same length) with a few goroutines:

@@ -159,6 +159,12 @@ type Options struct {
 	QuantPrefill bool
 	// Logger receives debug logs; nil is silent.
 	Logger *slog.Logger
+	// Live lets SetBudget change the budget while the engine runs: every
+	// weight keeps a host source (residency.Options.Live: the registered
+	// file, or a pinned copy of the whole model when the device cannot
+	// register it), so that weights demoted stream at once and weights
+	// promoted upload at the link's rate.
+	Live bool
 	// HostLayers[l] true computes block l on the host device (Host) in
 	// every step: its weights and its K/V live there, none of its bytes
 	// take the budget, and the residual stream crosses to the host and
@@ -276,6 +282,10 @@ type Engine struct {
 	// embedding is the embedding matrix's device address as of the last
 	// step (the tied LM head; resident then).
 	embedding device.Ptr
+	// page is the device pool's page (its Options().PageBytes, or the
+	// device's granularity in Estimate): what a live engine's weight
+	// regions are rounded to.
+	page      uint64
 	ownStream bool
 	closed    bool
 
@@ -331,6 +341,9 @@ type Footprint struct {
 	layout plan.Layout
 	bufs   []plan.Buffer
 	kvCfg  kvcache.Config
+	// reserve is what the weight plan leaves of the budget (KV cache,
+	// arena, rounding, scratch, Options.ReserveBytes).
+	reserve uint64
 }
 
 // Estimate plans m under o.Budget for a device described by info, without
@@ -401,6 +414,10 @@ const AutoSlotsChunk = 1024
 // and Slots 0) and returns the plan for them.
 func (e *Engine) estimate(ctx context.Context, info device.Info) (*Footprint, error) {
 	o := e.opt
+	e.page = info.Granularity
+	if e.dev != nil {
+		e.page = e.dev.Options().PageBytes
+	}
 	slots := o.Slots
 	if slots == 0 {
 		slots = 2
@@ -480,18 +497,24 @@ func (e *Engine) estimateAt(ctx context.Context, info device.Info, chunk, slots 
 	// buffers (RoPE frequencies, the Q/K permutation), and the attention
 	// kernel's own scratch, which the kernels allocate outside the pool.
 	gran := max(info.Granularity, 64<<10)
-	small := uint64(64<<10) + 4*uint64(cfg.HeadDim*cfg.HeadDim)
-	reserve := f.KVBytes + f.ArenaBytes + 4*gran + f.ScratchBytes + o.ReserveBytes
-	if f.Plan, err = e.planWeights(reserve, f.KVBytes, f.ArenaBytes, slots); err != nil {
+	f.reserve = f.KVBytes + f.ArenaBytes + 4*gran + f.ScratchBytes + o.ReserveBytes
+	if f.Plan, err = e.planWeights(f.reserve, f.KVBytes, f.ArenaBytes, slots); err != nil {
 		return nil, err
 	}
 	if f.Plan.Slots > 0 {
 		f.Slots = f.Plan.Slots // the plan drops slots a tight budget cannot hold (to 2)
 	}
+	f.peak(info, cfg.HeadDim)
+	return f, nil
+}
+
+// peak fills PoolPeakBytes and DeviceBytes from the plan and the rest.
+func (f *Footprint) peak(info device.Info, headDim int) {
+	gran := max(info.Granularity, 64<<10)
+	small := uint64(64<<10) + 4*uint64(headDim*headDim)
 	used := f.Plan.ResidentBytes + f.Plan.StagingBytes + f.KVBytes + f.ArenaBytes + small
 	f.PoolPeakBytes = (used + gran - 1) / gran * gran
 	f.DeviceBytes = f.PoolPeakBytes + f.ScratchBytes
-	return f, nil
 }
 
 // New places m's weights on d under o.Budget and prepares the KV cache and
@@ -540,7 +563,7 @@ func New(ctx context.Context, d device.Device, ks *kernels.Set, dev, host *pool.
 	if err := e.prepareHost(e.foot.kvCfg.Blocks); err != nil {
 		return e, err
 	}
-	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger, Timing: o.Timing}); err != nil {
+	if e.res, err = residency.New(ctx, d, dev, host, m.Weights, e.plan, residency.Options{Source: o.Source, Prefetch: o.Prefetch, Logger: o.Logger, Timing: o.Timing, Live: o.Live}); err != nil {
 		return e, fmt.Errorf("engine: %w", err)
 	}
 	if err := e.mapGroups(); err != nil {
@@ -729,6 +752,10 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64, slots int) (*p
 	// Resident blocks spread over the depth, so that the copies of the
 	// streamed ones overlap the resident ones' products (prefill).
 	wo := plan.WeightOptions{Slots: slots, Tokens: 1, LinkGBps: e.opt.LinkGBps, Granule: 256, Spread: true}
+	if e.opt.Live && e.page > 256 {
+		// A live engine's regions are whole pages (residency.Options.Live).
+		wo.Granule = e.page
+	}
 	minimum := func() uint64 {
 		wo.Budget = math.MaxUint64 / 4
 		p, err := plan.PlanWeights(groups, wo)
@@ -805,12 +832,19 @@ func (e *Engine) mapGroups() error {
 		}
 		e.groups = append(e.groups, u)
 	}
-	if e.cfg.TiedEmbeddings {
-		for gi, u := range e.groups {
-			for _, k := range u.roles {
-				if k.role == llama.RoleEmbedding && !e.plan.Groups[gi].Resident {
-					return fmt.Errorf("engine: tied embeddings %s must stay resident: raise the budget", e.plan.Groups[gi].Name)
-				}
+	return e.checkTied(e.plan)
+}
+
+// checkTied refuses a plan that streams tied embeddings (the LM head reads
+// them after the last block, when the ring has moved on).
+func (e *Engine) checkTied(p *plan.WeightPlan) error {
+	if !e.cfg.TiedEmbeddings {
+		return nil
+	}
+	for gi, u := range e.groups {
+		for _, k := range u.roles {
+			if k.role == llama.RoleEmbedding && !p.Groups[gi].Resident {
+				return fmt.Errorf("engine: tied embeddings %s must stay resident: raise the budget", p.Groups[gi].Name)
 			}
 		}
 	}

@@ -145,19 +145,11 @@ func fitLlama(e *env, f *planFlags, lf *llamaFitFlags, slotsGiven bool, path str
 	if err := checkBudget(e, d, vram); err != nil {
 		return err
 	}
-	if b := d.Info().Backend; b == "vulkan" {
-		return fmt.Errorf("the %s backend has no Llama kernels yet (they are PTX and Go only): use --device cuda or --device sim", b)
-	}
-	ks, err := kernels.Load(d, e.getenv)
+	ks, st, done, err := llamaKernels(e, d)
 	if err != nil {
 		return err
 	}
-	defer ks.Close()
-	st, err := d.NewStream()
-	if err != nil {
-		return err
-	}
-	defer d.DestroyStream(st)
+	defer done()
 	o := engine.Options{MaxTokens: maxTokens, PromptTokens: prompt, PrefillChunk: lf.chunk, Stream: st}
 	if slotsGiven {
 		o.Slots = f.slots
@@ -228,4 +220,24 @@ func fitLlamaJSON(e *env, f *planFlags, g *generation, d device.Device, ch auto.
 		PoolPeakBytes: foot.PoolPeakBytes, ScratchBytes: foot.ScratchBytes, ContextBytes: b.ContextBytes, ContextSource: b.ContextSource,
 		LoadedBytes: b.LoadedBytes, ReserveBytes: b.ReserveBytes, PredictedPeakBytes: rp.predictedPeak()}
 	return out, nil
+}
+
+// llamaKernels loads the kernels a Llama model runs on d and makes a
+// compute stream; done gives both back. A backend without the kernels
+// (Vulkan) is an error saying which to use.
+func llamaKernels(e *env, d device.Device) (ks *kernels.Set, st device.Stream, done func(), err error) {
+	if b := d.Info().Backend; b == "vulkan" {
+		return nil, 0, nil, fmt.Errorf("the %s backend has no Llama kernels yet (they are PTX and Go only): use --device cuda or --device sim", b)
+	}
+	if ks, err = kernels.Load(d, e.getenv); err != nil {
+		return nil, 0, nil, err
+	}
+	if st, err = d.NewStream(); err != nil {
+		ks.Close()
+		return nil, 0, nil, err
+	}
+	return ks, st, func() {
+		d.DestroyStream(st)
+		ks.Close()
+	}, nil
 }

@@ -1,0 +1,340 @@
+package fleet_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/sim"
+	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/fleet"
+	"github.com/memwall/memwall/format/llama"
+	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/kernels"
+	"github.com/memwall/memwall/pool"
+)
+
+// member is one model of a test fleet: its engine on its own pools, the
+// prompts it serves and the tokens its solo run gave for them.
+type member struct {
+	name      string
+	m         *llama.Model
+	ks        *kernels.Set
+	dev, host *pool.Pool
+	e         *engine.Engine
+	prompts   [][]int
+	want      [][]int
+}
+
+// models writes three small models of different shapes and seeds.
+func models(t *testing.T) []*llama.Model {
+	t.Helper()
+	var out []*llama.Model
+	for i, spec := range []struct {
+		format        string
+		heads, kvh    int
+		seed          uint64
+		layers, inter int
+	}{{synth.Safetensors, 0, 0, 1, 0, 0}, {synth.GGUF, 4, 2, 2, 3, 0}, {synth.Safetensors, 0, 0, 3, 5, 320}} {
+		cfg := synth.Tiny()
+		cfg.Seed = spec.seed
+		if spec.heads > 0 {
+			cfg.Heads, cfg.KVHeads = spec.heads, spec.kvh
+		}
+		if spec.layers > 0 {
+			cfg.Layers = spec.layers
+		}
+		if spec.inter > 0 {
+			cfg.Inter = spec.inter
+		}
+		dir := filepath.Join(t.TempDir(), fmt.Sprint(i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		path := dir
+		if spec.format == synth.GGUF {
+			path = filepath.Join(dir, "model.gguf")
+		} else {
+			path = filepath.Join(dir, "model.safetensors")
+		}
+		if _, err := synth.Generate(context.Background(), cfg, path, synth.Options{Format: spec.format, Workers: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if spec.format != synth.GGUF {
+			path = dir
+		}
+		m, err := llama.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		out = append(out, m)
+	}
+	return out
+}
+
+func simDevice(t *testing.T) device.Device {
+	o := sim.DefaultOptions()
+	o.TotalBytes = 1 << 30
+	o.Kernels = kernels.Sim()
+	o.Shuffle = true
+	d := sim.New(o)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+var opts = engine.Options{MaxTokens: 80, PrefillChunk: 16}
+
+const maxNew = 10
+
+// solo runs each prompt on a resident engine of its own and records the
+// tokens.
+func solo(t *testing.T, d device.Device, mb *member) {
+	t.Helper()
+	ks, err := kernels.Load(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ks.Close()
+	dev, err := pool.New(d, pool.DefaultOptions(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	host, err := pool.NewHost(d, pool.Options{Name: "solo-host"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	o := opts
+	o.Budget = 256 << 20
+	e, err := engine.New(context.Background(), d, ks, dev, host, mb.m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, p := range mb.prompts {
+		res, err := e.Generate(context.Background(), p, engine.Sampling{MaxNew: maxNew, IgnoreEOS: true}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mb.want = append(mb.want, res.Tokens)
+	}
+}
+
+// join makes mb's live engine at its minimum on pools of its own whose
+// every event checks that all the fleet's pools together reserve at most
+// bound.
+func join(t *testing.T, d device.Device, mb *member, check func(string)) {
+	t.Helper()
+	var err error
+	if mb.ks, err = kernels.Load(d, nil); err != nil {
+		t.Fatal(err)
+	}
+	o := opts
+	o.Live = true
+	minBytes := minimum(t, d, mb)
+	po := pool.DefaultOptions(d)
+	po.Name, po.Limit, po.ReserveBytes = mb.name, minBytes, d.Info().TotalBytes
+	po.OnEvent = func(pool.Event) { check(mb.name) }
+	if mb.dev, err = pool.New(d, po); err != nil {
+		t.Fatal(err)
+	}
+	if mb.host, err = pool.NewHost(d, pool.Options{Name: mb.name + "-host"}); err != nil {
+		t.Fatal(err)
+	}
+	o.Budget = minBytes
+	if mb.e, err = engine.New(context.Background(), d, mb.ks, mb.dev, mb.host, mb.m, o); err != nil {
+		t.Fatal(err)
+	}
+	if got := mb.e.MinimumBudget(); got != minBytes {
+		t.Fatalf("%s: MinimumBudget %d, Estimate's minimum %d", mb.name, got, minBytes)
+	}
+}
+
+// minimum is the budget Estimate says mb's live engine needs at least.
+func minimum(t *testing.T, d device.Device, mb *member) uint64 {
+	t.Helper()
+	o := opts
+	o.Budget, o.Live = 1, true
+	_, err := engine.Estimate(context.Background(), mb.m, o, d.Info())
+	var be *engine.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("budget 1: %v", err)
+	}
+	return be.Minimum
+}
+
+// TestFleetRandom: three models share a budget that shrinks and grows at
+// random times while three clients send them requests at random; every
+// response's tokens equal the model's solo run, the pools together never
+// reserve more than the budget (checked at every pool event, against the
+// larger of the old and new budget while a change is under way, and
+// against the budget after every event), and nothing is left at the end.
+func TestFleetRandom(t *testing.T) {
+	ctx := context.Background()
+	d := simDevice(t)
+	ms := models(t)
+	var members []*member
+	for i, m := range ms {
+		mb := &member{name: fmt.Sprintf("m%d", i), m: m}
+		for j := range 3 {
+			mb.prompts = append(mb.prompts, promptOf(4+5*j+i, m.Config.Vocab, uint64(10*i+j)))
+		}
+		solo(t, d, mb)
+		members = append(members, mb)
+	}
+	var bound atomic.Uint64 // the most the pools may reserve now
+	var violation atomic.Value
+	check := func(who string) {
+		var sum uint64
+		for _, mb := range members {
+			if mb.dev != nil {
+				sum += mb.dev.ReservedBytes()
+			}
+		}
+		if b := bound.Load(); sum > b && violation.Load() == nil {
+			violation.Store(fmt.Sprintf("at an event of %s the pools reserve %d bytes, above the bound %d", who, sum, b))
+		}
+	}
+	// The models' minimums and full budgets, from engines made and
+	// closed before the fleet exists.
+	var sumMin, sumFull uint64
+	bound.Store(1 << 62)
+	for _, mb := range members {
+		join(t, d, mb, check)
+		full, err := mb.e.FullBudget()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sumMin, sumFull = sumMin+mb.e.MinimumBudget(), sumFull+full
+		if err := mb.e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		mb.dev.Close()
+		mb.host.Close()
+		mb.ks.Close()
+		mb.dev = nil
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	budget := sumMin + (sumFull-sumMin)/2
+	bound.Store(budget)
+	f := fleet.New(budget, fleet.Options{})
+	for _, mb := range members {
+		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
+			t.Fatal(err)
+		}
+		join(t, d, mb, check)
+		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1}); err != nil {
+			t.Fatal(err)
+		}
+		check("add")
+	}
+	if err := f.SetBudget(ctx, sumMin-1); err == nil {
+		t.Fatal("a budget below the minimums accepted")
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	var budgetMu sync.Mutex // one budget change at a time, so bound is exact
+	for c := range 3 {
+		seed := uint64(c)
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, 99))
+			for range 8 {
+				mb := members[r.IntN(len(members))]
+				i := r.IntN(len(mb.prompts))
+				if err := f.Begin(ctx, mb.name); err != nil {
+					errs <- err
+					return
+				}
+				e, unlock, err := f.Lock(mb.name)
+				if err != nil {
+					errs <- err
+					return
+				}
+				res, err := e.Generate(ctx, mb.prompts[i], engine.Sampling{MaxNew: maxNew, IgnoreEOS: true}, nil)
+				streamed := len(e.Plan().Streamed())
+				unlock()
+				if err == nil && !slices.Equal(res.Tokens, mb.want[i]) {
+					err = fmt.Errorf("%s prompt %d with %d groups streamed: tokens %v, solo %v", mb.name, i, streamed, res.Tokens, mb.want[i])
+				}
+				if err == nil {
+					err = f.End(ctx, mb.name)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				check("client")
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 12 {
+			nb := sumMin + rng.Uint64N(sumFull-sumMin+(sumFull-sumMin)/4)
+			budgetMu.Lock()
+			old := bound.Load()
+			bound.Store(max(old, nb))
+			err := f.SetBudget(ctx, nb)
+			if err == nil {
+				bound.Store(nb)
+				check("budget")
+			}
+			budgetMu.Unlock()
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if v := violation.Load(); v != nil {
+		t.Fatal(v)
+	}
+	stats, moves := f.Stats()
+	var grants uint64
+	for _, s := range stats {
+		grants += s.Grant
+		if s.Grant < s.Minimum || s.Grant > max(s.Full, s.Minimum) {
+			t.Errorf("%s: grant %d outside [%d, %d]", s.Name, s.Grant, s.Minimum, s.Full)
+		}
+	}
+	if grants > f.Budget() || moves.Changes == 0 || moves.PromotedBytes == 0 || moves.DemotedBytes == 0 {
+		t.Errorf("grants %d of the budget %d; moves %+v", grants, f.Budget(), moves)
+	}
+	for _, mb := range members {
+		if err := mb.e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if st := mb.dev.Stats(); st.UsedBytes != 0 || st.LiveBlocks != 0 {
+			t.Errorf("%s: device pool holds %d bytes in %d blocks after Close", mb.name, st.UsedBytes, st.LiveBlocks)
+		}
+		if st := mb.host.Stats(); st.UsedBytes != 0 {
+			t.Errorf("%s: host pool holds %d bytes after Close", mb.name, st.UsedBytes)
+		}
+		mb.dev.Close()
+		mb.host.Close()
+		mb.ks.Close()
+	}
+}
+
+func promptOf(n, vocab int, seed uint64) []int {
+	r := rand.New(rand.NewPCG(seed, 1))
+	out := make([]int, n)
+	for i := range out {
+		out[i] = 3 + r.IntN(vocab-3)
+	}
+	return out
+}

@@ -113,9 +113,10 @@ type member struct {
 type Moves struct {
 	// Changes counts engine.SetBudget calls; Promoted and Demoted the
 	// weight bytes they uploaded and gave back; Seconds their wall time.
-	Changes                     int
-	PromotedBytes, DemotedBytes uint64
-	Seconds                     float64
+	Changes       int     `json:"changes"`
+	PromotedBytes uint64  `json:"promoted_bytes"`
+	DemotedBytes  uint64  `json:"demoted_bytes"`
+	Seconds       float64 `json:"seconds"`
 }
 
 // New returns an empty fleet sharing budget bytes of device pool memory.
@@ -324,10 +325,11 @@ type ModelStats struct {
 	Grant   uint64 `json:"grant_bytes"`
 	Minimum uint64 `json:"minimum_bytes"`
 	Full    uint64 `json:"full_bytes"`
-	// Resident is the weight bytes on the device, Streamed the weight
-	// groups streamed per step.
+	// ResidentBytes are the weight bytes on the device; StreamedGroups
+	// and StreamedBytes the weight groups and bytes streamed per step.
 	ResidentBytes  uint64 `json:"resident_bytes"`
 	StreamedGroups int    `json:"streamed_groups"`
+	StreamedBytes  uint64 `json:"streamed_bytes_per_step"`
 	Active         bool   `json:"active"`
 	// PromotedBytes are the bytes moves that raised it uploaded.
 	PromotedBytes uint64 `json:"promoted_bytes"`
@@ -341,14 +343,16 @@ func (f *Fleet) Stats() ([]ModelStats, Moves) {
 	f.mu.Lock()
 	ms := slices.Clone(f.members)
 	mv := f.moves
-	f.mu.Unlock()
 	out := make([]ModelStats, len(ms))
+	for i, m := range ms {
+		out[i] = ModelStats{Name: m.m.Name, Grant: m.grant, Minimum: m.min, Full: m.full, Active: m.active > 0, PromotedBytes: m.promoted, LastMove: m.lastMove}
+	}
+	f.mu.Unlock()
 	for i, m := range ms {
 		m.eng.Lock()
 		rs := m.m.Engine.Residency().Stats()
-		out[i] = ModelStats{Name: m.m.Name, Grant: m.grant, Minimum: m.min, Full: m.full, ResidentBytes: rs.ResidentBytes,
-			StreamedGroups: rs.Groups - rs.ResidentGroups, Active: m.active > 0, PromotedBytes: m.promoted, LastMove: m.lastMove}
 		m.eng.Unlock()
+		out[i].ResidentBytes, out[i].StreamedGroups, out[i].StreamedBytes = rs.ResidentBytes, rs.Groups-rs.ResidentGroups, rs.PassBytes
 	}
 	return out, mv
 }

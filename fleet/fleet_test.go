@@ -338,3 +338,88 @@ func promptOf(n, vocab int, seed uint64) []int {
 	}
 	return out
 }
+
+// TestFollowFree: another process (direct allocations on the device)
+// takes memory and gives it back; FollowOnce shrinks the budget to what
+// is left, refuses to go below the models' minimums (the budget stays),
+// and grows back to the ceiling; the pools never reserve more than the
+// budget and the models still generate their solo tokens.
+func TestFollowFree(t *testing.T) {
+	ctx := context.Background()
+	d := simDevice(t)
+	ms := models(t)[:2]
+	var members []*member
+	for i, m := range ms {
+		mb := &member{name: fmt.Sprintf("m%d", i), m: m, prompts: [][]int{promptOf(7, m.Config.Vocab, uint64(i))}}
+		solo(t, d, mb)
+		members = append(members, mb)
+	}
+	nop := func(string) {}
+	var sumMin uint64
+	for _, mb := range members {
+		sumMin += minimum(t, d, mb)
+	}
+	ceiling := sumMin + 24<<20
+	f := fleet.New(ceiling, fleet.Options{})
+	var pools []*pool.Pool
+	for _, mb := range members {
+		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
+			t.Fatal(err)
+		}
+		join(t, d, mb, nop)
+		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1}); err != nil {
+			t.Fatal(err)
+		}
+		pools = append(pools, mb.dev)
+		defer func() { mb.e.Close(); mb.dev.Close(); mb.host.Close(); mb.ks.Close() }()
+	}
+	const margin = 1 << 20
+	o := fleet.Follow{Device: d, Pools: pools, Margin: margin, Step: 1 << 20, Ceiling: func() uint64 { return ceiling }}
+	reserved := func() (n uint64) {
+		for _, p := range pools {
+			n += p.ReservedBytes()
+		}
+		return n
+	}
+	generate := func(what string) {
+		for _, mb := range members {
+			e, unlock, _ := f.Lock(mb.name)
+			res, err := e.Generate(ctx, mb.prompts[0], engine.Sampling{MaxNew: maxNew, IgnoreEOS: true}, nil)
+			unlock()
+			if err != nil || !slices.Equal(res.Tokens, mb.want[0]) {
+				t.Fatalf("%s: %s: %v %v, solo %v", what, mb.name, err, res, mb.want[0])
+			}
+		}
+	}
+	if got, err := f.FollowOnce(ctx, o); err != nil || got != ceiling {
+		t.Fatalf("with the device free: budget %d (%v), want the ceiling %d", got, err, ceiling)
+	}
+	// Another process leaves the models 12 MiB above their minimums.
+	free, _, _ := d.MemInfo()
+	other, err := d.Alloc(free - (sumMin + 12<<20 - reserved()) - margin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.FollowOnce(ctx, o)
+	free, _, _ = d.MemInfo()
+	if err != nil || got >= ceiling || got < sumMin || reserved() > got || got > reserved()+free-margin+1 {
+		t.Fatalf("after another process took memory: budget %d (%v), minimums %d, pools %d, free %d", got, err, sumMin, reserved(), free)
+	}
+	generate("shrunk")
+	// It takes nearly everything: the minimums do not fit, the budget stays.
+	more, err := d.Alloc(free - 2<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var be *fleet.BudgetError
+	if kept, err := f.FollowOnce(ctx, o); !errors.As(err, &be) || kept != got || f.Budget() != got {
+		t.Fatalf("below the minimums: budget %d (was %d), %v", kept, got, err)
+	}
+	generate("refused")
+	d.Free(more)
+	d.Free(other)
+	if back, err := f.FollowOnce(ctx, o); err != nil || back != ceiling {
+		t.Fatalf("after the other process left: budget %d (%v), want %d", back, err, ceiling)
+	}
+	generate("grown")
+}

@@ -76,9 +76,12 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, map[string]any{"object": "list", "data": []any{map[string]any{
-		"id": s.o.ModelName, "object": "model", "created": s.made.Unix(), "owned_by": "memwall", "max_model_len": s.b.SeqTokens(),
-	}}})
+	writeJSON(w, map[string]any{"object": "list", "data": []any{s.modelEntry()}})
+}
+
+// modelEntry is the server's model in /v1/models.
+func (s *Server) modelEntry() map[string]any {
+	return map[string]any{"id": s.o.ModelName, "object": "model", "created": s.made.Unix(), "owned_by": "memwall", "max_model_len": s.b.SeqTokens()}
 }
 
 // job is one request as the handler sees it.

@@ -12,6 +12,9 @@ import (
 type Memory struct {
 	// BudgetBytes is the device budget the process runs under.
 	BudgetBytes uint64
+	// GrantBytes is this model's share of a budget shared with other
+	// models (0: not shared).
+	GrantBytes uint64
 	// ResidentBytes are the weights kept on the device; StreamedBytes the
 	// weights copied to it each step; HostBytes those the host computes.
 	ResidentBytes, StreamedBytes, HostBytes uint64
@@ -71,17 +74,23 @@ func (s *Server) register(reg prometheus.Registerer) error {
 			return f(&s.snap)
 		}
 	}
-	mem := s.o.Memory
+	mem := func() Memory {
+		if s.o.MemoryNow != nil {
+			return s.o.MemoryNow()
+		}
+		return s.o.Memory
+	}
 	cs := []prometheus.Collector{m.promptTokens, m.generationTokens, m.prefixQueries, m.prefixHits, m.preemptions, m.aborted,
 		m.success, m.ttft, m.itl, m.e2e, m.queueSeconds, m.stepSeconds,
 		gauge("vllm:num_requests_running", "Requests in the batch (holding KV blocks).", snap(func(st *snapshot) float64 { return float64(st.running) })),
 		gauge("vllm:num_requests_waiting", "Requests waiting for admission.", snap(func(st *snapshot) float64 { return float64(st.waiting) })),
 		gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks held by sequences (1 = 100%).", func() float64 { return s.b.Cache().Stats().Usage() }),
 		gauge("memwall_serve_streamed_bytes", "Weight bytes streamed to the device so far.", snap(func(st *snapshot) float64 { return float64(st.streamed) })),
-		gauge("memwall_serve_budget_bytes", "The device budget the server runs under.", func() float64 { return float64(mem.BudgetBytes) }),
-		gauge("memwall_serve_resident_weight_bytes", "Weight bytes resident on the device.", func() float64 { return float64(mem.ResidentBytes) }),
-		gauge("memwall_serve_streamed_weight_bytes_per_step", "Weight bytes streamed to the device per step.", func() float64 { return float64(mem.StreamedBytes) }),
-		gauge("memwall_serve_host_weight_bytes_per_step", "Weight bytes the host computes per step.", func() float64 { return float64(mem.HostBytes) }),
+		gauge("memwall_serve_budget_bytes", "The device budget the server runs under.", func() float64 { return float64(mem().BudgetBytes) }),
+		gauge("memwall_serve_grant_bytes", "This model's share of the pools' budget when models share it (0: not shared).", func() float64 { return float64(mem().GrantBytes) }),
+		gauge("memwall_serve_resident_weight_bytes", "Weight bytes resident on the device.", func() float64 { return float64(mem().ResidentBytes) }),
+		gauge("memwall_serve_streamed_weight_bytes_per_step", "Weight bytes streamed to the device per step.", func() float64 { return float64(mem().StreamedBytes) }),
+		gauge("memwall_serve_host_weight_bytes_per_step", "Weight bytes the host computes per step.", func() float64 { return float64(mem().HostBytes) }),
 		gauge("memwall_serve_max_seqs", "The most sequences one step holds.", func() float64 { return float64(s.o.MaxSeqs) }),
 		gauge("memwall_serve_step_tokens", "The most tokens one step holds.", func() float64 { return float64(s.b.MaxTokens()) }),
 	}
@@ -90,11 +99,14 @@ func (s *Server) register(reg prometheus.Registerer) error {
 			return fmt.Errorf("serve: register metrics: %w", err)
 		}
 	}
-	if _, err := telemetry.RegisterKV(reg, s.b.Cache()); err != nil {
+	// The KV cache's and the pools' collectors carry no model label of
+	// their own: one is added, so that several servers share a registry.
+	lreg := prometheus.WrapRegistererWith(l, reg)
+	if _, err := telemetry.RegisterKV(lreg, s.b.Cache()); err != nil {
 		return err
 	}
 	if len(s.o.Pools) > 0 {
-		if _, err := telemetry.RegisterPool(reg, s.o.Pools...); err != nil {
+		if _, err := telemetry.RegisterPool(lreg, s.o.Pools...); err != nil {
 			return fmt.Errorf("serve: register pool metrics: %w", err)
 		}
 	}

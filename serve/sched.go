@@ -50,12 +50,23 @@ var errShutdown = errors.New("serve: the server stopped")
 // loop is the scheduler: it runs until ctx is done (then ends every
 // request it holds with errShutdown) or the engine fails (then it ends
 // them with that error and returns it).
-func (s *Server) loop(ctx context.Context) error {
+func (s *Server) loop(ctx context.Context) (err error) {
 	defer s.stopAll(errShutdown)
+	defer func() {
+		// A background context: the model must leave the active set even
+		// when ctx ended the loop.
+		if eerr := s.idle(context.Background()); err == nil {
+			err = eerr
+		}
+	}()
 	for steps := 0; ; steps++ {
 		s.takeIncoming()
 		s.dropCancelled()
 		if len(s.running)+len(s.waiting) == 0 {
+			if err := s.idle(ctx); err != nil {
+				s.stopAll(err)
+				return err
+			}
 			s.publish()
 			select {
 			case <-ctx.Done():
@@ -66,6 +77,13 @@ func (s *Server) loop(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			return nil
+		}
+		if err := s.busy(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.stopAll(err)
+			return err
 		}
 		ws, who, err := s.schedule()
 		if err != nil {
@@ -82,7 +100,7 @@ func (s *Server) loop(ctx context.Context) error {
 			continue
 		}
 		t0 := time.Now()
-		logits, err := s.b.Step(ctx, ws)
+		logits, err := s.step(ctx, ws)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -97,6 +115,45 @@ func (s *Server) loop(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// busy tells the shared budget that the model has work (Sharing.Begin:
+// its weights may move in first), once per busy spell.
+func (s *Server) busy(ctx context.Context) error {
+	if s.o.Sharing == nil || s.active {
+		return nil
+	}
+	if err := s.o.Sharing.Begin(ctx, s.o.ModelName); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	s.active = true
+	return nil
+}
+
+// idle tells the shared budget that the model's work is done
+// (Sharing.End).
+func (s *Server) idle(ctx context.Context) error {
+	if s.o.Sharing == nil || !s.active {
+		return nil
+	}
+	s.active = false
+	if err := s.o.Sharing.End(ctx, s.o.ModelName); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// step runs one batched step, holding the shared budget's lock on the
+// model when there is one.
+func (s *Server) step(ctx context.Context, ws []engine.Work) ([][]float32, error) {
+	if s.o.Sharing != nil {
+		_, unlock, err := s.o.Sharing.Lock(s.o.ModelName)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+	}
+	return s.b.Step(ctx, ws)
 }
 
 // takeIncoming moves submitted requests to the waiting queue.

@@ -45,6 +45,15 @@ type Options struct {
 	Pools []telemetry.PoolSource
 	// Memory is where the weights live, for memwall's gauges.
 	Memory Memory
+	// MemoryNow, when set, is called for memwall's gauges instead of
+	// Memory (a budget that changes at run time); it may be called from
+	// any goroutine.
+	MemoryNow func() Memory
+	// Sharing, when set, is the budget this model shares with others
+	// (package fleet): the scheduler calls Begin before it steps after
+	// being idle and End when it goes idle again, and holds Lock around
+	// every step, so that the model's weights move only between steps.
+	Sharing Sharing
 	// StreamedBytes returns the weight bytes streamed so far (called from
 	// the scheduler between steps); nil: 0.
 	StreamedBytes func() uint64
@@ -53,6 +62,14 @@ type Options struct {
 	Watermark float64
 	// Logger receives one debug line per request; nil is silent.
 	Logger *slog.Logger
+}
+
+// Sharing is what a server needs of a budget shared with other models
+// (*fleet.Fleet has it).
+type Sharing interface {
+	Begin(ctx context.Context, name string) error
+	End(ctx context.Context, name string) error
+	Lock(name string) (*engine.Engine, func(), error)
 }
 
 // Server is an OpenAI-compatible server over one engine.Batch: Handler
@@ -77,6 +94,7 @@ type Server struct {
 	// The scheduler goroutine's own.
 	running, waiting []*request
 	watermark        int
+	active           bool // between Sharing.Begin and End
 }
 
 // New returns a server over b, which it drives from Run; b stays the
@@ -111,6 +129,11 @@ func New(b *engine.Batch, o Options) (*Server, error) {
 	}
 	return s, nil
 }
+
+// Registry returns the registry the server's metrics are in
+// (Options.Registry, or the one it made): give it to the other servers of
+// a Group.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // Run schedules until ctx is done, then ends the requests still held
 // (drain first to let them finish) and returns nil; an engine error ends

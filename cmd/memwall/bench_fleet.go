@@ -91,21 +91,9 @@ func runBenchFleet(e *env, args []string) error {
 	intVar(fs, &f.npp, "npp", 32, 1, 1<<16, "prompt tokens per request")
 	intVar(fs, &f.ntg, "ntg", 32, 1, 1<<16, "generated tokens per request")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
-	pos, err := parseFlags(fs, args)
+	pos, vram, err := parseModelsFlags(fs, args, &f.df, &f.vram, 2)
 	if err != nil {
 		return err
-	}
-	if len(pos) < 2 {
-		return usagef("want two MODEL arguments or more, got %d", len(pos))
-	}
-	if err := f.df.check(); err != nil {
-		return err
-	}
-	var vram uint64
-	if f.vram != "" {
-		if vram, err = flagSize("vram", f.vram, false); err != nil {
-			return err
-		}
 	}
 	for _, p := range pos {
 		if err := checkFiles(e, modelInputs("MODEL", p)); err != nil {
@@ -235,32 +223,45 @@ func benchFleet(e *env, f *benchFleetFlags, paths []string, vram uint64) (err er
 	return nil
 }
 
-// loadMember makes room for mb's minimum in the fleet, loads its engine
-// there on pools of its own and adds it.
-func loadMember(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, mb *fleetMember, o engine.Options) error {
+// loadMember loads mb into the fleet (loadLive) with no keep-alive
+// limit.
+func loadMember(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, mb *fleetMember, o engine.Options) (err error) {
+	if mb.dev, mb.host, mb.e, err = loadLive(e, d, ks, fl, mb.m, o, mb.name); err != nil {
+		return err
+	}
+	return fl.Add(e.ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1})
+}
+
+// loadLive makes room in the fleet for m's minimum under o (engine.Options
+// with Live), then loads its engine there on pools of its own named after
+// name; the caller adds it to the fleet. On error what it made is given
+// back.
+func loadLive(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, m *llama.Model, o engine.Options, name string) (dev, host *pool.Pool, eng *engine.Engine, err error) {
 	probe := o
 	probe.Budget = 1
 	var be *engine.BudgetError
-	if _, err := engine.Estimate(e.ctx, mb.m, probe, d.Info()); !errors.As(err, &be) {
-		return fmt.Errorf("%s: the minimum budget: %v", mb.name, err)
+	if _, err := engine.Estimate(e.ctx, m, probe, d.Info()); !errors.As(err, &be) {
+		return nil, nil, nil, fmt.Errorf("%s: the minimum budget: %v", name, err)
 	}
 	if err := fl.MakeRoom(e.ctx, be.Minimum); err != nil {
-		return fmt.Errorf("%s: %w", mb.name, err)
+		return nil, nil, nil, fmt.Errorf("%s needs %s of the pools at least: %w", name, humanBytes(be.Minimum), err)
 	}
 	po := pool.DefaultOptions(d)
-	po.Name, po.Limit, po.ReserveBytes = mb.name, be.Minimum, d.Info().TotalBytes
-	var err error
-	if mb.dev, err = pool.New(d, po); err != nil {
-		return err
+	po.Name, po.Limit, po.ReserveBytes = name, be.Minimum, d.Info().TotalBytes
+	if dev, err = pool.New(d, po); err != nil {
+		return nil, nil, nil, err
 	}
-	if mb.host, err = pool.NewHost(d, pool.Options{Name: mb.name + "-host"}); err != nil {
-		return err
+	if host, err = pool.NewHost(d, pool.Options{Name: name + " host"}); err != nil {
+		dev.Close()
+		return nil, nil, nil, err
 	}
 	o.Budget = be.Minimum
-	if mb.e, err = engine.New(e.ctx, d, ks, mb.dev, mb.host, mb.m, o); err != nil {
-		return fmt.Errorf("%s: %w", mb.name, err)
+	if eng, err = engine.New(e.ctx, d, ks, dev, host, m, o); err != nil {
+		host.Close()
+		dev.Close()
+		return nil, nil, nil, fmt.Errorf("%s: %w", name, err)
 	}
-	return fl.Add(e.ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1})
+	return dev, host, eng, nil
 }
 
 // fleetRequest runs one request on mb: Begin (the move), the

@@ -348,6 +348,26 @@ func parseModelFlags(fs *flag.FlagSet, args []string, df *deviceFlag, vram *stri
 	return pos, bytes, nil
 }
 
+// parseModelsFlags is parseModelFlags for verbs that take least or more
+// MODEL arguments (models sharing one budget).
+func parseModelsFlags(fs *flag.FlagSet, args []string, df *deviceFlag, vram *string, least int) (pos []string, bytes uint64, err error) {
+	if pos, err = parseFlags(fs, args); err != nil {
+		return nil, 0, err
+	}
+	if len(pos) < least {
+		return nil, 0, usagef("want %d MODEL arguments or more (models sharing the budget), got %d", least, len(pos))
+	}
+	if err := df.check(); err != nil {
+		return nil, 0, err
+	}
+	if *vram != "" {
+		if bytes, err = flagSize("vram", *vram, false); err != nil {
+			return nil, 0, err
+		}
+	}
+	return pos, bytes, nil
+}
+
 func openRunModel(e *env, path string) (*llama.Model, textCodec, error) {
 	local := e.local(path)
 	if err := checkRunModel(local); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/auto"
 	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/fleet"
 	"github.com/memwall/memwall/format/llama"
 	"github.com/memwall/memwall/residency"
 	"github.com/memwall/memwall/serve"
@@ -24,7 +25,7 @@ func init() {
 	register(verb{name: "serve", summary: "serve a Llama-family model over OpenAI's HTTP API with continuous batching", run: runServe})
 }
 
-const serveUsage = `MODEL [--vram SIZE] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
+const serveUsage = `MODEL [MODEL...] [--vram SIZE] [--follow-free] [--keep-alive 5m] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
 
 Serves MODEL (what 'memwall run' reads) over OpenAI's API on --addr:
 POST /v1/completions (prompt as text or token ids), POST /v1/chat/completions
@@ -41,6 +42,19 @@ chunk is also the most tokens one step holds. SIGINT or SIGTERM stops
 taking requests, lets the running ones finish (at most --drain-seconds)
 and exits 0; a second signal exits at once.
 
+Several MODELs share the budget (package fleet): each is loaded at its
+minimum, then every model keeps its minimum and the rest goes first to the
+models serving requests, then to the idle ones within --keep-alive, each up
+to the budget that keeps it whole. A model that loses its share streams its
+weights from host memory instead of leaving the GPU; one that gains pulls
+them back in at the link's rate, between steps. Requests name their model
+("model"); GET /admin/budget shows every model's share and POST
+/admin/budget {"vram_bytes": N} changes the budget while they serve (a
+shrink is applied before the answer; 409 below the models' minimum).
+--follow-free moves the budget after the device's free memory as other
+processes take and release it, never above --vram (or the last POST). With
+several models (or --follow-free) the prefill chunk defaults to 512 tokens.
+
   curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \
     -d '{"prompt": "The model runs", "max_tokens": 16, "temperature": 0}'`
 
@@ -51,7 +65,8 @@ type serveFlags struct {
 	maxSeqs, maxLen, kvTokens int
 	chunk, maxQueue           int
 	drainS                    int
-	asJSON                    bool
+	asJSON, followFree        bool
+	keepAlive                 time.Duration
 }
 
 // serveJSON is what `memwall serve --json` prints once it listens.
@@ -90,9 +105,14 @@ func runServe(e *env, args []string) error {
 	fs.StringVar(&f.name, "model-name", "", "the model's id in the API (default: MODEL's base name)")
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object when listening instead of the human summary")
-	pos, vram, err := parseModelFlags(fs, args, &f.df, &f.vram)
+	fs.BoolVar(&f.followFree, "follow-free", false, "move the budget after the device's free memory as other processes take and release it (at most --vram)")
+	fs.DurationVar(&f.keepAlive, "keep-alive", fleet.DefaultKeepAlive, "with several models: how long an idle one keeps more than its minimum (negative: forever)")
+	pos, vram, err := parseModelsFlags(fs, args, &f.df, &f.vram, 1)
 	if err != nil {
 		return err
+	}
+	if f.keepAlive == 0 {
+		return usagef("--keep-alive 0: give a duration (negative: forever)")
 	}
 	if _, _, err := net.SplitHostPort(f.addr); err != nil {
 		return usagef("--addr %q: want host:port (%v)", f.addr, err)
@@ -100,6 +120,17 @@ func runServe(e *env, args []string) error {
 	source, err := residency.ParseSource(f.source)
 	if err != nil {
 		return usagef("--source: %v", err)
+	}
+	if len(pos) > 1 || f.followFree {
+		for _, p := range pos {
+			if p == "-" {
+				return usagef("MODEL -: a model read from standard input serves alone (without --follow-free)")
+			}
+			if err := checkFiles(e, modelInputs("MODEL", p)); err != nil {
+				return err
+			}
+		}
+		return serveFleet(e, &f, pos, vram, source)
 	}
 	if err := checkFiles(e, modelInputs("MODEL", pos[0])); err != nil {
 		return err
@@ -120,29 +151,17 @@ func serveModel(e *env, f *serveFlags, path string, vram uint64, source residenc
 	}
 	defer m.Close()
 	tok, _ := codec.(*tokenizer.Tokenizer)
-	maxLen := m.Config.Context
-	if f.maxLen > 0 {
-		if f.maxLen > maxLen {
-			return usagef("--max-model-len %d: above the model's context of %d (max_position_embeddings in %s)", f.maxLen, maxLen, m.Config.Source)
-		}
-		maxLen = f.maxLen
+	o, err := serveOptions(f, m, source)
+	if err != nil {
+		return err
 	}
-	if maxLen < 2 {
-		return fmt.Errorf("--max-model-len %d: want at least 2 tokens (a prompt token and one generated)", maxLen)
-	}
+	maxLen := o.MaxTokens
 	so := runSimOptions()
 	d, ch, err := e.open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	o := engine.Options{MaxTokens: maxLen, PromptTokens: maxLen - 1, PrefillChunk: f.chunk, Source: source, PrefixCache: true}
-	o.BlockTokens = 16
-	kvTokens := f.kvTokens
-	if kvTokens == 0 {
-		kvTokens = f.maxSeqs * maxLen
-	}
-	o.KVBlocks = max((kvTokens+o.BlockTokens-1)/o.BlockTokens, (maxLen+o.BlockTokens-1)/o.BlockTokens)
 	g := generation{model: m, path: path, vram: vram, opts: o, quiet: f.asJSON}
 	l, b, err := g.loadBatch(e, d, ch.Backend, f.maxSeqs, "serve", "--max-seqs")
 	if err != nil {
@@ -179,7 +198,31 @@ func serveModel(e *env, f *serveFlags, path string, vram uint64, source residenc
 	} else {
 		printServe(e, out)
 	}
-	return serveUntilDone(e, s, ln, time.Duration(f.drainS)*time.Second)
+	return serveUntilDone(e, []*serve.Server{s}, s.Handler(), ln, time.Duration(f.drainS)*time.Second)
+}
+
+// serveOptions are the engine options serve runs m with: sequences of
+// --max-model-len tokens (the model's context by default), the KV cache of
+// --kv-tokens, prefix caching on.
+func serveOptions(f *serveFlags, m *llama.Model, source residency.Source) (engine.Options, error) {
+	maxLen := m.Config.Context
+	if f.maxLen > 0 {
+		if f.maxLen > maxLen {
+			return engine.Options{}, usagef("--max-model-len %d: above the model's context of %d (max_position_embeddings in %s)", f.maxLen, maxLen, m.Config.Source)
+		}
+		maxLen = f.maxLen
+	}
+	if maxLen < 2 {
+		return engine.Options{}, fmt.Errorf("--max-model-len %d: want at least 2 tokens (a prompt token and one generated)", maxLen)
+	}
+	o := engine.Options{MaxTokens: maxLen, PromptTokens: maxLen - 1, PrefillChunk: f.chunk, Source: source, PrefixCache: true}
+	o.BlockTokens = 16
+	kvTokens := f.kvTokens
+	if kvTokens == 0 {
+		kvTokens = f.maxSeqs * maxLen
+	}
+	o.KVBlocks = max((kvTokens+o.BlockTokens-1)/o.BlockTokens, (maxLen+o.BlockTokens-1)/o.BlockTokens)
+	return o, nil
 }
 
 // loadBatch loads g's model as load does, with room kept out of the
@@ -244,34 +287,45 @@ func printServe(e *env, o serveJSON) {
 	fmt.Fprintf(e.stdout, "listening on %s\n", o.URL)
 }
 
-// serveUntilDone serves on ln until e.ctx ends (a signal), then drains:
-// no new requests, the running ones finish within drain, the listener
-// closes. A scheduler that fails ends it with its error.
-func serveUntilDone(e *env, s *serve.Server, ln net.Listener, drain time.Duration) error {
+// serveUntilDone serves h on ln until e.ctx ends (a signal), then drains
+// every server: no new requests, the running ones finish within drain,
+// the listener closes. A scheduler that fails ends it with its error.
+func serveUntilDone(e *env, servers []*serve.Server, h http.Handler, ln net.Listener, drain time.Duration) error {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(runCtx) }()
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	ran := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { ran <- s.Run(runCtx) }()
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	var failed error
+	waiting := len(servers)
 	select {
 	case <-e.ctx.Done():
 	case err := <-ran:
-		failed = fmt.Errorf("scheduler: %w", err)
-		ran <- nil
+		waiting--
+		if err != nil {
+			failed = fmt.Errorf("scheduler: %w", err)
+		}
 	case err := <-served:
 		failed = err
 		served <- nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	derr := s.Drain(ctx)
+	var derrs []error
+	for _, s := range servers {
+		derrs = append(derrs, s.Drain(ctx))
+	}
+	derr := errors.Join(derrs...)
 	serr := hs.Shutdown(ctx)
 	stopRun()
-	if err := <-ran; err != nil && failed == nil {
-		failed = fmt.Errorf("scheduler: %w", err)
+	for range waiting {
+		if err := <-ran; err != nil && failed == nil {
+			failed = fmt.Errorf("scheduler: %w", err)
+		}
 	}
 	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) && failed == nil {
 		failed = err

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestServeFleet serves two models sharing a budget that holds one of
+// them whole, sends them concurrent requests (streamed and not) while the
+// budget shrinks and grows through /admin/budget, and checks every
+// response's greedy tokens against `memwall run` of that model alone; then
+// the errors (no model, an unknown one, a budget below the minimums, a
+// malformed one), the gauges after the load, and a drain on SIGTERM.
+func TestServeFleet(t *testing.T) {
+	a, _ := tinyDir(t, "tiny")
+	b, _ := tinyDir(t, "tiny-f16")
+	names := []string{"ma", "mb"}
+	dirs := []string{a, b}
+	prompts := []string{"5,17,300,42,9,77", "1,2,3", "700,600,500,400,300,200,100", "33"}
+	const maxNew = 8
+	want := map[string]string{}
+	for i, dir := range dirs {
+		for _, p := range prompts {
+			out := runJSONOut(t, "run", dir, "--vram", "1GiB", "--prompt-ids", p, "--max-new", fmt.Sprint(maxNew), "--ignore-eos", "--device", "sim", "--json")
+			want[names[i]+p] = fmt.Sprint(tokensOf(out))
+		}
+	}
+	url, stop := startServe(t, a, b, "--model-name", "ma,mb", "--vram", "14MiB", "--max-seqs", "3", "--max-model-len", "64")
+	post := func(path, body string) (int, []byte) {
+		resp, err := http.Post(url+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			return 0, []byte(err.Error())
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, out
+	}
+	var st budgetJSON
+	resp, err := http.Get(url + "/admin/budget")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Models) != 2 {
+		t.Fatalf("GET /admin/budget: %v %+v", err, st)
+	}
+	resp.Body.Close()
+	lo := st.OverheadByte + st.Models[0].Minimum + st.Models[1].Minimum
+	hi := st.VRAMBytes
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var fails []string
+	fail := func(f string, a ...any) {
+		mu.Lock()
+		fails = append(fails, fmt.Sprintf(f, a...))
+		mu.Unlock()
+	}
+	for k := range 12 {
+		wg.Go(func() {
+			name, p := names[k%2], prompts[(k/2)%len(prompts)]
+			body := fmt.Sprintf(`{"model": %q, "prompt": [%s], "max_tokens": %d, "temperature": 0, "ignore_eos": true, "return_token_ids": true, "stream": %v}`,
+				name, p, maxNew, k%3 == 0)
+			code, out := post("/v1/completions", body)
+			if got := fmt.Sprint(tokenIDsOf(out)); code != 200 || got != want[name+p] {
+				fail("%s %s: %d %s, run alone %s", name, p, code, got, want[name+p])
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 6 {
+			v := hi - uint64(i%2)*(hi-lo)/2
+			if i == 5 {
+				v = hi
+			}
+			if code, out := post("/admin/budget", fmt.Sprintf(`{"vram_bytes": %d}`, v)); code != 200 {
+				fail("POST /admin/budget %d: %d %s", v, code, out)
+			}
+		}
+	})
+	wg.Wait()
+	for _, f := range fails {
+		t.Error(f)
+	}
+	resp, err = http.Get(url + "/admin/budget")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st = budgetJSON{}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.Moves.PromotedBytes == 0 || st.Moves.DemotedBytes == 0 || st.VRAMBytes != hi {
+		t.Errorf("after the load and the budget's moves: %v %+v", err, st)
+	}
+	resp.Body.Close()
+	for _, c := range []struct {
+		path, body string
+		code       int
+		want       string
+	}{
+		{"/v1/completions", `{"prompt": [1, 2], "max_tokens": 2}`, 400, "model is required"},
+		{"/v1/completions", `{"model": "nope", "prompt": [1, 2], "max_tokens": 2}`, 404, "model_not_found"},
+		{"/v1/completions", `{"model": "ma", "prompt": [1, 2], "max_tokens": 200}`, 400, "maximum context length is 64"},
+		{"/v1/completions", `{"model": `, 400, "malformed JSON"},
+		{"/admin/budget", fmt.Sprintf(`{"vram_bytes": %d}`, lo-1), 409, "below the models' minimum"},
+		{"/admin/budget", `{"vram": "10GiB"}`, 400, "malformed"},
+		{"/admin/budget", `{}`, 400, "vram_bytes is required"},
+	} {
+		if code, out := post(c.path, c.body); code != c.code || !bytes.Contains(out, []byte(c.want)) {
+			t.Errorf("POST %s %s: %d %s, want %d with %q", c.path, c.body, code, out, c.code, c.want)
+		}
+	}
+	resp, err = http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, n := range names {
+		for _, line := range []string{`vllm:num_requests_running{model_name="` + n + `"}`, `vllm:num_requests_waiting{model_name="` + n + `"}`,
+			`vllm:kv_cache_usage_perc{model_name="` + n + `"}`} {
+			i := bytes.Index(m, []byte(line))
+			if i < 0 {
+				t.Errorf("/metrics lacks %s", line)
+				continue
+			}
+			if l, _, _ := strings.Cut(string(m[i:]), "\n"); !strings.HasSuffix(l, " 0") {
+				t.Errorf("after the load: %s", l)
+			}
+		}
+		if !bytes.Contains(m, []byte(`memwall_serve_grant_bytes{model_name="`+n+`"}`)) {
+			t.Errorf("/metrics lacks %s's grant", n)
+		}
+	}
+	if code, errOut := stop(); code != 0 || !strings.Contains(errOut, "drained") {
+		t.Errorf("SIGTERM: exit %d: %s", code, errOut)
+	}
+}

@@ -17,16 +17,18 @@ type Change struct {
 	// Demoted and Promoted count the groups that left and joined the
 	// resident set; DemotedBytes and PromotedBytes are their device
 	// regions' bytes (given back, and allocated and uploaded).
-	Demoted, Promoted           int
-	DemotedBytes, PromotedBytes uint64
+	Demoted       int    `json:"demoted"`
+	Promoted      int    `json:"promoted"`
+	DemotedBytes  uint64 `json:"demoted_bytes"`
+	PromotedBytes uint64 `json:"promoted_bytes"`
 	// Slots and SlotBytes are the staging ring after the change.
-	Slots     int
-	SlotBytes uint64
+	Slots     int    `json:"slots"`
+	SlotBytes uint64 `json:"slot_bytes"`
 	// UploadedBytes are the bytes the promoted groups' uploads copied
 	// (their tensors, without the regions' rounding) and UploadSeconds
 	// their wall time.
-	UploadedBytes uint64
-	UploadSeconds float64
+	UploadedBytes uint64  `json:"uploaded_bytes"`
+	UploadSeconds float64 `json:"upload_seconds"`
 }
 
 // Retarget changes the placement to p, a plan of the same groups (names,

@@ -107,6 +107,8 @@ type member struct {
 	lastUse   time.Time
 	promoted  uint64 // bytes uploaded by moves that raised it
 	lastMove  residency.Change
+	lastTook  float64 // the last move's SetBudget, seconds
+	lastWait  float64 // and the wait for the model's lock before it
 }
 
 // Moves counts what the fleet moved.
@@ -117,6 +119,8 @@ type Moves struct {
 	PromotedBytes uint64  `json:"promoted_bytes"`
 	DemotedBytes  uint64  `json:"demoted_bytes"`
 	Seconds       float64 `json:"seconds"`
+	// WaitSeconds is the time moves waited for models' locks.
+	WaitSeconds float64 `json:"wait_seconds"`
 }
 
 // New returns an empty fleet sharing budget bytes of device pool memory.
@@ -333,8 +337,13 @@ type ModelStats struct {
 	Active         bool   `json:"active"`
 	// PromotedBytes are the bytes moves that raised it uploaded.
 	PromotedBytes uint64 `json:"promoted_bytes"`
-	// LastMove is the latest move of this model.
-	LastMove residency.Change `json:"last_move"`
+	// LastMove is the latest move of this model; LastMoveSeconds its
+	// engine.SetBudget's wall time (the residency's move, the pool's limit
+	// and trim), LastWaitSeconds the wait for the model's lock (the step
+	// in flight) before it.
+	LastMove        residency.Change `json:"last_move"`
+	LastMoveSeconds float64          `json:"last_move_seconds"`
+	LastWaitSeconds float64          `json:"last_wait_seconds"`
 }
 
 // Stats returns every model's share, in the order they were added, and
@@ -345,7 +354,8 @@ func (f *Fleet) Stats() ([]ModelStats, Moves) {
 	mv := f.moves
 	out := make([]ModelStats, len(ms))
 	for i, m := range ms {
-		out[i] = ModelStats{Name: m.m.Name, Grant: m.grant, Minimum: m.min, Full: m.full, Active: m.active > 0, PromotedBytes: m.promoted, LastMove: m.lastMove}
+		out[i] = ModelStats{Name: m.m.Name, Grant: m.grant, Minimum: m.min, Full: m.full, Active: m.active > 0, PromotedBytes: m.promoted, LastMove: m.lastMove,
+			LastMoveSeconds: m.lastTook, LastWaitSeconds: m.lastWait}
 	}
 	f.mu.Unlock()
 	for i, m := range ms {
@@ -445,22 +455,26 @@ func (f *Fleet) apply(ctx context.Context) error {
 
 // moveTo moves one engine to its grant, between its steps.
 func (f *Fleet) moveTo(ctx context.Context, m *member, grant uint64) error {
+	w0 := time.Now()
 	m.eng.Lock()
 	t0 := time.Now()
 	ch, err := m.m.Engine.SetBudget(ctx, grant)
 	took := time.Since(t0)
 	m.eng.Unlock()
+	waited := t0.Sub(w0)
 	if err != nil {
 		return fmt.Errorf("fleet: %s to %d bytes: %w", m.m.Name, grant, err)
 	}
 	f.mu.Lock()
-	m.grant, m.lastMove = grant, ch
+	m.grant, m.lastMove, m.lastTook, m.lastWait = grant, ch, took.Seconds(), waited.Seconds()
 	m.promoted += ch.PromotedBytes
 	f.moves.Changes++
 	f.moves.PromotedBytes += ch.PromotedBytes
 	f.moves.DemotedBytes += ch.DemotedBytes
 	f.moves.Seconds += took.Seconds()
+	f.moves.WaitSeconds += waited.Seconds()
 	f.mu.Unlock()
-	f.log.Debug("fleet: moved", "model", m.m.Name, "grant", grant, "promoted", ch.PromotedBytes, "demoted", ch.DemotedBytes, "took", took)
+	f.log.Info("fleet: moved", "model", m.m.Name, "grant_bytes", grant, "promoted_bytes", ch.PromotedBytes, "demoted_bytes", ch.DemotedBytes,
+		"upload_s", ch.UploadSeconds, "retarget_s", ch.Seconds, "took_s", took.Seconds(), "waited_s", waited.Seconds())
 	return nil
 }

@@ -29,6 +29,8 @@ type Change struct {
 	// their wall time.
 	UploadedBytes uint64  `json:"uploaded_bytes"`
 	UploadSeconds float64 `json:"upload_seconds"`
+	// Seconds is the whole Retarget's wall time.
+	Seconds float64 `json:"seconds"`
 }
 
 // Retarget changes the placement to p, a plan of the same groups (names,
@@ -46,8 +48,7 @@ type Change struct {
 // more than the larger of the two placements. On failure the Residency
 // is unusable (every later Acquire fails; Close still gives back
 // everything) and the error says which group or slot failed.
-func (r *Residency) Retarget(ctx context.Context, p *plan.WeightPlan) (Change, error) {
-	var ch Change
+func (r *Residency) Retarget(ctx context.Context, p *plan.WeightPlan) (ch Change, err error) {
 	if err := r.usable(); err != nil {
 		return ch, err
 	}
@@ -60,6 +61,8 @@ func (r *Residency) Retarget(ctx context.Context, p *plan.WeightPlan) (Change, e
 	if err := r.sameGroups(p); err != nil {
 		return ch, err
 	}
+	t0 := time.Now()
+	defer func() { ch.Seconds = time.Since(t0).Seconds() }()
 	for i := range r.groups {
 		if g := &r.groups[i]; g.state == acquired || g.acquires > 0 {
 			return ch, fmt.Errorf("%w: group %d (%s) is acquired; Release every group before Retarget", ErrState, i, g.plan.Name)

@@ -25,7 +25,7 @@ func init() {
 	register(verb{name: "serve", summary: "serve a Llama-family model over OpenAI's HTTP API with continuous batching", run: runServe})
 }
 
-const serveUsage = `MODEL [MODEL...] [--vram SIZE] [--follow-free] [--keep-alive 5m] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
+const serveUsage = `MODEL [MODEL...] [--vram SIZE] [--follow-free] [--keep-alive SECONDS] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
 
 Serves MODEL (what 'memwall run' reads) over OpenAI's API on --addr:
 POST /v1/completions (prompt as text or token ids), POST /v1/chat/completions
@@ -63,6 +63,7 @@ type serveFlags struct {
 	vram, addr, apiKey, name  string
 	source                    string
 	maxSeqs, maxLen, kvTokens int
+	keepAliveS                int
 	chunk, maxQueue           int
 	drainS                    int
 	asJSON, followFree        bool
@@ -106,13 +107,16 @@ func runServe(e *env, args []string) error {
 	fs.StringVar(&f.source, "source", "auto", "host side of streamed copies: auto, registered-mmap, pinned-copy or bounce")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object when listening instead of the human summary")
 	fs.BoolVar(&f.followFree, "follow-free", false, "move the budget after the device's free memory as other processes take and release it (at most --vram)")
-	fs.DurationVar(&f.keepAlive, "keep-alive", fleet.DefaultKeepAlive, "with several models: how long an idle one keeps more than its minimum (negative: forever)")
+	intVar(fs, &f.keepAliveS, "keep-alive", int(fleet.DefaultKeepAlive/time.Second), -1, 1<<30, "with several models: seconds an idle one keeps more than its minimum (0: none, -1: forever)")
 	pos, vram, err := parseModelsFlags(fs, args, &f.df, &f.vram, 1)
 	if err != nil {
 		return err
 	}
-	if f.keepAlive == 0 {
-		return usagef("--keep-alive 0: give a duration (negative: forever)")
+	switch f.keepAlive = time.Duration(f.keepAliveS) * time.Second; f.keepAliveS {
+	case 0:
+		f.keepAlive = time.Nanosecond // fleet.Model's 0 is the default
+	case -1:
+		f.keepAlive = -1
 	}
 	if _, _, err := net.SplitHostPort(f.addr); err != nil {
 		return usagef("--addr %q: want host:port (%v)", f.addr, err)

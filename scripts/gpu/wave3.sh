@@ -415,6 +415,51 @@ PY
   grep -E "^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:|^ok|^PASS|^FAIL" "$log" | head -20
 }
 
+# phase16: phase 15's bench fleet again (the promoted groups' uploads
+# queued with one wait) and memwall serve with the two 7B models in
+# --vram 20GiB under alternating streamed requests, then the budget halved
+# through POST /admin/budget while both serve; nvidia-smi sampled.
+phase16() {
+  [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
+  local bf2=$models/llama-7b-copy.gguf
+  [ -f "$bf2" ] || cp "$bf" "$bf2"
+  sampled fleet timeout 300 "$bin/memwall" bench fleet "$bf" "$bf2" --vram 20GiB --switches 6 --npp 32 --ntg 32 --json >"$dir/fleet.json" 2>"$dir/fleet.err" ||
+    { echo "bench fleet failed:" >>"$log"; tail -5 "$dir/fleet.err" >>"$log"; }
+  python3 - "$dir/fleet.json" "$(cat "$dir/fleet.peak" 2>/dev/null)" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(f"budget {j['vram_bytes']/2**30:.2f} GiB pools {j['pool_budget_bytes']/2**30:.2f} link {j['link_GBps']:.1f} GB/s")
+for r in j["rows"]:
+    print(f"{r['phase']:7s} {r['model'][:20]:20s} promoted {r['promoted_bytes']/1e9:5.2f} GB upload {r['upload_GBps']:5.1f} GB/s move {r['move_seconds']:.3f} s TTFT {r['ttft_seconds']:.3f} s decode {r['decode_tokens_per_s']:7.2f} predicted {r['predicted_decode_tokens_per_s']:7.2f} streamed {r['streamed_groups']}")
+print(f"peak footprint {j['peak_footprint_bytes']/2**20:.0f} MiB, pools {j['peak_pool_reserved_bytes']/2**20:.0f} MiB, nvidia-smi peak {sys.argv[2]} MiB")
+PY
+  fleet_serve
+}
+
+# fleet_serve: memwall serve with the two 7B models in --vram 20GiB under
+# scripts/gpu/fleet-serve.py (alternating streamed requests, then the
+# budget halved while both serve), nvidia-smi sampled; the fleet's moves
+# are logged in serve2.log.
+fleet_serve() {
+  local bf2=$models/llama-7b-copy.gguf
+  [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
+  [ -f "$bf2" ] || cp "$bf" "$bf2"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$dir/serve2.smi" 2>/dev/null &
+  local smi=$!
+  "$bin/memwall" serve "$bf" "$bf2" --model-name a,b --vram 20GiB --max-seqs 4 --max-model-len 512 --addr 127.0.0.1:8098 >"$dir/serve2.log" 2>&1 &
+  local sp=$!
+  for i in $(seq 1 180); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8098/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  timeout 200 python3 scripts/gpu/fleet-serve.py http://127.0.0.1:8098 $((20 << 30)) a b 6 >"$dir/fleet-serve.txt" 2>&1
+  curl -s http://127.0.0.1:8098/metrics >"$dir/serve2-metrics.txt" 2>/dev/null
+  kill -TERM "$sp"; wait "$sp"; echo "serve exit $?" >>"$dir/fleet-serve.txt"
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  cat "$dir/serve2.log" | head -5
+  tail -14 "$dir/fleet-serve.txt"
+  echo "nvidia-smi peak during serve: $(sort -n "$dir/serve2.smi" | tail -1) MiB"
+  grep -E '^memwall_serve_grant_bytes' "$dir/serve2-metrics.txt"
+  grep -E 'fleet: moved' "$dir/serve2.log" | sed -E 's/time=[^ ]+ //' | tail -12
+}
+
 # phase8: llama-bench on the Q4_K_M (after 9, or on a machine with its build).
 phase8() {
   for i in $(seq 1 100); do [ -f /tmp/lc.rc ] && break; sleep 5; done
@@ -463,6 +508,8 @@ case "${1:-}" in
   13) phase13 ;;
   14) phase14 ;;
   15) phase15 ;;
+  16) phase16 ;;
+  17) fleet_serve ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -471,7 +518,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

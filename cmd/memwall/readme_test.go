@@ -166,7 +166,7 @@ func TestREADMECommands(t *testing.T) {
 			return modelFile, true
 		}
 		switch w {
-		case "MODEL", "MODEL.onnx":
+		case "MODEL", "MODEL.onnx", "MODEL...":
 			switch verb {
 			case "plan":
 				return onnxModel, true
@@ -211,6 +211,7 @@ func TestREADMECommands(t *testing.T) {
 		"stream":         {"--steps", "1"},
 		"bench serve":    {"--n", "4", "--max-len", "100"},
 		"bench batch":    {"--npl", "1,2", "--npp", "4", "--ntg", "2"},
+		"bench fleet":    {"--switches", "2", "--npp", "4", "--ntg", "2"},
 		"serve":          {"--max-model-len", "128", "--max-seqs", "4"},
 	}
 	cmds := readmeCommands(string(b))

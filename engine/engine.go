@@ -51,6 +51,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/format"
@@ -159,6 +160,12 @@ type Options struct {
 	QuantPrefill bool
 	// Logger receives debug logs; nil is silent.
 	Logger *slog.Logger
+	// NoMapEmbedding keeps the embedding table in device memory. By
+	// default an untied table is read in place from the registered file
+	// (plan.WeightGroup.Mapped: a step gathers its few rows over the link)
+	// when weights stream and the plan predicts a faster step that way:
+	// its bytes then keep other weights resident. The tokens are the same.
+	NoMapEmbedding bool
 	// Live lets SetBudget change the budget while the engine runs: every
 	// weight keeps a host source (residency.Options.Live: the registered
 	// file, or a pinned copy of the whole model when the device cannot
@@ -282,6 +289,9 @@ type Engine struct {
 	// embedding is the embedding matrix's device address as of the last
 	// step (the tied LM head; resident then).
 	embedding device.Ptr
+	// canMap: the device can read the embedding table in place from the
+	// registered file (mapEmbedding).
+	canMap bool
 	// page is the device pool's page (its Options().PageBytes, or the
 	// device's granularity in Estimate): what a live engine's weight
 	// regions are rounded to.
@@ -418,6 +428,8 @@ func (e *Engine) estimate(ctx context.Context, info device.Info) (*Footprint, er
 	if e.dev != nil {
 		e.page = e.dev.Options().PageBytes
 	}
+	e.canMap = !o.NoMapEmbedding && info.ReadOnlyHostRegister && info.CanMapHostMemory && !info.HostMemory &&
+		(o.Source == residency.Auto || o.Source == residency.Register)
 	slots := o.Slots
 	if slots == 0 {
 		slots = 2
@@ -756,6 +768,68 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64, slots int) (*p
 		// A live engine's regions are whole pages (residency.Options.Live).
 		wo.Granule = e.page
 	}
+	if e.plan != nil {
+		// A plan made again (SetBudget) maps what the first one mapped:
+		// the residency moves between plans of the same groups.
+		for i := range groups {
+			groups[i].Mapped = e.plan.Groups[i].Mapped
+		}
+		return e.planUnder(groups, wo, reserve, kvBytes, arenaBytes)
+	}
+	p, err := e.planUnder(groups, wo, reserve, kvBytes, arenaBytes)
+	if err != nil || len(p.Streamed()) == 0 {
+		return p, err
+	}
+	return e.mapEmbedding(groups, wo, reserve, kvBytes, arenaBytes, p)
+}
+
+// mappedGatherCost is what the plan charges a step for gathering rows of a
+// mapped embedding over the link, beyond the rows' bytes: the latency of a
+// first read of host memory from the device (a few microseconds on PCIe).
+const mappedGatherCost = 5 * time.Microsecond
+
+// mapEmbedding plans again with the embedding table mapped (read in place
+// from the registered file, zero-copy: a step gathers a few rows over the
+// link) and returns that plan when it predicts a faster step than p, which
+// streams: the table's bytes then hold other weights resident. It applies
+// to an untied table on a device that maps registered read-only memory,
+// with the registered source, unless Options.NoMapEmbedding.
+func (e *Engine) mapEmbedding(groups []plan.WeightGroup, wo plan.WeightOptions, reserve, kvBytes, arenaBytes uint64, p *plan.WeightPlan) (*plan.WeightPlan, error) {
+	if !e.canMap || e.cfg.TiedEmbeddings || e.opt.part != nil {
+		return p, nil
+	}
+	emb := -1
+	for i, g := range groups {
+		only := len(g.Tensors) > 0
+		for _, t := range g.Tensors {
+			if l, r, ok := llama.RoleOf(t.Name); !ok || l >= 0 || r != llama.RoleEmbedding {
+				only = false
+			}
+		}
+		if only {
+			emb = i
+		}
+	}
+	if emb < 0 {
+		return p, nil
+	}
+	mg := slices.Clone(groups)
+	mg[emb].Mapped = true
+	pm, err := e.planUnder(mg, wo, reserve, kvBytes, arenaBytes)
+	if err != nil {
+		return p, nil
+	}
+	rowBytes := float64(groups[emb].Bytes) / float64(e.cfg.Vocab)
+	gather := mappedGatherCost + time.Duration(rowBytes/e.opt.LinkGBps) // bytes / (GB/s) = ns
+	if pm.StepTime+gather < p.StepTime {
+		return pm, nil
+	}
+	return p, nil
+}
+
+// planUnder plans groups under the budget less reserve, turning the
+// planner's refusal into the engine's *BudgetError.
+func (e *Engine) planUnder(groups []plan.WeightGroup, wo plan.WeightOptions, reserve, kvBytes, arenaBytes uint64) (*plan.WeightPlan, error) {
 	minimum := func() uint64 {
 		wo.Budget = math.MaxUint64 / 4
 		p, err := plan.PlanWeights(groups, wo)

@@ -67,6 +67,11 @@ type WeightGroup struct {
 	Bytes   uint64          `json:"bytes"`        // sum of tensor bytes
 	Copy    uint64          `json:"copy_bytes"`   // bytes moved by its extents (tensor bytes plus small gaps)
 	Region  uint64          `json:"region_bytes"` // device bytes its extents occupy
+	// Mapped says the caller reads the group in place from host memory
+	// the device maps (zero-copy over the link: an embedding table whose
+	// few rows a step gathers): it takes none of the budget, is never
+	// copied, and plans as resident (PlanWeights keeps it so).
+	Mapped bool `json:"mapped,omitempty"`
 }
 
 // MatmulDType maps a format dtype ("BF16", "F16", "F32") to the kernels'
@@ -359,9 +364,10 @@ type WeightPlan struct {
 	YBytes uint64  `json:"y_bytes"`
 	KV     KVShape `json:"kv"`
 
-	ModelBytes      uint64 `json:"model_bytes"`    // tensor bytes of the model
-	ResidentBytes   uint64 `json:"resident_bytes"` // charged device bytes of resident groups
-	StreamedBytes   uint64 `json:"streamed_bytes"` // bytes copied per step
+	ModelBytes      uint64 `json:"model_bytes"`            // tensor bytes of the model
+	ResidentBytes   uint64 `json:"resident_bytes"`         // charged device bytes of resident groups
+	MappedBytes     uint64 `json:"mapped_bytes,omitempty"` // tensor bytes of mapped groups: host memory, read in place
+	StreamedBytes   uint64 `json:"streamed_bytes"`         // bytes copied per step
 	StagingBytes    uint64 `json:"staging_bytes"`
 	ActivationBytes uint64 `json:"activation_bytes"`
 	KVBytes         uint64 `json:"kv_bytes"`
@@ -431,7 +437,7 @@ func pickResident(p *WeightPlan, groups []WeightGroup, room uint64, charge func(
 	layers := 0
 	for i := range idx {
 		idx[i] = i
-		p.Groups[i].Resident = false
+		p.Groups[i].Resident = groups[i].Mapped
 		layers = max(layers, groups[i].Layer+1)
 	}
 	rank := func(g WeightGroup) int {
@@ -447,6 +453,9 @@ func pickResident(p *WeightPlan, groups []WeightGroup, room uint64, charge func(
 		return cmp.Compare(rank(groups[a]), rank(groups[b]))
 	})
 	for _, i := range idx {
+		if groups[i].Mapped {
+			continue
+		}
 		c := charge(groups[i].Region)
 		if c <= room {
 			p.Groups[i].Resident = true
@@ -541,14 +550,14 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 	// Activation arena: sized for the largest matrix of each dtype.
 	var maxM uint64
 	maxK := map[string]uint64{}
-	largest := 0
+	largest := -1 // the largest group that may stream
 	for i, g := range groups {
 		p.ModelBytes += g.Bytes
 		for _, mm := range g.Matmuls {
 			maxM = max(maxM, mm.M)
 			maxK[mm.DType] = max(maxK[mm.DType], mm.K)
 		}
-		if g.Region > groups[largest].Region {
+		if !g.Mapped && (largest < 0 || g.Region > groups[largest].Region) {
 			largest = i
 		}
 	}
@@ -591,15 +600,20 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 
 	var total uint64
 	for _, g := range groups {
-		total += charge(g.Region)
+		if !g.Mapped {
+			total += charge(g.Region)
+		}
 	}
 	fixed := p.ActivationBytes + p.KVBytes
-	p.SlotBytes = groups[largest].Region
+	largestName := ""
+	if largest >= 0 {
+		p.SlotBytes, largestName = groups[largest].Region, groups[largest].Name
+	}
 	p.MinimumBytes = pages(2*charge(p.SlotBytes) + fixed)
 
 	p.Groups = make([]GroupPlan, len(groups))
 	for i, g := range groups {
-		p.Groups[i] = GroupPlan{WeightGroup: g, Slot: -1}
+		p.Groups[i] = GroupPlan{WeightGroup: g, Slot: -1, Resident: g.Mapped}
 	}
 	if total+fixed <= room {
 		for i := range p.Groups {
@@ -608,7 +622,7 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 	} else {
 		if room < p.MinimumBytes {
 			return nil, &BudgetError{Budget: o.Budget, Minimum: p.MinimumBytes, SlotBytes: p.SlotBytes,
-				ActivationBytes: p.ActivationBytes, KVBytes: p.KVBytes, LargestGroup: groups[largest].Name, PageBytes: o.PageBytes}
+				ActivationBytes: p.ActivationBytes, KVBytes: p.KVBytes, LargestGroup: largestName, PageBytes: o.PageBytes}
 		}
 		p.Slots = o.Slots
 		p.StagingBytes = uint64(o.Slots) * charge(p.SlotBytes)
@@ -637,6 +651,10 @@ func PlanWeights(groups []WeightGroup, o WeightOptions) (*WeightPlan, error) {
 		g := &p.Groups[i]
 		for _, mm := range g.Matmuls {
 			g.ComputeTime += o.Cost(mm.DType, mm.M, mm.K, T)
+		}
+		if g.Mapped {
+			p.MappedBytes += g.Bytes
+			continue
 		}
 		if g.Resident {
 			p.ResidentBytes += add(PurposeWeights, g.Name, g.Region)

@@ -3,6 +3,7 @@ package plan
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -280,5 +281,61 @@ func TestPipeline(t *testing.T) {
 				t.Errorf("step %v, want %v", step, c.step)
 			}
 		})
+	}
+}
+
+// TestPlanMapped: a mapped group (the embedding, read in place from host
+// memory) is resident in every plan, takes no allocation, no slot and none
+// of the budget, and at every budget between the minimum and the whole
+// model the plan with it mapped streams no more than the plan without.
+func TestPlanMapped(t *testing.T) {
+	gs, err := GroupWeights(synthTensors(synth.Tiny(), synth.Safetensors, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapped := slices.Clone(gs)
+	emb := -1
+	for i := range mapped {
+		if strings.Contains(mapped[i].Name, "embed") {
+			mapped[i].Mapped, emb = true, i
+		}
+	}
+	if emb < 0 {
+		t.Fatal("no embedding group")
+	}
+	base := WeightOptions{LinkGBps: 25, Budget: 1 << 40, Ctx: 64}
+	full, err := PlanWeights(gs, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fullM, err := PlanWeights(mapped, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fullM.PeakBytes+mapped[emb].Region > full.PeakBytes+base.Granule || fullM.MappedBytes != mapped[emb].Bytes {
+		t.Errorf("whole model: peak %d mapped (%d mapped bytes), %d not", fullM.PeakBytes, fullM.MappedBytes, full.PeakBytes)
+	}
+	for step := uint64(0); step <= 64; step++ {
+		o := base
+		o.Budget = full.MinimumBytes + (full.PeakBytes-full.MinimumBytes)*step/64
+		p, err := PlanWeights(gs, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pm, err := PlanWeights(mapped, o)
+		if err != nil {
+			t.Fatalf("budget %d: mapped: %v", o.Budget, err)
+		}
+		if !pm.Groups[emb].Resident || !pm.Groups[emb].Mapped || pm.Groups[emb].Slot != -1 || pm.PeakBytes > o.Budget {
+			t.Fatalf("budget %d: mapped group %+v, peak %d", o.Budget, pm.Groups[emb], pm.PeakBytes)
+		}
+		for _, a := range pm.Allocations {
+			if a.Name == mapped[emb].Name {
+				t.Fatalf("budget %d: the mapped group has an allocation", o.Budget)
+			}
+		}
+		if pm.StreamedBytes > p.StreamedBytes {
+			t.Errorf("budget %d: %d bytes streamed with the embedding mapped, %d without", o.Budget, pm.StreamedBytes, p.StreamedBytes)
+		}
 	}
 }

@@ -259,6 +259,9 @@ type Stats struct {
 	PassBytes uint64 `json:"pass_bytes"`
 	// UploadSeconds is the wall time of the resident upload in New.
 	UploadSeconds float64 `json:"upload_seconds"`
+	// MappedBytes are the mapped groups' bytes (plan.WeightGroup.Mapped),
+	// read by the device in place from the registered file.
+	MappedBytes uint64 `json:"mapped_bytes,omitempty"`
 }
 
 // New uploads p's resident groups of m, allocates the ring of staging
@@ -334,6 +337,9 @@ func (r *Residency) init(ctx context.Context) error {
 		return fmt.Errorf("residency: copy stream: %w", err)
 	}
 	if err := r.placeInPlace(); err != nil {
+		return err
+	}
+	if err := r.placeMapped(); err != nil {
 		return err
 	}
 	if err := r.allocate(); err != nil {
@@ -418,7 +424,7 @@ func (r *Residency) allocate() error {
 	// could find only scattered free pages.
 	order := make([]int, 0, len(r.groups))
 	for i := range r.groups {
-		if r.groups[i].resident && r.groups[i].plan.Region > 0 && !r.inPlace {
+		if r.groups[i].resident && r.groups[i].plan.Region > 0 && !r.inPlace && !r.groups[i].plan.Mapped {
 			order = append(order, i)
 		}
 	}

@@ -87,7 +87,7 @@ func (r *Residency) sameGroups(p *plan.WeightPlan) error {
 	streams := false
 	for i := range p.Groups {
 		a, b := r.groups[i].plan, &p.Groups[i]
-		if a.Name != b.Name || a.Region != b.Region || a.Copy != b.Copy || !slices.Equal(a.Extents, b.Extents) || len(a.Tensors) != len(b.Tensors) {
+		if a.Name != b.Name || a.Region != b.Region || a.Copy != b.Copy || a.Mapped != b.Mapped || !slices.Equal(a.Extents, b.Extents) || len(a.Tensors) != len(b.Tensors) {
 			return fmt.Errorf("residency: Retarget: group %d is %s (%d bytes) in the new plan, %s (%d bytes) here: plan the same groups", i, b.Name, b.Region, a.Name, a.Region)
 		}
 		if !b.Resident {

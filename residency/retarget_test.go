@@ -129,3 +129,87 @@ func TestRetargetNeedsLive(t *testing.T) {
 		t.Fatal("Retarget without Options.Live accepted")
 	}
 }
+
+// TestMappedGroups: groups the plan maps (read in place from host memory)
+// read back the file's bytes through their views while the others stay
+// resident or stream, take nothing from the device pool, survive
+// Retarget, and are refused where the registration they need cannot be
+// made.
+func TestMappedGroups(t *testing.T) {
+	for it := range 16 {
+		seed := uint64(it) + 300
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 13))
+			d := testDevice(t, seed, func(o *sim.Options) { o.ReadOnlyHostRegister = true })
+			m := randomModel(t, rng, 1+rng.IntN(6), 1<<uint(10+rng.IntN(8)))
+			groups, err := plan.GroupWeights(m.Tensors)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mappedBytes uint64
+			for i := range groups {
+				if groups[i].Layer < 0 || rng.IntN(4) == 0 {
+					groups[i].Mapped = true
+					mappedBytes += groups[i].Copy
+				}
+			}
+			o := plan.WeightOptions{Budget: 1 << 50, Slots: 2, LinkGBps: 25, Granule: 512}
+			full, err := plan.PlanWeights(groups, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Budget = full.MinimumBytes + rng.Uint64N(full.PeakBytes-full.MinimumBytes+1)
+			p, err := plan.PlanWeights(groups, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev, host := pools(t, d)
+			live := rng.IntN(2) == 0
+			r, err := New(context.Background(), d, dev, host, m, p, Options{Live: live})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := r.Stats(); st.MappedBytes != mappedBytes || st.ResidentBytes != dev.Stats().UsedBytes-uint64(st.Slots)*st.SlotBytes {
+				t.Fatalf("stats %+v, mapped %d, device pool %d", st, mappedBytes, dev.Stats().UsedBytes)
+			}
+			rd := newReader(t, d, r, m)
+			for pass := range 3 {
+				for g := range p.Groups {
+					if err := rd.acquire(g); err != nil {
+						t.Fatalf("pass %d: %v", pass, err)
+					}
+					if err := rd.release(g); err != nil {
+						t.Fatal(err)
+					}
+				}
+				rd.verify()
+				if live && pass == 1 {
+					o.Budget = full.MinimumBytes + rng.Uint64N(full.PeakBytes-full.MinimumBytes+1)
+					np, err := plan.PlanWeights(groups, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := r.Retarget(context.Background(), np); err != nil {
+						t.Fatal(err)
+					}
+					p = np
+				}
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			checkEmpty(t, "after Close", dev, host)
+			if mappedBytes == 0 {
+				return
+			}
+			if _, err := New(context.Background(), d, dev, host, m, p, Options{Source: Pinned}); err == nil {
+				t.Fatal("mapped groups with a pinned-copy source accepted")
+			}
+			nd := testDevice(t, seed, func(o *sim.Options) { o.ReadOnlyHostRegister = false })
+			ndev, nhost := pools(t, nd)
+			if _, err := New(context.Background(), nd, ndev, nhost, m, p, Options{}); err == nil {
+				t.Fatal("mapped groups on a device that cannot register read-only memory accepted")
+			}
+		})
+	}
+}

@@ -34,8 +34,8 @@ func (r *Residency) prepareSource() error {
 			want = Bounce
 		}
 	}
-	if want == Register && r.inPlace {
-		r.source = Register // registered by placeInPlace
+	if want == Register && len(r.registered) > 0 {
+		r.source = Register // registered by placeInPlace or placeMapped
 		return nil
 	}
 	if want == Register {
@@ -335,6 +335,51 @@ func (r *Residency) placeInPlace() error {
 		}
 		for _, e := range g.plan.Extents {
 			r.stats.InPlaceBytes += e.Bytes
+		}
+	}
+	return nil
+}
+
+// placeMapped points the views of the plan's mapped groups
+// (plan.WeightGroup.Mapped) at the model's mapping, registered read-only
+// and mapped into the device, so that kernels read them in place over the
+// link: no device memory, no copy. It needs the registration, hence the
+// Register source (Auto chooses it) and a device that maps registered
+// read-only memory; a device whose memory is host memory has every
+// resident group in place already.
+func (r *Residency) placeMapped() error {
+	var mapped []int
+	for i := range r.groups {
+		if r.groups[i].plan.Mapped {
+			mapped = append(mapped, i)
+		}
+	}
+	if len(mapped) == 0 || r.inPlace {
+		return nil
+	}
+	in := r.d.Info()
+	switch {
+	case r.o.Source != Auto && r.o.Source != Register:
+		return fmt.Errorf("residency: group %s is mapped (read in place from host memory), which needs the %s source, not %s",
+			r.groups[mapped[0]].plan.Name, Register, r.o.Source)
+	case !in.ReadOnlyHostRegister || !in.CanMapHostMemory:
+		return fmt.Errorf("residency: group %s is mapped (read in place from host memory), which the %s device cannot do (read-only register %v, map host memory %v)",
+			r.groups[mapped[0]].plan.Name, in.Backend, in.ReadOnlyHostRegister, in.CanMapHostMemory)
+	}
+	if err := r.register(); err != nil {
+		return err
+	}
+	for _, i := range mapped {
+		g := &r.groups[i]
+		for j, t := range g.plan.Tensors {
+			b := r.regPtr[t.File]
+			if b.ptr == 0 {
+				return fmt.Errorf("residency: group %s is mapped but the registered %s has no device address", g.plan.Name, t.File)
+			}
+			g.views[j].Ptr = b.ptr.Add(t.Offset - b.off)
+		}
+		for _, e := range g.plan.Extents {
+			r.stats.MappedBytes += e.Bytes
 		}
 	}
 	return nil

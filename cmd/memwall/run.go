@@ -112,14 +112,17 @@ type runJSON struct {
 	BudgetDefault         bool   `json:"budget_default"`
 	StreamedBytesPerToken uint64 `json:"streamed_bytes_per_token"`
 	ResidentBytes         uint64 `json:"resident_bytes"`
-	ResidentGroups        int    `json:"resident_groups"`
-	StreamedGroups        int    `json:"streamed_groups"`
-	Groups                int    `json:"groups"`
-	KVBytes               uint64 `json:"kv_bytes"`
-	ArenaBytes            uint64 `json:"arena_bytes"`
-	Source                string `json:"source"`
-	Gemm                  string `json:"gemm"`
-	Kernels               string `json:"kernels"`
+	// MappedBytes are weights the device reads in place from the
+	// registered file (the embedding table; --embedding).
+	MappedBytes    uint64 `json:"mapped_bytes,omitempty"`
+	ResidentGroups int    `json:"resident_groups"`
+	StreamedGroups int    `json:"streamed_groups"`
+	Groups         int    `json:"groups"`
+	KVBytes        uint64 `json:"kv_bytes"`
+	ArenaBytes     uint64 `json:"arena_bytes"`
+	Source         string `json:"source"`
+	Gemm           string `json:"gemm"`
+	Kernels        string `json:"kernels"`
 	// KernelsOverlap: kernels launch overlapped (programmatic dependent
 	// launch; MEMWALL_KERNELS_PDL=0 turns it off), for comparing profiles.
 	KernelsOverlap bool `json:"kernels_overlap"`
@@ -154,6 +157,7 @@ type runFlags struct {
 	timing, profile          bool
 	ungrouped                bool
 	graph, quantPrefill      string
+	embedding                string
 	quantDecode              string
 	logitsOut, source        string
 	pools                    poolFlags
@@ -178,6 +182,7 @@ func runRun(e *env, args []string) error {
 	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
 	fs.BoolVar(&f.profile, "profile", false, "time two decode steps on the device, one whole and one per op class (diagnostic: it perturbs timing; those steps are left out of decode tokens/s)")
 	fs.BoolVar(&f.ungrouped, "ungrouped", false, "one launch per matrix product instead of q/k/v and gate/up grouped (same results; for comparison)")
+	fs.StringVar(&f.embedding, "embedding", "auto", "where the embedding table lives: auto (read in place from the registered file over the link when weights stream, the table is not tied to the LM head and the plan predicts a faster step; else on the device) or device")
 	fs.StringVar(&f.graph, "graph", "auto", "decode steps as a device graph: auto (captured once and replayed per token when every weight is resident on a CUDA device; same tokens) or off (plain launches)")
 	fs.StringVar(&f.quantPrefill, "quant-prefill", "bf16", "a quantized model's prefill products: bf16 (each weight dequantized to bf16 for chunks of 16 tokens or more, activations rounded to bf16; the bf16 model's rate) or quantized (the quantized kernels, float32 activations)")
 	fs.StringVar(&f.quantDecode, "quant-decode", "q8", "a quantized model's single-token products over Q4_K and Q6_K weights: q8 (activations quantized to 8 bits per 32, integer dot products, as llama.cpp decodes; on GPUs and the simulator) or float (float32 activations)")
@@ -207,6 +212,9 @@ func runRun(e *env, args []string) error {
 	}
 	if f.graph != "auto" && f.graph != "off" {
 		return usagef("--graph %q: want auto or off", f.graph)
+	}
+	if f.embedding != "auto" && f.embedding != "device" {
+		return usagef("--embedding %q: want auto or device", f.embedding)
 	}
 	if f.quantPrefill != "bf16" && f.quantPrefill != "quantized" {
 		return usagef("--quant-prefill %q: want bf16 or quantized", f.quantPrefill)
@@ -304,7 +312,7 @@ func runModel(e *env, f *runFlags, path string, ids []int, vram uint64, sampling
 	defer d.Close()
 	g := generation{model: m, path: path, tok: tok, ids: ids, vram: vram, sampling: sampling,
 		opts: engine.Options{PrefillChunk: f.chunk, Slots: f.slots, Source: source, Exact: f.exact, Timing: f.timing,
-			Profile: f.profile, Ungrouped: f.ungrouped, NoGraph: f.graph == "off", QuantPrefill: f.quantPrefill == "quantized"}, floatDecode: f.quantDecode == "float", quiet: f.asJSON, pools: &f.pools, placement: &f.place}
+			Profile: f.profile, Ungrouped: f.ungrouped, NoGraph: f.graph == "off", QuantPrefill: f.quantPrefill == "quantized", NoMapEmbedding: f.embedding == "device"}, floatDecode: f.quantDecode == "float", quiet: f.asJSON, pools: &f.pools, placement: &f.place}
 	out, res, err := g.run(e, d, ch.Backend)
 	if err != nil {
 		return err
@@ -605,6 +613,7 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	out.PeakDeviceBytes = st.PeakReservedBytes + out.ContextBytes + out.LoadedBytes + out.ScratchBytes
 	rs := eng.Residency().Stats()
 	out.ResidentBytes, out.ResidentGroups, out.Groups = rs.ResidentBytes, rs.ResidentGroups, rs.Groups
+	out.MappedBytes = rs.MappedBytes
 	out.StreamedGroups = rs.Groups - rs.ResidentGroups
 	out.Source = rs.Source
 	out.KVBytes, out.ArenaBytes = eng.KVBytes(), eng.ArenaBytes()
@@ -648,6 +657,9 @@ func printRun(e *env, o runJSON) {
 		humanBytes(o.LoadedBytes), humanBytes(o.ScratchBytes))
 	fmt.Fprintf(w, "  resident: %d of %d weight groups (%s); streamed %s per token (%s)\n",
 		o.ResidentGroups, o.Groups, humanBytes(o.ResidentBytes), humanBytes(o.StreamedBytesPerToken), o.Source)
+	if o.MappedBytes > 0 {
+		fmt.Fprintf(w, "  embedding table (%s) read in place from host memory\n", humanBytes(o.MappedBytes))
+	}
 	fmt.Fprintf(w, "  KV cache %s, activation arena %s; prefill in chunks of %d tokens (%s), %d staging slots (%s)\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes),
 		o.PrefillChunk, chosenOrGiven(o.ChunkChosen), o.Slots, chosenOrGiven(o.SlotsChosen))
 	if o.HostBytesPerToken > 0 {

@@ -460,6 +460,28 @@ fleet_serve() {
   grep -E 'fleet: moved' "$dir/serve2.log" | sed -E 's/time=[^ ]+ //' | tail -12
 }
 
+# phase18: the embedding table read in place from the registered file
+# (engine.Options.NoMapEmbedding off): the residency's and the engine's
+# tests on the GPU, then the 7B bf16 at --vram 8GiB with --embedding auto
+# and device, nvidia-smi sampled.
+phase18() {
+  local bfpid=
+  [ -f "$bf" ] || { "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1 & bfpid=$!; }
+  gtest "residency: mapped, retarget" residency 120 "$bin/residency.test" -test.run 'Mapped|Retarget' -test.v
+  gtest "engine: mapped embedding, set budget" engine 240 "$bin/engine.test" -test.run 'MappedEmbedding|SetBudget|TestAgainstReference' -test.v
+  [ -z "$bfpid" ] || { wait "$bfpid"; status+=("gen-model 7B bf16 rc $?"); }
+  local p448
+  p448=$(prompt 448)
+  mwrun bf16-8g-mapped "$bf" --vram 8GiB --prompt-ids "$p448" --max-new 64
+  mwrun bf16-8g-device "$bf" --vram 8GiB --embedding device --prompt-ids "$p448" --max-new 64
+  mwrun bf16-8g-mapped-2 "$bf" --vram 8GiB --prompt-ids "$p448" --max-new 64
+  mwrun bf16-8g-device-2 "$bf" --vram 8GiB --embedding device --prompt-ids "$p448" --max-new 64
+  for n in bf16-8g-mapped bf16-8g-device; do
+    row "$n streamed/token, mapped" "$(json "$dir/$n.json" "'%d B, %d B, resident %d B, tokens %s' % (j['streamed_bytes_per_token'], j.get('mapped_bytes', 0), j['resident_bytes'], j['tokens'][:8])")"
+  done
+  grep -E "^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | grep -v "first logits" | head -10
+}
+
 # phase8: llama-bench on the Q4_K_M (after 9, or on a machine with its build).
 phase8() {
   for i in $(seq 1 100); do [ -f /tmp/lc.rc ] && break; sleep 5; done
@@ -510,6 +532,7 @@ case "${1:-}" in
   15) phase15 ;;
   16) phase16 ;;
   17) fleet_serve ;;
+  18) phase18 ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -518,7 +541,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

@@ -420,6 +420,12 @@ PY
 # --vram 20GiB under alternating streamed requests, then the budget halved
 # through POST /admin/budget while both serve; nvidia-smi sampled.
 phase16() {
+  fleet_bench
+  fleet_serve
+}
+
+# fleet_bench: bench fleet with the two 7B models in --vram 20GiB.
+fleet_bench() {
   [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
   local bf2=$models/llama-7b-copy.gguf
   [ -f "$bf2" ] || cp "$bf" "$bf2"
@@ -433,7 +439,6 @@ for r in j["rows"]:
     print(f"{r['phase']:7s} {r['model'][:20]:20s} promoted {r['promoted_bytes']/1e9:5.2f} GB upload {r['upload_GBps']:5.1f} GB/s move {r['move_seconds']:.3f} s TTFT {r['ttft_seconds']:.3f} s decode {r['decode_tokens_per_s']:7.2f} predicted {r['predicted_decode_tokens_per_s']:7.2f} streamed {r['streamed_groups']}")
 print(f"peak footprint {j['peak_footprint_bytes']/2**20:.0f} MiB, pools {j['peak_pool_reserved_bytes']/2**20:.0f} MiB, nvidia-smi peak {sys.argv[2]} MiB")
 PY
-  fleet_serve
 }
 
 # fleet_serve: memwall serve with the two 7B models in --vram 20GiB under
@@ -533,6 +538,7 @@ case "${1:-}" in
   16) phase16 ;;
   17) fleet_serve ;;
   18) phase18 ;;
+  19) fleet_bench ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -541,7 +547,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18|19" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

@@ -9,7 +9,9 @@
 // Quick start:
 //
 //	f := fleet.New(budget, fleet.Options{})
-//	f.Add(ctx, fleet.Model{Name: "a", Engine: ea})  // ea made with Options.Live and a budget of ea's minimum
+//	f.MakeRoom(ctx, minA)                           // minA: engine.Estimate's minimum (a budget of 1 fails with it)
+//	f.Add(ctx, fleet.Model{Name: "a", Engine: ea})  // ea made with Options.Live and the budget minA
+//	f.MakeRoom(ctx, minB)
 //	f.Add(ctx, fleet.Model{Name: "b", Engine: eb})
 //	f.Begin(ctx, "a")                 // a serves: it takes what b need not keep
 //	e, unlock, _ := f.Lock("a")       // one step or one generation
@@ -33,7 +35,8 @@
 // # Moves
 //
 // A change of grants (Begin of a model that holds less than its share,
-// End, Add, SetBudget) runs decreases first, each engine's pool limit
+// End, Add, SetBudget, and Rebalance, which RebalanceEvery calls so that
+// keep-alives that run out give their shares back) runs decreases first, each engine's pool limit
 // lowered after its weights moved, then increases: the pools' limits
 // never add up to more than the budget, before, during or after. An
 // engine moves only between steps: the fleet takes the model's lock
@@ -307,6 +310,23 @@ func (f *Fleet) End(ctx context.Context, name string) error {
 // Rebalance makes the grants again and applies them: what keep-alives
 // that ran out since the last move change.
 func (f *Fleet) Rebalance(ctx context.Context) error { return f.apply(ctx) }
+
+// RebalanceEvery calls Rebalance every period until ctx is done, logging
+// a failed move. A rebalance that changes no grant moves nothing.
+func (f *Fleet) RebalanceEvery(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := f.Rebalance(ctx); err != nil && ctx.Err() == nil {
+			f.log.Warn("fleet: rebalance", "err", err)
+		}
+	}
+}
 
 // Lock takes name's engine for one step or generation; unlock gives it
 // back. A move of the model waits for it.

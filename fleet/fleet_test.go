@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/memwall/memwall/device"
 	"github.com/memwall/memwall/device/sim"
@@ -422,4 +423,74 @@ func TestFollowFree(t *testing.T) {
 		t.Fatalf("after the other process left: budget %d (%v), want %d", back, err, ceiling)
 	}
 	generate("grown")
+}
+
+// TestKeepAlive: with a clock the test moves, two idle models that both
+// hold more than their minimum; once one's keep-alive runs out, Rebalance
+// leaves it its minimum and its pool gives the bytes back, while the other
+// (kept forever) keeps its share or takes the room; Begin of the expired
+// one takes a share again.
+func TestKeepAlive(t *testing.T) {
+	ctx := context.Background()
+	d := simDevice(t)
+	ms := models(t)[:2]
+	var members []*member
+	var sumMin uint64
+	for i, m := range ms {
+		mb := &member{name: fmt.Sprintf("m%d", i), m: m}
+		members = append(members, mb)
+		sumMin += minimum(t, d, mb)
+	}
+	now := time.Unix(100, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	f := fleet.New(sumMin+64<<20, fleet.Options{Now: clock})
+	keep := []time.Duration{time.Second, -1}
+	for i, mb := range members {
+		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
+			t.Fatal(err)
+		}
+		join(t, d, mb, func(string) {})
+		defer func() { mb.e.Close(); mb.dev.Close(); mb.host.Close(); mb.ks.Close() }()
+		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: keep[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	share := func() []fleet.ModelStats { st, _ := f.Stats(); return st }
+	st := share()
+	if st[0].Grant <= st[0].Minimum || st[1].Grant <= st[1].Minimum {
+		t.Fatalf("a budget that holds both: %+v", st)
+	}
+	held := members[0].dev.ReservedBytes()
+	mu.Lock()
+	now = now.Add(500 * time.Millisecond)
+	mu.Unlock()
+	if err := f.Rebalance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g := share()[0].Grant; g != st[0].Grant {
+		t.Fatalf("within its keep-alive m0's grant moved from %d to %d", st[0].Grant, g)
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	if err := f.Rebalance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := share()
+	if after[0].Grant != after[0].Minimum || after[1].Grant < st[1].Grant {
+		t.Fatalf("past m0's keep-alive: %+v (was %+v)", after, st)
+	}
+	if r := members[0].dev.ReservedBytes(); r >= held || r > after[0].Grant {
+		t.Fatalf("m0's pool reserves %d bytes (had %d), its grant %d", r, held, after[0].Grant)
+	}
+	if err := f.Begin(ctx, "m0"); err != nil {
+		t.Fatal(err)
+	}
+	if g := share()[0].Grant; g <= after[0].Minimum {
+		t.Fatalf("Begin of the expired model left it its minimum %d", g)
+	}
+	if err := f.End(ctx, "m0"); err != nil {
+		t.Fatal(err)
+	}
 }

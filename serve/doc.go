@@ -1,4 +1,4 @@
-// Package serve is an OpenAI-compatible HTTP server over one engine.Batch,
+// Package serve is an OpenAI-compatible HTTP server over an engine.Batch,
 // with continuous batching: requests join and leave the batch between
 // steps, each step runs every running sequence's next prompt chunk or
 // decode token under a token budget (the engine's prefill chunk), and
@@ -21,4 +21,9 @@
 //	s, _ := serve.New(b, serve.Options{ModelName: "llama", Tokenizer: tok, IsEOS: m.Config.IsEOS})
 //	go s.Run(ctx)
 //	http.ListenAndServe("127.0.0.1:8080", s.Handler())
+//
+// Several models, each a Server over its own batch (Options.Sharing: the
+// budget they share, package fleet), are served on one address by a
+// Group: requests name their model, and GET/POST /admin/budget read and
+// change the shared budget.
 package serve

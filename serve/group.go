@@ -69,7 +69,7 @@ func NewGroup(servers []*Server, o GroupOptions) (*Group, error) {
 
 // Handler serves the group's endpoints.
 func (g *Group) Handler() http.Handler {
-	auth := (&Server{o: Options{APIKey: g.o.APIKey}}).auth
+	auth := func(h http.HandlerFunc) http.HandlerFunc { return requireKey(g.o.APIKey, h) }
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", auth(func(w http.ResponseWriter, r *http.Request) { g.route(w, r, false) }))
 	mux.HandleFunc("POST /v1/chat/completions", auth(func(w http.ResponseWriter, r *http.Request) { g.route(w, r, true) }))

@@ -34,12 +34,16 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// auth requires the API key, when there is one.
-func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
-	if s.o.APIKey == "" {
+// auth requires the server's API key, when there is one.
+func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc { return requireKey(s.o.APIKey, h) }
+
+// requireKey wraps h to answer 401 unless the request carries
+// "Authorization: Bearer key" (key "": h as it is).
+func requireKey(key string, h http.HandlerFunc) http.HandlerFunc {
+	if key == "" {
 		return h
 	}
-	want := []byte("Bearer " + s.o.APIKey)
+	want := []byte("Bearer " + key)
 	return func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			writeError(w, &apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key",

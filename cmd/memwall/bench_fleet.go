@@ -268,7 +268,15 @@ func loadLive(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, m *llam
 // generation, End (when begin).
 func fleetRequest(e *env, fl *fleet.Fleet, mb *fleetMember, f *benchFleetFlags, rng *rand.Rand, begin bool) (fleetRow, error) {
 	row := fleetRow{Model: mb.name}
-	_, before := fl.Stats()
+	promotedBefore := func(st []fleet.ModelStats) uint64 {
+		for _, s := range st {
+			if s.Name == mb.name {
+				return s.PromotedBytes
+			}
+		}
+		return 0
+	}
+	stBefore, before := fl.Stats()
 	t0 := time.Now()
 	if begin {
 		if err := fl.Begin(e.ctx, mb.name); err != nil {
@@ -278,8 +286,10 @@ func fleetRequest(e *env, fl *fleet.Fleet, mb *fleetMember, f *benchFleetFlags, 
 	row.MoveSeconds = time.Since(t0).Seconds()
 	stats, after := fl.Stats()
 	var uploaded uint64
+	// This model's last move is the one Begin made when its promoted
+	// bytes grew (another model's move leaves them as they were).
 	for _, s := range stats {
-		if s.Name == mb.name && after.Changes > before.Changes {
+		if s.Name == mb.name && s.PromotedBytes > promotedBefore(stBefore) {
 			row.PromotedBytes, row.UploadSeconds = s.LastMove.PromotedBytes, s.LastMove.UploadSeconds
 			uploaded = s.LastMove.UploadedBytes
 		}

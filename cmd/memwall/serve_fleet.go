@@ -138,6 +138,12 @@ func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source resid
 		stop := ctl.follow(e, d, ms)
 		defer stop()
 	}
+	// Keep-alives run out between the requests' moves: a model idle past
+	// its own gives its share back (to the device, or to the others).
+	rctx, stopRebalance := context.WithCancel(context.Background())
+	var rwg sync.WaitGroup
+	rwg.Go(func() { fl.RebalanceEvery(rctx, time.Second) })
+	defer func() { stopRebalance(); rwg.Wait() }()
 	return serveUntilDone(e, servers, g.Handler(), ln, time.Duration(f.drainS)*time.Second)
 }
 

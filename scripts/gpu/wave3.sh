@@ -400,18 +400,7 @@ phase15() {
   gtest "residency: retarget" residency 120 "$bin/residency.test" -test.run 'Retarget' -test.v
   gtest "engine: set budget" engine 200 "$bin/engine.test" -test.run 'SetBudget' -test.v
   [ -z "$bfpid" ] || { wait "$bfpid"; status+=("gen-model 7B bf16 rc $?"); }
-  local bf2=$models/llama-7b-copy.gguf
-  [ -f "$bf2" ] || cp "$bf" "$bf2"
-  sampled fleet timeout 300 "$bin/memwall" bench fleet "$bf" "$bf2" --vram 20GiB --switches 6 --npp 32 --ntg 32 --json >"$dir/fleet.json" 2>"$dir/fleet.err" ||
-    { echo "bench fleet failed:" >>"$log"; tail -5 "$dir/fleet.err" >>"$log"; }
-  python3 - "$dir/fleet.json" "$(cat "$dir/fleet.peak" 2>/dev/null)" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-print(f"budget {j['vram_bytes']/2**30:.2f} GiB pools {j['pool_budget_bytes']/2**30:.2f} halved pools {j['halved_pool_budget_bytes']/2**30:.2f} link {j['link_GBps']:.1f} GB/s")
-for r in j["rows"]:
-    print(f"{r['phase']:7s} {r['model']:22s} promoted {r['promoted_bytes']/1e9:6.2f} GB demoted {r['demoted_bytes']/1e9:6.2f} GB upload {r['upload_GBps']:5.1f} GB/s move {r['move_seconds']:.3f} s TTFT {r['ttft_seconds']:.3f} s decode {r['decode_tokens_per_s']:7.2f} predicted {r['predicted_decode_tokens_per_s']:7.2f} streamed {r['streamed_groups']}")
-print(f"peak footprint {j['peak_footprint_bytes']/2**20:.0f} MiB, pools {j['peak_pool_reserved_bytes']/2**20:.0f} MiB, nvidia-smi peak {sys.argv[2]} MiB")
-PY
+  fleet_bench
   grep -E "^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:|^ok|^PASS|^FAIL" "$log" | head -20
 }
 

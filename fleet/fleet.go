@@ -314,6 +314,15 @@ func (f *Fleet) Rebalance(ctx context.Context) error { return f.apply(ctx) }
 // RebalanceEvery calls Rebalance every period until ctx is done, logging
 // a failed move. A rebalance that changes no grant moves nothing.
 func (f *Fleet) RebalanceEvery(ctx context.Context, period time.Duration) {
+	every(ctx, period, func() {
+		if err := f.Rebalance(ctx); err != nil && ctx.Err() == nil {
+			f.log.Warn("fleet: rebalance", "err", err)
+		}
+	})
+}
+
+// every calls fn every period until ctx is done.
+func every(ctx context.Context, period time.Duration, fn func()) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
@@ -322,9 +331,7 @@ func (f *Fleet) RebalanceEvery(ctx context.Context, period time.Duration) {
 			return
 		case <-t.C:
 		}
-		if err := f.Rebalance(ctx); err != nil && ctx.Err() == nil {
-			f.log.Warn("fleet: rebalance", "err", err)
-		}
+		fn()
 	}
 }
 

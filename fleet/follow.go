@@ -91,14 +91,5 @@ func (f *Fleet) FollowOnce(ctx context.Context, o Follow) (uint64, error) {
 // tried again at the next poll.
 func (f *Fleet) FollowFree(ctx context.Context, o Follow) {
 	o.defaults()
-	t := time.NewTicker(o.Every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		f.FollowOnce(ctx, o)
-	}
+	every(ctx, o.Every, func() { f.FollowOnce(ctx, o) })
 }

@@ -433,14 +433,7 @@ func TestFollowFree(t *testing.T) {
 func TestKeepAlive(t *testing.T) {
 	ctx := context.Background()
 	d := simDevice(t)
-	ms := models(t)[:2]
-	var members []*member
-	var sumMin uint64
-	for i, m := range ms {
-		mb := &member{name: fmt.Sprintf("m%d", i), m: m}
-		members = append(members, mb)
-		sumMin += minimum(t, d, mb)
-	}
+	members, sumMin := twoMembers(t, d)
 	now := time.Unix(100, 0)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
@@ -493,4 +486,67 @@ func TestKeepAlive(t *testing.T) {
 	if err := f.End(ctx, "m0"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPromotionPausesStreaming: a promotion waits for the steps of the
+// other models that stream weights (their locks), so that its uploads have
+// the link alone; once they let go it runs, and the paused model's grant
+// is untouched.
+func TestPromotionPausesStreaming(t *testing.T) {
+	ctx := context.Background()
+	d := simDevice(t)
+	members, sumMin := twoMembers(t, d)
+	f := fleet.New(sumMin+2<<20, fleet.Options{})
+	for i, mb := range members {
+		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
+			t.Fatal(err)
+		}
+		join(t, d, mb, func(string) {})
+		defer func() { mb.e.Close(); mb.dev.Close(); mb.host.Close(); mb.ks.Close() }()
+		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, Priority: float64(2 - i), KeepAlive: -1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Begin(ctx, mb.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := f.Stats()
+	if before[1].Grant != before[1].Minimum || before[1].StreamedGroups == 0 || before[0].Grant >= before[0].Full {
+		t.Fatalf("want m0 above its minimum and below whole, m1 at its minimum and streaming: %+v", before)
+	}
+	_, unlock, err := f.Lock("m1") // m1's step in flight
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.SetBudget(ctx, sumMin+4<<20) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the promotion ran while the streaming model stepped (%v)", err)
+	case <-time.After(150 * time.Millisecond):
+	}
+	unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	after, mv := f.Stats()
+	if after[0].Grant <= before[0].Grant || after[1].Grant != before[1].Grant || mv.WaitSeconds < 0.1 {
+		t.Fatalf("after the pause: %+v (before %+v), moves %+v", after, before, mv)
+	}
+	for _, mb := range members {
+		if err := f.End(ctx, mb.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// twoMembers are the first two test models and their minimums' sum.
+func twoMembers(t *testing.T, d device.Device) (members []*member, sumMin uint64) {
+	t.Helper()
+	for i, m := range models(t)[:2] {
+		mb := &member{name: fmt.Sprintf("m%d", i), m: m}
+		members = append(members, mb)
+		sumMin += minimum(t, d, mb)
+	}
+	return members, sumMin
 }

@@ -19,6 +19,7 @@
 //	unlock()
 //	f.End("a")
 //	f.SetBudget(ctx, budget/2)        // demotes before it confirms
+//	f.Remove(ctx, "b", closeB)        // unload b: its share goes to a
 //
 // # Grants
 //
@@ -30,7 +31,10 @@
 // priority, then the model that holds more now (so that two busy models
 // do not trade weights back and forth), then the most recently used. A
 // model idle past its keep-alive keeps only its minimum: its weights are
-// on host memory, streamed when it serves again.
+// on host memory, streamed when it serves again. Remove takes an idle model
+// off altogether (its engine closed, its KV cache, staging and arena
+// freed, its file no longer registered): package serve does so after
+// Options.UnloadAfter without requests, and loads it again when one comes.
 //
 // # Moves
 //
@@ -101,6 +105,7 @@ type Fleet struct {
 	mu      sync.Mutex
 	budget  uint64
 	room    uint64 // kept out of the grants for a model about to join (MakeRoom)
+	lost    uint64 // the grants of models removed whose release failed
 	members []*member
 	moves   Moves
 }
@@ -111,6 +116,7 @@ type member struct {
 	min, full uint64
 	grant     uint64 // the engine's budget now
 	active    int    // Begin calls not yet ended
+	removing  bool   // Remove under way: Begin refuses it
 	lastUse   time.Time
 	promoted  uint64 // bytes uploaded by moves that raised it
 	lastMove  residency.Change
@@ -182,10 +188,10 @@ func (f *Fleet) MakeRoom(ctx context.Context, bytes uint64) error {
 	for _, m := range f.members {
 		need += m.min
 	}
-	if need+bytes > f.budget {
+	if need+f.lost+bytes > f.budget {
 		f.mu.Unlock()
 		f.move.Unlock()
-		return fmt.Errorf("fleet: no room for %d bytes: the budget is %d and the members' minimums take %d", bytes, f.budget, need)
+		return fmt.Errorf("fleet: no room for %d bytes: the budget is %d and the members' minimums take %d", bytes, f.budget, need+f.lost)
 	}
 	f.room = bytes
 	f.mu.Unlock()
@@ -212,23 +218,29 @@ func (f *Fleet) Add(ctx context.Context, m Model) error {
 		return fmt.Errorf("fleet: %s: %w", m.Name, err)
 	}
 	mb := &member{m: m, min: m.Engine.MinimumBudget(), full: full, grant: m.Engine.Budget(), lastUse: f.now()}
+	// Not during a move: a budget that shrinks is set before the grants
+	// follow it.
+	f.move.Lock()
 	f.mu.Lock()
 	var held uint64
 	for _, o := range f.members {
 		if o.m.Name == m.Name {
 			f.mu.Unlock()
+			f.move.Unlock()
 			return fmt.Errorf("fleet: a model named %q is already in the fleet", m.Name)
 		}
 		held += o.grant
 	}
-	if held+mb.grant > f.budget {
+	if held+mb.grant+f.lost > f.budget {
 		f.mu.Unlock()
+		f.move.Unlock()
 		return fmt.Errorf("fleet: %s: its engine's budget %d bytes with the others' %d exceeds the fleet's %d: make it with its minimum (%d)",
 			m.Name, mb.grant, held, f.budget, mb.min)
 	}
 	f.members = append(f.members, mb)
 	f.room = 0
 	f.mu.Unlock()
+	f.move.Unlock()
 	return f.apply(ctx)
 }
 
@@ -246,7 +258,7 @@ func (f *Fleet) SetBudget(ctx context.Context, budget uint64) error {
 		need += m.min
 		mins[m.m.Name] = m.min
 	}
-	if need+f.room > budget {
+	if need+f.room+f.lost > budget {
 		f.mu.Unlock()
 		f.move.Unlock()
 		return &BudgetError{Budget: budget, Minimum: need, Minimums: mins}
@@ -270,7 +282,7 @@ func (f *Fleet) Budget() uint64 {
 func (f *Fleet) Begin(ctx context.Context, name string) error {
 	f.mu.Lock()
 	m := f.find(name)
-	if m == nil {
+	if m == nil || m.removing {
 		f.mu.Unlock()
 		return fmt.Errorf("%w %q", ErrUnknown, name)
 	}
@@ -307,6 +319,47 @@ func (f *Fleet) End(ctx context.Context, name string) error {
 	f.mu.Unlock()
 	if !changed {
 		return nil
+	}
+	return f.apply(ctx)
+}
+
+// Remove takes name out of the fleet, to unload it: holding the model's
+// lock it calls release, which must close the model's engine and leave its
+// pool reserving nothing (Close, or Trim), then the model's share goes to
+// the others. The model must be idle (every Begin ended). The budget holds
+// throughout: the others grow only after release returned. If release
+// fails the model is gone all the same, but its grant stays out of the
+// others' shares (its memory's fate is unknown) and the error is
+// returned. To load it again: MakeRoom, an engine at its minimum, Add.
+func (f *Fleet) Remove(ctx context.Context, name string, release func() error) error {
+	f.move.Lock()
+	f.mu.Lock()
+	m := f.find(name)
+	switch {
+	case m == nil || m.removing:
+		f.mu.Unlock()
+		f.move.Unlock()
+		return fmt.Errorf("%w %q", ErrUnknown, name)
+	case m.active > 0:
+		f.mu.Unlock()
+		f.move.Unlock()
+		return fmt.Errorf("fleet: remove %s: it is active (%d Begin calls not ended)", name, m.active)
+	}
+	m.removing = true
+	f.mu.Unlock()
+	m.eng.Lock()
+	err := release()
+	m.eng.Unlock()
+	f.mu.Lock()
+	f.members = slices.DeleteFunc(f.members, func(o *member) bool { return o == m })
+	if err != nil {
+		f.lost += m.grant
+	}
+	f.mu.Unlock()
+	f.move.Unlock()
+	f.log.Info("fleet: removed", "model", name, "grant_bytes", m.grant, "err", err)
+	if err != nil {
+		return fmt.Errorf("fleet: remove %s: %w", name, err)
 	}
 	return f.apply(ctx)
 }
@@ -349,7 +402,18 @@ func (f *Fleet) Lock(name string) (e *engine.Engine, unlock func(), err error) {
 		return nil, nil, fmt.Errorf("%w %q", ErrUnknown, name)
 	}
 	m.eng.Lock()
+	if f.gone(m) {
+		m.eng.Unlock()
+		return nil, nil, fmt.Errorf("%w %q (removed)", ErrUnknown, name)
+	}
 	return m.m.Engine, m.eng.Unlock, nil
+}
+
+// gone reports whether m is being removed or was.
+func (f *Fleet) gone(m *member) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return m.removing
 }
 
 // ModelStats is one model's share.
@@ -391,6 +455,10 @@ func (f *Fleet) Stats() ([]ModelStats, Moves) {
 	f.mu.Unlock()
 	for i, m := range ms {
 		m.eng.Lock()
+		if f.gone(m) { // its engine is closed: the figures taken stand
+			m.eng.Unlock()
+			continue
+		}
 		rs := m.m.Engine.Residency().Stats()
 		m.eng.Unlock()
 		out[i].ResidentBytes, out[i].StreamedGroups, out[i].StreamedBytes = rs.ResidentBytes, rs.Groups-rs.ResidentGroups, rs.PassBytes
@@ -414,7 +482,7 @@ func (f *Fleet) index(m *member) int { return slices.Index(f.members, m) }
 func (f *Fleet) grantsLocked() []uint64 {
 	now := f.now()
 	g := make([]uint64, len(f.members))
-	left := f.budget - min(f.budget, f.room)
+	left := f.budget - min(f.budget, f.room+f.lost)
 	for i, m := range f.members {
 		g[i] = m.min
 		left -= min(left, m.min)

@@ -164,18 +164,61 @@ func join(t *testing.T, d device.Device, mb *member, check func(string)) {
 // minimum is the budget Estimate says mb's live engine needs at least.
 func minimum(t *testing.T, d device.Device, mb *member) uint64 {
 	t.Helper()
+	n, err := minimumOf(d, mb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func minimumOf(d device.Device, mb *member) (uint64, error) {
 	o := opts
 	o.Budget, o.Live = 1, true
 	_, err := engine.Estimate(context.Background(), mb.m, o, d.Info())
 	var be *engine.BudgetError
 	if !errors.As(err, &be) {
-		t.Fatalf("budget 1: %v", err)
+		return 0, fmt.Errorf("%s: budget 1: %v", mb.name, err)
 	}
-	return be.Minimum
+	return be.Minimum, nil
+}
+
+// unloadReload takes mb out of the fleet (its engine closed, its pools
+// trimmed to nothing) and loads it again on the same pools: room for its
+// minimum, an engine there, Add.
+func unloadReload(ctx context.Context, d device.Device, f *fleet.Fleet, mb *member) error {
+	err := f.Remove(ctx, mb.name, func() error {
+		err := mb.e.Close()
+		mb.dev.Trim()
+		mb.host.Trim()
+		if r := mb.dev.ReservedBytes(); r != 0 && err == nil {
+			err = fmt.Errorf("%s: the pool reserves %d bytes after Close and Trim", mb.name, r)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	least, err := minimumOf(d, mb)
+	if err != nil {
+		return err
+	}
+	if err := f.MakeRoom(ctx, least); err != nil {
+		return err
+	}
+	if err := mb.dev.SetLimit(least); err != nil {
+		return err
+	}
+	o := opts
+	o.Live, o.Budget = true, least
+	if mb.e, err = engine.New(ctx, d, mb.ks, mb.dev, mb.host, mb.m, o); err != nil {
+		return err
+	}
+	return f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1})
 }
 
 // TestFleetRandom: three models share a budget that shrinks and grows at
-// random times while three clients send them requests at random; every
+// random times while three clients send them requests at random and idle
+// models are unloaded and loaded again (Remove, MakeRoom, Add); every
 // response's tokens equal the model's solo run, the pools together never
 // reserve more than the budget (checked at every pool event, against the
 // larger of the old and new budget while a change is under way, and
@@ -196,12 +239,7 @@ func TestFleetRandom(t *testing.T) {
 	var bound atomic.Uint64 // the most the pools may reserve now
 	var violation atomic.Value
 	check := func(who string) {
-		var sum uint64
-		for _, mb := range members {
-			if mb.dev != nil {
-				sum += mb.dev.ReservedBytes()
-			}
-		}
+		sum := reserved(members)
 		if b := bound.Load(); sum > b && violation.Load() == nil {
 			violation.Store(fmt.Sprintf("at an event of %s the pools reserve %d bytes, above the bound %d", who, sum, b))
 		}
@@ -244,15 +282,20 @@ func TestFleetRandom(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
-	var budgetMu sync.Mutex // one budget change at a time, so bound is exact
+	var budgetMu sync.Mutex                     // one budget change at a time, so bound is exact
+	gates := make([]sync.RWMutex, len(members)) // a client holds its model's from Begin to End; an unload waits for them
 	for c := range 3 {
 		seed := uint64(c)
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(seed, 99))
 			for range 8 {
-				mb := members[r.IntN(len(members))]
+				k := r.IntN(len(members))
+				mb := members[k]
 				i := r.IntN(len(mb.prompts))
-				if err := f.Begin(ctx, mb.name); err != nil {
+				gates[k].RLock()
+				err := f.Begin(ctx, mb.name)
+				if err != nil {
+					gates[k].RUnlock()
 					errs <- err
 					return
 				}
@@ -270,6 +313,7 @@ func TestFleetRandom(t *testing.T) {
 				if err == nil {
 					err = f.End(ctx, mb.name)
 				}
+				gates[k].RUnlock()
 				if err != nil {
 					errs <- err
 					return
@@ -278,6 +322,20 @@ func TestFleetRandom(t *testing.T) {
 			}
 		})
 	}
+	wg.Go(func() { // unloads idle models and loads them again
+		r := rand.New(rand.NewPCG(7, 8))
+		for range 5 {
+			k := r.IntN(len(members))
+			gates[k].Lock()
+			err := unloadReload(ctx, d, f, members[k])
+			gates[k].Unlock()
+			if err != nil {
+				errs <- fmt.Errorf("unload and reload: %w", err)
+				return
+			}
+			check("reload")
+		}
+	})
 	wg.Go(func() {
 		for range 12 {
 			nb := sumMin + rng.Uint64N(sumFull-sumMin+(sumFull-sumMin)/4)
@@ -549,4 +607,130 @@ func twoMembers(t *testing.T, d device.Device) (members []*member, sumMin uint64
 		sumMin += minimum(t, d, mb)
 	}
 	return members, sumMin
+}
+
+// TestRemove: a model taken out (its engine closed, its pool trimmed in
+// release) reserves nothing and its share goes to the other, the pools
+// never reserving more than the budget at any event; it refuses an active
+// model and an unknown one; loaded again (MakeRoom, an engine at its
+// minimum, Add) it generates its solo tokens; a release that fails keeps
+// its grant out of the others' shares.
+func TestRemove(t *testing.T) {
+	ctx := context.Background()
+	d := simDevice(t)
+	members, sumMin := twoMembers(t, d)
+	for i, mb := range members {
+		mb.prompts = [][]int{promptOf(9, mb.m.Config.Vocab, uint64(i))}
+		solo(t, d, mb)
+	}
+	budget := sumMin + 8<<20
+	var violation atomic.Value
+	check := func(who string) {
+		sum := reserved(members)
+		if sum > budget && violation.Load() == nil {
+			violation.Store(fmt.Sprintf("at an event of %s the pools reserve %d bytes, above the budget %d", who, sum, budget))
+		}
+	}
+	f := fleet.New(budget, fleet.Options{})
+	add := func(mb *member) {
+		t.Helper()
+		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
+			t.Fatal(err)
+		}
+		join(t, d, mb, check)
+		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	generate := func(mb *member) {
+		t.Helper()
+		e, unlock, err := f.Lock(mb.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.Generate(ctx, mb.prompts[0], engine.Sampling{MaxNew: maxNew, IgnoreEOS: true}, nil)
+		unlock()
+		if err != nil || !slices.Equal(res.Tokens, mb.want[0]) {
+			t.Fatalf("%s: %v %v, solo %v", mb.name, err, res, mb.want[0])
+		}
+	}
+	for _, mb := range members {
+		add(mb)
+		generate(mb)
+	}
+	a, b := members[0], members[1]
+	defer func() {
+		for _, mb := range members {
+			if mb.e != nil {
+				mb.e.Close()
+			}
+			mb.dev.Close()
+			mb.host.Close()
+			mb.ks.Close()
+		}
+	}()
+	before, _ := f.Stats()
+	if err := f.Begin(ctx, a.name); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Remove(ctx, a.name, func() error { return nil }); err == nil {
+		t.Fatal("removed an active model")
+	}
+	if err := f.End(ctx, a.name); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Remove(ctx, "none", func() error { return nil }); !errors.Is(err, fleet.ErrUnknown) {
+		t.Fatalf("removing an unknown model: %v", err)
+	}
+	release := func(mb *member) func() error {
+		return func() error {
+			err := mb.e.Close()
+			mb.e = nil
+			mb.dev.Trim()
+			mb.host.Trim()
+			if r := mb.dev.ReservedBytes(); r != 0 {
+				return fmt.Errorf("%s's pool reserves %d bytes after Close and Trim", mb.name, r)
+			}
+			return err
+		}
+	}
+	if err := f.Remove(ctx, a.name, release(a)); err != nil {
+		t.Fatal(err)
+	}
+	check("remove")
+	after, _ := f.Stats()
+	if len(after) != 1 || after[0].Name != b.name || after[0].Grant <= before[1].Grant {
+		t.Fatalf("after removing %s: %+v (before %+v)", a.name, after, before)
+	}
+	if _, _, err := f.Lock(a.name); !errors.Is(err, fleet.ErrUnknown) {
+		t.Fatalf("Lock of a removed model: %v", err)
+	}
+	generate(b)
+	a.dev.Close()
+	a.host.Close()
+	a.ks.Close()
+	add(a)
+	generate(a)
+	generate(b)
+	reloaded, _ := f.Stats()
+	if err := f.Remove(ctx, a.name, func() error { release(a)(); return errors.New("broken") }); err == nil {
+		t.Fatal("a failed release returned nil")
+	}
+	kept, _ := f.Stats()
+	if len(kept) != 1 || len(reloaded) != 2 || reloaded[1].Name != a.name || kept[0].Grant+reloaded[1].Grant > budget {
+		t.Fatalf("after a failed release: %+v", kept)
+	}
+	if v := violation.Load(); v != nil {
+		t.Fatal(v)
+	}
+}
+
+// reserved is what the members' device pools reserve together.
+func reserved(members []*member) (n uint64) {
+	for _, mb := range members {
+		if mb.dev != nil {
+			n += mb.dev.ReservedBytes()
+		}
+	}
+	return n
 }

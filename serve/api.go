@@ -193,7 +193,7 @@ func (s *Server) checkIDs(ids []int64) ([]int32, error) {
 	if len(ids) == 0 {
 		return nil, badRequest("prompt", "the prompt is empty")
 	}
-	vocab := s.b.Vocab()
+	vocab := s.shape.vocab
 	out := make([]int32, len(ids))
 	for i, id := range ids {
 		if id < 0 || id >= int64(vocab) || id > math.MaxInt32 {

@@ -85,7 +85,7 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 
 // modelEntry is the server's model in /v1/models.
 func (s *Server) modelEntry() map[string]any {
-	return map[string]any{"id": s.o.ModelName, "object": "model", "created": s.made.Unix(), "owned_by": "memwall", "max_model_len": s.b.SeqTokens()}
+	return map[string]any{"id": s.o.ModelName, "object": "model", "created": s.made.Unix(), "owned_by": "memwall", "max_model_len": s.shape.seqTokens}
 }
 
 // job is one request as the handler sees it.
@@ -126,7 +126,7 @@ func (s *Server) parse(r *http.Request, chat bool) (*job, error) {
 	if j.stops, err = q.stops(); err != nil {
 		return nil, err
 	}
-	limit := s.b.SeqTokens()
+	limit := s.shape.seqTokens
 	if chat {
 		addGen := q.AddGenerationPrompt == nil || *q.AddGenerationPrompt
 		if j.prompt, err = s.chatPrompt(q.Messages, addGen); err != nil {
@@ -312,7 +312,11 @@ func (s *Server) wholeOut(w http.ResponseWriter, j *job, req *request, cancel fu
 	o := s.newOutput(j)
 	var text strings.Builder
 	finish, cached, ok := o.collect(req, cancel, func(t string, _ []int) bool { text.WriteString(t); return true }, func(err error) {
-		writeError(w, &apiError{status: http.StatusInternalServerError, typ: "server_error", message: err.Error()})
+		status := http.StatusInternalServerError
+		if errors.Is(err, errLoad) {
+			status = http.StatusServiceUnavailable
+		}
+		writeError(w, &apiError{status: status, typ: "server_error", message: err.Error()})
 	})
 	if !ok {
 		return

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memwall/memwall/kvcache"
 	"github.com/memwall/memwall/telemetry"
 )
 
@@ -29,8 +30,14 @@ type metrics struct {
 	preemptions, aborted           prometheus.Counter
 	success                        *prometheus.CounterVec
 	ttft, itl, e2e, queueSeconds   prometheus.Histogram
-	stepSeconds                    prometheus.Histogram
+	stepSeconds, loadSeconds       prometheus.Histogram
+	loads, unloads                 prometheus.Counter
 }
+
+// kvSource is the cache of the batch loaded now, for the KV collector.
+type kvSource struct{ s *Server }
+
+func (k kvSource) Stats() kvcache.CacheStats { return k.s.kvStats() }
 
 // register makes the metrics and registers them, the gauges reading s,
 // with reg (nil: none).
@@ -61,6 +68,10 @@ func (s *Server) register(reg prometheus.Registerer) error {
 		[]float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80})
 	m.stepSeconds = hist("memwall_serve_step_seconds", "Wall time of one batched step.",
 		[]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5})
+	m.loads = counter("memwall_serve_loads_total", "Loads of the model after it was unloaded.")
+	m.unloads = counter("memwall_serve_unloads_total", "Unloads of the model after it was idle --unload-after.")
+	m.loadSeconds = hist("memwall_serve_load_seconds", "Wall time of one load after an unload.",
+		[]float64{0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64})
 	if reg == nil {
 		return nil
 	}
@@ -84,7 +95,7 @@ func (s *Server) register(reg prometheus.Registerer) error {
 		m.success, m.ttft, m.itl, m.e2e, m.queueSeconds, m.stepSeconds,
 		gauge("vllm:num_requests_running", "Requests in the batch (holding KV blocks).", snap(func(st *snapshot) float64 { return float64(st.running) })),
 		gauge("vllm:num_requests_waiting", "Requests waiting for admission.", snap(func(st *snapshot) float64 { return float64(st.waiting) })),
-		gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks held by sequences (1 = 100%).", func() float64 { return s.b.Cache().Stats().Usage() }),
+		gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks held by sequences (1 = 100%).", func() float64 { return s.kvStats().Usage() }),
 		gauge("memwall_serve_streamed_bytes", "Weight bytes streamed to the device so far.", snap(func(st *snapshot) float64 { return float64(st.streamed) })),
 		gauge("memwall_serve_budget_bytes", "The device budget the server runs under.", func() float64 { return float64(mem().BudgetBytes) }),
 		gauge("memwall_serve_grant_bytes", "This model's share of the pools' budget when models share it (0: not shared).", func() float64 { return float64(mem().GrantBytes) }),
@@ -92,7 +103,14 @@ func (s *Server) register(reg prometheus.Registerer) error {
 		gauge("memwall_serve_streamed_weight_bytes_per_step", "Weight bytes streamed to the device per step.", func() float64 { return float64(mem().StreamedBytes) }),
 		gauge("memwall_serve_host_weight_bytes_per_step", "Weight bytes the host computes per step.", func() float64 { return float64(mem().HostBytes) }),
 		gauge("memwall_serve_max_seqs", "The most sequences one step holds.", func() float64 { return float64(s.o.MaxSeqs) }),
-		gauge("memwall_serve_step_tokens", "The most tokens one step holds.", func() float64 { return float64(s.b.MaxTokens()) }),
+		gauge("memwall_serve_step_tokens", "The most tokens one step holds.", func() float64 { return float64(s.shape.maxTokens) }),
+		gauge("memwall_serve_loaded", "1 while the model is loaded, 0 while it is unloaded after --unload-after idle.", func() float64 {
+			if s.Loaded() {
+				return 1
+			}
+			return 0
+		}),
+		m.loads, m.unloads, m.loadSeconds,
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -102,7 +120,7 @@ func (s *Server) register(reg prometheus.Registerer) error {
 	// The KV cache's and the pools' collectors carry no model label of
 	// their own: one is added, so that several servers share a registry.
 	lreg := prometheus.WrapRegistererWith(l, reg)
-	if _, err := telemetry.RegisterKV(lreg, s.b.Cache()); err != nil {
+	if _, err := telemetry.RegisterKV(lreg, kvSource{s}); err != nil {
 		return err
 	}
 	if len(s.o.Pools) > 0 {

@@ -68,15 +68,20 @@ func (s *Server) loop(ctx context.Context) (err error) {
 				return err
 			}
 			s.publish()
-			select {
-			case <-ctx.Done():
+			if err := s.wait(ctx); err != nil {
+				s.stopAll(err)
+				return err
+			}
+			if ctx.Err() != nil {
 				return nil
-			case <-s.wake:
 			}
 			continue
 		}
 		if ctx.Err() != nil {
 			return nil
+		}
+		if !s.load(ctx) {
+			continue
 		}
 		if err := s.busy(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -95,7 +100,7 @@ func (s *Server) loop(ctx context.Context) (err error) {
 			if len(s.running) == 0 && len(s.waiting) > 0 {
 				r := s.waiting[0]
 				s.waiting = s.waiting[1:]
-				s.end(r, "", fmt.Errorf("serve: a prompt of %d tokens needs more KV blocks than the cache holds (%d)", len(r.tokens), s.b.Cache().Config().Blocks))
+				s.end(r, "", fmt.Errorf("serve: a prompt of %d tokens needs more KV blocks than the cache holds (%d)", len(r.tokens), s.shape.blocks))
 			}
 			continue
 		}
@@ -115,6 +120,79 @@ func (s *Server) loop(ctx context.Context) (err error) {
 			return err
 		}
 	}
+}
+
+// errLoad marks a load that failed (503: the request may be retried).
+var errLoad = errors.New("serve: the model could not be loaded")
+
+// wait sleeps until a request or ctx's end wakes the scheduler; with an
+// Unloader, a model that stays idle UnloadAfter is unloaded meanwhile.
+func (s *Server) wait(ctx context.Context) error {
+	var unload <-chan time.Time
+	if s.o.Unloader != nil && s.o.UnloadAfter > 0 && s.b != nil {
+		t := time.NewTimer(s.o.UnloadAfter)
+		defer t.Stop()
+		unload = t.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-s.wake:
+	case <-unload:
+		return s.unload(ctx)
+	}
+	return nil
+}
+
+// unload takes the idle model off (Unloader.Unload). A failure stops the
+// server: what the model held is unknown.
+func (s *Server) unload(ctx context.Context) error {
+	b := s.b
+	s.bmu.Lock()
+	s.b = nil
+	s.bmu.Unlock()
+	t0 := time.Now()
+	if err := s.o.Unloader.Unload(ctx, b); err != nil {
+		return fmt.Errorf("serve: unload: %w", err)
+	}
+	s.m.unloads.Inc()
+	s.o.Logger.Info("serve: unloaded", "model", s.o.ModelName, "idle_s", s.o.UnloadAfter.Seconds(), "took_s", time.Since(t0).Seconds())
+	return nil
+}
+
+// load loads the unloaded model before its next step (Unloader.Load),
+// and reports whether it is loaded. A failed load ends the requests
+// waiting with errLoad (they may be retried: the budget may have no room
+// now) and the server goes on.
+func (s *Server) load(ctx context.Context) bool {
+	if s.b != nil {
+		return true
+	}
+	t0 := time.Now()
+	b, err := s.o.Unloader.Load(ctx)
+	if err == nil && shapeOf(b) != s.shape {
+		b.Close()
+		err = fmt.Errorf("the batch loaded again has the shape %+v, not %+v", shapeOf(b), s.shape)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		err = fmt.Errorf("%w: %w", errLoad, err)
+		s.o.Logger.Warn("serve: load", "model", s.o.ModelName, "err", err)
+		for _, r := range s.waiting {
+			s.end(r, "", err)
+		}
+		s.waiting = nil
+		s.publish()
+		return false
+	}
+	s.bmu.Lock()
+	s.b = b
+	s.bmu.Unlock()
+	s.m.loads.Inc()
+	s.m.loadSeconds.Observe(time.Since(t0).Seconds())
+	s.o.Logger.Info("serve: loaded", "model", s.o.ModelName, "took_s", time.Since(t0).Seconds())
+	return true
 }
 
 // busy tells the shared budget that the model has work (Sharing.Begin:
@@ -191,7 +269,7 @@ func (s *Server) dropCancelled() {
 // requests are admitted first come first served while their blocks fit
 // above the watermark, each with its first chunk.
 func (s *Server) schedule() ([]engine.Work, []*request, error) {
-	budget := s.b.MaxTokens()
+	budget := s.shape.maxTokens
 	var ws []engine.Work
 	var who []*request
 	m := s.b.Cache().Manager()
@@ -317,7 +395,7 @@ func (s *Server) after(ws []engine.Work, who []*request, logits [][]float32) err
 		switch {
 		case !r.ignoreEOS && s.o.IsEOS != nil && s.o.IsEOS(tok):
 			r.finish = "stop"
-		case r.generated >= r.maxNew || len(r.tokens) >= s.b.SeqTokens():
+		case r.generated >= r.maxNew || len(r.tokens) >= s.shape.seqTokens:
 			r.finish = "length"
 		}
 	}

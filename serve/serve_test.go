@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,6 +80,7 @@ type rig struct {
 	dev    *pool.Pool
 	cancel context.CancelFunc
 	ran    chan error
+	un     *batchUnloader
 }
 
 type rigOptions struct {
@@ -86,6 +89,7 @@ type rigOptions struct {
 	noChat, noRun               bool
 	refs                        [][]int32 // prompts to generate alone first (greedy, ignoring EOS)
 	refNew                      int
+	unloadAfter                 time.Duration // with a batchUnloader (rig.unloader)
 }
 
 const rigMaxTokens = 64
@@ -154,11 +158,17 @@ func newRig(t *testing.T, o rigOptions) (*rig, [][]int) {
 			t.Fatal(err)
 		}
 	}
+	var un *batchUnloader
+	if o.unloadAfter > 0 {
+		un = &batchUnloader{e: e, maxSeqs: o.maxSeqs}
+		opts.Unloader, opts.UnloadAfter = un, o.unloadAfter
+	}
 	s, err := New(b, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{m: m, e: e, b: b, s: s, dev: dev, ran: make(chan error, 1)}
+	t.Cleanup(func() { s.Batch().Close() })
+	r := &rig{m: m, e: e, b: b, s: s, dev: dev, ran: make(chan error, 1), un: un}
 	r.http = httptest.NewServer(s.Handler())
 	runCtx, cancel := context.WithCancel(ctx)
 	r.cancel = cancel
@@ -675,5 +685,94 @@ func TestDrain(t *testing.T) {
 	}
 	if status, _, _ := r.do(t, "GET", "/health", nil); status != 503 {
 		t.Errorf("health after drain: %d", status)
+	}
+}
+
+// batchUnloader unloads a server's batch by closing it and loads it again
+// from the same engine; fail makes Load fail.
+type batchUnloader struct {
+	e              *engine.Engine
+	maxSeqs        int
+	fail           atomic.Bool
+	unloads, loads atomic.Int32
+}
+
+func (u *batchUnloader) Unload(_ context.Context, b *engine.Batch) error {
+	u.unloads.Add(1)
+	if used := b.Cache().Stats().UsedBlocks; used != 0 {
+		return fmt.Errorf("unloading a batch whose cache holds %d blocks", used)
+	}
+	return b.Close()
+}
+
+func (u *batchUnloader) Load(context.Context) (*engine.Batch, error) {
+	u.loads.Add(1)
+	if u.fail.Load() {
+		return nil, errors.New("no room")
+	}
+	return u.e.NewBatch(u.maxSeqs)
+}
+
+// TestUnload: a server idle past UnloadAfter unloads its batch (once),
+// reports itself unloaded in /metrics and Counts, and loads it again for
+// the next request, whose tokens equal Generate's; a load that fails ends
+// the waiting request with a 503 and the server goes on serving.
+func TestUnload(t *testing.T) {
+	prompt := []int32{5, 6, 7, 8, 9, 10}
+	const maxNew = 6
+	r, refs := newRig(t, rigOptions{maxSeqs: 2, refs: [][]int32{prompt}, refNew: maxNew, unloadAfter: 50 * time.Millisecond})
+	ask := func() (int, []byte, []int) {
+		status, _, body := r.post(t, "/v1/completions", map[string]any{"prompt": prompt, "max_tokens": maxNew, "temperature": 0, "ignore_eos": true, "return_token_ids": true})
+		var c struct {
+			Choices []struct {
+				TokenIDs []int `json:"token_ids"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal(body, &c) != nil || len(c.Choices) == 0 {
+			return status, body, nil
+		}
+		return status, body, c.Choices[0].TokenIDs
+	}
+	unloaded := func(n int32) {
+		t.Helper()
+		for range 300 {
+			if !r.s.Loaded() && r.un.unloads.Load() == n {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("not unloaded %d times after 3 s: loaded %v, unloads %d", n, r.s.Loaded(), r.un.unloads.Load())
+	}
+	for round := int32(1); round <= 2; round++ {
+		if status, body, ids := ask(); status != 200 || fmt.Sprint(ids) != fmt.Sprint(refs[0]) {
+			t.Fatalf("round %d: %d %s, Generate gave %v", round, status, body, refs[0])
+		}
+		unloaded(round)
+		if c := r.s.Counts(); c.KVUsage != 0 || c.Running != 0 {
+			t.Fatalf("unloaded: %+v", c)
+		}
+		_, _, m := r.do(t, "GET", "/metrics", nil)
+		if !bytes.Contains(m, []byte(`memwall_serve_loaded{model_name="tiny"} 0`)) ||
+			!bytes.Contains(m, []byte(fmt.Sprintf(`memwall_serve_unloads_total{model_name="tiny"} %d`, round))) {
+			t.Fatalf("unloaded, /metrics:\n%s", grep(m, "memwall_serve_"))
+		}
+	}
+	time.Sleep(150 * time.Millisecond) // an unloaded server does not unload again
+	if n := r.un.unloads.Load(); n != 2 {
+		t.Fatalf("%d unloads", n)
+	}
+	r.un.fail.Store(true)
+	if status, body, _ := ask(); status != 503 || !bytes.Contains(body, []byte("could not be loaded")) {
+		t.Fatalf("a failed load: %d %s", status, body)
+	}
+	if status, _, body := r.do(t, "GET", "/health", nil); status != 200 {
+		t.Fatalf("after a failed load /health is %d %s", status, body)
+	}
+	r.un.fail.Store(false)
+	if status, body, ids := ask(); status != 200 || fmt.Sprint(ids) != fmt.Sprint(refs[0]) {
+		t.Fatalf("after a failed load: %d %s, Generate gave %v", status, body, refs[0])
+	}
+	if l := r.un.loads.Load(); l != 3 { // round 2, the failure, the last
+		t.Fatalf("loads %d, unloads %d", l, r.un.unloads.Load())
 	}
 }

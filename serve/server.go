@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memwall/memwall/engine"
+	"github.com/memwall/memwall/kvcache"
 	"github.com/memwall/memwall/telemetry"
 	"github.com/memwall/memwall/tokenizer"
 )
@@ -57,6 +58,12 @@ type Options struct {
 	// StreamedBytes returns the weight bytes streamed so far (called from
 	// the scheduler between steps); nil: 0.
 	StreamedBytes func() uint64
+	// Unloader, with UnloadAfter above 0, takes the model off the device
+	// and out of pinned host memory once it has had no request for
+	// UnloadAfter, and loads it again when the next request comes (which
+	// waits for the load). Nil or 0: the model stays loaded.
+	Unloader    Unloader
+	UnloadAfter time.Duration
 	// Watermark is the fraction of KV blocks an admission leaves free so
 	// that running sequences can grow (default 0.01, as kvcache/sched).
 	Watermark float64
@@ -72,16 +79,29 @@ type Sharing interface {
 	Lock(name string) (*engine.Engine, func(), error)
 }
 
+// Unloader takes a model off and loads it again (Options.Unloader). The
+// scheduler calls it between steps, after Sharing.End and before
+// Sharing.Begin, one call at a time.
+type Unloader interface {
+	// Unload closes b and frees what the model holds on the device and in
+	// pinned host memory; the model keeps no share of a shared budget.
+	Unload(ctx context.Context, b *engine.Batch) error
+	// Load makes the model's batch again, with the shape of the one the
+	// server was made with (its vocabulary, sequence, step and KV sizes).
+	Load(ctx context.Context) (*engine.Batch, error)
+}
+
 // Server is an OpenAI-compatible server over one engine.Batch: Handler
 // serves HTTP, Run schedules. Requests join and leave the batch between
 // steps (continuous batching).
 type Server struct {
-	b    *engine.Batch
-	o    Options
-	reg  *prometheus.Registry
-	m    metrics
-	wake chan struct{}
-	made time.Time
+	o Options
+	// The batch's shape, fixed at New (the batch may be unloaded).
+	shape shape
+	reg   *prometheus.Registry
+	m     metrics
+	wake  chan struct{}
+	made  time.Time
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -91,14 +111,30 @@ type Server struct {
 	draining bool
 	stopped  bool
 
+	// b is the batch, nil while unloaded: the scheduler goroutine writes
+	// it (holding bmu) and reads it freely; others read it holding bmu.
+	bmu sync.RWMutex
+	b   *engine.Batch
+
 	// The scheduler goroutine's own.
 	running, waiting []*request
 	watermark        int
 	active           bool // between Sharing.Begin and End
 }
 
-// New returns a server over b, which it drives from Run; b stays the
-// caller's to close after Run returns.
+// shape is what the handlers and the scheduler read of the batch.
+type shape struct {
+	vocab, seqTokens, maxTokens, maxSeqs, blocks int
+}
+
+func shapeOf(b *engine.Batch) shape {
+	return shape{vocab: b.Vocab(), seqTokens: b.SeqTokens(), maxTokens: b.MaxTokens(), maxSeqs: b.MaxSeqs(), blocks: b.Cache().Config().Blocks}
+}
+
+// New returns a server over b, which it drives from Run; the batch stays
+// the caller's to close after Run returns: Batch returns it (another one
+// if the model was unloaded and loaded again, nil if Run left it
+// unloaded).
 func New(b *engine.Batch, o Options) (*Server, error) {
 	if o.ModelName == "" {
 		return nil, errors.New("serve: no model name")
@@ -118,9 +154,12 @@ func New(b *engine.Batch, o Options) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{b: b, o: o, reg: o.Registry, wake: make(chan struct{}, 1), made: time.Now()}
+	if o.UnloadAfter < 0 {
+		return nil, fmt.Errorf("serve: UnloadAfter %v is negative", o.UnloadAfter)
+	}
+	s := &Server{b: b, shape: shapeOf(b), o: o, reg: o.Registry, wake: make(chan struct{}, 1), made: time.Now()}
 	s.cond = sync.NewCond(&s.mu)
-	s.watermark = int(math.Ceil(o.Watermark * float64(b.Cache().Config().Blocks)))
+	s.watermark = int(math.Ceil(o.Watermark * float64(s.shape.blocks)))
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
@@ -128,6 +167,27 @@ func New(b *engine.Batch, o Options) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// Batch returns the model's batch, nil while it is unloaded
+// (Options.Unloader). Close it after Run returns.
+func (s *Server) Batch() *engine.Batch {
+	s.bmu.RLock()
+	defer s.bmu.RUnlock()
+	return s.b
+}
+
+// Loaded reports whether the model is loaded (Options.Unloader).
+func (s *Server) Loaded() bool { return s.Batch() != nil }
+
+// kvStats are the KV cache's figures, zero while the model is unloaded.
+func (s *Server) kvStats() kvcache.CacheStats {
+	s.bmu.RLock()
+	defer s.bmu.RUnlock()
+	if s.b == nil {
+		return kvcache.CacheStats{}
+	}
+	return s.b.Cache().Stats()
 }
 
 // Registry returns the registry the server's metrics are in
@@ -212,6 +272,6 @@ func (s *Server) Counts() Counts {
 	s.mu.Lock()
 	c := Counts{Running: s.snap.running, Waiting: s.snap.waiting}
 	s.mu.Unlock()
-	c.KVUsage = s.b.Cache().Stats().Usage()
+	c.KVUsage = s.kvStats().Usage()
 	return c
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -237,17 +238,12 @@ func loadMember(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, mb *f
 // name; the caller adds it to the fleet. On error what it made is given
 // back.
 func loadLive(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, m *llama.Model, o engine.Options, name string) (dev, host *pool.Pool, eng *engine.Engine, err error) {
-	probe := o
-	probe.Budget = 1
-	var be *engine.BudgetError
-	if _, err := engine.Estimate(e.ctx, m, probe, d.Info()); !errors.As(err, &be) {
-		return nil, nil, nil, fmt.Errorf("%s: the minimum budget: %v", name, err)
-	}
-	if err := fl.MakeRoom(e.ctx, be.Minimum); err != nil {
-		return nil, nil, nil, fmt.Errorf("%s needs %s of the pools at least: %w", name, humanBytes(be.Minimum), err)
+	least, err := liveRoom(e.ctx, d, fl, m, o, name)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	po := pool.DefaultOptions(d)
-	po.Name, po.Limit, po.ReserveBytes = name, be.Minimum, d.Info().TotalBytes
+	po.Name, po.Limit, po.ReserveBytes = name, least, d.Info().TotalBytes
 	if dev, err = pool.New(d, po); err != nil {
 		return nil, nil, nil, err
 	}
@@ -255,13 +251,27 @@ func loadLive(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, m *llam
 		dev.Close()
 		return nil, nil, nil, err
 	}
-	o.Budget = be.Minimum
+	o.Budget = least
 	if eng, err = engine.New(e.ctx, d, ks, dev, host, m, o); err != nil {
 		host.Close()
 		dev.Close()
 		return nil, nil, nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return dev, host, eng, nil
+}
+
+// liveRoom makes room in the fleet for the minimum budget of m's live
+// engine under o (engine.Estimate's at a budget of 1) and returns it.
+func liveRoom(ctx context.Context, d device.Device, fl *fleet.Fleet, m *llama.Model, o engine.Options, name string) (uint64, error) {
+	o.Budget = 1
+	var be *engine.BudgetError
+	if _, err := engine.Estimate(ctx, m, o, d.Info()); !errors.As(err, &be) {
+		return 0, fmt.Errorf("%s: the minimum budget: %v", name, err)
+	}
+	if err := fl.MakeRoom(ctx, be.Minimum); err != nil {
+		return 0, fmt.Errorf("%s needs %s of the pools at least: %w", name, humanBytes(be.Minimum), err)
+	}
+	return be.Minimum, nil
 }
 
 // fleetRequest runs one request on mb: Begin (the move), the

@@ -25,7 +25,7 @@ func init() {
 	register(verb{name: "serve", summary: "serve a Llama-family model over OpenAI's HTTP API with continuous batching", run: runServe})
 }
 
-const serveUsage = `MODEL [MODEL...] [--vram SIZE] [--follow-free] [--keep-alive SECONDS] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
+const serveUsage = `MODEL [MODEL...] [--vram SIZE] [--follow-free] [--keep-alive SECONDS] [--unload-after SECONDS] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
 
 Serves MODEL (what 'memwall run' reads) over OpenAI's API on --addr:
 POST /v1/completions (prompt as text or token ids), POST /v1/chat/completions
@@ -52,22 +52,31 @@ them back in at the link's rate, between steps. Requests name their model
 /admin/budget {"vram_bytes": N} changes the budget while they serve (a
 shrink is applied before the answer; 409 below the models' minimum).
 --follow-free moves the budget after the device's free memory as other
-processes take and release it, never above --vram (or the last POST). With
+processes take and release it, never above --vram (or the last POST). A
+model with no request for --unload-after seconds is unloaded (its engine,
+KV cache and arena freed, its file's pages no longer registered: only its
+kernels stay) and loaded again when a request names it, which waits for
+the load. With
 several models (or --follow-free) the prefill chunk defaults to 512 tokens.
 
   curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \
     -d '{"prompt": "The model runs", "max_tokens": 16, "temperature": 0}'`
+
+// defaultUnloadAfterS is --unload-after's default: half an hour without a
+// request takes a model off (its keep-alive gave its share back long
+// before).
+const defaultUnloadAfterS = 1800
 
 type serveFlags struct {
 	df                        deviceFlag
 	vram, addr, apiKey, name  string
 	source                    string
 	maxSeqs, maxLen, kvTokens int
-	keepAliveS                int
+	keepAliveS, unloadAfterS  int
 	chunk, maxQueue           int
 	drainS                    int
 	asJSON, followFree        bool
-	keepAlive                 time.Duration
+	keepAlive, unloadAfter    time.Duration
 }
 
 // serveJSON is what `memwall serve --json` prints once it listens.
@@ -108,6 +117,7 @@ func runServe(e *env, args []string) error {
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object when listening instead of the human summary")
 	fs.BoolVar(&f.followFree, "follow-free", false, "move the budget after the device's free memory as other processes take and release it (at most --vram)")
 	intVar(fs, &f.keepAliveS, "keep-alive", int(fleet.DefaultKeepAlive/time.Second), -1, 1<<30, "with several models: seconds an idle one keeps more than its minimum (0: none, -1: forever)")
+	intVar(fs, &f.unloadAfterS, "unload-after", defaultUnloadAfterS, 0, 1<<30, "with several models: seconds without a request after which a model is unloaded, to load again at the next (0: never)")
 	pos, vram, err := parseModelsFlags(fs, args, &f.df, &f.vram, 1)
 	if err != nil {
 		return err
@@ -118,6 +128,7 @@ func runServe(e *env, args []string) error {
 	case -1:
 		f.keepAlive = -1
 	}
+	f.unloadAfter = time.Duration(f.unloadAfterS) * time.Second
 	if _, _, err := net.SplitHostPort(f.addr); err != nil {
 		return usagef("--addr %q: want host:port (%v)", f.addr, err)
 	}

@@ -44,18 +44,28 @@ type servedModel struct {
 	b         *engine.Batch
 	s         *serve.Server
 	chat      string
+
+	// For unloading and loading again (serve.Unloader).
+	d         device.Device
+	fl        *fleet.Fleet
+	maxSeqs   int
+	keepAlive time.Duration
+	loads     *sync.Mutex // one load at a time: MakeRoom holds room for one
+	log       *slog.Logger
 }
 
 // serveFleetJSON is what `memwall serve --json` prints once it listens
 // with models sharing the budget.
 type serveFleetJSON struct {
-	URL         string             `json:"url"`
-	Device      string             `json:"device"`
-	BudgetBytes uint64             `json:"budget_bytes"`
-	PoolBytes   uint64             `json:"pool_budget_bytes"`
-	FollowFree  bool               `json:"follow_free"`
-	Models      []serveJSON        `json:"models"`
-	Shares      []fleet.ModelStats `json:"shares"`
+	URL         string `json:"url"`
+	Device      string `json:"device"`
+	BudgetBytes uint64 `json:"budget_bytes"`
+	PoolBytes   uint64 `json:"pool_budget_bytes"`
+	FollowFree  bool   `json:"follow_free"`
+	// UnloadAfterSeconds is --unload-after (0: never).
+	UnloadAfterSeconds float64            `json:"unload_after_seconds"`
+	Models             []serveJSON        `json:"models"`
+	Shares             []fleet.ModelStats `json:"shares"`
 }
 
 // serveFleet serves several models (or one with --follow-free) sharing
@@ -96,7 +106,9 @@ func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source resid
 	fl := fleet.New(b.PoolBytes, fleet.Options{Logger: e.logger()})
 	ctl := &fleetBudget{fl: fl, overhead: b.VRAMBytes - b.PoolBytes, vram: b.VRAMBytes, ceiling: b.VRAMBytes}
 	var first *serve.Server // whose metrics registry the others share
+	var loads sync.Mutex
 	for _, sm := range ms {
+		sm.d, sm.fl, sm.maxSeqs, sm.keepAlive, sm.loads, sm.log = d, fl, f.maxSeqs, f.keepAlive, &loads, e.logger()
 		if err := sm.load(e, d, f, fl, ctl, first); err != nil {
 			return err
 		}
@@ -117,7 +129,7 @@ func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source resid
 		return err
 	}
 	out := serveFleetJSON{URL: "http://" + ln.Addr().String(), Device: ch.Backend + ": " + d.Info().Name, BudgetBytes: b.VRAMBytes,
-		PoolBytes: b.PoolBytes, FollowFree: f.followFree}
+		PoolBytes: b.PoolBytes, FollowFree: f.followFree, UnloadAfterSeconds: f.unloadAfter.Seconds()}
 	out.Shares, _ = fl.Stats()
 	for i, sm := range ms {
 		kv := sm.b.Cache().Config()
@@ -223,11 +235,74 @@ func (sm *servedModel) load(e *env, d device.Device, f *serveFlags, fl *fleet.Fl
 	so := serve.Options{ModelName: name, MaxSeqs: f.maxSeqs, MaxQueue: f.maxQueue, APIKey: f.apiKey, Tokenizer: sm.tok,
 		Chat: chat, IsEOS: sm.m.Config.IsEOS, Pools: []telemetry.PoolSource{sm.dev, sm.host}, Sharing: fl,
 		MemoryNow: func() serve.Memory { return ctl.memory(name) }}
+	if f.unloadAfter > 0 {
+		so.Unloader, so.UnloadAfter, so.Logger = sm, f.unloadAfter, sm.log
+	}
 	if first != nil {
 		so.Registry = first.Registry()
 	}
 	sm.s, err = serve.New(sm.b, so)
 	return err
+}
+
+// Unload is serve.Unloader's: the model leaves the fleet (its share goes
+// to the others) once its batch and engine are closed and its pools hold
+// nothing; its kernels and file stay open for the next Load.
+func (sm *servedModel) Unload(ctx context.Context, b *engine.Batch) error {
+	return sm.fl.Remove(ctx, sm.name, func() error {
+		err := errors.Join(b.Close(), sm.e.Close())
+		sm.b, sm.e = nil, nil
+		sm.dev.Trim()
+		sm.host.Trim()
+		if r := sm.dev.ReservedBytes(); r != 0 && err == nil {
+			err = fmt.Errorf("%s: its device pool still reserves %s after its engine closed", sm.name, humanBytes(r))
+		}
+		return err
+	})
+}
+
+// Load is serve.Unloader's: room for the model's minimum, its engine there
+// on its own pools again, its batch, and its place in the fleet. On error
+// nothing is left held and the room is given back.
+func (sm *servedModel) Load(ctx context.Context) (_ *engine.Batch, err error) {
+	sm.loads.Lock()
+	defer sm.loads.Unlock()
+	least, err := liveRoom(ctx, sm.d, sm.fl, sm.m, sm.o, sm.name)
+	if err != nil {
+		return nil, err
+	}
+	var eng *engine.Engine
+	var b *engine.Batch
+	defer func() {
+		if err == nil {
+			return
+		}
+		if b != nil {
+			b.Close()
+		}
+		if eng != nil {
+			eng.Close()
+		}
+		sm.dev.Trim()
+		sm.host.Trim()
+		sm.fl.MakeRoom(context.Background(), 0)
+	}()
+	if err := sm.dev.SetLimit(least); err != nil {
+		return nil, err
+	}
+	o := sm.o
+	o.Budget = least
+	if eng, err = engine.New(ctx, sm.d, sm.ks, sm.dev, sm.host, sm.m, o); err != nil {
+		return nil, fmt.Errorf("%s: %w", sm.name, err)
+	}
+	if b, err = eng.NewBatch(sm.maxSeqs); err != nil {
+		return nil, fmt.Errorf("%s: %w", sm.name, err)
+	}
+	if err := sm.fl.Add(ctx, fleet.Model{Name: sm.name, Engine: eng, KeepAlive: sm.keepAlive}); err != nil {
+		return nil, err
+	}
+	sm.e, sm.b = eng, b
+	return b, nil
 }
 
 func (sm *servedModel) close() error {
@@ -375,6 +450,9 @@ func printServeFleet(e *env, o serveFleetJSON) {
 		fmt.Fprintf(w, "  %s (%s): share %s (minimum %s, whole %s); weights %s resident, %s streamed per step; %d sequences, %d-token steps; chat template: %s\n",
 			m.ModelName, m.Model, humanBytes(sh.Grant), humanBytes(sh.Minimum), humanBytes(sh.Full), humanBytes(sh.ResidentBytes), humanBytes(sh.StreamedBytes),
 			m.MaxSeqs, m.StepTokens, m.ChatTemplate)
+	}
+	if o.UnloadAfterSeconds > 0 {
+		fmt.Fprintf(w, "  a model with no request for %s is unloaded, and loaded again by the next\n", time.Duration(o.UnloadAfterSeconds*float64(time.Second)))
 	}
 	fmt.Fprintf(w, "listening on %s (GET/POST /admin/budget)\n", o.URL)
 }

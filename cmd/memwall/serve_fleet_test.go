@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestServeFleet serves two models sharing a budget that holds one of
@@ -135,6 +136,75 @@ func TestServeFleet(t *testing.T) {
 		}
 	}
 	if code, errOut := stop(); code != 0 || !strings.Contains(errOut, "drained") {
+		t.Errorf("SIGTERM: exit %d: %s", code, errOut)
+	}
+}
+
+// TestServeFleetUnload: with --unload-after 1 both idle models leave the
+// fleet (GET /admin/budget lists none, their gauges say unloaded); a
+// request loads its model again and gets `memwall run`'s tokens; the
+// other stays off until asked.
+func TestServeFleetUnload(t *testing.T) {
+	a, _ := tinyDir(t, "tiny")
+	b, _ := tinyDir(t, "tiny-f16")
+	const p = "5,17,300,42,9,77"
+	want := fmt.Sprint(tokensOf(runJSONOut(t, "run", b, "--vram", "1GiB", "--prompt-ids", p, "--max-new", "8", "--ignore-eos", "--device", "sim", "--json")))
+	url, stop := startServe(t, a, b, "--model-name", "ma,mb", "--vram", "14MiB", "--max-seqs", "3", "--max-model-len", "64", "--unload-after", "1")
+	shares := func() []string {
+		resp, err := http.Get(url + "/admin/budget")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var st budgetJSON
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, m := range st.Models {
+			names = append(names, m.Name)
+		}
+		return names
+	}
+	metrics := func() string {
+		resp, err := http.Get(url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		m, _ := io.ReadAll(resp.Body)
+		return string(m)
+	}
+	if got := shares(); len(got) != 2 {
+		t.Fatalf("at start the fleet holds %v", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(shares()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s idle the fleet still holds %v", shares())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if m := metrics(); !strings.Contains(m, `memwall_serve_loaded{model_name="ma"} 0`) || !strings.Contains(m, `memwall_serve_unloads_total{model_name="mb"} 1`) {
+		t.Fatalf("unloaded, /metrics:\n%s", m)
+	}
+	body := fmt.Sprintf(`{"model": "mb", "prompt": [%s], "max_tokens": 8, "temperature": 0, "ignore_eos": true, "return_token_ids": true}`, p)
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if got := fmt.Sprint(tokenIDsOf(out)); resp.StatusCode != 200 || got != want {
+		t.Fatalf("mb loaded again: %d %s, run alone %s", resp.StatusCode, out, want)
+	}
+	if got := shares(); len(got) != 1 || got[0] != "mb" {
+		t.Errorf("after mb's request the fleet holds %v", got)
+	}
+	if m := metrics(); !strings.Contains(m, `memwall_serve_loads_total{model_name="mb"} 1`) || !strings.Contains(m, `memwall_serve_loads_total{model_name="ma"} 0`) {
+		t.Errorf("loads in /metrics:\n%s", m)
+	}
+	if code, errOut := stop(); code != 0 || !strings.Contains(errOut, "unloaded") {
 		t.Errorf("SIGTERM: exit %d: %s", code, errOut)
 	}
 }

@@ -131,8 +131,9 @@ func (p *Pool) newVirtualArenaSized(size uint64) (*arena, error) {
 	return a, nil
 }
 
-// newChunk obtains a chunk of size bytes from the device.
-func (p *Pool) newChunk(size uint64) (*arena, error) {
+// newChunk obtains a chunk of size bytes from the device, at priority
+// (0: the device's default; see devAlloc).
+func (p *Pool) newChunk(size uint64, priority float32) (*arena, error) {
 	al, err := alloc.New(p.opts.Strategy, size)
 	if err != nil {
 		return nil, err
@@ -146,7 +147,7 @@ func (p *Pool) newChunk(size uint64) (*arena, error) {
 		}
 		a.hostBuf, a.host, a.base = hb, hb.Bytes, hb.DevicePtr
 	} else {
-		ptr, err := p.devAlloc(size)
+		ptr, err := p.devAlloc(size, priority)
 		if err != nil {
 			return nil, err
 		}

@@ -251,7 +251,7 @@ func (p *Pool) cacheAlloc(cls int, req uint64, purpose Purpose, t *Tenant, tried
 		p.unpin(c)
 	}
 	size := sizeClasses[cls]
-	first, sh, err := p.shardAlloc(size, p.opts.Alignment, deferred)
+	first, sh, err := p.shardAlloc(size, p.opts.Alignment, purpose, deferred)
 	if err != nil {
 		return nil, err
 	}

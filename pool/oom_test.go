@@ -32,11 +32,7 @@ func TestOOMSnapshot(t *testing.T) {
 				var oom *pool.OOMError
 				for i := 0; i < 10000 && oom == nil; i++ {
 					if len(live) > 0 && r.IntN(3) == 0 {
-						k := r.IntN(len(live))
-						if err := p.Free(live[k]); err != nil {
-							t.Fatal(err)
-						}
-						live = append(live[:k], live[k+1:]...)
+						live = freeRandom(t, p, r, live)
 						continue
 					}
 					b, err := p.Alloc(uint64(1+r.IntN(6<<20)), pool.AllocOptions{Purpose: pool.KV})

@@ -275,6 +275,13 @@ type Options struct {
 	// device's default. PurposePriority maps a purpose to one: a pool of
 	// weights at 1.0 stays resident before pools of activations at 0.5.
 	Priority float32
+	// PriorityByPurpose gives the chunks that hold one block of their own
+	// (a request above ChunkBytes/2: a model's weight groups, its KV
+	// cache) the priority of that block's purpose (PurposePriority:
+	// weights 1.0, the rest 0.5), so that one pool holding a whole model
+	// tells the driver its weights come first; shared chunks keep
+	// Priority.
+	PriorityByPurpose bool
 	// Warmup is reserved at New so the first requests need no driver call.
 	Warmup uint64
 	// Alignment is the default block alignment (default 256; a power of two).
@@ -412,9 +419,11 @@ func poolLabel(name string) string {
 	return "pool " + name
 }
 
-// DefaultOptions returns options suited to d.
+// DefaultOptions returns options suited to d, with PriorityByPurpose (it
+// acts on a device with memory priorities, Vulkan's, where pools grow in
+// chunks).
 func DefaultOptions(d Device) Options {
-	return Options{}.withDefaults(d.Info())
+	return Options{PriorityByPurpose: true}.withDefaults(d.Info())
 }
 
 func (o Options) withDefaults(in device.Info) Options {

@@ -23,12 +23,12 @@ func PurposePriority(p Purpose) float32 {
 	return 0.5
 }
 
-// devAlloc obtains a chunk of device memory: at Options.Priority when it
-// is set and the device implements PriorityAllocator, else by Alloc.
-func (p *Pool) devAlloc(size uint64) (device.Ptr, error) {
-	if p.opts.Priority > 0 {
+// devAlloc obtains a chunk of device memory: at priority when it is set
+// and the device implements PriorityAllocator, else by Alloc.
+func (p *Pool) devAlloc(size uint64, priority float32) (device.Ptr, error) {
+	if priority > 0 {
 		if pa, ok := p.up.(PriorityAllocator); ok {
-			return pa.AllocPriority(size, p.opts.Priority)
+			return pa.AllocPriority(size, priority)
 		}
 	}
 	return p.up.Alloc(size)

@@ -47,11 +47,7 @@ func TestPriorityReachesDevice(t *testing.T) {
 		var live []pool.Block
 		for range 300 {
 			if len(live) > 0 && r.IntN(3) == 0 {
-				i := r.IntN(len(live))
-				if err := p.Free(live[i]); err != nil {
-					t.Fatal(err)
-				}
-				live = append(live[:i], live[i+1:]...)
+				live = freeRandom(t, p, r, live)
 				continue
 			}
 			b, err := p.Alloc(1+r.Uint64N(3<<20), pool.AllocOptions{Purpose: pool.Weights})
@@ -89,4 +85,69 @@ func ExamplePurposePriority() {
 	activations := pool.Options{Name: "activations", Growth: pool.GrowChunks, Priority: pool.PurposePriority(pool.Activations)}
 	fmt.Println(weights.Priority, activations.Priority)
 	// Output: 1 0.5
+}
+
+// TestPriorityByPurpose: under PriorityByPurpose every chunk a request
+// takes for itself (above ChunkBytes/2) goes to AllocPriority with its
+// block's purpose's priority, over random sizes, purposes and frees, with
+// and without the processor caches; a shared chunk keeps Options.Priority
+// (plain Alloc at 0).
+func TestPriorityByPurpose(t *testing.T) {
+	const chunk = 4 << 20
+	purposes := []pool.Purpose{pool.Weights, pool.KV, pool.Activations, pool.Staging, pool.Other}
+	for _, cache := range []pool.CacheMode{pool.CacheOff, pool.CachePerProcessor} {
+		d := &priorityDevice{Device: newSim(t, false, 1<<30)}
+		p, err := pool.New(d, pool.Options{Growth: pool.GrowChunks, ChunkBytes: chunk, PriorityByPurpose: true, Cache: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(uint64(cache), 9))
+		var live []pool.Block
+		own := 0
+		for i := range 400 {
+			if len(live) > 0 && r.IntN(3) == 0 {
+				live = freeRandom(t, p, r, live)
+				continue
+			}
+			size := 1 + r.Uint64N(6<<20)
+			purpose := purposes[r.IntN(len(purposes))]
+			d.mu.Lock()
+			before := len(d.calls)
+			d.mu.Unlock()
+			b, err := p.Alloc(size, pool.AllocOptions{Purpose: purpose})
+			if err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, b)
+			d.mu.Lock()
+			calls := d.calls[before:]
+			d.mu.Unlock()
+			if len(calls) == 0 {
+				continue
+			}
+			want := float32(-1)
+			if size+256 > chunk/2 {
+				want, own = pool.PurposePriority(purpose), own+1
+			}
+			if len(calls) != 1 || calls[0] != want {
+				t.Fatalf("cache %v, alloc %d (%d bytes, %v): chunk allocations %v, want one at %v", cache, i, size, purpose, calls, want)
+			}
+		}
+		if own < 20 {
+			t.Fatalf("cache %v: only %d chunks of their own", cache, own)
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// freeRandom frees one of live at random and returns the rest.
+func freeRandom(t *testing.T, p *pool.Pool, r *rand.Rand, live []pool.Block) []pool.Block {
+	t.Helper()
+	k := r.IntN(len(live))
+	if err := p.Free(live[k]); err != nil {
+		t.Fatal(err)
+	}
+	return append(live[:k], live[k+1:]...)
 }

@@ -305,10 +305,10 @@ func (p *Pool) releaseChain(chain *meta) {
 // every shard (see rescue). It returns the block with its shard locked:
 // the caller records the block and unlocks. parked are blocks to give
 // back first.
-func (p *Pool) shardAlloc(size, align uint64, parked *meta) (*meta, *Pool, error) {
+func (p *Pool) shardAlloc(size, align uint64, purpose Purpose, parked *meta) (*meta, *Pool, error) {
 	s := p.lockShard()
 	s.releaseList(parked)
-	m, err := s.arenaAlloc(size, align, 0)
+	m, err := s.arenaAlloc(size, align, 0, purpose)
 	if err == nil {
 		p.balance(s)
 		return m, s, nil
@@ -318,7 +318,7 @@ func (p *Pool) shardAlloc(size, align uint64, parked *meta) (*meta, *Pool, error
 		return nil, nil, err
 	}
 	s.mu.Unlock()
-	return p.rescue(size, align, s)
+	return p.rescue(size, align, purpose, s)
 }
 
 // balance keeps a pool with shards near its soft target: a shard maps
@@ -371,7 +371,7 @@ func (p *Pool) rebalance(home *Pool) {
 // they are, gives back the free pages and empty chunks of the other
 // shards, and then tries home once more, growing. It returns the block
 // with its shard locked, or home's error.
-func (p *Pool) rescue(size, align uint64, home *Pool) (*meta, *Pool, error) {
+func (p *Pool) rescue(size, align uint64, purpose Purpose, home *Pool) (*meta, *Pool, error) {
 	p.mu.Lock()
 	p.flushCaches()
 	p.mu.Unlock()
@@ -394,7 +394,7 @@ func (p *Pool) rescue(size, align uint64, home *Pool) (*meta, *Pool, error) {
 	}
 	home.mu.Lock()
 	home.drainRemote()
-	m, err := home.arenaAlloc(size, align, 0)
+	m, err := home.arenaAlloc(size, align, 0, purpose)
 	if err != nil {
 		home.mu.Unlock()
 		var oe *OOMError

@@ -79,7 +79,7 @@ func (e *OOMError) Unwrap() error { return e.Err }
 // the arenas.
 func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t *Tenant, parked *meta) (*meta, error) {
 	if s == 0 && p.shards != nil {
-		m, sh, err := p.shardAlloc(size, align, parked)
+		m, sh, err := p.shardAlloc(size, align, purpose, parked)
 		if err != nil {
 			return nil, err
 		}
@@ -103,7 +103,7 @@ func (p *Pool) slowAlloc(size, align uint64, s device.Stream, purpose Purpose, t
 	}
 	if m == nil {
 		var err error
-		if m, err = p.arenaAlloc(size, align, s); err != nil {
+		if m, err = p.arenaAlloc(size, align, s, purpose); err != nil {
 			return nil, err
 		}
 	}
@@ -301,7 +301,7 @@ func (p *Pool) rescueLarge(s *Pool, size uint64, purpose Purpose, err error) (*m
 	if p.shards == nil || !errors.Is(err, ErrOutOfMemory) {
 		return nil, err
 	}
-	m, s, err := p.rescue(size, p.opts.Alignment, s)
+	m, s, err := p.rescue(size, p.opts.Alignment, purpose, s)
 	if err != nil {
 		return nil, err
 	}
@@ -336,9 +336,9 @@ func (p *Pool) largeIn(s *Pool, size uint64, purpose Purpose, parked *meta) (*me
 	}
 	if m == nil {
 		if err != nil {
-			m, err = s.arenaRetry(size, p.opts.Alignment, 0, err)
+			m, err = s.arenaRetry(size, p.opts.Alignment, 0, purpose, err)
 		} else {
-			m, err = s.arenaAlloc(size, p.opts.Alignment, 0)
+			m, err = s.arenaAlloc(size, p.opts.Alignment, 0, purpose)
 		}
 		if err != nil {
 			return nil, err
@@ -366,7 +366,7 @@ func (p *Pool) placed(a *arena, b alloc.Block, h alloc.Handle, shift uint64) *me
 
 // arenaAlloc places a block, reclaiming and growing as needed. Called with
 // p.mu held.
-func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
+func (p *Pool) arenaAlloc(size, align uint64, s device.Stream, purpose Purpose) (*meta, error) {
 	if p.closed {
 		return nil, fmt.Errorf("%s: %w", poolLabel(p.opts.Name), ErrClosed)
 	}
@@ -376,13 +376,13 @@ func (p *Pool) arenaAlloc(size, align uint64, s device.Stream) (*meta, error) {
 	if m != nil {
 		return m, nil
 	}
-	return p.arenaRetry(size, align, s, err)
+	return p.arenaRetry(size, align, s, purpose, err)
 }
 
 // arenaRetry is arenaAlloc after a first attempt that placed nothing
 // (firstErr: why, or nil when nothing fitted): it reclaims, grows and
 // retries, and explains a failure.
-func (p *Pool) arenaRetry(size, align uint64, s device.Stream, firstErr error) (*meta, error) {
+func (p *Pool) arenaRetry(size, align uint64, s device.Stream, purpose Purpose, firstErr error) (*meta, error) {
 	var tried []string
 	var devErr error
 	limitHit := false
@@ -426,7 +426,7 @@ func (p *Pool) arenaRetry(size, align uint64, s device.Stream, firstErr error) (
 	// Grow.
 	if p.opts.Growth == GrowChunks {
 		tried = append(tried, "grow by a new chunk")
-		m, err := p.growChunk(size, align)
+		m, err := p.growChunk(size, align, purpose)
 		if err == nil {
 			return m, nil
 		}
@@ -437,7 +437,7 @@ func (p *Pool) arenaRetry(size, align uint64, s device.Stream, firstErr error) (
 		}
 		if n := p.trimChunks(); n > 0 {
 			tried = append(tried, "free empty chunks")
-			if m, err := p.growChunk(size, align); err == nil {
+			if m, err := p.growChunk(size, align, purpose); err == nil {
 				return m, nil
 			}
 		}
@@ -451,7 +451,7 @@ func (p *Pool) arenaRetry(size, align uint64, s device.Stream, firstErr error) (
 				return m, nil
 			}
 			if p.opts.Growth == GrowChunks {
-				if m, err := p.growChunk(size, align); err == nil {
+				if m, err := p.growChunk(size, align, purpose); err == nil {
 					return m, nil
 				}
 			}
@@ -461,7 +461,9 @@ func (p *Pool) arenaRetry(size, align uint64, s device.Stream, firstErr error) (
 }
 
 // growChunk adds a chunk that holds the request and allocates from it.
-func (p *Pool) growChunk(size, align uint64) (*meta, error) {
+// A chunk of the request's own (above ChunkBytes/2) takes its purpose's
+// priority under Options.PriorityByPurpose.
+func (p *Pool) growChunk(size, align uint64, purpose Purpose) (*meta, error) {
 	const unit = 2 << 20
 	need := size + align
 	if p.opts.Strategy == "buddy" {
@@ -471,8 +473,12 @@ func (p *Pool) growChunk(size, align uint64) (*meta, error) {
 		need = 1 << bits.Len64(need-1)
 	}
 	csize := p.opts.ChunkBytes
+	prio := p.opts.Priority
 	if need > csize/2 {
 		csize = roundUp(need, unit)
+		if p.opts.PriorityByPurpose {
+			prio = PurposePriority(purpose)
+		}
 	}
 	if p.reserved.Load()+csize > p.limitBytes() {
 		if p.reserved.Load()+roundUp(need, unit) > p.limitBytes() {
@@ -480,7 +486,7 @@ func (p *Pool) growChunk(size, align uint64) (*meta, error) {
 		}
 		csize = roundUp(need, unit)
 	}
-	a, err := p.newChunk(csize)
+	a, err := p.newChunk(csize, prio)
 	if err != nil {
 		return nil, err
 	}
@@ -586,7 +592,7 @@ func (p *Pool) arenaStats() arenaStats {
 // warmup reserves n bytes ahead of use. Called with p.mu held.
 func (p *Pool) warmup(n uint64) error {
 	if p.opts.Growth == GrowChunks {
-		a, err := p.newChunk(roundUp(n, 2<<20))
+		a, err := p.newChunk(roundUp(n, 2<<20), p.opts.Priority)
 		if err != nil {
 			return err
 		}

@@ -64,11 +64,11 @@ func spyAllocations(t *testing.T, d *Device) (spy *allocSpy, forced bool) {
 	return spy, forced
 }
 
-// TestPriorityReachesAllocate: Alloc asks vkAllocateMemory for priority
-// 0.5, AllocPriority for its own, and a pool of weights
-// (Options.Priority = PurposePriority(Weights)) takes each of its chunks
-// at 1.0 while a pool of activations takes them at 0.5.
-func TestPriorityReachesAllocate(t *testing.T) {
+// openHere opens the Vulkan device for this package's own tests, or skips
+// (fails under MEMWALL_TEST_DEVICE=vulkan) without one; it closes at the
+// end of the test.
+func openHere(t *testing.T) *Device {
+	t.Helper()
 	d, err := Open(Options{})
 	if err != nil {
 		if os.Getenv("MEMWALL_TEST_DEVICE") == "vulkan" {
@@ -76,7 +76,16 @@ func TestPriorityReachesAllocate(t *testing.T) {
 		}
 		t.Skipf("no usable Vulkan device here: %v", err)
 	}
-	defer d.Close()
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// TestPriorityReachesAllocate: Alloc asks vkAllocateMemory for priority
+// 0.5, AllocPriority for its own, and a pool of weights
+// (Options.Priority = PurposePriority(Weights)) takes each of its chunks
+// at 1.0 while a pool of activations takes them at 0.5.
+func TestPriorityReachesAllocate(t *testing.T) {
+	d := openHere(t)
 	spy, forced := spyAllocations(t, d)
 	t.Logf("memory priority in the driver: %v", !forced)
 	for _, c := range []struct {
@@ -121,5 +130,38 @@ func TestPriorityReachesAllocate(t *testing.T) {
 				t.Errorf("%s pool: chunk %d (%d bytes) at priority %v, want %v", purpose, i, sizes[i], pr, want)
 			}
 		}
+	}
+}
+
+// TestDefaultPoolPriorities: one pool made with pool.DefaultOptions (as
+// the engine's and serve's are) over the Vulkan device gives a weight
+// group its own chunk at priority 1.0 and a KV cache or staging block its
+// own at 0.5, through to vkAllocateMemory.
+func TestDefaultPoolPriorities(t *testing.T) {
+	d := openHere(t)
+	o := pool.DefaultOptions(d)
+	if o.Growth != pool.GrowChunks || !o.PriorityByPurpose {
+		t.Skipf("the default pool here grows by %v (PriorityByPurpose %v)", o.Growth, o.PriorityByPurpose)
+	}
+	p, err := pool.New(d, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	spy, forced := spyAllocations(t, d)
+	t.Logf("memory priority in the driver: %v", !forced)
+	for _, c := range []struct {
+		purpose pool.Purpose
+		size    uint64
+	}{{pool.Weights, 96 << 20}, {pool.KV, 64 << 20}, {pool.Weights, 40 << 20}, {pool.Staging, 48 << 20}} {
+		b, err := p.Alloc(c.size, pool.AllocOptions{Purpose: c.purpose})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes, prios := spy.take()
+		if want := pool.PurposePriority(c.purpose); len(prios) != 1 || prios[0] != want || sizes[0] < c.size {
+			t.Errorf("%s block of %d bytes: vkAllocateMemory %v at %v, want one at %v", c.purpose, c.size, sizes, prios, want)
+		}
+		defer p.Free(b)
 	}
 }

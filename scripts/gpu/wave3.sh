@@ -476,6 +476,43 @@ phase18() {
   grep -E "^--- FAIL|^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | grep -v "first logits" | head -10
 }
 
+# phase20: issue 31's last pieces: the pool's priorities by purpose through
+# NVIDIA's Vulkan driver (the loader unpacked from .gl/*.deb, as
+# scripts/gpu/vulkan.sh does); fleet_serve again (a promotion now pauses the
+# other model's streaming); then the two 7B models served with
+# --unload-after 5 (fleet_unload).
+phase20() {
+  for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done; ldconfig
+  timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-info.txt" 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  head -3 "$dir/vk-info.txt"
+  pushd device/vulkan >/dev/null || return
+  MEMWALL_TEST_DEVICE=vulkan run "vulkan: priorities by purpose" 60 "$bin/device_vulkan.test" -test.run 'TestPriorit|TestAllocPriority|TestDefaultPool|TestInfo' -test.v -test.count 1
+  popd >/dev/null || return
+  fleet_serve
+  fleet_unload
+  grep -E "^--- |^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | head -20
+}
+
+# fleet_unload: memwall serve with the two 7B models in --vram 20GiB and
+# --unload-after 5 under scripts/gpu/fleet-unload.py; nvidia-smi sampled.
+fleet_unload() {
+  local bf2=$models/llama-7b-copy.gguf
+  [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
+  [ -f "$bf2" ] || cp "$bf" "$bf2"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$dir/unload.smi" 2>/dev/null &
+  local smi=$!
+  "$bin/memwall" serve "$bf" "$bf2" --model-name a,b --vram 20GiB --unload-after 5 --max-seqs 4 --max-model-len 512 --addr 127.0.0.1:8097 >"$dir/unload.log" 2>&1 &
+  local sp=$!
+  for i in $(seq 1 180); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8097/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  timeout 200 python3 scripts/gpu/fleet-unload.py http://127.0.0.1:8097 5 a b >"$dir/fleet-unload.txt" 2>&1
+  curl -s http://127.0.0.1:8097/metrics >"$dir/unload-metrics.txt" 2>/dev/null
+  kill -TERM "$sp"; wait "$sp"; echo "serve exit $?" >>"$dir/fleet-unload.txt"
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  tail -12 "$dir/fleet-unload.txt"
+  echo "nvidia-smi peak during serve --unload-after: $(sort -n "$dir/unload.smi" | tail -1) MiB"
+  grep -E 'unload|loaded|fleet: moved|paused' "$dir/unload.log" | sed -E 's/time=[^ ]+ //' | tail -12
+}
+
 # phase8: llama-bench on the Q4_K_M (after 9, or on a machine with its build).
 phase8() {
   for i in $(seq 1 100); do [ -f /tmp/lc.rc ] && break; sleep 5; done
@@ -528,6 +565,7 @@ case "${1:-}" in
   17) fleet_serve ;;
   18) phase18 ;;
   19) fleet_bench ;;
+  20) phase20 ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -536,7 +574,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18|19" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18|19|20" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

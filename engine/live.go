@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/memwall/memwall/plan"
+	"github.com/memwall/memwall/pool"
 	"github.com/memwall/memwall/residency"
 )
 
@@ -56,7 +58,21 @@ func (e *Engine) SetBudget(ctx context.Context, budget uint64) (residency.Change
 	if err := e.dropGraph(); err != nil {
 		return ch, err
 	}
-	if ch, err = e.res.Retarget(ctx, p); err != nil {
+	if ch, err = e.retarget(ctx, p); err != nil {
+		return ch, err
+	}
+	if budget < old {
+		if err := e.lowerLimit(ctx, budget, &ch); err != nil {
+			return ch, err
+		}
+	}
+	return ch, nil
+}
+
+// retarget moves the residency to p and the engine's plan with it.
+func (e *Engine) retarget(ctx context.Context, p *plan.WeightPlan) (residency.Change, error) {
+	ch, err := e.res.Retarget(ctx, p)
+	if err != nil {
 		return ch, fmt.Errorf("engine: %w", err)
 	}
 	e.plan = p
@@ -66,12 +82,53 @@ func (e *Engine) SetBudget(ctx context.Context, budget uint64) (residency.Change
 	e.foot = &f
 	e.groupProducts()
 	e.graphReason = e.graphWhy()
-	if budget < old {
-		if err := e.dev.SetLimit(budget); err != nil {
-			return ch, fmt.Errorf("engine: after moving to the budget's plan: %w", err)
+	return ch, nil
+}
+
+// lowerLimit lowers the device pool's limit to budget after a move down.
+// The plan counts the bytes of live blocks; free space left inside chunks
+// that still hold live blocks cannot be given back, so the pool may still
+// reserve more than budget (seen after a model was loaded at its minimum,
+// promoted and demoted again). Then the plan is made again under budget
+// less what the pool keeps over it, and more each time (16 MiB, doubling),
+// until a demoted group's chunks free the difference: the engine streams
+// a little more than budget alone would make it, and its pool stays
+// within budget. ch gathers every move's figures.
+func (e *Engine) lowerLimit(ctx context.Context, budget uint64, ch *residency.Change) error {
+	planned := budget
+	for try := 0; ; try++ {
+		err := e.dev.SetLimit(budget)
+		var le *pool.LimitError
+		if err == nil {
+			return nil
+		}
+		slack := uint64(16<<20) << try
+		if !errors.As(err, &le) || try == 8 || planned < e.MinimumBudget()+le.Reserved-le.Limit+slack {
+			return fmt.Errorf("engine: after moving to the budget's plan: %w", err)
+		}
+		planned -= le.Reserved - le.Limit + slack
+		e.opt.Budget = planned
+		p, perr := e.planWeights(e.foot.reserve, e.foot.KVBytes, e.foot.ArenaBytes, e.opt.Slots)
+		e.opt.Budget = budget
+		if perr == nil {
+			perr = e.checkTied(p)
+		}
+		if perr != nil {
+			return fmt.Errorf("engine: after moving to the budget's plan: %w (and planning under %d bytes: %v)", err, planned, perr)
+		}
+		more, rerr := e.retarget(ctx, p)
+		ch.Demoted += more.Demoted
+		ch.Promoted += more.Promoted
+		ch.DemotedBytes += more.DemotedBytes
+		ch.PromotedBytes += more.PromotedBytes
+		ch.UploadedBytes += more.UploadedBytes
+		ch.UploadSeconds += more.UploadSeconds
+		ch.Seconds += more.Seconds
+		ch.Slots, ch.SlotBytes = more.Slots, more.SlotBytes
+		if rerr != nil {
+			return rerr
 		}
 	}
-	return ch, nil
 }
 
 // Budget returns the budget the engine runs under (Options.Budget, or

@@ -135,3 +135,81 @@ func TestSetBudgetNeedsLive(t *testing.T) {
 		t.Fatal("SetBudget without Options.Live accepted")
 	}
 }
+
+// TestSetBudgetFromMinimum loads as serve does after an unload: an engine
+// made at its minimum budget (the pool's limit there too), promoted to its
+// full budget and moved down and up at random. Every move succeeds, leaves
+// the pool within the budget at the budget's limit, and the tokens stay
+// the resident engine's. (On the H200 a model loaded so, promoted and
+// demoted again, was refused its pool's lower limit: free space stranded
+// in partly used chunks.)
+func TestSetBudgetFromMinimum(t *testing.T) {
+	ctx := context.Background()
+	for _, preset := range []string{"tiny", "tiny-hd64"} {
+		t.Run(preset, func(t *testing.T) {
+			if raceEnabled && testing.Short() && preset != "tiny" {
+				t.Skip("under the race detector one model of two")
+			}
+			m := open(t, modelPath(t, preset, synth.GGUF))
+			d := testDevice(t)
+			o := engine.Options{Budget: 1, MaxTokens: 96, PrefillChunk: 16, Live: true}
+			_, err := engine.Estimate(ctx, m, o, d.Info())
+			var be *engine.BudgetError
+			if !errors.As(err, &be) {
+				t.Fatalf("Estimate at 1 byte: %v, want a *BudgetError", err)
+			}
+			solo := newRig(t, d)
+			ro := o
+			ro.Budget, ro.Live = 256<<20, false
+			ref, err := engine.New(ctx, d, solo.ks, solo.dev, solo.host, m, ro)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			p := prompt(11, m.Config.Vocab, 3)
+			want, err := ref.Generate(ctx, p, engine.Sampling{MaxNew: 10, IgnoreEOS: true}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := newLimitedRig(t, d, be.Minimum)
+			o.Budget = be.Minimum
+			e, err := engine.New(ctx, d, r.ks, r.dev, r.host, m, o)
+			if err != nil {
+				t.Fatalf("New at the estimated minimum %d: %v", be.Minimum, err)
+			}
+			lo, hi := e.MinimumBudget(), uint64(0)
+			if hi, err = e.FullBudget(); err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(uint64(len(preset)), 9))
+			for ev := range 24 {
+				budget := hi
+				if ev > 0 {
+					budget = lo + rng.Uint64N(hi-lo+1)
+				}
+				if _, err := e.SetBudget(ctx, budget); err != nil {
+					t.Fatalf("move %d: SetBudget(%d) in [%d, %d]: %v", ev, budget, lo, hi, err)
+				}
+				if res := r.dev.ReservedBytes(); res > budget {
+					t.Fatalf("move %d: pool reserves %d bytes, budget %d", ev, res, budget)
+				}
+				if l := r.dev.Options().Limit; l != budget {
+					t.Fatalf("move %d: pool limit %d, budget %d", ev, l, budget)
+				}
+				if ev%6 == 5 {
+					res, err := e.Generate(ctx, p, engine.Sampling{MaxNew: 10, IgnoreEOS: true}, nil)
+					if err != nil {
+						t.Fatalf("move %d: %v", ev, err)
+					}
+					if !slices.Equal(res.Tokens, want.Tokens) {
+						t.Fatalf("move %d: budget %d: tokens %v, resident %v", ev, budget, res.Tokens, want.Tokens)
+					}
+				}
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			r.zero(t)
+		})
+	}
+}

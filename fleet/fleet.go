@@ -122,6 +122,9 @@ type member struct {
 	lastMove  residency.Change
 	lastTook  float64 // the last move's SetBudget, seconds
 	lastWait  float64 // and the wait for the model's lock before it
+	// The residency's figures, read at Add and after each move (they
+	// change only then), so that Stats waits for no step.
+	placed residency.Stats
 }
 
 // Moves counts what the fleet moved.
@@ -217,7 +220,7 @@ func (f *Fleet) Add(ctx context.Context, m Model) error {
 	if err != nil {
 		return fmt.Errorf("fleet: %s: %w", m.Name, err)
 	}
-	mb := &member{m: m, min: m.Engine.MinimumBudget(), full: full, grant: m.Engine.Budget(), lastUse: f.now()}
+	mb := &member{m: m, min: m.Engine.MinimumBudget(), full: full, grant: m.Engine.Budget(), lastUse: f.now(), placed: m.Engine.Residency().Stats()}
 	// Not during a move: a budget that shrinks is set before the grants
 	// follow it.
 	f.move.Lock()
@@ -293,8 +296,30 @@ func (f *Fleet) Begin(ctx context.Context, name string) error {
 	if !changed {
 		return nil
 	}
-	return f.apply(ctx)
+	return f.applyFor(ctx, name)
 }
+
+// applyFor is apply for a Begin or End of name: a failed move of another
+// model is logged, not returned, so that it does not fail name's work
+// (the model whose move failed fails at its next step or move).
+func (f *Fleet) applyFor(ctx context.Context, name string) error {
+	err := f.apply(ctx)
+	var me *moveError
+	if errors.As(err, &me) && me.model != name {
+		f.log.Error("fleet: a move failed", "model", me.model, "for", name, "err", err)
+		return nil
+	}
+	return err
+}
+
+// moveError is a failed move of one model.
+type moveError struct {
+	model string
+	err   error
+}
+
+func (e *moveError) Error() string { return e.err.Error() }
+func (e *moveError) Unwrap() error { return e.err }
 
 // End marks the end of a Begin. When the model goes idle and an active
 // model holds less than its share, the room it leaves moves now.
@@ -320,7 +345,7 @@ func (f *Fleet) End(ctx context.Context, name string) error {
 	if !changed {
 		return nil
 	}
-	return f.apply(ctx)
+	return f.applyFor(ctx, name)
 }
 
 // Remove takes name out of the fleet, to unload it: holding the model's
@@ -442,28 +467,19 @@ type ModelStats struct {
 }
 
 // Stats returns every model's share, in the order they were added, and
-// what the moves did.
+// what the moves did. It waits for no model's step: the residency's
+// figures are those of the latest move.
 func (f *Fleet) Stats() ([]ModelStats, Moves) {
 	f.mu.Lock()
-	ms := slices.Clone(f.members)
-	mv := f.moves
-	out := make([]ModelStats, len(ms))
-	for i, m := range ms {
+	defer f.mu.Unlock()
+	out := make([]ModelStats, len(f.members))
+	for i, m := range f.members {
+		rs := m.placed
 		out[i] = ModelStats{Name: m.m.Name, Grant: m.grant, Minimum: m.min, Full: m.full, Active: m.active > 0, PromotedBytes: m.promoted, LastMove: m.lastMove,
-			LastMoveSeconds: m.lastTook, LastWaitSeconds: m.lastWait}
+			LastMoveSeconds: m.lastTook, LastWaitSeconds: m.lastWait,
+			ResidentBytes: rs.ResidentBytes, StreamedGroups: rs.Groups - rs.ResidentGroups, StreamedBytes: rs.PassBytes}
 	}
-	f.mu.Unlock()
-	for i, m := range ms {
-		m.eng.Lock()
-		if f.gone(m) { // its engine is closed: the figures taken stand
-			m.eng.Unlock()
-			continue
-		}
-		rs := m.m.Engine.Residency().Stats()
-		m.eng.Unlock()
-		out[i].ResidentBytes, out[i].StreamedGroups, out[i].StreamedBytes = rs.ResidentBytes, rs.Groups-rs.ResidentGroups, rs.PassBytes
-	}
-	return out, mv
+	return out, f.moves
 }
 
 func (f *Fleet) find(name string) *member {
@@ -592,13 +608,14 @@ func (f *Fleet) moveTo(ctx context.Context, m *member, grant uint64, paused int,
 	t0 := time.Now()
 	ch, err := m.m.Engine.SetBudget(ctx, grant)
 	took := time.Since(t0)
+	placed := m.m.Engine.Residency().Stats()
 	m.eng.Unlock()
 	waited := t0.Sub(w0)
 	if err != nil {
-		return fmt.Errorf("fleet: %s to %d bytes: %w", m.m.Name, grant, err)
+		return &moveError{model: m.m.Name, err: fmt.Errorf("fleet: %s to %d bytes: %w", m.m.Name, grant, err)}
 	}
 	f.mu.Lock()
-	m.grant, m.lastMove, m.lastTook, m.lastWait = grant, ch, took.Seconds(), waited.Seconds()
+	m.grant, m.lastMove, m.lastTook, m.lastWait, m.placed = grant, ch, took.Seconds(), waited.Seconds(), placed
 	m.promoted += ch.PromotedBytes
 	f.moves.Changes++
 	f.moves.PromotedBytes += ch.PromotedBytes

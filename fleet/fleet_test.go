@@ -734,3 +734,55 @@ func reserved(members []*member) (n uint64) {
 	}
 	return n
 }
+
+// TestStatsWaitsForNoStep: while a model's lock is held (a step in
+// flight), Stats answers at once with the residency's figures of the
+// latest move. On the H200, POST /admin/budget answered 27 s late: its
+// Stats waited for a model's lock through the steps of a request.
+func TestStatsWaitsForNoStep(t *testing.T) {
+	ctx := context.Background()
+	d := simDevice(t)
+	members, sumMin := twoMembers(t, d)
+	f := fleet.New(sumMin+8<<20, fleet.Options{})
+	for _, mb := range members {
+		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
+			t.Fatal(err)
+		}
+		join(t, d, mb, func(string) {})
+		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			mb.e.Close()
+			mb.dev.Close()
+			mb.host.Close()
+			mb.ks.Close()
+		}()
+	}
+	a := members[0]
+	if err := f.Begin(ctx, a.name); err != nil {
+		t.Fatal(err)
+	}
+	e, unlock, err := f.Lock(a.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := e.Residency().Stats()
+	done := make(chan []fleet.ModelStats, 1)
+	go func() {
+		st, _ := f.Stats()
+		done <- st
+	}()
+	select {
+	case st := <-done:
+		if st[0].ResidentBytes != want.ResidentBytes || st[0].StreamedGroups != want.Groups-want.ResidentGroups || st[0].StreamedBytes != want.PassBytes {
+			t.Errorf("Stats %+v, the residency %+v", st[0], want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Stats waited for a model's lock")
+	}
+	unlock()
+	if err := f.End(ctx, a.name); err != nil {
+		t.Fatal(err)
+	}
+}

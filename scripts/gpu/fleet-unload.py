@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Unloading under `memwall serve MODEL MODEL --unload-after N`: a request
 to each model, then both idle until their gauges say unloaded (how long
-past N that took, and nvidia-smi then), then a request to each again,
+past N after each one's request that took, and nvidia-smi then), then a request to each again,
 whose time to first token includes the load. Prints one JSON line per
 step and a table last.
 
@@ -66,9 +66,11 @@ def main():
     vocab = int(sys.argv[5]) if len(sys.argv) > 5 else 32000
     rng = random.Random(11)
     rows = []
+    ended = {}
 
     def one(phase, m):
         ttft, secs, n = request(url, m, [3 + rng.randrange(vocab - 3) for _ in range(32)], 32)
+        ended[m] = time.perf_counter()
         row = {"phase": phase, "model": m, "ttft_s": ttft, "decode_tok_s": (n - 1) / secs if secs > 0 else 0,
                "tokens": n, "smi_MiB": smi()}
         rows.append(row)
@@ -83,9 +85,9 @@ def main():
         ms = metrics(url)
         for m in names:
             if m not in unloaded_at and ms.get(("memwall_serve_loaded", m)) == 0:
-                unloaded_at[m] = time.perf_counter() - idle_from
+                unloaded_at[m] = time.perf_counter() - ended[m]
         time.sleep(0.05)
-    print(json.dumps({"unloaded_after_idle_s": unloaded_at, "unload_after_s": after,
+    print(json.dumps({"unloaded_after_own_request_s": unloaded_at, "unload_after_s": after,
                       "smi_MiB_both_unloaded": smi()}), flush=True)
     for m in names:
         one("reloaded", m)
@@ -98,7 +100,7 @@ def main():
     for r in rows:
         print(f"{r['phase']:8s} {r['model']:10s} TTFT {r['ttft_s']:.3f} s  decode {r['decode_tok_s']:7.2f} tok/s  tokens {r['tokens']}  smi {r['smi_MiB']} MiB")
     for m in names:
-        print(f"unloaded {m:10s} {unloaded_at.get(m, float('nan')) - after:+.3f} s after --unload-after")
+        print(f"unloaded {m:10s} {unloaded_at.get(m, float('nan')) - after:+.3f} s after --unload-after from its request's end (polled every 50 ms)")
 
 
 if __name__ == "__main__":

@@ -483,11 +483,20 @@ phase18() {
 # --unload-after 5 (fleet_unload).
 phase20() {
   for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done; ldconfig
-  timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-info.txt" 2>&1 || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  if ! timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-info.txt" 2>&1; then
+    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.x86_64.json /etc/vulkan/icd.d/nvidia_icd.x86_64.json; do
+      if [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd; break; fi
+    done
+    { ldconfig -p | grep -i -E "vulkan|nvidia-gl|GLX_nvidia"; ls -la /usr/local/nvidia/share/vulkan/icd.d /etc/vulkan/icd.d /usr/share/vulkan/icd.d 2>&1; echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"; } >"$dir/vk-setup.txt" 2>&1
+    VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-loader-debug.txt" 2>&1
+    timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-info.txt" 2>&1
+    cat "$dir/vk-setup.txt"; grep -i -E "error|fail|nvidia" "$dir/vk-loader-debug.txt" | head -8
+  fi
   head -3 "$dir/vk-info.txt"
   pushd device/vulkan >/dev/null || return
   MEMWALL_TEST_DEVICE=vulkan run "vulkan: priorities by purpose" 60 "$bin/device_vulkan.test" -test.run 'TestPriorit|TestAllocPriority|TestDefaultPool|TestInfo' -test.v -test.count 1
   popd >/dev/null || return
+  gtest "engine: set budget from the minimum" engine 200 "$bin/engine.test" -test.run 'TestSetBudgetFromMinimum|TestSetBudgetRandom' -test.v
   fleet_serve
   fleet_unload
   grep -E "^--- |^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | head -20

@@ -25,5 +25,8 @@
 // Several models, each a Server over its own batch (Options.Sharing: the
 // budget they share, package fleet), are served on one address by a
 // Group: requests name their model, and GET/POST /admin/budget read and
-// change the shared budget.
+// change the shared budget. With Options.Unloader and UnloadAfter, a model
+// idle that long is unloaded (Unloader.Unload) and loaded again by the
+// next request (Unloader.Load), which waits for it; a failed load ends the
+// waiting requests with 503.
 package serve

@@ -18,29 +18,17 @@ import urllib.parse
 import urllib.request
 
 
-def request(url, model, prompt, max_tokens):
-    """Streams one completion; returns (ttft, seconds, tokens)."""
-    u = urllib.parse.urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True, "return_token_ids": True})
-    t0 = time.perf_counter()
-    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError(f"{model}: {r.status} {r.read()[:300]}")
-    first, n = None, 0
-    for line in r:
-        line = line.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        ids = [i for ch in json.loads(line[6:])["choices"] for i in ch.get("token_ids") or []]
-        if ids and first is None:
-            first = time.perf_counter()
-        n += len(ids)
-    end = time.perf_counter()
-    c.close()
-    return first - t0, end - first, n
+def _fleet_serve():
+    """scripts/gpu/fleet-serve.py, whose request() this script shares."""
+    import importlib.util
+    import os
+    spec = importlib.util.spec_from_file_location("fleet_serve", os.path.join(os.path.dirname(__file__), "fleet-serve.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+request = _fleet_serve().request
 
 
 def metrics(url):

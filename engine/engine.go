@@ -166,6 +166,11 @@ type Options struct {
 	// when weights stream and the plan predicts a faster step that way:
 	// its bytes then keep other weights resident. The tokens are the same.
 	NoMapEmbedding bool
+	// Gather is the device's measured cost of reading a step's embedding
+	// row from mapped host memory (MeasureGather), which decides whether
+	// the table is mapped; without a measurement the plan charges
+	// DefaultMappedGatherCost plus the row's bytes over the link.
+	Gather GatherCost
 	// Live lets SetBudget change the budget while the engine runs: every
 	// weight keeps a host source (residency.Options.Live: the registered
 	// file, or a pinned copy of the whole model when the device cannot
@@ -783,11 +788,6 @@ func (e *Engine) planWeights(reserve, kvBytes, arenaBytes uint64, slots int) (*p
 	return e.mapEmbedding(groups, wo, reserve, kvBytes, arenaBytes, p)
 }
 
-// mappedGatherCost is what the plan charges a step for gathering rows of a
-// mapped embedding over the link, beyond the rows' bytes: the latency of a
-// first read of host memory from the device (a few microseconds on PCIe).
-const mappedGatherCost = 5 * time.Microsecond
-
 // mapEmbedding plans again with the embedding table mapped (read in place
 // from the registered file, zero-copy: a step gathers a few rows over the
 // link) and returns that plan when it predicts a faster step than p, which
@@ -819,12 +819,31 @@ func (e *Engine) mapEmbedding(groups []plan.WeightGroup, wo plan.WeightOptions, 
 	if err != nil {
 		return p, nil
 	}
-	rowBytes := float64(groups[emb].Bytes) / float64(e.cfg.Vocab)
-	gather := mappedGatherCost + time.Duration(rowBytes/e.opt.LinkGBps) // bytes / (GB/s) = ns
+	gather := e.gatherCost(groups[emb].Bytes)
 	if pm.StepTime+gather < p.StepTime {
+		e.debugLog("engine: embedding mapped", "step_s", pm.StepTime.Seconds(), "gather_s", gather.Seconds(), "measured", e.opt.Gather.Measured(), "streamed_step_s", p.StepTime.Seconds())
 		return pm, nil
 	}
+	e.debugLog("engine: embedding not mapped", "streamed_step_s", p.StepTime.Seconds(), "mapped_step_s", pm.StepTime.Seconds(), "gather_s", gather.Seconds(), "measured", e.opt.Gather.Measured())
 	return p, nil
+}
+
+// gatherCost is what a step pays for gathering its row of a mapped table
+// of tableBytes: Options.Gather's measured extra, else
+// DefaultMappedGatherCost plus the row's bytes over the link.
+func (e *Engine) gatherCost(tableBytes uint64) time.Duration {
+	if e.opt.Gather.Measured() {
+		return e.opt.Gather.Extra()
+	}
+	rowBytes := float64(tableBytes) / float64(e.cfg.Vocab)
+	return DefaultMappedGatherCost + time.Duration(rowBytes/e.opt.LinkGBps) // bytes / (GB/s) = ns
+}
+
+// debugLog logs at debug level to Options.Logger, if any.
+func (e *Engine) debugLog(msg string, args ...any) {
+	if l := e.opt.Logger; l != nil {
+		l.Debug(msg, args...)
+	}
 }
 
 // planUnder plans groups under the budget less reserve, turning the

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/memwall/memwall/device"
+	"github.com/memwall/memwall/device/sim"
 	"github.com/memwall/memwall/engine"
 	"github.com/memwall/memwall/format/synth"
+	"github.com/memwall/memwall/kernels"
 )
 
 // TestMappedEmbedding: at budgets that stream, the engine reads the
@@ -64,5 +68,90 @@ func TestMappedEmbedding(t *testing.T) {
 				r.zero(t)
 			})
 		}
+	}
+}
+
+// TestMeasuredGather: MeasureGather times the row gather from mapped host
+// memory and from device memory, frees what it took, and its figure
+// decides whether the table is mapped: an extra cost above the streamed
+// step's saving keeps it on the device, none maps it. On a GPU a row read
+// over the link costs more than one from device memory.
+func TestMeasuredGather(t *testing.T) {
+	ctx := context.Background()
+	m := open(t, modelPath(t, "tiny", synth.GGUF))
+	d := testDevice(t)
+	r := newRig(t, d)
+	st, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(st)
+	before, _, err := d.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := engine.MeasureGather(d, r.ks, m, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _, err := d.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: a row of %d bytes: %v from host memory, %v from device memory", d.Info().Name, g.RowBytes, g.Host, g.Device)
+	switch {
+	case !g.Measured() || g.Host <= 0 || g.Device <= 0:
+		t.Fatalf("measurement %+v", g)
+	case g.RowBytes != m.Tensors.Embedding.Bytes/uint64(m.Config.Vocab):
+		t.Fatalf("row bytes %d, want %d", g.RowBytes, m.Tensors.Embedding.Bytes/uint64(m.Config.Vocab))
+	case after < before:
+		t.Fatalf("free device memory %d before, %d after", before, after)
+	case onGPU() && g.Host <= g.Device:
+		t.Errorf("a row from host memory %v, from device memory %v", g.Host, g.Device)
+	}
+	_, err = engine.Estimate(ctx, m, engine.Options{Budget: 1, MaxTokens: 96, PrefillChunk: 16}, d.Info())
+	var be *engine.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatal(err)
+	}
+	b := be.Minimum + m.Tensors.Embedding.Bytes + 8<<10
+	for _, c := range []struct {
+		gather engine.GatherCost
+		mapped bool
+	}{
+		{engine.GatherCost{Host: time.Second, Device: time.Microsecond, Reps: 1}, false},
+		{engine.GatherCost{Host: time.Microsecond, Device: time.Microsecond, Reps: 1}, true},
+		{g, true}, // the tiny model's step saves more than any row read costs
+	} {
+		f, err := engine.Estimate(ctx, m, engine.Options{Budget: b, MaxTokens: 96, PrefillChunk: 16, Gather: c.gather}, d.Info())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mapped := false
+		for _, pg := range f.Plan.Groups {
+			mapped = mapped || pg.Mapped
+		}
+		if mapped != c.mapped && (c.gather != g || !onGPU()) {
+			t.Errorf("gather %+v: mapped %v, want %v", c.gather, mapped, c.mapped)
+		}
+	}
+	r.zero(t)
+}
+
+// TestMeasureGatherUnsupported: a device that cannot read host memory in
+// place has no gather to time.
+func TestMeasureGatherUnsupported(t *testing.T) {
+	o := sim.DefaultOptions()
+	o.Kernels = kernels.Sim()
+	o.CanMapHostMemory = false
+	d := sim.New(o)
+	defer d.Close()
+	ks, err := kernels.Load(d, kernelsEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := open(t, modelPath(t, "tiny", synth.GGUF))
+	if _, err := engine.MeasureGather(d, ks, m, 0); !errors.Is(err, device.ErrUnsupported) {
+		t.Fatalf("err %v, want ErrUnsupported", err)
 	}
 }

@@ -110,6 +110,9 @@ type fleetMember struct {
 	m         *llama.Model
 	dev, host *pool.Pool
 	e         *engine.Engine
+	// gather is the model's embedding gather timed on the device
+	// (measureGather), which decides whether its table is mapped.
+	gather engine.GatherCost
 }
 
 func benchFleet(e *env, f *benchFleetFlags, paths []string, vram uint64) (err error) {
@@ -145,10 +148,16 @@ func benchFleet(e *env, f *benchFleetFlags, paths []string, vram uint64) (err er
 		if err != nil {
 			return err
 		}
-		ms = append(ms, &fleetMember{name: fmt.Sprintf("%d:%s", i, filepath.Base(p)), m: m})
+		mb := &fleetMember{name: fmt.Sprintf("%d:%s", i, filepath.Base(p)), m: m}
+		ms = append(ms, mb)
 		if o.MaxTokens > m.Config.Context {
 			return usagef("--npp %d + --ntg %d: above %s's context of %d", f.npp, f.ntg, p, m.Config.Context)
 		}
+		mo := o
+		if err := measureGather(d, ks, m, &mo); err != nil {
+			return err
+		}
+		mb.gather = mo.Gather
 		if err := engine.WarmProducts(d, ks, m, st, []int{o.PrefillChunk, 1}); err != nil {
 			return err
 		}
@@ -227,6 +236,7 @@ func benchFleet(e *env, f *benchFleetFlags, paths []string, vram uint64) (err er
 // loadMember loads mb into the fleet (loadLive) with no keep-alive
 // limit.
 func loadMember(e *env, d device.Device, ks *kernels.Set, fl *fleet.Fleet, mb *fleetMember, o engine.Options) (err error) {
+	o.Gather = mb.gather
 	if mb.dev, mb.host, mb.e, err = loadLive(e, d, ks, fl, mb.m, o, mb.name); err != nil {
 		return err
 	}

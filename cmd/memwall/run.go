@@ -114,15 +114,19 @@ type runJSON struct {
 	ResidentBytes         uint64 `json:"resident_bytes"`
 	// MappedBytes are weights the device reads in place from the
 	// registered file (the embedding table; --embedding).
-	MappedBytes    uint64 `json:"mapped_bytes,omitempty"`
-	ResidentGroups int    `json:"resident_groups"`
-	StreamedGroups int    `json:"streamed_groups"`
-	Groups         int    `json:"groups"`
-	KVBytes        uint64 `json:"kv_bytes"`
-	ArenaBytes     uint64 `json:"arena_bytes"`
-	Source         string `json:"source"`
-	Gemm           string `json:"gemm"`
-	Kernels        string `json:"kernels"`
+	MappedBytes uint64 `json:"mapped_bytes,omitempty"`
+	// Gather is the embedding gather's measured cost (engine.GatherCost),
+	// which decided whether the table is read in place; absent where
+	// the table could not be mapped.
+	Gather         *gatherJSON `json:"embedding_gather,omitempty"`
+	ResidentGroups int         `json:"resident_groups"`
+	StreamedGroups int         `json:"streamed_groups"`
+	Groups         int         `json:"groups"`
+	KVBytes        uint64      `json:"kv_bytes"`
+	ArenaBytes     uint64      `json:"arena_bytes"`
+	Source         string      `json:"source"`
+	Gemm           string      `json:"gemm"`
+	Kernels        string      `json:"kernels"`
 	// KernelsOverlap: kernels launch overlapped (programmatic dependent
 	// launch; MEMWALL_KERNELS_PDL=0 turns it off), for comparing profiles.
 	KernelsOverlap bool `json:"kernels_overlap"`
@@ -182,7 +186,7 @@ func runRun(e *env, args []string) error {
 	fs.BoolVar(&f.timing, "timing", false, "time the prefill's weight copies and compute on the device (prefill_copy_seconds, prefill_device_seconds)")
 	fs.BoolVar(&f.profile, "profile", false, "time two decode steps on the device, one whole and one per op class (diagnostic: it perturbs timing; those steps are left out of decode tokens/s)")
 	fs.BoolVar(&f.ungrouped, "ungrouped", false, "one launch per matrix product instead of q/k/v and gate/up grouped (same results; for comparison)")
-	fs.StringVar(&f.embedding, "embedding", "auto", "where the embedding table lives: auto (read in place from the registered file over the link when weights stream, the table is not tied to the LM head and the plan predicts a faster step; else on the device) or device")
+	fs.StringVar(&f.embedding, "embedding", "auto", "where the embedding table lives: auto (read in place from the registered file over the link when weights stream, the table is not tied to the LM head and the plan predicts a faster step with a row's gather as timed on the device; else on the device) or device")
 	fs.StringVar(&f.graph, "graph", "auto", "decode steps as a device graph: auto (captured once and replayed per token when every weight is resident on a CUDA device; same tokens) or off (plain launches)")
 	fs.StringVar(&f.quantPrefill, "quant-prefill", "bf16", "a quantized model's prefill products: bf16 (each weight dequantized to bf16 for chunks of 16 tokens or more, activations rounded to bf16; the bf16 model's rate) or quantized (the quantized kernels, float32 activations)")
 	fs.StringVar(&f.quantDecode, "quant-decode", "q8", "a quantized model's single-token products over Q4_K and Q6_K weights: q8 (activations quantized to 8 bits per 32, integer dot products, as llama.cpp decodes; on GPUs and the simulator) or float (float32 activations)")
@@ -614,6 +618,9 @@ func fillRunJSON(out *runJSON, eng *engine.Engine, dev *pool.Pool, res *engine.R
 	rs := eng.Residency().Stats()
 	out.ResidentBytes, out.ResidentGroups, out.Groups = rs.ResidentBytes, rs.ResidentGroups, rs.Groups
 	out.MappedBytes = rs.MappedBytes
+	if g := eng.Gather(); g.Measured() {
+		out.Gather = &gatherJSON{HostSeconds: g.Host.Seconds(), DeviceSeconds: g.Device.Seconds(), RowBytes: g.RowBytes, Mapped: rs.MappedBytes > 0}
+	}
 	out.StreamedGroups = rs.Groups - rs.ResidentGroups
 	out.Source = rs.Source
 	out.KVBytes, out.ArenaBytes = eng.KVBytes(), eng.ArenaBytes()
@@ -657,7 +664,14 @@ func printRun(e *env, o runJSON) {
 		humanBytes(o.LoadedBytes), humanBytes(o.ScratchBytes))
 	fmt.Fprintf(w, "  resident: %d of %d weight groups (%s); streamed %s per token (%s)\n",
 		o.ResidentGroups, o.Groups, humanBytes(o.ResidentBytes), humanBytes(o.StreamedBytesPerToken), o.Source)
-	if o.MappedBytes > 0 {
+	if g := o.Gather; g != nil {
+		how := "kept on the device"
+		if o.MappedBytes > 0 {
+			how = fmt.Sprintf("(%s) read in place from host memory", humanBytes(o.MappedBytes))
+		}
+		fmt.Fprintf(w, "  embedding table %s: a row's gather measured %.1f µs from host memory, %.1f µs from device memory\n",
+			how, g.HostSeconds*1e6, g.DeviceSeconds*1e6)
+	} else if o.MappedBytes > 0 {
 		fmt.Fprintf(w, "  embedding table (%s) read in place from host memory\n", humanBytes(o.MappedBytes))
 	}
 	fmt.Fprintf(w, "  KV cache %s, activation arena %s; prefill in chunks of %d tokens (%s), %d staging slots (%s)\n", humanBytes(o.KVBytes), humanBytes(o.ArenaBytes),
@@ -737,6 +751,15 @@ func (rp reservation) predictedPeak() uint64 {
 	return rp.foot.DeviceBytes + rp.budget.ContextBytes + rp.budget.LoadedBytes
 }
 
+// gatherJSON is run's account of the embedding gather's measured cost.
+type gatherJSON struct {
+	HostSeconds   float64 `json:"host_seconds"`
+	DeviceSeconds float64 `json:"device_seconds"`
+	RowBytes      uint64  `json:"row_bytes"`
+	// Mapped: the plan read the table in place.
+	Mapped bool `json:"mapped"`
+}
+
 // budgetRefused is residency.PlanBudget's refusal of a --vram figure.
 type budgetRefused struct{ err error }
 
@@ -755,6 +778,9 @@ func (b *budgetRefused) Unwrap() error { return b.err }
 // *budgetRefused, one below the engine's minimum as an *engine.BudgetError.
 func reserveRun(ctx context.Context, d device.Device, ks *kernels.Set, m *llama.Model, vram uint64, o engine.Options) (reservation, error) {
 	var rp reservation
+	if err := measureGather(d, ks, m, &o); err != nil {
+		return rp, err
+	}
 	warmed := map[int]bool{}
 	chunk := o.PrefillChunk
 	if chunk == 0 {
@@ -792,6 +818,23 @@ func reserveRun(ctx context.Context, d device.Device, ks *kernels.Set, m *llama.
 	}
 	rp.opts.PrefillChunk, rp.opts.Slots = rp.foot.PrefillChunk, rp.foot.Slots
 	return rp, nil
+}
+
+// measureGather times the embedding gather on d (engine.MeasureGather)
+// into o.Gather, which decides whether the table is read in place, when
+// the plan could map m's table; otherwise it leaves o alone.
+func measureGather(d device.Device, ks *kernels.Set, m *llama.Model, o *engine.Options) error {
+	in := d.Info()
+	if o.NoMapEmbedding || m.Config.TiedEmbeddings || !in.ReadOnlyHostRegister || !in.CanMapHostMemory || in.HostMemory ||
+		o.Gather.Measured() || (o.Source != residency.Auto && o.Source != residency.Register) {
+		return nil
+	}
+	g, err := engine.MeasureGather(d, ks, m, o.Stream)
+	if err != nil {
+		return fmt.Errorf("measure the embedding gather: %w", err)
+	}
+	o.Gather = g
+	return nil
 }
 
 func allWarmed(warmed map[int]bool, ts []int) bool {

@@ -81,6 +81,18 @@ func TestRunJSON(t *testing.T) {
 	if a, b := tokensOf(resident), tokensOf(streamed); !equalInts(a, b) {
 		t.Errorf("resident %v, streaming %v", a, b)
 	}
+	// The embedding gather was timed on the device, and its figure is
+	// what decided the table's place; --embedding device times nothing.
+	eg, ok := streamed["embedding_gather"].(map[string]any)
+	if !ok || eg["host_seconds"].(float64) <= 0 || eg["device_seconds"].(float64) <= 0 || eg["row_bytes"].(float64) <= 0 ||
+		eg["mapped"] != (streamed["mapped_bytes"] != nil) {
+		t.Errorf("streamed run: embedding_gather %v, mapped_bytes %v", streamed["embedding_gather"], streamed["mapped_bytes"])
+	}
+	onDevice := runJSONOut(t, append([]string{"run", dir, "--vram", "6MiB", "--embedding", "device"}, args...)...)
+	if onDevice["embedding_gather"] != nil || onDevice["mapped_bytes"] != nil || !equalInts(tokensOf(onDevice), tokensOf(streamed)) {
+		t.Errorf("--embedding device: gather %v, mapped %v, tokens %v (auto %v)", onDevice["embedding_gather"], onDevice["mapped_bytes"],
+			tokensOf(onDevice), tokensOf(streamed))
+	}
 	for _, j := range []map[string]any{resident, streamed} {
 		peak, pred, budget := j["peak_device_bytes"].(float64), j["predicted_peak_bytes"].(float64), j["budget_bytes"].(float64)
 		if peak > budget || pred < 0.95*peak || pred > 1.05*peak {

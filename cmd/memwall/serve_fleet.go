@@ -192,7 +192,8 @@ func fleetNames(given string, paths []string) ([]string, error) {
 }
 
 // open reads the model and its tokenizer, plans its options, loads its
-// kernels on a stream of its own and warms its products up (before the
+// kernels on a stream of its own, times its embedding gather
+// (measureGather) and warms its products up (before the
 // budget is measured, so that their workspace counts).
 func (sm *servedModel) open(e *env, d device.Device, f *serveFlags, source residency.Source) error {
 	m, codec, err := openRunModel(e, sm.path)
@@ -213,6 +214,9 @@ func (sm *servedModel) open(e *env, d device.Device, f *serveFlags, source resid
 		return err
 	}
 	sm.o.Stream = sm.st
+	if err := measureGather(d, sm.ks, m, &sm.o); err != nil {
+		return err
+	}
 	return engine.WarmProducts(d, sm.ks, m, sm.st, []int{sm.o.PrefillChunk, 1})
 }
 

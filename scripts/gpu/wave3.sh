@@ -563,6 +563,54 @@ phase9() {
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('step', j.get('decode_step_device_seconds'), 'profile', json.dumps(j.get('decode_profile_seconds')))" "$dir/q4-profile.json" 2>/dev/null
 }
 
+# phase21: why NVIDIA's Vulkan driver starts or not (its devices, the
+# ICD's entry points called directly), the Vulkan priority tests, the
+# embedding gather timed and the 7B bf16 at --vram 8GiB with the table
+# placed by the measured gather and kept on the device.
+phase21() {
+  for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done; ldconfig
+  { ls -la /dev/nvidia* /dev/dri 2>&1; env | grep -i -E "nvidia|vk_|vulkan" | sort
+    ldconfig -p | grep -i -E "vulkan|nvidia"
+    find /usr /etc -name "nvidia_icd*.json" -o -name "libGLX_nvidia.so*" 2>/dev/null | head; } >"$dir/vk-env.txt" 2>&1
+  timeout 20 python3 - >"$dir/vk-icd.txt" 2>&1 <<'PY'
+import ctypes
+for lib in ("libGLX_nvidia.so.0", "libEGL_nvidia.so.0"):
+    try:
+        h = ctypes.CDLL(lib)
+    except OSError as e:
+        print(lib, "dlopen:", e); continue
+    try:
+        f = h.vk_icdGetInstanceProcAddr
+    except AttributeError:
+        print(lib, "has no vk_icdGetInstanceProcAddr"); continue
+    f.restype, f.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    for name in (b"vkCreateInstance", b"vkEnumerateInstanceExtensionProperties", b"vkEnumerateInstanceVersion"):
+        print(lib, name.decode(), hex(f(None, name) or 0))
+PY
+  head -60 "$dir/vk-env.txt"; cat "$dir/vk-icd.txt"
+  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json; do
+    if [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd; break; fi
+  done
+  VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-loader-debug.txt" 2>&1
+  grep -i -E "error|fail|nvidia" "$dir/vk-loader-debug.txt" | head -8
+  pushd device/vulkan >/dev/null || return
+  MEMWALL_TEST_DEVICE=vulkan run "vulkan: priorities by purpose" 60 "$bin/device_vulkan.test" -test.run 'TestPriorit|TestAllocPriority|TestDefaultPool|TestInfo' -test.v -test.count 1
+  popd >/dev/null || return
+  gtest "engine: embedding gather timed, mapped table" engine 120 "$bin/engine.test" -test.run 'TestMeasuredGather|TestMappedEmbedding' -test.v
+  [ -f "$bf" ] || run "gen-model 7B bf16" 150 "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf"
+  local p448
+  p448=$(prompt 448)
+  mwrun bf-8g-gather "$bf" --vram 8GiB --prompt-ids "$p448" --max-new 64
+  mwrun bf-8g-embdev "$bf" --vram 8GiB --prompt-ids "$p448" --max-new 64 --embedding device
+  mwrun bf-8g-gather-2 "$bf" --vram 8GiB --prompt-ids "$p448" --max-new 64
+  mwrun bf-8g-embdev-2 "$bf" --vram 8GiB --prompt-ids "$p448" --max-new 64 --embedding device
+  local n
+  for n in bf-8g-gather bf-8g-embdev bf-8g-gather-2 bf-8g-embdev-2; do
+    row "$n gather" "$(json "$dir/$n.json" "j.get('embedding_gather')")  mapped $(json "$dir/$n.json" "j.get('mapped_bytes')")  resident $(json "$dir/$n.json" "j['resident_bytes']")"
+  done
+  grep -E "^--- |^    [a-z0-9_]+_test.go:[0-9]+:" "$log" | head -24
+}
+
 case "${1:-}" in
   10) phase10 ;;
   11) phase11 ;;
@@ -575,6 +623,7 @@ case "${1:-}" in
   18) phase18 ;;
   19) fleet_bench ;;
   20) phase20 ;;
+  21) phase21 ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -583,7 +632,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18|19|20" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18|19|20|21" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

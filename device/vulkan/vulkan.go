@@ -74,6 +74,7 @@
 package vulkan
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -277,6 +278,15 @@ func (d *Device) LoaderPath() string { return d.vk.path }
 
 const apiVersion12 = 1<<22 | 2<<12
 
+// noDriverHint follows vkCreateInstance's VK_ERROR_INCOMPATIBLE_DRIVER: the
+// loader found no driver that gives an instance. On the H200 machine
+// NVIDIA's manifest names libGLX_nvidia.so.0, whose
+// vk_icdGetInstanceProcAddr returns no vkCreateInstance there (no
+// display), while libEGL_nvidia.so.0 of the same driver gives one.
+const noDriverHint = "no Vulkan driver gave an instance (VK_LOADER_DEBUG=driver says why); " +
+	"where NVIDIA's manifest names libGLX_nvidia.so.0 on a machine without a display, " +
+	"a copy naming libEGL_nvidia.so.0 in VK_DRIVER_FILES starts the same driver"
+
 func versionString(v uint32) string {
 	return fmt.Sprintf("%d.%d.%d", v>>22&0x7F, v>>12&0x3FF, v&0xFFF)
 }
@@ -304,6 +314,10 @@ func (d *Device) createInstance() error {
 		ci.flags, ci.extensionCount, ci.extensions = instanceEnumeratePortability, 1, refSlice(&pn, names)
 	}
 	if err := check("vkCreateInstance", call(d.vk.createInstance, uintptr(unsafe.Pointer(ci)), 0, uintptr(unsafe.Pointer(&d.inst)))); err != nil {
+		var ve *Error
+		if errors.As(err, &ve) && ve.Code == int32(vkErrorIncompatibleDriver) {
+			return fmt.Errorf("vulkan: %w: %s", err, noDriverHint)
+		}
 		return fmt.Errorf("vulkan: %w", err)
 	}
 	if req, _ := resolve(d.vk.getInstanceProcAddr, d.inst, d.vk.instanceTable()); len(req) > 0 {

@@ -360,3 +360,16 @@ func TestConformanceSplitCopies(t *testing.T) {
 	devicetest.Run(t, func(t *testing.T) device.Device { return openWith(t, vulkan.Options{CopyQueues: 3}) },
 		devicetest.Options{LoadKernels: loadKernels, LargeBytes: 32 << 20})
 }
+
+// TestNoDriverSaysWhy: a loader that finds no driver fails Open with
+// VK_ERROR_INCOMPATIBLE_DRIVER and the hint for NVIDIA's headless driver.
+func TestNoDriverSaysWhy(t *testing.T) {
+	open(t).Close() // skips without a loader and a driver
+	t.Setenv("VK_DRIVER_FILES", filepath.Join(t.TempDir(), "none.json"))
+	t.Setenv("VK_ICD_FILENAMES", "")
+	_, err := vulkan.Open(vulkan.Options{})
+	var ve *vulkan.Error
+	if !errors.As(err, &ve) || ve.Code != -9 || !strings.Contains(err.Error(), "libEGL_nvidia.so.0") {
+		t.Fatalf("no driver: %v, want VK_ERROR_INCOMPATIBLE_DRIVER with the hint", err)
+	}
+}

@@ -484,9 +484,7 @@ phase18() {
 phase20() {
   for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done; ldconfig
   if ! timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-info.txt" 2>&1; then
-    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.x86_64.json /etc/vulkan/icd.d/nvidia_icd.x86_64.json; do
-      if [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd; break; fi
-    done
+    nvidia_vulkan
     { ldconfig -p | grep -i -E "vulkan|nvidia-gl|GLX_nvidia"; ls -la /usr/local/nvidia/share/vulkan/icd.d /etc/vulkan/icd.d /usr/share/vulkan/icd.d 2>&1; echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"; } >"$dir/vk-setup.txt" 2>&1
     VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-loader-debug.txt" 2>&1
     timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-info.txt" 2>&1
@@ -563,6 +561,23 @@ phase9() {
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('step', j.get('decode_step_device_seconds'), 'profile', json.dumps(j.get('decode_profile_seconds')))" "$dir/q4-profile.json" 2>/dev/null
 }
 
+# nvidia_vulkan: when the loader finds no Vulkan driver, points
+# VK_DRIVER_FILES at a copy of NVIDIA's manifest naming libEGL_nvidia.so.0:
+# on this machine libGLX_nvidia.so.0 (the manifest's) gives no
+# vkCreateInstance, without a display, and the EGL library of the same
+# driver does.
+nvidia_vulkan() {
+  timeout 20 "$bin/memwall" info --device vulkan >/dev/null 2>&1 && return
+  local icd
+  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json; do
+    [ -f "$icd" ] || continue
+    sed 's/libGLX_nvidia\.so\.0/libEGL_nvidia.so.0/' "$icd" >/tmp/nvidia_egl_icd.json
+    export VK_DRIVER_FILES=/tmp/nvidia_egl_icd.json
+    echo "Vulkan: $icd's libGLX_nvidia.so.0 replaced by libEGL_nvidia.so.0 (VK_DRIVER_FILES)"
+    return
+  done
+}
+
 # phase21: why NVIDIA's Vulkan driver starts or not (its devices, the
 # ICD's entry points called directly), the Vulkan priority tests, the
 # embedding gather timed and the 7B bf16 at --vram 8GiB with the table
@@ -588,9 +603,7 @@ for lib in ("libGLX_nvidia.so.0", "libEGL_nvidia.so.0"):
         print(lib, name.decode(), hex(f(None, name) or 0))
 PY
   head -60 "$dir/vk-env.txt"; cat "$dir/vk-icd.txt"
-  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json; do
-    if [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd; break; fi
-  done
+  nvidia_vulkan
   VK_LOADER_DEBUG=error,warn,driver timeout 20 "$bin/memwall" info --device vulkan >"$dir/vk-loader-debug.txt" 2>&1
   grep -i -E "error|fail|nvidia" "$dir/vk-loader-debug.txt" | head -8
   pushd device/vulkan >/dev/null || return

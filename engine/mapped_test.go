@@ -74,8 +74,10 @@ func TestMappedEmbedding(t *testing.T) {
 // TestMeasuredGather: MeasureGather times the row gather from mapped host
 // memory and from device memory, frees what it took, and its figure
 // decides whether the table is mapped: an extra cost above the streamed
-// step's saving keeps it on the device, none maps it. On a GPU a row read
-// over the link costs more than one from device memory.
+// step's saving keeps it on the device, none maps it. (On the H200 the
+// tiny model's 512-byte row costs the same from either, about 4 µs, the
+// launch's; the 7B's 8 KiB row 20 µs from host memory, 4 µs from the
+// device's.)
 func TestMeasuredGather(t *testing.T) {
 	ctx := context.Background()
 	m := open(t, modelPath(t, "tiny", synth.GGUF))
@@ -106,8 +108,6 @@ func TestMeasuredGather(t *testing.T) {
 		t.Fatalf("row bytes %d, want %d", g.RowBytes, m.Tensors.Embedding.Bytes/uint64(m.Config.Vocab))
 	case after < before:
 		t.Fatalf("free device memory %d before, %d after", before, after)
-	case onGPU() && g.Host <= g.Device:
-		t.Errorf("a row from host memory %v, from device memory %v", g.Host, g.Device)
 	}
 	_, err = engine.Estimate(ctx, m, engine.Options{Budget: 1, MaxTokens: 96, PrefillChunk: 16}, d.Info())
 	var be *engine.BudgetError

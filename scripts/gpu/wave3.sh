@@ -435,23 +435,38 @@ PY
 # budget halved while both serve), nvidia-smi sampled; the fleet's moves
 # are logged in serve2.log.
 fleet_serve() {
-  local bf2=$models/llama-7b-copy.gguf
-  [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
-  [ -f "$bf2" ] || cp "$bf" "$bf2"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$dir/serve2.smi" 2>/dev/null &
-  local smi=$!
-  "$bin/memwall" serve "$bf" "$bf2" --model-name a,b --vram 20GiB --max-seqs 4 --max-model-len 512 --addr 127.0.0.1:8098 >"$dir/serve2.log" 2>&1 &
-  local sp=$!
-  for i in $(seq 1 180); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8098/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  serve_two serve2 8098 --max-seqs 4 --max-model-len 512
   timeout 200 python3 scripts/gpu/fleet-serve.py http://127.0.0.1:8098 $((20 << 30)) a b 6 >"$dir/fleet-serve.txt" 2>&1
-  curl -s http://127.0.0.1:8098/metrics >"$dir/serve2-metrics.txt" 2>/dev/null
-  kill -TERM "$sp"; wait "$sp"; echo "serve exit $?" >>"$dir/fleet-serve.txt"
-  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  stop_serve serve2 8098 "$dir/fleet-serve.txt"
   cat "$dir/serve2.log" | head -5
   tail -14 "$dir/fleet-serve.txt"
   echo "nvidia-smi peak during serve: $(sort -n "$dir/serve2.smi" | tail -1) MiB"
   grep -E '^memwall_serve_grant_bytes' "$dir/serve2-metrics.txt"
   grep -E 'fleet: moved' "$dir/serve2.log" | sed -E 's/time=[^ ]+ //' | tail -12
+}
+
+# serve_two NAME PORT ARGS...: memwall serve with the two 7B bf16 models
+# (the second a copy of the first) as a and b in --vram 20GiB with ARGS,
+# its log in $dir/NAME.log and nvidia-smi sampled into $dir/NAME.smi;
+# returns once /health answers, the server's pid in sp and the sampler's
+# in smi.
+serve_two() {
+  local name=$1 port=$2 bf2=$models/llama-7b-copy.gguf; shift 2
+  [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
+  [ -f "$bf2" ] || cp "$bf" "$bf2"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$dir/$name.smi" 2>/dev/null &
+  smi=$!
+  "$bin/memwall" serve "$bf" "$bf2" --model-name a,b --vram 20GiB "$@" --addr "127.0.0.1:$port" >"$dir/$name.log" 2>&1 &
+  sp=$!
+  for i in $(seq 1 180); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+}
+
+# stop_serve NAME PORT FILE: serve_two's metrics into $dir/NAME-metrics.txt,
+# then SIGTERM, its exit status appended to FILE, and the sampler stopped.
+stop_serve() {
+  curl -s "http://127.0.0.1:$2/metrics" >"$dir/$1-metrics.txt" 2>/dev/null
+  kill -TERM "$sp"; wait "$sp"; echo "serve exit $?" >>"$3"
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
 }
 
 # phase18: the embedding table read in place from the registered file
@@ -503,18 +518,9 @@ phase20() {
 # fleet_unload: memwall serve with the two 7B models in --vram 20GiB and
 # --unload-after 5 under scripts/gpu/fleet-unload.py; nvidia-smi sampled.
 fleet_unload() {
-  local bf2=$models/llama-7b-copy.gguf
-  [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
-  [ -f "$bf2" ] || cp "$bf" "$bf2"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$dir/unload.smi" 2>/dev/null &
-  local smi=$!
-  "$bin/memwall" serve "$bf" "$bf2" --model-name a,b --vram 20GiB --unload-after 5 --max-seqs 4 --max-model-len 512 --addr 127.0.0.1:8097 >"$dir/unload.log" 2>&1 &
-  local sp=$!
-  for i in $(seq 1 180); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8097/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  serve_two unload 8097 --unload-after 5 --max-seqs 4 --max-model-len 512
   timeout 200 python3 scripts/gpu/fleet-unload.py http://127.0.0.1:8097 5 a b >"$dir/fleet-unload.txt" 2>&1
-  curl -s http://127.0.0.1:8097/metrics >"$dir/unload-metrics.txt" 2>/dev/null
-  kill -TERM "$sp"; wait "$sp"; echo "serve exit $?" >>"$dir/fleet-unload.txt"
-  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  stop_serve unload 8097 "$dir/fleet-unload.txt"
   tail -12 "$dir/fleet-unload.txt"
   echo "nvidia-smi peak during serve --unload-after: $(sort -n "$dir/unload.smi" | tail -1) MiB"
   grep -E 'unload|loaded|fleet: moved|paused' "$dir/unload.log" | sed -E 's/time=[^ ]+ //' | tail -12

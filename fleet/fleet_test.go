@@ -555,15 +555,8 @@ func TestPromotionPausesStreaming(t *testing.T) {
 	d := simDevice(t)
 	members, sumMin := twoMembers(t, d)
 	f := fleet.New(sumMin+2<<20, fleet.Options{})
-	for i, mb := range members {
-		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
-			t.Fatal(err)
-		}
-		join(t, d, mb, func(string) {})
-		defer func() { mb.e.Close(); mb.dev.Close(); mb.host.Close(); mb.ks.Close() }()
-		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, Priority: float64(2 - i), KeepAlive: -1}); err != nil {
-			t.Fatal(err)
-		}
+	addAll(ctx, t, d, f, members, []float64{2, 1})
+	for _, mb := range members {
 		if err := f.Begin(ctx, mb.name); err != nil {
 			t.Fatal(err)
 		}
@@ -607,6 +600,27 @@ func twoMembers(t *testing.T, d device.Device) (members []*member, sumMin uint64
 		sumMin += minimum(t, d, mb)
 	}
 	return members, sumMin
+}
+
+// addAll makes room for each member's minimum in f, loads it there (join)
+// and adds it with priority prio[i] (the default without prio) and no
+// keep-alive limit; each is closed when the test ends.
+func addAll(ctx context.Context, t *testing.T, d device.Device, f *fleet.Fleet, members []*member, prio []float64) {
+	t.Helper()
+	for i, mb := range members {
+		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
+			t.Fatal(err)
+		}
+		join(t, d, mb, func(string) {})
+		t.Cleanup(func() { mb.e.Close(); mb.dev.Close(); mb.host.Close(); mb.ks.Close() })
+		fm := fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1}
+		if prio != nil {
+			fm.Priority = prio[i]
+		}
+		if err := f.Add(ctx, fm); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestRemove: a model taken out (its engine closed, its pool trimmed in
@@ -744,21 +758,7 @@ func TestStatsWaitsForNoStep(t *testing.T) {
 	d := simDevice(t)
 	members, sumMin := twoMembers(t, d)
 	f := fleet.New(sumMin+8<<20, fleet.Options{})
-	for _, mb := range members {
-		if err := f.MakeRoom(ctx, minimum(t, d, mb)); err != nil {
-			t.Fatal(err)
-		}
-		join(t, d, mb, func(string) {})
-		if err := f.Add(ctx, fleet.Model{Name: mb.name, Engine: mb.e, KeepAlive: -1}); err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			mb.e.Close()
-			mb.dev.Close()
-			mb.host.Close()
-			mb.ks.Close()
-		}()
-	}
+	addAll(ctx, t, d, f, members, nil)
 	a := members[0]
 	if err := f.Begin(ctx, a.name); err != nil {
 		t.Fatal(err)

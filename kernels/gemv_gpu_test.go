@@ -457,3 +457,52 @@ func pfLabel(pf uint32) string {
 	}
 	return l
 }
+
+// TestCUDAMappedGemv times a decode product (T = 1) over a weight read in
+// place from mapped pinned host memory, against the same product over the
+// weight in device memory and the copy of the weight to the device, at a
+// 7B model's shapes; the outputs are bit for bit the same. It measures
+// whether streamed matrices could be read in place instead of copied
+// through staging slots (the embedding gather's question for whole
+// matrices): KPERF rows.
+func TestCUDAMappedGemv(t *testing.T) {
+	d, tm := openTimed(t)
+	s, err := Load(d, os.Getenv)
+	must(t, err)
+	defer s.Close()
+	r := newRig(t, d, s)
+	r.st = tm.st
+	rng := rand.New(rand.NewPCG(7, 31))
+	for _, sh := range []struct {
+		dt   string
+		M, K int
+	}{{BF16, 4096, 4096}, {BF16, 11008, 4096}, {BF16, 4096, 11008}, {Q4_K, 11008, 4096}, {Q6_K, 4096, 11008}} {
+		var w []byte
+		if typ, ok := QuantType(sh.dt); ok {
+			w = q8SpeedWeights(rng, typ, sh.M, sh.K)
+		} else {
+			w, err = Encode(sh.dt, randNormal(rng, sh.M*sh.K, 0.05))
+			must(t, err)
+		}
+		hb, err := d.HostAlloc(uint64(len(w)))
+		must(t, err)
+		if hb.DevicePtr == 0 {
+			d.HostFree(hb)
+			t.Skip("pinned host memory is not mapped on this device")
+		}
+		copy(hb.Bytes, w)
+		W, X := r.upload(w), r.f32(randNormal(rng, sh.K, 1))
+		Yd, Yh := r.nans(uint64(4*sh.M)), r.nans(uint64(4*sh.M))
+		M, K := uint32(sh.M), uint32(sh.K)
+		onDev := queued(t, s, tm, func() error { return s.Matmul(sh.dt, W, X, Yd, M, K, 1, tm.st) })
+		inPlace := queued(t, s, tm, func() error { return s.Matmul(sh.dt, hb.DevicePtr, X, Yh, M, K, 1, tm.st) })
+		cp := tm.per(5, func() error { return d.CopyHtoD(W, hb.Bytes, tm.st) })
+		if a, b := r.read(Yd, uint64(4*sh.M)), r.read(Yh, uint64(4*sh.M)); string(a) != string(b) {
+			t.Errorf("%s M=%d K=%d: the product over host memory differs from the one over device memory", sh.dt, sh.M, sh.K)
+		}
+		gbps := func(el time.Duration) float64 { return float64(len(w)) / el.Seconds() / 1e9 }
+		t.Logf("KPERF mapped-gemv %s M=%d,K=%d %.1f MB: device %.1f us (%.0f GB/s), in place %.1f us (%.1f GB/s), copy %.1f us (%.1f GB/s)",
+			sh.dt, sh.M, sh.K, float64(len(w))/1e6, float64(onDev)/1e3, gbps(onDev), float64(inPlace)/1e3, gbps(inPlace), float64(cp)/1e3, gbps(cp))
+		must(t, d.HostFree(hb))
+	}
+}

@@ -444,6 +444,8 @@ func (f *Fleet) gone(m *member) bool {
 // ModelStats is one model's share.
 type ModelStats struct {
 	Name string `json:"name"`
+	// Priority is Model.Priority (1 where it was given as 0).
+	Priority float64 `json:"priority"`
 	// Grant is the engine's budget now; Minimum and Full the least it
 	// runs in and the budget that keeps every weight resident.
 	Grant   uint64 `json:"grant_bytes"`
@@ -475,7 +477,7 @@ func (f *Fleet) Stats() ([]ModelStats, Moves) {
 	out := make([]ModelStats, len(f.members))
 	for i, m := range f.members {
 		rs := m.placed
-		out[i] = ModelStats{Name: m.m.Name, Grant: m.grant, Minimum: m.min, Full: m.full, Active: m.active > 0, PromotedBytes: m.promoted, LastMove: m.lastMove,
+		out[i] = ModelStats{Name: m.m.Name, Priority: m.m.Priority, Grant: m.grant, Minimum: m.min, Full: m.full, Active: m.active > 0, PromotedBytes: m.promoted, LastMove: m.lastMove,
 			LastMoveSeconds: m.lastTook, LastWaitSeconds: m.lastWait,
 			ResidentBytes: rs.ResidentBytes, StreamedGroups: rs.Groups - rs.ResidentGroups, StreamedBytes: rs.PassBytes}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -159,6 +160,13 @@ func TestREADMECommands(t *testing.T) {
 			return "../../testdata/kv/long-system-prompts.jsonl", true
 		case "--lifetimes":
 			return "../../testdata/minimalloc/A.1048576.csv", true
+		case "--config":
+			cfg := filepath.Join(tmp, "serve.json")
+			body := fmt.Sprintf(`{"models": [{"path": %q, "priority": 2}]}`, llamaDir)
+			if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return cfg, true
 		case "--model":
 			if w == "PRESET" {
 				return "tiny", true

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -25,7 +26,7 @@ func init() {
 	register(verb{name: "serve", summary: "serve a Llama-family model over OpenAI's HTTP API with continuous batching", run: runServe})
 }
 
-const serveUsage = `MODEL [MODEL...] [--vram SIZE] [--follow-free] [--keep-alive SECONDS] [--unload-after SECONDS] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
+const serveUsage = `(MODEL [MODEL...] | --config FILE) [--vram SIZE] [--follow-free] [--keep-alive SECONDS] [--unload-after SECONDS] [--addr 127.0.0.1:8080] [--max-seqs N] [--max-model-len N] [--kv-tokens N] [--api-key KEY] [--model-name NAME] [--device auto|cuda|sim] [--json]
 
 Serves MODEL (what 'memwall run' reads) over OpenAI's API on --addr:
 POST /v1/completions (prompt as text or token ids), POST /v1/chat/completions
@@ -56,8 +57,15 @@ processes take and release it, never above --vram (or the last POST). A
 model with no request for --unload-after seconds is unloaded (its engine,
 KV cache and arena freed, its file's pages no longer registered: only its
 kernels stay) and loaded again when a request names it, which waits for
-the load. With
-several models (or --follow-free) the prefill chunk defaults to 512 tokens.
+the load. --config FILE gives the models in a JSON file instead, each
+with its own priority (the share goes to the higher first), keep-alive and
+unload-after (the flags' values where absent; paths relative to the file):
+
+  {"models": [{"path": "chat.gguf", "name": "chat", "priority": 2, "keep_alive_s": -1},
+              {"path": "code.gguf", "keep_alive_s": 60, "unload_after_s": 600}]}
+
+With several models (or --follow-free) the prefill chunk defaults to 512
+tokens.
 
   curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \
     -d '{"prompt": "The model runs", "max_tokens": 16, "temperature": 0}'`
@@ -70,6 +78,7 @@ const defaultUnloadAfterS = 1800
 type serveFlags struct {
 	df                        deviceFlag
 	vram, addr, apiKey, name  string
+	config                    string
 	source                    string
 	maxSeqs, maxLen, kvTokens int
 	keepAliveS, unloadAfterS  int
@@ -97,6 +106,12 @@ type serveJSON struct {
 	StreamedBytes uint64 `json:"streamed_weight_bytes_per_step"`
 	HostBytes     uint64 `json:"host_weight_bytes_per_step"`
 	ChatTemplate  string `json:"chat_template"`
+	// With several models (package fleet): the model's priority, the
+	// seconds it keeps more than its minimum when idle (-1: forever) and
+	// those without a request before it is unloaded (0: never).
+	Priority           float64  `json:"priority,omitempty"`
+	KeepAliveSeconds   *float64 `json:"keep_alive_seconds,omitempty"`
+	UnloadAfterSeconds *float64 `json:"unload_after_seconds,omitempty"`
 }
 
 func runServe(e *env, args []string) error {
@@ -118,17 +133,21 @@ func runServe(e *env, args []string) error {
 	fs.BoolVar(&f.followFree, "follow-free", false, "move the budget after the device's free memory as other processes take and release it (at most --vram)")
 	intVar(fs, &f.keepAliveS, "keep-alive", int(fleet.DefaultKeepAlive/time.Second), -1, 1<<30, "with several models: seconds an idle one keeps more than its minimum (0: none, -1: forever)")
 	intVar(fs, &f.unloadAfterS, "unload-after", defaultUnloadAfterS, 0, 1<<30, "with several models: seconds without a request after which a model is unloaded, to load again at the next (0: never)")
-	pos, vram, err := parseModelsFlags(fs, args, &f.df, &f.vram, 1)
+	fs.StringVar(&f.config, "config", "", "a JSON file of the models to serve instead of MODEL arguments: {\"models\": [{\"path\": ..., \"name\": ..., \"priority\": 1, \"keep_alive_s\": 300, \"unload_after_s\": 1800}]}")
+	pos, vram, err := parseModelsFlags(fs, args, &f.df, &f.vram, 0)
 	if err != nil {
 		return err
 	}
-	switch f.keepAlive = time.Duration(f.keepAliveS) * time.Second; f.keepAliveS {
-	case 0:
-		f.keepAlive = time.Nanosecond // fleet.Model's 0 is the default
-	case -1:
-		f.keepAlive = -1
-	}
+	f.keepAlive = keepAliveOf(int64(f.keepAliveS))
 	f.unloadAfter = time.Duration(f.unloadAfterS) * time.Second
+	switch {
+	case f.config != "" && len(pos) > 0:
+		return usagef("--config %s and MODEL arguments: give the models one way", f.config)
+	case f.config != "" && f.name != "":
+		return usagef("--config %s and --model-name: name the models in the file (\"name\")", f.config)
+	case f.config == "" && len(pos) == 0:
+		return usagef("want a MODEL argument (or several sharing the budget) or --config FILE")
+	}
 	if _, _, err := net.SplitHostPort(f.addr); err != nil {
 		return usagef("--addr %q: want host:port (%v)", f.addr, err)
 	}
@@ -136,16 +155,20 @@ func runServe(e *env, args []string) error {
 	if err != nil {
 		return usagef("--source: %v", err)
 	}
-	if len(pos) > 1 || f.followFree {
-		for _, p := range pos {
-			if p == "-" {
+	if f.config != "" || len(pos) > 1 || f.followFree {
+		specs, err := f.fleetSpecs(pos)
+		if err != nil {
+			return err
+		}
+		for _, s := range specs {
+			if s.path == "-" {
 				return usagef("MODEL -: a model read from standard input serves alone (without --follow-free)")
 			}
-			if err := checkFiles(e, modelInputs("MODEL", p)); err != nil {
+			if err := checkFiles(e, modelInputs("MODEL", s.path)); err != nil {
 				return err
 			}
 		}
-		return serveFleet(e, &f, pos, vram, source)
+		return serveFleet(e, &f, specs, vram, source)
 	}
 	if err := checkFiles(e, modelInputs("MODEL", pos[0])); err != nil {
 		return err
@@ -156,6 +179,31 @@ func runServe(e *env, args []string) error {
 	}
 	defer remove()
 	return serveModel(e, &f, pos[0], vram, source)
+}
+
+// fleetSpecs are the models of a shared-budget serve: --config's, or the
+// MODEL arguments named by --model-name (or their base names) with the
+// flags' priority 1, keep-alive and unload-after.
+func (f *serveFlags) fleetSpecs(paths []string) ([]fleetSpec, error) {
+	def := fleetSpec{priority: 1, keepAlive: f.keepAlive, unloadAfter: f.unloadAfter}
+	if f.config != "" {
+		r, err := os.Open(f.config)
+		if err != nil {
+			return nil, fmt.Errorf("--config: %w", err)
+		}
+		defer r.Close()
+		return parseServeConfig(f.config, r, def)
+	}
+	names, err := fleetNames(f.name, paths)
+	if err != nil {
+		return nil, err
+	}
+	specs := make([]fleetSpec, len(paths))
+	for i, p := range paths {
+		specs[i] = def
+		specs[i].path, specs[i].name = p, names[i]
+	}
+	return specs, nil
 }
 
 // serveModel loads the model as run does and serves it until e.ctx ends.

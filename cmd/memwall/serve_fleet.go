@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -46,12 +45,14 @@ type servedModel struct {
 	chat      string
 
 	// For unloading and loading again (serve.Unloader).
-	d         device.Device
-	fl        *fleet.Fleet
-	maxSeqs   int
-	keepAlive time.Duration
-	loads     *sync.Mutex // one load at a time: MakeRoom holds room for one
-	log       *slog.Logger
+	d       device.Device
+	fl      *fleet.Fleet
+	maxSeqs int
+	// priority, keepAlive and unloadAfter are its fleetSpec's.
+	priority               float64
+	keepAlive, unloadAfter time.Duration
+	loads                  *sync.Mutex // one load at a time: MakeRoom holds room for one
+	log                    *slog.Logger
 }
 
 // serveFleetJSON is what `memwall serve --json` prints once it listens
@@ -72,11 +73,7 @@ type serveFleetJSON struct {
 // one budget through package fleet: each at its minimum first, then moved
 // to its share; requests pick a model by name; /admin/budget reads and
 // changes the budget.
-func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source residency.Source) (err error) {
-	names, err := fleetNames(f.name, paths)
-	if err != nil {
-		return err
-	}
+func serveFleet(e *env, f *serveFlags, specs []fleetSpec, vram uint64, source residency.Source) (err error) {
 	var ms []*servedModel
 	so := runSimOptions()
 	d, ch, err := e.open(f.df.backend, auto.Options{Getenv: e.getenv, Sim: &so})
@@ -89,8 +86,8 @@ func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source resid
 			err = errors.Join(err, ms[i].close())
 		}
 	}()
-	for i, p := range paths {
-		sm := &servedModel{name: names[i], path: p}
+	for _, sp := range specs {
+		sm := &servedModel{name: sp.name, path: sp.path, priority: sp.priority, keepAlive: sp.keepAlive, unloadAfter: sp.unloadAfter}
 		ms = append(ms, sm)
 		if err := sm.open(e, d, f, source); err != nil {
 			return err
@@ -108,7 +105,7 @@ func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source resid
 	var first *serve.Server // whose metrics registry the others share
 	var loads sync.Mutex
 	for _, sm := range ms {
-		sm.d, sm.fl, sm.maxSeqs, sm.keepAlive, sm.loads, sm.log = d, fl, f.maxSeqs, f.keepAlive, &loads, e.logger()
+		sm.d, sm.fl, sm.maxSeqs, sm.loads, sm.log = d, fl, f.maxSeqs, &loads, e.logger()
 		if err := sm.load(e, d, f, fl, ctl, first); err != nil {
 			return err
 		}
@@ -136,7 +133,8 @@ func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source resid
 		sh := out.Shares[i]
 		out.Models = append(out.Models, serveJSON{URL: out.URL, Model: sm.path, ModelName: sm.name, Device: out.Device, BudgetBytes: sh.Grant,
 			MaxSeqs: f.maxSeqs, MaxModelLen: sm.o.MaxTokens, StepTokens: sm.b.MaxTokens(), KVBlocks: kv.Blocks, KVBlockBytes: sm.b.Cache().BlockBytes(),
-			ResidentBytes: sh.ResidentBytes, StreamedBytes: sh.StreamedBytes, ChatTemplate: sm.chat})
+			ResidentBytes: sh.ResidentBytes, StreamedBytes: sh.StreamedBytes, ChatTemplate: sm.chat,
+			Priority: sm.priority, KeepAliveSeconds: ptr(keepAliveSeconds(sm.keepAlive)), UnloadAfterSeconds: ptr(sm.unloadAfter.Seconds())})
 	}
 	if f.asJSON {
 		if err := writeJSON(e.stdout, out); err != nil {
@@ -160,33 +158,34 @@ func serveFleet(e *env, f *serveFlags, paths []string, vram uint64, source resid
 }
 
 // fleetNames names the models: --model-name's comma-separated names, one
-// per MODEL, or their base names (with their position added to names
-// that repeat).
+// per MODEL, or their base names (nameDefaults: with their position added
+// to names that repeat).
 func fleetNames(given string, paths []string) ([]string, error) {
-	var names []string
-	if given != "" {
-		names = strings.Split(given, ",")
-		if len(names) != len(paths) {
-			return nil, usagef("--model-name %q: %d names for %d models (give one per MODEL, comma-separated)", given, len(names), len(paths))
+	if given == "" {
+		specs := make([]fleetSpec, len(paths))
+		for i, p := range paths {
+			specs[i].path = p
 		}
-	} else {
-		for _, p := range paths {
-			names = append(names, filepath.Base(strings.TrimRight(p, "/")))
+		nameDefaults(specs, map[string]int{})
+		names := make([]string, len(specs))
+		for i, s := range specs {
+			names[i] = s.name
 		}
+		return names, nil
 	}
-	seen := map[string]int{}
-	for _, n := range names {
-		seen[n]++
+	names := strings.Split(given, ",")
+	if len(names) != len(paths) {
+		return nil, usagef("--model-name %q: %d names for %d models (give one per MODEL, comma-separated)", given, len(names), len(paths))
 	}
+	seen := map[string]bool{}
 	for i, n := range names {
 		switch {
 		case strings.TrimSpace(n) == "":
 			return nil, usagef("--model-name %q: name %d is empty", given, i+1)
-		case seen[n] > 1 && given != "":
+		case seen[n]:
 			return nil, usagef("--model-name %q: %q names two models", given, n)
-		case seen[n] > 1:
-			names[i] = fmt.Sprintf("%s-%d", n, i+1)
 		}
+		seen[n] = true
 	}
 	return names, nil
 }
@@ -230,7 +229,7 @@ func (sm *servedModel) load(e *env, d device.Device, f *serveFlags, fl *fleet.Fl
 	if sm.b, err = sm.e.NewBatch(f.maxSeqs); err != nil {
 		return fmt.Errorf("%s: %w: lower --max-seqs or raise --prefill-chunk (or --vram)", sm.path, err)
 	}
-	if err := fl.Add(e.ctx, fleet.Model{Name: sm.name, Engine: sm.e, KeepAlive: f.keepAlive}); err != nil {
+	if err := fl.Add(e.ctx, sm.member(sm.e)); err != nil {
 		return err
 	}
 	chat, chatFrom := serveChat(e, sm.m, sm.tok)
@@ -239,14 +238,19 @@ func (sm *servedModel) load(e *env, d device.Device, f *serveFlags, fl *fleet.Fl
 	so := serve.Options{ModelName: name, MaxSeqs: f.maxSeqs, MaxQueue: f.maxQueue, APIKey: f.apiKey, Tokenizer: sm.tok,
 		Chat: chat, IsEOS: sm.m.Config.IsEOS, Pools: []telemetry.PoolSource{sm.dev, sm.host}, Sharing: fl,
 		MemoryNow: func() serve.Memory { return ctl.memory(name) }}
-	if f.unloadAfter > 0 {
-		so.Unloader, so.UnloadAfter, so.Logger = sm, f.unloadAfter, sm.log
+	if sm.unloadAfter > 0 {
+		so.Unloader, so.UnloadAfter, so.Logger = sm, sm.unloadAfter, sm.log
 	}
 	if first != nil {
 		so.Registry = first.Registry()
 	}
 	sm.s, err = serve.New(sm.b, so)
 	return err
+}
+
+// member is the model with engine eng as the fleet holds it.
+func (sm *servedModel) member(eng *engine.Engine) fleet.Model {
+	return fleet.Model{Name: sm.name, Engine: eng, Priority: sm.priority, KeepAlive: sm.keepAlive}
 }
 
 // Unload is serve.Unloader's: the model leaves the fleet (its share goes
@@ -302,7 +306,7 @@ func (sm *servedModel) Load(ctx context.Context) (_ *engine.Batch, err error) {
 	if b, err = eng.NewBatch(sm.maxSeqs); err != nil {
 		return nil, fmt.Errorf("%s: %w", sm.name, err)
 	}
-	if err := sm.fl.Add(ctx, fleet.Model{Name: sm.name, Engine: eng, KeepAlive: sm.keepAlive}); err != nil {
+	if err := sm.fl.Add(ctx, sm.member(eng)); err != nil {
 		return nil, err
 	}
 	sm.e, sm.b = eng, b
@@ -454,11 +458,40 @@ func printServeFleet(e *env, o serveFleetJSON) {
 		fmt.Fprintf(w, "  %s (%s): share %s (minimum %s, whole %s); weights %s resident, %s streamed per step; %d sequences, %d-token steps; chat template: %s\n",
 			m.ModelName, m.Model, humanBytes(sh.Grant), humanBytes(sh.Minimum), humanBytes(sh.Full), humanBytes(sh.ResidentBytes), humanBytes(sh.StreamedBytes),
 			m.MaxSeqs, m.StepTokens, m.ChatTemplate)
-	}
-	if o.UnloadAfterSeconds > 0 {
-		fmt.Fprintf(w, "  a model with no request for %s is unloaded, and loaded again by the next\n", time.Duration(o.UnloadAfterSeconds*float64(time.Second)))
+		fmt.Fprintf(w, "    priority %g; idle, keeps more than its minimum %s; %s\n", m.Priority, keepAliveText(*m.KeepAliveSeconds), unloadText(*m.UnloadAfterSeconds))
 	}
 	fmt.Fprintf(w, "listening on %s (GET/POST /admin/budget)\n", o.URL)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// keepAliveSeconds is fleet.Model.KeepAlive in seconds (-1: forever, 0:
+// none).
+func keepAliveSeconds(k time.Duration) float64 {
+	switch {
+	case k < 0:
+		return -1
+	case k <= time.Nanosecond:
+		return 0
+	}
+	return k.Seconds()
+}
+
+func keepAliveText(s float64) string {
+	switch s {
+	case -1:
+		return "forever"
+	case 0:
+		return "not at all"
+	}
+	return "for " + (time.Duration(s) * time.Second).String()
+}
+
+func unloadText(s float64) string {
+	if s == 0 {
+		return "never unloaded"
+	}
+	return "unloaded after " + (time.Duration(s) * time.Second).String() + " without a request, loaded again by the next"
 }
 
 // logger is the process's structured logger on stderr.

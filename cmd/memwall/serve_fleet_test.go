@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -207,4 +209,121 @@ func TestServeFleetUnload(t *testing.T) {
 	if code, errOut := stop(); code != 0 || !strings.Contains(errOut, "unloaded") {
 		t.Errorf("SIGTERM: exit %d: %s", code, errOut)
 	}
+}
+
+// TestServeConfig: --config names the models with their own priority,
+// keep-alive and unload-after (a relative path resolved against the
+// file's directory); the higher priority holds its whole model in a budget
+// that holds one, whichever order the file lists them in, and serving
+// answers as with MODEL arguments.
+func TestServeConfig(t *testing.T) {
+	a, _ := tinyDir(t, "tiny")
+	b, _ := tinyDir(t, "tiny-f16")
+	cfgDir := filepath.Dir(a)
+	for _, high := range []string{"ma", "mb"} {
+		pa, pb := 1, 5
+		if high == "ma" {
+			pa, pb = 5, 1
+		}
+		cfg := filepath.Join(cfgDir, "serve-"+high+".json")
+		body := fmt.Sprintf(`{"models": [
+  {"path": %q, "name": "ma", "priority": %d, "keep_alive_s": -1},
+  {"path": %q, "name": "mb", "priority": %d, "keep_alive_s": -1, "unload_after_s": 0}
+]}`, filepath.Base(a), pa, b, pb)
+		if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		url, stop := startServe(t, "--config", cfg, "--vram", "14MiB", "--max-seqs", "3", "--max-model-len", "64")
+		budget := func() budgetJSON {
+			resp, err := http.Get(url + "/admin/budget")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st budgetJSON
+			err = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if err != nil || len(st.Models) != 2 {
+				t.Fatalf("GET /admin/budget: %v %+v", err, st)
+			}
+			return st
+		}
+		// A budget that holds the whole of either model and the other's
+		// minimum, not both whole.
+		st := budget()
+		m0, m1 := st.Models[0], st.Models[1]
+		v := st.OverheadByte + max(m0.Full+m1.Minimum, m1.Full+m0.Minimum) + 1<<20
+		if v >= st.OverheadByte+m0.Full+m1.Full {
+			t.Fatalf("the models' figures leave no budget between: %+v", st)
+		}
+		if code, out := postJSON(t, url+"/admin/budget", fmt.Sprintf(`{"vram_bytes": %d}`, v)); code != 200 {
+			t.Fatalf("POST /admin/budget %d: %d %s", v, code, out)
+		}
+		for _, m := range budget().Models {
+			whole := m.Grant == m.Full
+			if (m.Name == high) != whole || (m.Name == high) != (m.Priority == 5) {
+				t.Errorf("%s high: %s priority %v holds %d of its whole %d", high, m.Name, m.Priority, m.Grant, m.Full)
+			}
+		}
+		code, out := postJSON(t, url+"/v1/completions", `{"model": "ma", "prompt": [5, 17, 300], "max_tokens": 4, "temperature": 0, "ignore_eos": true}`)
+		if code != 200 {
+			t.Errorf("a completion: %d %s", code, out)
+		}
+		if c, errOut := stop(); c != 0 {
+			t.Fatalf("serve exited %d: %s", c, errOut)
+		}
+	}
+}
+
+// TestServeConfigErrors: a bad --config file, or one given with MODEL
+// arguments or --model-name, fails before anything loads, naming the file
+// and the field.
+func TestServeConfigErrors(t *testing.T) {
+	a, _ := tinyDir(t, "tiny")
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.json", fmt.Sprintf(`{"models": [{"path": %q}]}`, a))
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--config", good, a}, 2, "give the models one way"},
+		{[]string{"--config", good, "--model-name", "x"}, 2, "name the models in the file"},
+		{[]string{"--config", filepath.Join(dir, "none.json")}, 1, "none.json"},
+		{[]string{"--config", write("empty.json", "")}, 1, "empty.json: empty"},
+		{[]string{"--config", write("nomodels.json", `{"models": []}`)}, 1, "models: want at least one"},
+		{[]string{"--config", write("unknown.json", `{"models": [{"path": "x", "prio": 2}]}`)}, 1, `unknown field "prio"`},
+		{[]string{"--config", write("syntax.json", "{\n  \"models\": [\n    {\"path\": \"x\",}\n  ]\n}")}, 1, "line 3"},
+		{[]string{"--config", write("type.json", `{"models": [{"path": 3}]}`)}, 1, "models.path: want string"},
+		{[]string{"--config", write("nopath.json", `{"models": [{"name": "a"}]}`)}, 1, "models[0].path: missing"},
+		{[]string{"--config", write("prio.json", fmt.Sprintf(`{"models": [{"path": %q, "priority": 0}]}`, a))}, 1, "models[0].priority: 0"},
+		{[]string{"--config", write("keep.json", fmt.Sprintf(`{"models": [{"path": %q, "keep_alive_s": -2}]}`, a))}, 1, "models[0].keep_alive_s: -2"},
+		{[]string{"--config", write("unload.json", fmt.Sprintf(`{"models": [{"path": %q, "unload_after_s": -1}]}`, a))}, 1, "models[0].unload_after_s: -1"},
+		{[]string{"--config", write("dup.json", fmt.Sprintf(`{"models": [{"path": %q, "name": "m"}, {"path": %q, "name": "m"}]}`, a, a))}, 1, `models[1].name: "m" names models[0] too`},
+		{[]string{"--config", write("missing.json", `{"models": [{"path": "not-here.gguf"}]}`)}, 1, "not-here.gguf"},
+		{[]string{"--config", write("two.json", fmt.Sprintf(`{"models": [{"path": %q}]} {}`, a))}, 1, "more than one JSON value"},
+	} {
+		code, _, errOut := runVerbSim(t, append([]string{"serve"}, c.args...)...)
+		if code != c.code || !strings.Contains(errOut, c.want) {
+			t.Errorf("serve %v: exit %d, want %d with %q: %s", c.args, code, c.code, c.want, errOut)
+		}
+	}
+}
+
+// postJSON posts body to url and returns the status and the answer.
+func postJSON(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
 }

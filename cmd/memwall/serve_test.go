@@ -140,7 +140,7 @@ func TestServeUsage(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"serve"}, 2, "MODEL arguments or more"},
+		{[]string{"serve"}, 2, "want a MODEL argument"},
 		{[]string{"serve", dir, "--max-seqs", "0"}, 2, "at least 1"},
 		{[]string{"serve", dir, "--addr", "nonsense"}, 2, "--addr"},
 		{[]string{"serve", dir, "--drain-seconds", "7200"}, 2, "at most 3600"},

@@ -446,19 +446,25 @@ fleet_serve() {
 }
 
 # serve_two NAME PORT ARGS...: memwall serve with the two 7B bf16 models
-# (the second a copy of the first) as a and b in --vram 20GiB with ARGS,
-# its log in $dir/NAME.log and nvidia-smi sampled into $dir/NAME.smi;
-# returns once /health answers, the server's pid in sp and the sampler's
-# in smi.
+# (bf2, a copy of the first) as a and b in --vram 20GiB with ARGS (with
+# --config, the file names the models instead), its log in $dir/NAME.log
+# and nvidia-smi sampled into $dir/NAME.smi; returns once /health
+# answers, the server's pid in sp and the sampler's in smi.
+bf2=$models/llama-7b-copy.gguf
 serve_two() {
-  local name=$1 port=$2 bf2=$models/llama-7b-copy.gguf; shift 2
+  local name=$1 port=$2 given=("$bf" "$bf2" --model-name a,b); shift 2
   [ -f "$bf" ] || "$bin/memwall" gen-model --preset llama-7b --format gguf --out "$bf" >"$dir/gen-bf.log" 2>&1
   [ -f "$bf2" ] || cp "$bf" "$bf2"
+  [[ " $* " == *" --config "* ]] && given=()
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$dir/$name.smi" 2>/dev/null &
   smi=$!
-  "$bin/memwall" serve "$bf" "$bf2" --model-name a,b --vram 20GiB "$@" --addr "127.0.0.1:$port" >"$dir/$name.log" 2>&1 &
+  "$bin/memwall" serve "${given[@]}" --vram "${SERVE_VRAM:-20GiB}" "$@" --addr "127.0.0.1:$port" >"$dir/$name.log" 2>&1 &
   sp=$!
-  for i in $(seq 1 180); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  for i in $(seq 1 180); do
+    kill -0 "$sp" 2>/dev/null || { echo "memwall serve $name exited:"; tail -3 "$dir/$name.log"; break; }
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
+    sleep 1
+  done
 }
 
 # stop_serve NAME PORT FILE: serve_two's metrics into $dir/NAME-metrics.txt,
@@ -584,6 +590,36 @@ nvidia_vulkan() {
   done
 }
 
+# phase22: memwall serve --config with the two 7B models, b at priority 2
+# and kept forever, a at 1: the shares at start, after a request to a,
+# and with both requested at once; nvidia-smi sampled.
+phase22() {
+  rm -f "$dir/config-exit.txt"
+  printf '{"models": [{"path": "%s", "name": "a", "priority": 1, "unload_after_s": 0},\n  {"path": "%s", "name": "b", "priority": 2, "keep_alive_s": -1}]}\n' "$bf" "$bf2" >"$dir/serve.json"
+  serve_two config 8096 --config "$dir/serve.json" --max-seqs 4 --max-model-len 512
+  local u=http://127.0.0.1:8096 req='"prompt": [1, 3, 5, 7, 9, 11, 13, 15], "max_tokens": 32, "temperature": 0, "ignore_eos": true'
+  curl -s "$u/admin/budget" >"$dir/config-budget0.json"
+  curl -s "$u/v1/completions" -H 'Content-Type: application/json' -d "{\"model\": \"a\", $req}" >"$dir/config-a.json"
+  curl -s "$u/admin/budget" >"$dir/config-budget1.json"
+  local m both=()
+  for m in a b; do
+    curl -s "$u/v1/completions" -H 'Content-Type: application/json' -d "{\"model\": \"$m\", \"prompt\": [2, 4], \"max_tokens\": 256, \"temperature\": 0, \"ignore_eos\": true}" >"$dir/config-both-$m.json" &
+    both+=($!)
+  done
+  sleep 1; curl -s "$u/admin/budget" >"$dir/config-budget2.json"; wait "${both[@]}"
+  stop_serve config 8096 "$dir/config-exit.txt"
+  head -8 "$dir/config.log"; cat "$dir/config-exit.txt"
+  for f in 0 1 2; do
+    python3 - "$dir/config-budget$f.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(sys.argv[1].rsplit("/", 1)[-1], " | ".join(f"{m['name']} prio {m['priority']} grant {m['grant_bytes']/2**30:.2f} GiB of {m['full_bytes']/2**30:.2f} (min {m['minimum_bytes']/2**30:.2f}) active {m['active']}" for m in j["models"]))
+PY
+  done
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('a:', j['usage'])" "$dir/config-a.json" 2>&1 | head -2
+  echo "nvidia-smi peak during serve --config: $(sort -n "$dir/config.smi" | tail -1) MiB"
+}
+
 # phase21: why NVIDIA's Vulkan driver starts or not (its devices, the
 # ICD's entry points called directly), the Vulkan priority tests, the
 # embedding gather timed and the 7B bf16 at --vram 8GiB with the table
@@ -643,6 +679,7 @@ case "${1:-}" in
   19) fleet_bench ;;
   20) phase20 ;;
   21) phase21 ;;
+  22) phase22 ;;
   9) phase9 ;;
   8) phase8 ;;
   1) phase1 ;;
@@ -651,7 +688,7 @@ case "${1:-}" in
   6) phase6 ;;
   2) phase2 ;;
   3) phase3 ;;
-  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18|19|20|21" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/wave3.sh 1|2|3|4|5|6|8|9|10|11|12|13|14|15|16|17|18|19|20|21|22" >&2; exit 2 ;;
 esac
 printf '%s\n' "${status[@]}" "${rows[@]}" | tee "$dir/table-$1.txt"
 cp "$dir"/ptx/*.ptx.gz "$OUT"/ 2>/dev/null

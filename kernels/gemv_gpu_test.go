@@ -466,12 +466,7 @@ func pfLabel(pf uint32) string {
 // through staging slots (the embedding gather's question for whole
 // matrices): KPERF rows.
 func TestCUDAMappedGemv(t *testing.T) {
-	d, tm := openTimed(t)
-	s, err := Load(d, os.Getenv)
-	must(t, err)
-	defer s.Close()
-	r := newRig(t, d, s)
-	r.st = tm.st
+	d, tm, s, r := timedRig(t)
 	rng := rand.New(rand.NewPCG(7, 31))
 	for _, sh := range []struct {
 		dt   string
@@ -481,6 +476,7 @@ func TestCUDAMappedGemv(t *testing.T) {
 		if typ, ok := QuantType(sh.dt); ok {
 			w = q8SpeedWeights(rng, typ, sh.M, sh.K)
 		} else {
+			var err error
 			w, err = Encode(sh.dt, randNormal(rng, sh.M*sh.K, 0.05))
 			must(t, err)
 		}

@@ -200,6 +200,18 @@ func openTimed(t *testing.T) (device.Device, *timer) {
 	return d, newTimer(t, d, st)
 }
 
+// timedRig is openTimed's device and timer with the kernels loaded
+// (closed at the test's end) and a rig on the timer's stream.
+func timedRig(t *testing.T) (device.Device, *timer, *Set, *rig) {
+	d, tm := openTimed(t)
+	s, err := Load(d, os.Getenv)
+	must(t, err)
+	t.Cleanup(func() { s.Close() })
+	r := newRig(t, d, s)
+	r.st = tm.st
+	return d, tm, s, r
+}
+
 type timer struct {
 	t      testing.TB
 	d      device.Device

@@ -222,12 +222,7 @@ func TestQ8CUDA(t *testing.T) { withSet(t, openCUDA(t), os.Getenv, q8Suite) }
 //
 //	KPERF q8mv <dtype> M=<M>,K=<K> float32 <µs> us  <layout> <µs> us <GB/s> GB/s ...
 func TestCUDAQ8Speed(t *testing.T) {
-	d, tm := openTimed(t)
-	s, err := Load(d, os.Getenv)
-	must(t, err)
-	defer s.Close()
-	r := newRig(t, d, s)
-	r.st = tm.st
+	_, tm, s, r := timedRig(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, sh := range []struct {
 		dt   string
